@@ -1,0 +1,234 @@
+"""Block file format: a fixed header, then chunked AES-256-GCM ciphertext.
+
+Byte layout (all integers big-endian), format version 1:
+
+    offset size  field
+    0      4     magic            b"BCBK"
+    4      1     format version   1
+    5      1     cipher id        1 = AES-256-GCM, per-block subkey by HKDF-SHA256
+    6      2     flags            0 (reserved; non-zero is rejected)
+    8      8     key id           SHA-256("blockcache key-id v1" || volume key)[:8]
+    16     16    salt             random per block; HKDF salt for the subkey
+    32     8     plaintext length 0 .. MAX_PLAINTEXT
+    40     4     chunk size       power of two, MIN_CHUNK .. MAX_CHUNK
+    44     4     reserved         0
+    48     ...   chunks           ceil(len / chunk) chunks (at least one), each
+                                  the chunk's ciphertext followed by a 16-byte tag
+
+Per block:  subkey = HKDF-SHA256(ikm=volume key, salt=salt, info="blockcache block v1")
+Per chunk:  nonce  = u64 chunk index || u8 last-chunk flag || 3 zero bytes
+            aad    = the 48 header bytes || the block key string (UTF-8)
+
+Why this holds:
+- Nonces never repeat: the subkey is fresh per block (random 128-bit salt), and
+  within a block each chunk index is used once. So any number of writers may
+  share a volume key.
+- A random read decrypts only the chunks it touches (64 KiB by default).
+- The header is authenticated by every chunk (aad), the key string binds the
+  file to its name (a renamed or swapped file fails), the index in the nonce
+  fixes chunk order, and the last-chunk flag plus the length in the header
+  catch truncation and extension.
+- The daemon never holds a volume key: `BlockHeader.parse` plus
+  `check_file_size` is all it can (and needs to) check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from .errors import FormatError, IntegrityError
+
+MAGIC = b"BCBK"
+FORMAT_VERSION = 1
+CIPHER_AES256GCM_HKDF = 1
+HEADER = struct.Struct(">4sBBH8s16sQI4x")
+HEADER_SIZE = HEADER.size  # 48
+TAG_SIZE = 16
+KEY_SIZE = 32
+SALT_SIZE = 16
+MIN_CHUNK = 4 << 10
+MAX_CHUNK = 1 << 20
+DEFAULT_CHUNK = 64 << 10
+MAX_PLAINTEXT = 16 << 20  # the largest block size a volume may use
+_NONCE = struct.Struct(">QB3x")
+_HKDF_INFO = b"blockcache block v1"
+
+
+def key_id(volume_key: bytes) -> bytes:
+    """8 bytes naming a volume key without revealing it (lets a reader tell
+    "wrong key" apart from "tampered" before trying to decrypt)."""
+    _check_volume_key(volume_key)
+    return hashlib.sha256(b"blockcache key-id v1" + volume_key).digest()[:8]
+
+
+def _check_volume_key(volume_key: bytes) -> None:
+    if not isinstance(volume_key, (bytes, bytearray)) or len(volume_key) != KEY_SIZE:
+        raise ValueError(f"volume key must be {KEY_SIZE} bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class BlockHeader:
+    key_id: bytes
+    salt: bytes
+    plaintext_len: int
+    chunk_size: int
+    version: int = FORMAT_VERSION
+    cipher: int = CIPHER_AES256GCM_HKDF
+
+    @property
+    def nchunks(self) -> int:
+        return max(1, -(-self.plaintext_len // self.chunk_size))
+
+    @property
+    def file_size(self) -> int:
+        return HEADER_SIZE + self.plaintext_len + self.nchunks * TAG_SIZE
+
+    def pack(self) -> bytes:
+        return HEADER.pack(MAGIC, self.version, self.cipher, 0, self.key_id, self.salt,
+                           self.plaintext_len, self.chunk_size)
+
+    @classmethod
+    def parse(cls, data: bytes | memoryview) -> "BlockHeader":
+        """Validate and parse a header without any key. Raises FormatError."""
+        if len(data) < HEADER_SIZE:
+            raise FormatError(f"block file is {len(data)} bytes, shorter than its "
+                              f"{HEADER_SIZE}-byte header")
+        magic, version, cipher, flags, kid, salt, length, chunk = HEADER.unpack_from(data)
+        if magic != MAGIC:
+            raise FormatError(f"not a block file: magic {bytes(magic)!r}, expected {MAGIC!r}")
+        if version != FORMAT_VERSION:
+            raise FormatError(f"block file format version {version} is not supported "
+                              f"(this build reads version {FORMAT_VERSION})")
+        if cipher != CIPHER_AES256GCM_HKDF:
+            raise FormatError(f"block file cipher id {cipher} is not supported")
+        if flags != 0 or bytes(data[44:48]) != b"\0\0\0\0":
+            raise FormatError("block file header has reserved bits set")
+        if length > MAX_PLAINTEXT:
+            raise FormatError(f"block length {length} exceeds the maximum {MAX_PLAINTEXT}")
+        if not MIN_CHUNK <= chunk <= MAX_CHUNK or chunk & (chunk - 1):
+            raise FormatError(f"chunk size {chunk} is not a power of two in "
+                              f"{MIN_CHUNK}..{MAX_CHUNK}")
+        return cls(bytes(kid), bytes(salt), length, chunk, version, cipher)
+
+    def check_file_size(self, size: int) -> None:
+        """FormatError unless a file of `size` bytes is exactly this block's length."""
+        if size != self.file_size:
+            raise FormatError(f"block file is {size} bytes; its header says {self.file_size}")
+
+    def chunk_span(self, offset: int, length: int) -> tuple[int, int]:
+        """Chunks [first, end) that plaintext bytes [offset, offset+length) touch."""
+        if offset < 0 or length < 0:
+            raise ValueError("offset and length must not be negative")
+        offset = min(offset, self.plaintext_len)
+        stop = min(offset + length, self.plaintext_len)
+        first = offset // self.chunk_size
+        end = max(first + 1, -(-stop // self.chunk_size))
+        return min(first, self.nchunks - 1), min(end, self.nchunks)
+
+    def ciphertext_range(self, first: int, end: int) -> tuple[int, int]:
+        """File byte range [start, stop) holding chunks [first, end)."""
+        step = self.chunk_size + TAG_SIZE
+        start = HEADER_SIZE + first * step
+        stop = min(HEADER_SIZE + end * step, self.file_size)
+        return start, stop
+
+
+class BlockCipher:
+    """The per-block AEAD state: derived once, used for each chunk touched."""
+
+    __slots__ = ("header", "_aead", "_aad")
+
+    def __init__(self, header: BlockHeader, key: str, volume_key: bytes):
+        _check_volume_key(volume_key)
+        if header.key_id != key_id(volume_key):
+            raise IntegrityError(f"block {key} was sealed with key id {header.key_id.hex()}, "
+                                 f"not this volume's key ({key_id(volume_key).hex()})")
+        subkey = HKDF(algorithm=hashes.SHA256(), length=KEY_SIZE, salt=header.salt,
+                      info=_HKDF_INFO).derive(bytes(volume_key))
+        self.header = header
+        self._aead = AESGCM(subkey)
+        self._aad = header.pack() + key.encode()
+
+    def seal_chunk(self, index: int, plaintext: bytes | memoryview) -> bytes:
+        last = index == self.header.nchunks - 1
+        return self._aead.encrypt(_NONCE.pack(index, last), plaintext, self._aad)
+
+    def open_chunks(self, first: int, end: int, data: bytes | memoryview) -> bytes:
+        """Decrypt chunks [first, end) from exactly their ciphertext; IntegrityError
+        if the data is short (a truncated file) or any chunk fails."""
+        h = self.header
+        step = h.chunk_size + TAG_SIZE
+        view = memoryview(data)
+        start, stop = h.ciphertext_range(first, end)
+        if len(view) != stop - start:
+            raise IntegrityError(f"block ciphertext for chunks {first}..{end} is "
+                                 f"{len(view)} bytes, expected {stop - start} (truncated?)")
+        out = []
+        index = first
+        for pos in range(0, len(view), step):
+            piece = view[pos:pos + step]
+            try:
+                out.append(self._aead.decrypt(_NONCE.pack(index, index == h.nchunks - 1),
+                                              piece, self._aad))
+            except (InvalidTag, ValueError):  # ValueError: shorter than a tag
+                raise IntegrityError(f"block chunk {index} failed authentication") from None
+            index += 1
+        return b"".join(out) if len(out) != 1 else out[0]
+
+    def read_range(self, offset: int, length: int, chunks: bytes | memoryview) -> bytes:
+        """Plaintext [offset, offset+length) given the ciphertext of exactly the
+        chunks `header.chunk_span(offset, length)` names."""
+        first, end = self.header.chunk_span(offset, length)
+        plain = self.open_chunks(first, end, chunks)
+        skip = offset - first * self.header.chunk_size
+        return plain[skip:skip + length] if (skip or len(plain) > length) else plain
+
+
+def seal(key: str, plaintext: bytes | memoryview, volume_key: bytes,
+         chunk_size: int = DEFAULT_CHUNK) -> bytes:
+    """Encrypt one block into the bytes of its block file."""
+    length = len(plaintext)
+    if length > MAX_PLAINTEXT:
+        raise ValueError(f"block of {length} bytes exceeds the maximum {MAX_PLAINTEXT}")
+    header = BlockHeader(key_id(volume_key), os.urandom(SALT_SIZE), length, chunk_size)
+    BlockHeader.parse(header.pack())  # validates chunk size
+    cipher = BlockCipher(header, str(key), volume_key)
+    view = memoryview(plaintext)
+    parts = [header.pack()]
+    for i in range(header.nchunks):
+        parts.append(cipher.seal_chunk(i, view[i * chunk_size:(i + 1) * chunk_size]))
+    return b"".join(parts)
+
+
+def unseal(key: str, blob: bytes | memoryview, volume_key: bytes,
+           offset: int = 0, length: int | None = None) -> bytes:
+    """Decrypt plaintext [offset, offset+length) of a whole block file.
+
+    Only the chunks the range touches are decrypted. Raises IntegrityError for
+    anything that is not exactly the block `key` sealed under `volume_key`.
+    """
+    try:
+        header = BlockHeader.parse(blob)
+        header.check_file_size(len(blob))
+    except FormatError as exc:
+        raise IntegrityError(f"block {key}: {exc}") from None
+    if length is None:
+        length = max(0, header.plaintext_len - offset)
+    if offset < 0 or length < 0:
+        raise ValueError("offset and length must not be negative")
+    cipher = BlockCipher(header, str(key), volume_key)
+    first, end = header.chunk_span(offset, length)
+    start, stop = header.ciphertext_range(first, end)
+    if offset >= header.plaintext_len:
+        cipher.open_chunks(first, end, memoryview(blob)[start:stop])  # still authenticate
+        return b""
+    length = min(length, header.plaintext_len - offset)
+    return cipher.read_range(offset, length, memoryview(blob)[start:stop])

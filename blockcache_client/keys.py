@@ -1,0 +1,126 @@
+"""Block keys: `{vol}_{inode}_{extent}_{offset}`, one canonical string form.
+
+    vol     1-63 chars of [a-z0-9.-], starting with a letter or digit
+    inode   decimal, 0 < inode < 2**63, no leading zeros
+    extent  16 lowercase hex digits: one immutable version of the file's data
+    offset  16 lowercase hex digits: the block's start offset in the file
+
+Invariant: one key names exactly one byte string, forever. Parsing is strict:
+anything that is not the canonical form is rejected, never "fixed", so a key
+can never name a path outside the cache directory (no '/', '..', NUL, spaces).
+
+The identity helpers at the bottom derive `inode` and `extent` so that every
+host and every restart computes the same keys for the same bytes, and a changed
+remote file gets new keys (its old blocks are never read again and age out).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from .errors import InvalidKey
+
+MAX_INODE = 2**63 - 1
+ROOT_INODE = 1  # FUSE's root; no file path hashes to it
+
+_VOL = r"[a-z0-9][a-z0-9.-]{0,62}"
+_VOL_RE = re.compile(rf"^{_VOL}$")
+_KEY_RE = re.compile(rf"^({_VOL})_([1-9][0-9]{{0,18}})_([0-9a-f]{{16}})_([0-9a-f]{{16}})$")
+
+
+def check_volume_name(name: str) -> str:
+    """Return `name` if it is a valid volume name, else raise InvalidKey."""
+    if not isinstance(name, str) or not _VOL_RE.match(name):
+        raise InvalidKey(f"invalid volume name {name!r}: use 1-63 characters of "
+                         f"[a-z0-9.-] starting with a letter or digit")
+    return name
+
+
+def check_inode(inode: int) -> int:
+    if not isinstance(inode, int) or isinstance(inode, bool) or not 0 < inode <= MAX_INODE:
+        raise InvalidKey(f"invalid inode {inode!r}: must be an integer in 1..2**63-1")
+    return inode
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class BlockKey:
+    """A parsed block key. `str(key)` is the canonical form (and the file name)."""
+
+    vol: str
+    inode: int
+    extent: int
+    offset: int
+
+    def __post_init__(self) -> None:
+        check_volume_name(self.vol)
+        check_inode(self.inode)
+        for name in ("extent", "offset"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**64:
+                raise InvalidKey(f"invalid {name} {v!r}: must be an integer in 0..2**64-1")
+
+    @classmethod
+    def parse(cls, text: str) -> "BlockKey":
+        """Parse the canonical form; raise InvalidKey (a ValueError) for anything else."""
+        if not isinstance(text, str):
+            raise InvalidKey(f"block key must be a string, not {type(text).__name__}")
+        m = _KEY_RE.match(text)
+        if m is None:
+            shown = text if len(text) <= 120 else text[:120] + "..."
+            raise InvalidKey(f"invalid block key {shown!r}: expected "
+                             f"vol_inode_extent_offset, e.g. imagenet_42_00000000deadbeef_0000000000400000")
+        vol, inode, extent, offset = m.groups()
+        inode_n = int(inode)
+        if inode_n > MAX_INODE:
+            raise InvalidKey(f"invalid block key {text!r}: inode {inode} is not below 2**63")
+        return cls(vol, inode_n, int(extent, 16), int(offset, 16))
+
+    def __str__(self) -> str:
+        return f"{self.vol}_{self.inode}_{self.extent:016x}_{self.offset:016x}"
+
+
+def key_prefix(vol: str, inode: int | None = None) -> str:
+    """The string every key of a volume (or of one inode in it) starts with.
+
+    Used for range scans over a sorted index: `vol_` cannot be a prefix of
+    another volume's keys because '_' is not allowed in volume names.
+    """
+    check_volume_name(vol)
+    if inode is None:
+        return f"{vol}_"
+    return f"{vol}_{check_inode(inode)}_"
+
+
+def _digest64(*parts: bytes) -> int:
+    h = hashlib.blake2b(digest_size=8, person=b"blockcache-id")
+    for p in parts:
+        h.update(len(p).to_bytes(4, "big"))
+        h.update(p)
+    return int.from_bytes(h.digest(), "big")
+
+
+def _path_bytes(path: str) -> bytes:
+    # surrogateescape keeps odd (non-UTF-8) names distinct and stable
+    return path.strip("/").encode("utf-8", "surrogateescape")
+
+
+def inode_for_path(path: str) -> int:
+    """Stable inode of a path inside a volume: the same on every host, every restart."""
+    p = _path_bytes(path)
+    if not p:
+        return ROOT_INODE
+    ino = _digest64(b"inode", p) & MAX_INODE
+    return ino if ino > ROOT_INODE else ino + 2
+
+
+def extent_for(path: str, version: str, block_size: int) -> int:
+    """Name one immutable version of a file's data.
+
+    Derived from everything that could change a block's bytes: the file's
+    version (ETag, or mtime_ns + size), the volume's block size, and the path
+    (so even an inode-hash collision cannot alias two files' blocks).
+    """
+    return _digest64(b"extent", _path_bytes(path), version.encode("utf-8", "surrogateescape"),
+                     str(block_size).encode())

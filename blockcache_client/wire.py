@@ -24,7 +24,7 @@ def unpack(data: bytes | memoryview, max_size: int) -> Any:
     try:
         return msgpack.unpackb(
             data, raw=False, strict_map_key=True, use_list=True,
-            max_buffer_size=max_size, max_str_len=max_size, max_bin_len=max_size,
+            max_str_len=max_size, max_bin_len=max_size,
             max_array_len=max_size, max_map_len=max_size, max_ext_len=0,
         )
     except Exception as exc:  # msgpack raises several unrelated types

@@ -1,0 +1,273 @@
+"""Socket clients for `blockcached`: `Client` (blocking) and `AsyncClient`.
+
+Both speak `protocol` and expose the same operations; every call has a
+timeout. Failures split in two, so callers can fail open:
+
+- `DaemonUnavailable`: the socket is missing, refused, closed, or the daemon
+  did not answer in time. The connection is dropped and the next call
+  reconnects.
+- `DaemonError`: the daemon answered with an error reply (`.code` is one of
+  `protocol.ErrorCode`). The connection stays usable.
+
+The operations are written once (`_Ops`); each client supplies `_call`, which
+for `AsyncClient` returns an awaitable, so `await aclient.lookup(keys)` and
+`client.lookup(keys)` read alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import threading
+from typing import Any, Iterable
+
+from . import protocol
+from .errors import DaemonError, DaemonUnavailable, ProtocolError
+from .protocol import LENGTH
+
+DEFAULT_TIMEOUT = 5.0
+
+
+class _Ops:
+    """The protocol's operations, over an abstract `_call`."""
+
+    def _call(self, op: str, args: dict[str, Any], pick: str | None = None) -> Any:
+        raise NotImplementedError
+
+    def hello(self, client: str = "blockcache_client"):
+        """Protocol version, cache layout and limits (the whole reply map)."""
+        return self._call("hello", {"version": protocol.PROTOCOL_VERSION, "client": client})
+
+    def ping(self):
+        return self._call("ping", {})
+
+    def lookup(self, keys: Iterable[Any]):
+        """Absolute block file path per key, None for a miss."""
+        return self._call("lookup", {"keys": [str(k) for k in keys]}, "paths")
+
+    def put(self, key: Any, blob: bytes):
+        """Hand a sealed block file to the daemon; returns (accepted, reason)."""
+        return self._call("put", {"key": str(key), "data": bytes(blob)}, "_put")
+
+    def touch(self, keys: Iterable[Any]):
+        """Report accesses (keeps LRU order right); returns the reply map."""
+        return self._call("touch", {"keys": [str(k) for k in keys]})
+
+    def evict(self, key: Any = None, *, inode: tuple[str, int] | None = None,
+              volume: str | None = None, all_: bool = False):
+        """Evict one key, one inode (vol, inode), a volume, or everything.
+        Returns the number of blocks evicted."""
+        scopes = [key is not None, inode is not None, volume is not None, bool(all_)]
+        if sum(scopes) != 1:
+            raise ValueError("evict takes exactly one of key=, inode=, volume=, all_=True")
+        if key is not None:
+            args: dict[str, Any] = {"key": str(key)}
+        elif inode is not None:
+            args = {"volume": inode[0], "inode": int(inode[1])}
+        elif volume is not None:
+            args = {"volume": volume}
+        else:
+            args = {"all": True}
+        return self._call("evict", args, "evicted")
+
+    def list(self, volume: str | None = None, limit: int = 1000):
+        """Cached keys (sorted), of one volume or all; the reply map."""
+        return self._call("list", {"volume": volume, "limit": int(limit)})
+
+    def stats(self):
+        return self._call("stats", {})
+
+
+def _result(reply: dict[str, Any], pick: str | None) -> Any:
+    if not reply.get("ok"):
+        raise DaemonError(str(reply.get("code", protocol.ErrorCode.INTERNAL)),
+                          str(reply.get("message", "daemon error without a message")))
+    if pick is None:
+        return reply
+    if pick == "_put":
+        return bool(reply.get("accepted")), str(reply.get("reason", ""))
+    return reply[pick]
+
+
+class Client(_Ops):
+    """Blocking client; thread-safe (one request on the wire at a time, or a
+    batch through `pipeline`), and fork-safe (a child reconnects)."""
+
+    def __init__(self, socket_path: str | None = None, timeout: float = DEFAULT_TIMEOUT):
+        self.socket_path = socket_path or protocol.default_socket()
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._pid = os.getpid()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _next_id(self) -> int:
+        return next(self._ids) % (2**32 - 1) + 1
+
+    def _connect(self) -> socket.socket:
+        if self._sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(self.socket_path)
+            except OSError as exc:
+                sock.close()
+                raise DaemonUnavailable(f"cannot connect to blockcached at {self.socket_path}: "
+                                        f"{exc.strerror or exc}; is the daemon running? "
+                                        f"(set --socket or ${protocol.SOCKET_ENV})") from None
+            self._sock = sock
+        return self._sock
+
+    def _recv_exact(self, sock: socket.socket, n: int) -> bytes:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = sock.recv_into(view[got:])
+            if k == 0:
+                raise ConnectionError("daemon closed the connection")
+            got += k
+        return bytes(buf)
+
+    def _exchange(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Send all requests, then collect their replies (matched by id)."""
+        if self._pid != os.getpid():
+            # Forked (a DataLoader worker): never share the parent's stream, and
+            # the parent's lock may have been held by a thread that is not here.
+            self._sock, self._pid, self._lock = None, os.getpid(), threading.Lock()
+        with self._lock:
+            try:
+                sock = self._connect()
+                frames = b"".join(protocol.encode_frame(r) for r in requests)
+                sock.sendall(frames)
+                replies: dict[int, dict[str, Any]] = {}
+                while len(replies) < len(requests):
+                    n = protocol.frame_length(self._recv_exact(sock, LENGTH.size))
+                    body = protocol.decode_body(self._recv_exact(sock, n))
+                    if body.get("id") == 0:  # the daemon rejected our framing
+                        self.close()
+                        return [body] * len(requests)
+                    replies[body.get("id")] = body
+                return [replies[r["id"]] for r in requests]
+            except (OSError, ProtocolError, KeyError) as exc:
+                self.close()
+                what = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+                raise DaemonUnavailable(f"blockcached at {self.socket_path}: {what}") from None
+
+    def _call(self, op: str, args: dict[str, Any], pick: str | None = None) -> Any:
+        reply = self._exchange([{"id": self._next_id(), "op": op, **args}])[0]
+        return _result(reply, pick)
+
+    def pipeline(self, calls: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Send several (op, args) requests in one write; return their reply maps
+        in order. Error replies are returned, not raised."""
+        reqs = [{"id": self._next_id(), "op": op, **args} for op, args in calls]
+        return self._exchange(reqs) if reqs else []
+
+
+class AsyncClient(_Ops):
+    """asyncio client; concurrent calls pipeline on one connection."""
+
+    def __init__(self, socket_path: str | None = None, timeout: float = DEFAULT_TIMEOUT):
+        self.socket_path = socket_path or protocol.default_socket()
+        self.timeout = timeout
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._connecting: asyncio.Lock | None = None
+
+    async def close(self) -> None:
+        writer, self._writer = self._writer, None
+        task, self._reader_task = self._reader_task, None
+        if task is not None:
+            task.cancel()
+        if writer is not None:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
+        self._fail_pending("connection closed")
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _fail_pending(self, why: str) -> None:
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(DaemonUnavailable(f"blockcached at {self.socket_path}: {why}"))
+
+    async def _ensure(self) -> asyncio.StreamWriter:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._writer is None or self._writer.is_closing():
+                try:
+                    reader, writer = await asyncio.wait_for(
+                        asyncio.open_unix_connection(self.socket_path, limit=protocol.MAX_FRAME + 8),
+                        self.timeout)
+                except (OSError, asyncio.TimeoutError) as exc:
+                    raise DaemonUnavailable(
+                        f"cannot connect to blockcached at {self.socket_path}: {exc}; is the "
+                        f"daemon running? (set --socket or ${protocol.SOCKET_ENV})") from None
+                self._writer = writer
+                self._reader_task = asyncio.get_running_loop().create_task(self._read_loop(reader))
+            return self._writer
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        why = "daemon closed the connection"
+        try:
+            while True:
+                n = protocol.frame_length(await reader.readexactly(LENGTH.size))
+                body = protocol.decode_body(await reader.readexactly(n))
+                fut = self._pending.pop(body.get("id"), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(body)
+                elif body.get("id") == 0:
+                    why = f"daemon rejected a frame: {body.get('message')}"
+                    break
+        except (OSError, asyncio.IncompleteReadError, ProtocolError) as exc:
+            why = str(exc) or why
+        except asyncio.CancelledError:
+            return
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._fail_pending(why)
+
+    async def _call(self, op: str, args: dict[str, Any], pick: str | None = None) -> Any:
+        writer = await self._ensure()
+        rid = next(self._ids) % (2**32 - 1) + 1
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            writer.write(protocol.encode_frame({"id": rid, "op": op, **args}))
+            reply = await asyncio.wait_for(fut, self.timeout)
+        except asyncio.TimeoutError:
+            self._pending.pop(rid, None)
+            await self.close()
+            raise DaemonUnavailable(f"blockcached at {self.socket_path} did not answer "
+                                    f"{op!r} within {self.timeout:g}s") from None
+        except OSError as exc:
+            self._pending.pop(rid, None)
+            await self.close()
+            raise DaemonUnavailable(f"blockcached at {self.socket_path}: {exc}") from None
+        return _result(reply, pick)

@@ -1,0 +1,157 @@
+"""The wire protocol between readers and `blockcached`.
+
+Transport: a unix stream socket. Each message is one frame:
+
+    offset size  field
+    0      4     length N of the body, big-endian u32, 1 .. MAX_FRAME
+    4      N     body: one msgpack map (see `wire`)
+
+Request bodies:  {"id": u32, "op": str, ...arguments}
+Reply bodies:    {"id": u32, "ok": true, ...result}
+                 {"id": u32, "ok": false, "code": ErrorCode, "message": str}
+
+Replies carry the request's id, so one connection may pipeline: a client can
+send many requests before reading replies, and the daemon may answer them out
+of order. A frame the daemon cannot parse gets a reply with id 0 and the
+connection is closed (its framing can no longer be trusted).
+
+Operations (arguments -> result), protocol version 1:
+
+    hello   version:int, client:str        -> version, layout (see `layout`),
+                                              layout_epoch, max_frame, max_batch
+    ping    -                              -> time:float, layout_epoch
+    lookup  keys:[str]                     -> paths:[str|None] (absolute path of
+                                              each key's block file, None = miss)
+    put     key:str, data:bin              -> accepted:bool, reason:str
+                                              (answered before the write happens)
+    touch   keys:[str]                     -> touched:int, layout_epoch
+    evict   key:str | volume:str [inode:int] | all:true  -> evicted:int
+    list    volume:str|None, limit:int     -> keys:[str], truncated:bool
+    stats   -                              -> the stats map (see blockcached)
+
+`layout_epoch` changes whenever the cache layout a reader relies on changes
+(a dir becomes unhealthy or healthy again); a reader seeing a new epoch asks
+`hello` again.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from . import wire
+from .errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+LENGTH = struct.Struct(">I")
+# A put carries one block file: up to blockfile.MAX_PLAINTEXT (16 MiB) plus
+# header and tags; the rest is headroom for the map around it.
+MAX_FRAME = 17 << 20
+MAX_BATCH = 4096  # keys in one lookup / touch
+DEFAULT_SOCKET = "/run/blockcache/blockcached.sock"
+SOCKET_ENV = "BLOCKCACHE_SOCKET"
+
+
+class ErrorCode:
+    """Codes in error replies. Clients branch on these, never on messages."""
+
+    BAD_FRAME = "bad_frame"                  # not msgpack, not a map, truncated
+    FRAME_TOO_LARGE = "frame_too_large"      # length prefix over MAX_FRAME
+    BAD_REQUEST = "bad_request"              # missing/mistyped argument
+    UNKNOWN_OP = "unknown_op"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    INVALID_KEY = "invalid_key"              # not a canonical block key
+    INVALID_BLOCK = "invalid_block"          # put whose header or length is wrong
+    PERMISSION_DENIED = "permission_denied"  # admin op from a non-admin peer
+    BUSY = "busy"                            # too many requests in flight
+    INTERNAL = "internal"
+
+
+OPS = ("hello", "ping", "lookup", "put", "touch", "evict", "list", "stats")
+ADMIN_EVICTIONS = ("volume", "all")  # evict scopes that need an admin peer
+
+
+def default_socket() -> str:
+    """The socket path every command uses unless told otherwise."""
+    import os
+    return os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+
+
+def encode_frame(body: dict[str, Any]) -> bytes:
+    """One frame: length prefix + msgpack body. ProtocolError if too large."""
+    data = wire.pack(body)
+    if len(data) > MAX_FRAME:
+        raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
+                            f"message of {len(data)} bytes exceeds the {MAX_FRAME}-byte frame limit")
+    return LENGTH.pack(len(data)) + data
+
+
+def frame_length(prefix: bytes) -> int:
+    """Validate a 4-byte length prefix and return the body length."""
+    (n,) = LENGTH.unpack(prefix)
+    if n == 0:
+        raise ProtocolError(ErrorCode.BAD_FRAME, "frame of length 0")
+    if n > MAX_FRAME:
+        raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
+                            f"frame of {n} bytes exceeds the {MAX_FRAME}-byte limit")
+    return n
+
+
+def decode_body(data: bytes | memoryview) -> dict[str, Any]:
+    """Unpack a frame body; it must be a map with string keys."""
+    body = wire.unpack(data, MAX_FRAME)
+    if not isinstance(body, dict):
+        raise ProtocolError(ErrorCode.BAD_FRAME,
+                            f"frame body must be a msgpack map, not {type(body).__name__}")
+    return body
+
+
+def request_id(body: dict[str, Any]) -> int:
+    rid = body.get("id")
+    if not isinstance(rid, int) or isinstance(rid, bool) or not 0 < rid < 2**32:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "request 'id' must be an integer in 1..2**32-1")
+    return rid
+
+
+def ok(rid: int, **result: Any) -> dict[str, Any]:
+    return {"id": rid, "ok": True, **result}
+
+
+def error(rid: int, code: str, message: str) -> dict[str, Any]:
+    return {"id": rid, "ok": False, "code": code, "message": message}
+
+
+# -- argument checks shared by the daemon and the client ---------------------
+
+def arg(body: dict[str, Any], name: str, kind: type | tuple[type, ...], *,
+        required: bool = True, default: Any = None) -> Any:
+    """Fetch a typed argument; ProtocolError(BAD_REQUEST) names it if wrong."""
+    if name not in body:
+        if required:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"'{name}' is required for op "
+                                                       f"{body.get('op')!r}")
+        return default
+    value = body[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        value_ok = False
+    else:
+        value_ok = isinstance(value, kinds)
+    if not value_ok:
+        names = "/".join(k.__name__ for k in kinds)
+        raise ProtocolError(ErrorCode.BAD_REQUEST,
+                            f"'{name}' must be {names}, not {type(value).__name__}")
+    return value
+
+
+def key_list(body: dict[str, Any], name: str = "keys") -> list[str]:
+    """A batch of key strings, bounded by MAX_BATCH (not yet parsed as keys)."""
+    keys = arg(body, name, list)
+    if len(keys) > MAX_BATCH:
+        raise ProtocolError(ErrorCode.BAD_REQUEST,
+                            f"'{name}' has {len(keys)} entries; the limit is {MAX_BATCH} per request")
+    for k in keys:
+        if not isinstance(k, str):
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                f"'{name}' must hold strings, not {type(k).__name__}")
+    return keys

@@ -32,7 +32,7 @@ _KEY_RE = re.compile(rf"^({_VOL})_([1-9][0-9]{{0,18}})_([0-9a-f]{{16}})_([0-9a-f
 
 def check_volume_name(name: str) -> str:
     """Return `name` if it is a valid volume name, else raise InvalidKey."""
-    if not isinstance(name, str) or not _VOL_RE.match(name):
+    if not isinstance(name, str) or not _VOL_RE.fullmatch(name):
         raise InvalidKey(f"invalid volume name {name!r}: use 1-63 characters of "
                          f"[a-z0-9.-] starting with a letter or digit")
     return name
@@ -66,7 +66,7 @@ class BlockKey:
         """Parse the canonical form; raise InvalidKey (a ValueError) for anything else."""
         if not isinstance(text, str):
             raise InvalidKey(f"block key must be a string, not {type(text).__name__}")
-        m = _KEY_RE.match(text)
+        m = _KEY_RE.fullmatch(text)  # fullmatch: `$` alone accepts a trailing "\n"
         if m is None:
             shown = text if len(text) <= 120 else text[:120] + "..."
             raise InvalidKey(f"invalid block key {shown!r}: expected "

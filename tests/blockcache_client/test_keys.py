@@ -1,0 +1,115 @@
+"""Block keys: canonical round trip and strict rejection (DESIGN.md "Block key")."""
+
+import pytest
+from hypothesis import given, strategies as st
+
+from blockcache_client.errors import InvalidKey
+from blockcache_client.keys import (MAX_INODE, ROOT_INODE, BlockKey, extent_for,
+                                    inode_for_path, key_prefix)
+
+vol_names = st.from_regex(r"\A[a-z0-9][a-z0-9.-]{0,62}\Z")
+keys = st.builds(BlockKey, vol_names, st.integers(1, MAX_INODE),
+                 st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+
+
+@given(keys)
+def test_round_trip(key):
+    text = str(key)
+    assert BlockKey.parse(text) == key
+    assert str(BlockKey.parse(text)) == text
+
+
+@given(keys)
+def test_key_is_a_single_safe_path_component(key):
+    text = str(key)
+    assert "/" not in text and "\0" not in text
+    assert text not in (".", "..")
+
+
+GOOD = "imagenet_42_00000000deadbeef_0000000000400000"
+
+
+@pytest.mark.parametrize("bad", [
+    "", "_", GOOD + "\0", "\0" + GOOD, GOOD + "/", "../" + GOOD, "a/b_42_00000000deadbeef_0000000000400000",
+    "..", "._1_0000000000000000_0000000000000000",
+    "imagenet_042_00000000deadbeef_0000000000400000",     # leading zero
+    "imagenet_0_00000000deadbeef_0000000000400000",       # inode 0
+    "imagenet_9223372036854775808_00000000deadbeef_0000000000400000",  # 2**63
+    "imagenet_42_00000000DEADBEEF_0000000000400000",      # uppercase hex
+    "imagenet_42_0000000deadbeef_0000000000400000",       # 15 digits
+    "imagenet_42_000000000deadbeef_0000000000400000",     # 17 digits
+    "imagenet_42_00000000deadbeef_00000000004000000",
+    "ImageNet_42_00000000deadbeef_0000000000400000",      # uppercase volume
+    "-vol_42_00000000deadbeef_0000000000400000",
+    "a" * 64 + "_42_00000000deadbeef_0000000000400000",   # volume over 63
+    "imagenet_+42_00000000deadbeef_0000000000400000",
+    "imagenet_42_00000000deadbeef_0000000000400000 ",
+    " imagenet_42_00000000deadbeef_0000000000400000",
+    "imagenet_42_00000000deadbeef_0000000000400000\n",
+    "imagenet_42_0x000000deadbeef_0000000000400000",
+    "imagenet_٤٢_00000000deadbeef_0000000000400000",       # non-ASCII digits
+    "imagenet_42_00000000deadbeef",
+    "imagenet_42_00000000deadbeef_0000000000400000_1",
+    GOOD * 3,
+])
+def test_rejects_non_canonical(bad):
+    with pytest.raises(InvalidKey):
+        BlockKey.parse(bad)
+
+
+@pytest.mark.parametrize("bad", [None, 42, b"imagenet_42_00000000deadbeef_0000000000400000", ["x"]])
+def test_rejects_non_str(bad):
+    with pytest.raises(InvalidKey):
+        BlockKey.parse(bad)
+
+
+@given(st.text(max_size=80))
+def test_parse_accepts_only_what_it_prints(text):
+    try:
+        key = BlockKey.parse(text)
+    except InvalidKey:
+        return
+    assert str(key) == text
+
+
+@pytest.mark.parametrize("args", [
+    ("", 1, 0, 0), ("Vol", 1, 0, 0), ("v/x", 1, 0, 0), ("v", 0, 0, 0), ("v", 2**63, 0, 0),
+    ("v", True, 0, 0), ("v", 1, -1, 0), ("v", 1, 0, 2**64), ("v", 1, 0, 1.5), ("v", 1, "0", 0),
+])
+def test_constructor_validates(args):
+    with pytest.raises(InvalidKey):
+        BlockKey(*args)
+
+
+def test_prefix_separates_volumes():
+    assert key_prefix("a") == "a_"
+    assert not str(BlockKey("ab", 5, 0, 0)).startswith(key_prefix("a"))
+    assert str(BlockKey("a", 5, 0, 0)).startswith(key_prefix("a", 5))
+    assert not str(BlockKey("a", 55, 0, 0)).startswith(key_prefix("a", 5))
+
+
+@given(st.text(min_size=1, max_size=60).filter(lambda p: p.strip("/")))
+def test_inode_stable_and_in_range(path):
+    ino = inode_for_path(path)
+    assert ROOT_INODE < ino <= MAX_INODE
+    assert ino == inode_for_path(path)
+    assert ino == inode_for_path("/" + path.strip("/") + "/")
+
+
+def test_root_inode():
+    assert inode_for_path("") == inode_for_path("/") == ROOT_INODE
+
+
+def test_extent_changes_with_version_block_size_and_path():
+    e = extent_for("a/b.jpg", "etag1", 4 << 20)
+    assert e == extent_for("a/b.jpg", "etag1", 4 << 20)
+    assert len({e, extent_for("a/b.jpg", "etag2", 4 << 20), extent_for("a/b.jpg", "etag1", 1 << 20),
+                extent_for("a/c.jpg", "etag1", 4 << 20)}) == 4
+    assert 0 <= e < 2**64
+
+
+@pytest.mark.parametrize("bad", ["vol\n", "vol\n\n", "", "a" * 64, "_a", ".a", "a_b", "a/b"])
+def test_volume_name_rejected(bad):
+    from blockcache_client.keys import check_volume_name
+    with pytest.raises(InvalidKey):
+        check_volume_name(bad)

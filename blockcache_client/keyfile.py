@@ -41,10 +41,11 @@ def load_key_file(path: str) -> bytes:
                           f"`fsclient keygen {path}`") from None
     except OSError as exc:
         raise ConfigError(f"cannot read key file {path}: {exc.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # checked before fdopen, which refuses dirs itself
+        os.close(fd)
+        raise ConfigError(f"key file {path} is not a regular file")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"key file {path} is not a regular file")
         if st.st_mode & 0o077:
             raise ConfigError(f"key file {path} has mode {stat.S_IMODE(st.st_mode):04o}, "
                               f"readable or writable by group/others; run "

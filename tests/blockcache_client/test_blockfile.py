@@ -1,0 +1,225 @@
+"""Block file format: seal/unseal round trip, tamper detection, partial decrypt."""
+
+import os
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from blockcache_client import blockfile
+from blockcache_client.blockfile import (HEADER_SIZE, MIN_CHUNK, TAG_SIZE, BlockCipher,
+                                         BlockHeader, key_id, seal, unseal)
+from blockcache_client.errors import FormatError, IntegrityError
+from blockcache_client.keys import BlockKey
+
+VK = bytes(range(32))
+OTHER_VK = bytes(range(1, 33))
+KEY = str(BlockKey("vol", 42, 0xDEADBEEF, 0))
+KEY2 = str(BlockKey("vol", 42, 0xDEADBEEF, 4 << 20))
+
+
+def data_of(n: int, seed: int = 0) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+chunk_sizes = st.sampled_from([MIN_CHUNK, 8 << 10, 64 << 10])
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 200_000), chunk=chunk_sizes, seed=st.integers(0, 2**32),
+       offset=st.integers(0, 210_000), length=st.integers(0, 210_000) | st.none())
+def test_round_trip_random_ranges(n, chunk, seed, offset, length):
+    plain = data_of(n, seed)
+    blob = seal(KEY, plain, VK, chunk)
+    header = BlockHeader.parse(blob)
+    header.check_file_size(len(blob))
+    assert header.plaintext_len == n and header.chunk_size == chunk
+    end = None if length is None else offset + length
+    assert unseal(KEY, blob, VK, offset, length) == plain[offset:end]
+
+
+def test_whole_block_and_empty():
+    plain = data_of(300_000)
+    assert unseal(KEY, seal(KEY, plain, VK), VK) == plain
+    assert unseal(KEY, seal(KEY, b"", VK), VK) == b""
+
+
+def test_fresh_salt_every_seal():
+    a, b = seal(KEY, b"x" * 100, VK), seal(KEY, b"x" * 100, VK)
+    assert a[16:32] != b[16:32] and a[HEADER_SIZE:] != b[HEADER_SIZE:]
+
+
+def assert_rejected(key, blob, vk=VK, offset=0, length=None):
+    with pytest.raises(IntegrityError):
+        unseal(key, blob, vk, offset, length)
+
+
+SIZES = [0, 1, MIN_CHUNK, 3 * MIN_CHUNK + 17]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_wrong_volume_key(n):
+    assert_rejected(KEY, seal(KEY, data_of(n), VK, MIN_CHUNK), OTHER_VK)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_renamed_to_another_key(n):
+    blob = seal(KEY, data_of(n), VK, MIN_CHUNK)
+    assert_rejected(KEY2, blob)
+    assert_rejected(str(BlockKey("vol2", 42, 0xDEADBEEF, 0)), blob)
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(0, 5 * MIN_CHUNK), cut=st.integers(1, 6 * MIN_CHUNK))
+def test_truncated(n, cut):
+    blob = seal(KEY, data_of(n), VK, MIN_CHUNK)
+    assert_rejected(KEY, blob[:max(0, len(blob) - cut)])
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(0, 5 * MIN_CHUNK), extra=st.binary(min_size=1, max_size=MIN_CHUNK + 40))
+def test_extended(n, extra):
+    blob = seal(KEY, data_of(n), VK, MIN_CHUNK)
+    assert_rejected(KEY, blob + extra)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 4 * MIN_CHUNK), data=st.data())
+def test_flipped_bit_anywhere(n, data):
+    blob = bytearray(seal(KEY, data_of(n), VK, MIN_CHUNK))
+    pos = data.draw(st.integers(0, len(blob) - 1))
+    blob[pos] ^= 1 << data.draw(st.integers(0, 7))
+    assert_rejected(KEY, bytes(blob))
+
+
+def test_flipped_bit_in_touched_chunk_with_partial_read():
+    n = 4 * MIN_CHUNK
+    blob = bytearray(seal(KEY, data_of(n), VK, MIN_CHUNK))
+    step = MIN_CHUNK + TAG_SIZE
+    blob[HEADER_SIZE + 2 * step + 5] ^= 0x80
+    assert_rejected(KEY, bytes(blob), offset=2 * MIN_CHUNK + 1, length=10)
+    # untouched chunks still decrypt: a partial read authenticates what it returns
+    assert unseal(KEY, bytes(blob), VK, 0, 10) == data_of(n)[:10]
+
+
+def chunks_of(blob):
+    step = MIN_CHUNK + TAG_SIZE
+    body = blob[HEADER_SIZE:]
+    return blob[:HEADER_SIZE], [body[i:i + step] for i in range(0, len(body), step)]
+
+
+def test_chunks_reordered():
+    blob = seal(KEY, data_of(4 * MIN_CHUNK), VK, MIN_CHUNK)
+    head, chunks = chunks_of(blob)
+    chunks[1], chunks[2] = chunks[2], chunks[1]
+    swapped = head + b"".join(chunks)
+    assert_rejected(KEY, swapped)
+    assert_rejected(KEY, swapped, offset=MIN_CHUNK, length=1)
+
+
+def test_last_chunk_moved_earlier_with_equal_sizes():
+    # every chunk full: only the last-chunk flag tells the last one apart
+    blob = seal(KEY, data_of(3 * MIN_CHUNK), VK, MIN_CHUNK)
+    head, chunks = chunks_of(blob)
+    assert_rejected(KEY, head + chunks[2] + chunks[1] + chunks[0])
+
+
+def test_chunk_swapped_between_blocks():
+    a = seal(KEY, data_of(3 * MIN_CHUNK, 1), VK, MIN_CHUNK)
+    b = seal(KEY, data_of(3 * MIN_CHUNK, 2), VK, MIN_CHUNK)  # same key, other salt
+    ha, ca = chunks_of(a)
+    hb, cb = chunks_of(b)
+    mixed = ha + ca[0] + cb[1] + ca[2]
+    assert_rejected(KEY, mixed)
+    assert_rejected(KEY, mixed, offset=MIN_CHUNK, length=1)
+    # b's header on a's chunks
+    assert_rejected(KEY, hb + b"".join(ca))
+
+
+def test_zero_filled_right_length():
+    blob = seal(KEY, data_of(5000), VK, MIN_CHUNK)
+    assert_rejected(KEY, bytes(len(blob)))
+
+
+def test_header_parse_without_key():
+    blob = seal(KEY, data_of(5000), VK, MIN_CHUNK)
+    h = BlockHeader.parse(blob)
+    assert h.key_id == key_id(VK) and h.plaintext_len == 5000
+    assert h.file_size == len(blob)
+    with pytest.raises(FormatError):
+        h.check_file_size(len(blob) - 1)
+    for bad in (b"", blob[:HEADER_SIZE - 1], b"XXXX" + blob[4:], blob[:4] + b"\x02" + blob[5:],
+                blob[:5] + b"\x09" + blob[6:], blob[:6] + b"\x00\x01" + blob[8:],
+                blob[:44] + b"\x00\x00\x00\x01" + blob[48:]):
+        with pytest.raises(FormatError):
+            BlockHeader.parse(bad)
+
+
+@pytest.mark.parametrize("chunk", [0, 1000, MIN_CHUNK // 2, 3 * MIN_CHUNK, 2 << 20])
+def test_bad_chunk_size(chunk):
+    with pytest.raises((ValueError, FormatError)):
+        seal(KEY, b"abc", VK, chunk)
+
+
+def test_oversized_block_refused():
+    with pytest.raises(ValueError):
+        seal(KEY, bytes(blockfile.MAX_PLAINTEXT + 1), VK)
+
+
+def test_bad_volume_key_type():
+    with pytest.raises(ValueError):
+        seal(KEY, b"x", b"short")
+
+
+class CountingAESGCM:
+    """Wraps AESGCM to count the ciphertext bytes it is asked to decrypt."""
+
+    decrypted = 0
+
+    def __init__(self, key):
+        self._real = blockfile.AESGCM.__wrapped_real__(key)
+
+    def encrypt(self, nonce, data, aad):
+        return self._real.encrypt(nonce, data, aad)
+
+    def decrypt(self, nonce, data, aad):
+        CountingAESGCM.decrypted += len(data)
+        return self._real.decrypt(nonce, data, aad)
+
+
+@pytest.fixture
+def counting(monkeypatch):
+    real = blockfile.AESGCM
+    monkeypatch.setattr(CountingAESGCM, "decrypted", 0)
+    monkeypatch.setattr(blockfile, "AESGCM", type("AESGCM", (CountingAESGCM,),
+                                                  {"__wrapped_real__": real}))
+    return CountingAESGCM
+
+
+def test_4k_read_of_4m_block_decrypts_one_chunk(counting):
+    plain = os.urandom(4 << 20)
+    blob = seal(KEY, plain, VK)
+    counting.decrypted = 0
+    rng = random.Random(7)
+    for _ in range(20):
+        off = rng.randrange(0, (4 << 20) - 4096)
+        off -= off % 4096  # aligned 4 KiB reads never straddle a 64 KiB chunk
+        before = counting.decrypted
+        assert unseal(KEY, blob, VK, off, 4096) == plain[off:off + 4096]
+        assert counting.decrypted - before == blockfile.DEFAULT_CHUNK + TAG_SIZE
+
+
+def test_block_cipher_reads_only_given_chunks(counting):
+    plain = data_of(10 * MIN_CHUNK)
+    blob = seal(KEY, plain, VK, MIN_CHUNK)
+    h = BlockHeader.parse(blob)
+    c = BlockCipher(h, KEY, VK)
+    first, end = h.chunk_span(3 * MIN_CHUNK + 100, MIN_CHUNK)
+    assert (first, end) == (3, 5)
+    start, stop = h.ciphertext_range(first, end)
+    counting.decrypted = 0
+    assert c.read_range(3 * MIN_CHUNK + 100, MIN_CHUNK, blob[start:stop]) == \
+        plain[3 * MIN_CHUNK + 100:4 * MIN_CHUNK + 100]
+    assert counting.decrypted == 2 * (MIN_CHUNK + TAG_SIZE)
+    with pytest.raises(IntegrityError):
+        c.open_chunks(first, end, blob[start:stop - 1])

@@ -1,0 +1,282 @@
+"""Remote storage behind a volume, through fsspec: stat, list, ranged read, readlink.
+
+A source is any fsspec URL: a local path or `file://`, `s3://bucket/prefix`
+(storage options such as `endpoint_url`, `key`, `secret`, `client_kwargs`),
+or a chained URL (`latency::file:///data`). Nothing here knows a protocol by
+name; fsspec resolves the URL and this module only normalizes what comes back.
+
+Every call runs on a worker thread and is bounded by `timeout`; temporary
+failures (timeouts, connection errors, throttling, 5xx) are retried with full
+jitter backoff while a per-call retry budget lasts. Permanent errors (not
+found, access denied, is/not a directory, bad arguments) are raised at once as
+the matching OSError subclass, with the volume path in the message.
+
+Paths are always relative to the volume root, '/'-separated, without a
+leading '/'. A path with a `..` or `.` component, a NUL byte, or a backslash
+cannot name anything inside the volume and is refused (EINVAL), so no input
+can reach outside the root.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import errno
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import fsspec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_ATTEMPTS = 5
+_BACKOFF_BASE = 0.05
+_BACKOFF_CAP = 2.0
+# errno values that say "asking again will not help"
+_PERMANENT_ERRNOS = frozenset({
+    errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.EINVAL,
+    errno.ENAMETOOLONG, errno.EROFS, errno.ELOOP, errno.EEXIST, errno.ENOTEMPTY,
+    errno.ESTALE,
+})
+_PERMANENT_TYPES = (FileNotFoundError, PermissionError, IsADirectoryError,
+                    NotADirectoryError, FileExistsError, ValueError, TypeError,
+                    NotImplementedError)
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """What a volume knows about one entry.
+
+    `path` is relative to the volume root (no leading '/'; "" is the root).
+    `version` names this exact content: the ETag when the backend has one,
+    else f"{mtime_ns}-{size}"; block keys derive from it.
+    """
+
+    path: str
+    name: str
+    size: int
+    is_dir: bool
+    is_link: bool
+    mtime_ns: int
+    version: str
+    mode: int | None = None
+
+
+def normalize(path: str) -> str:
+    """The canonical volume-relative form of `path`; OSError(EINVAL) if it could
+    name something outside the volume."""
+    if not isinstance(path, str):
+        raise TypeError(f"volume path must be a str, not {type(path).__name__}")
+    if "\0" in path or "\\" in path:
+        raise OSError(errno.EINVAL, f"path {path!r} contains a NUL byte or a backslash; "
+                                    f"volume paths are plain '/'-separated names")
+    parts = [p for p in path.split("/") if p]
+    for p in parts:
+        if p in (".", ".."):
+            raise OSError(errno.EINVAL, f"path {path!r} has a {p!r} component and could "
+                                        f"escape the volume root; use a plain relative path")
+    return "/".join(parts)
+
+
+def _mtime_ns(raw: dict) -> int:
+    for name in ("mtime", "LastModified", "last_modified", "modified", "updated", "created",
+                 "timeCreated"):
+        v = raw.get(name)
+        if v is None:
+            continue
+        if isinstance(v, datetime.datetime):
+            if v.tzinfo is None:
+                v = v.replace(tzinfo=datetime.timezone.utc)
+            return int(v.timestamp() * 1_000_000) * 1000
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return int(round(v * 1e9))
+        if isinstance(v, str):
+            try:
+                return _mtime_ns({"mtime": datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))})
+            except ValueError:
+                continue
+    return 0
+
+
+def _etag(raw: dict) -> str | None:
+    for name in ("ETag", "etag", "e_tag", "md5Hash"):
+        v = raw.get(name)
+        if v:
+            return str(v).strip('"')
+    return None
+
+
+class Backend:
+    """One volume's remote storage: `source` resolved once by fsspec."""
+
+    def __init__(self, source: str, timeout: float = DEFAULT_TIMEOUT,
+                 attempts: int = DEFAULT_ATTEMPTS, workers: int = 32, **storage_options):
+        if not isinstance(source, str) or not source:
+            raise ValueError(f"volume source must be an fsspec URL or path, not {source!r}")
+        self.source = source
+        self.timeout = float(timeout)
+        self.attempts = max(1, int(attempts))
+        self._workers = workers
+        self._storage_options = storage_options
+        self._pid = -1
+        self._setup()
+
+    def _setup(self) -> None:
+        try:
+            self.fs, root = fsspec.core.url_to_fs(self.source, **self._storage_options)
+        except (ImportError, ValueError, TypeError) as exc:
+            raise ValueError(f"cannot open volume source {self.source!r}: {exc}") from None
+        self.root = root.rstrip("/")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self._workers, thread_name_prefix="blockcache-backend")
+        self._pid = os.getpid()
+
+    def _check_fork(self) -> None:
+        # fsspec drops its instance cache in a forked child; our pool threads
+        # do not exist there either.
+        if self._pid != os.getpid():
+            self._setup()
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- paths -----------------------------------------------------------------
+
+    def full_path(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else (self.root or "/")
+
+    def _rel(self, full: str) -> str:
+        full = full.rstrip("/")
+        root = self.root
+        if root and (full == root or full.startswith(root + "/")):
+            return full[len(root):].strip("/")
+        # some backends return names without the protocol's leading '/'
+        stripped = self.fs._strip_protocol(full).rstrip("/")
+        if root and stripped.startswith(root + "/"):
+            return stripped[len(root):].strip("/")
+        return stripped.strip("/")
+
+    def file_info(self, raw: dict) -> FileInfo:
+        rel = self._rel(raw["name"])
+        size = int(raw.get("size") or 0)
+        mtime_ns = _mtime_ns(raw)
+        mode = raw.get("mode")
+        return FileInfo(
+            path=rel,
+            name=rel.rsplit("/", 1)[-1],
+            size=size,
+            is_dir=raw.get("type") == "directory",
+            is_link=bool(raw.get("islink")),
+            mtime_ns=mtime_ns,
+            version=_etag(raw) or f"{mtime_ns}-{size}",
+            mode=(int(mode) & 0o7777) if isinstance(mode, int) else None,
+        )
+
+    # -- calls -------------------------------------------------------------------
+
+    def _call(self, what: str, rel: str, fn, *args):
+        """Run fn(*args) on a worker with a timeout; retry temporary failures."""
+        self._check_fork()
+        deadline = time.monotonic() + self.timeout * self.attempts
+        last: BaseException | None = None
+        for attempt in range(self.attempts):
+            fut = self._pool.submit(fn, *args)
+            try:
+                return fut.result(timeout=self.timeout)
+            except concurrent.futures.TimeoutError:
+                fut.cancel()
+                last = TimeoutError(errno.ETIMEDOUT, f"no answer within {self.timeout:g}s")
+            except _PERMANENT_TYPES as exc:
+                raise _named(exc, what, rel, self.source) from None
+            except OSError as exc:
+                if exc.errno in _PERMANENT_ERRNOS:
+                    raise _named(exc, what, rel, self.source) from None
+                last = exc
+            except Exception as exc:  # backend libraries raise their own types
+                last = exc
+            pause = random.uniform(0, min(_BACKOFF_CAP, _BACKOFF_BASE * 2 ** attempt))
+            if attempt + 1 >= self.attempts or time.monotonic() + pause > deadline:
+                break
+            log.debug("%s %s failed (%s), retry %d in %.2fs", what, rel, last, attempt + 1, pause)
+            time.sleep(pause)
+        code = errno.ETIMEDOUT if isinstance(last, TimeoutError) else errno.EIO
+        raise OSError(code, f"{what} {rel or '/'} in {self.source} failed after "
+                            f"{self.attempts} attempts: {last}")
+
+    def stat(self, rel: str) -> FileInfo:
+        """Info of one entry; FileNotFoundError if it does not exist."""
+        full = self.full_path(rel)
+
+        def info():
+            self.fs.invalidate_cache(full)  # our metadata cache decides freshness
+            return self.fs.info(full)
+        raw = self._call("stat", rel, info)
+        fi = self.file_info(raw)
+        if fi.path != rel:  # e.g. a bucket root reported under another name
+            fi = FileInfo(rel, rel.rsplit("/", 1)[-1], fi.size, fi.is_dir, fi.is_link,
+                          fi.mtime_ns, fi.version, fi.mode)
+        return fi
+
+    def listdir(self, rel: str) -> list[FileInfo]:
+        """Entries of a directory, with their infos (sorted by name)."""
+        full = self.full_path(rel)
+
+        def ls():
+            self.fs.invalidate_cache(full)
+            return self.fs.ls(full, detail=True)
+        raws = self._call("list", rel, ls)
+        out = []
+        for raw in raws:
+            fi = self.file_info(raw)
+            if fi.path == rel or not fi.path:  # some stores list the dir itself
+                continue
+            out.append(fi)
+        if not out and rel:
+            # an empty listing of a name that is a file must not look like a dir
+            fi = self.stat(rel)
+            if not fi.is_dir:
+                raise NotADirectoryError(errno.ENOTDIR, f"list {rel}: not a directory "
+                                                        f"in {self.source}")
+        out.sort(key=lambda f: f.name)
+        return out
+
+    def read(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a file (fewer only at the end of the file)."""
+        full = self.full_path(rel)
+        return self._call("read", rel, self.fs.cat_file, full, start, end)
+
+    def readlink(self, rel: str) -> str:
+        """Target of a symbolic link, where the backend reports one."""
+        raw = self._call("readlink", rel, self.fs.info, self.full_path(rel))
+        if not raw.get("islink"):
+            raise OSError(errno.EINVAL, f"readlink {rel}: not a symbolic link in {self.source}")
+        dest = raw.get("destination")
+        if not isinstance(dest, str):
+            raise OSError(errno.EINVAL, f"readlink {rel}: {self.source} does not report "
+                                        f"link targets")
+        return dest
+
+
+def _named(exc: BaseException, what: str, rel: str, source: str) -> OSError:
+    """The same kind of error, with a message naming the volume path."""
+    if isinstance(exc, OSError):
+        code = exc.errno
+        cls = type(exc)
+        reason = exc.strerror or str(exc)
+    else:
+        code, cls, reason = errno.EINVAL, OSError, str(exc)
+        if isinstance(exc, NotImplementedError):
+            code = errno.ENOTSUP
+    if code is None:
+        code = {FileNotFoundError: errno.ENOENT, PermissionError: errno.EACCES,
+                IsADirectoryError: errno.EISDIR, NotADirectoryError: errno.ENOTDIR,
+                FileExistsError: errno.EEXIST}.get(cls, errno.EIO)
+    try:
+        return cls(code, f"{what} {rel or '/'} in {source}: {reason}")
+    except TypeError:
+        return OSError(code, f"{what} {rel or '/'} in {source}: {reason}")

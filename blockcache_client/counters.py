@@ -1,0 +1,35 @@
+"""Thread-safe event counters behind `Volume.stats()`."""
+
+from __future__ import annotations
+
+import threading
+
+VOLUME_COUNTERS = (
+    "hits", "misses", "hit_bytes", "miss_bytes", "memory_hits", "backend_bytes",
+    "backend_requests", "fills_sent", "fills_dropped", "integrity_failures",
+    "daemon_unavailable", "prefetches", "prefetches_dropped",
+)
+
+
+class Counters:
+    """A fixed set of named integer counters; `add` is safe from any thread."""
+
+    __slots__ = ("_values", "_lock")
+
+    def __init__(self, names: tuple[str, ...] = VOLUME_COUNTERS):
+        self._values = dict.fromkeys(names, 0)
+        self._lock = threading.Lock()
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._values[name] += n
+
+    def add2(self, name: str, bytes_name: str, nbytes: int) -> None:
+        """Count one event and its bytes under one lock (the read path's pair)."""
+        with self._lock:
+            self._values[name] += 1
+            self._values[bytes_name] += nbytes
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._values)

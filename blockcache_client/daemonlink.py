@@ -1,0 +1,245 @@
+"""A volume's background link to `blockcached`: layout, touches, fills, evictions.
+
+Readers never wait on this module. It owns two threads per process:
+
+- control: connects (`hello` -> `Layout` + `layout_epoch`), reconnects with
+  jittered exponential backoff while the daemon is down, and every
+  `touch_interval` seconds (or as soon as `touch_batch` keys are waiting)
+  sends the recorded accesses as batched `touch`es; with nothing to report it
+  `ping`s, so a dead daemon or a new `layout_epoch` is noticed within about
+  one interval. While it is not connected `layout` is None and every read goes
+  to the backend.
+- filler: takes jobs from a queue bounded in bytes, in order, on its own
+  connection: `("evict", key)` and `("put", key, plaintext)` (sealed here, off
+  the reader's thread). Keeping an integrity eviction and its refill on one
+  ordered queue means the daemon sees the evict before the new put and does
+  not discard the put as a duplicate of the bad file.
+
+Invariants: `offer_fill` never blocks (a full queue drops and counts); a job
+whose put fails because the daemon went away is dropped and counted; nothing
+here raises into a reader. Fork: a child must build a new link (the threads
+and sockets of the parent's do not work there); `Volume` does that.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import threading
+from typing import Callable
+
+from .client import Client
+from .counters import Counters
+from .errors import BlockcacheError, DaemonError, DaemonUnavailable
+from .layout import Layout
+from .protocol import MAX_BATCH
+
+log = logging.getLogger(__name__)
+
+_BACKOFF_MIN = 0.05
+_BACKOFF_MAX = 5.0
+CALL_TIMEOUT = 2.0
+# put replies that mean the block is (or is about to be) cached already
+_ALREADY_CACHED = frozenset({"exists", "duplicate"})
+
+
+class DaemonLink:
+    """Background connection of one volume in one process to the daemon."""
+
+    def __init__(self, socket_path: str, counters: Counters, seal: Callable[[str, bytes], bytes],
+                 fill_queue_bytes: int, touch_interval: float = 0.5, touch_batch: int = 1024,
+                 client_name: str = "blockcache_client"):
+        self.socket_path = socket_path
+        self.layout: Layout | None = None
+        self.layout_epoch: int | None = None
+        self._counters = counters
+        self._seal = seal
+        self._touch_interval = touch_interval
+        self._touch_batch = min(touch_batch, MAX_BATCH)
+        self._client_name = client_name
+        self._control = Client(socket_path, timeout=CALL_TIMEOUT)
+        self._filler_client = Client(socket_path, timeout=CALL_TIMEOUT)
+        self._closed = threading.Event()
+        self._wake = threading.Event()
+        self._touches: list[str] = []
+        self._touch_lock = threading.Lock()
+        # fill queue: jobs in order, bounded by the plaintext bytes they hold
+        self._fill_cap = max(0, int(fill_queue_bytes))
+        self._fill_bytes = 0
+        self._fills: collections.deque = collections.deque()
+        self._queued: set[str] = set()
+        self._busy = False  # the filler is running a job (wait_idle must wait for it)
+        self._fill_cv = threading.Condition()
+        self._threads = [threading.Thread(target=self._control_loop, name="blockcache-link",
+                                          daemon=True),
+                         threading.Thread(target=self._filler_loop, name="blockcache-filler",
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    # -- called by readers (never block, never raise) --------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self.layout is not None
+
+    def touch(self, key: str) -> None:
+        """Record an access; sent later in a batch."""
+        with self._touch_lock:
+            self._touches.append(key)
+            full = len(self._touches) >= self._touch_batch
+        if full:
+            self._wake.set()
+
+    def offer_fill(self, key: str, plaintext: bytes) -> bool:
+        """Queue a block to be sealed and put; False (and counted) if dropped."""
+        with self._fill_cv:
+            if key in self._queued:
+                return True
+            if self._fill_bytes + len(plaintext) > self._fill_cap or self._closed.is_set():
+                self._counters.add("fills_dropped")
+                return False
+            self._fills.append(("put", key, plaintext))
+            self._queued.add(key)
+            self._fill_bytes += len(plaintext)
+            self._fill_cv.notify()
+        return True
+
+    def evict_later(self, key: str) -> None:
+        """Ask the daemon to drop a bad block, ahead of any later fill of it."""
+        with self._fill_cv:
+            self._fills.append(("evict", key, b""))
+            self._fill_cv.notify()
+
+    def evict_inode(self, volume: str, inode: int) -> int:
+        """Synchronously evict every cached block of one file; DaemonUnavailable if down."""
+        return self._control.evict(inode=(volume, inode))
+
+    def pending_fill_bytes(self) -> int:
+        return self._fill_bytes
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until the fill queue is empty (tests, warmup, close)."""
+        with self._fill_cv:
+            return self._fill_cv.wait_for(lambda: not self._fills and not self._busy, timeout)
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Flush what can be flushed quickly, then stop the threads."""
+        if self._closed.is_set():
+            return
+        self.wait_idle(timeout)
+        self._closed.set()
+        self._wake.set()
+        with self._fill_cv:
+            self._fill_cv.notify_all()
+        for t in self._threads:
+            t.join(timeout)
+        self._control.close()
+        self._filler_client.close()
+
+    # -- control thread --------------------------------------------------------
+
+    def _connect(self) -> None:
+        reply = self._control.hello(self._client_name)
+        self.layout_epoch = reply.get("layout_epoch")
+        self.layout = Layout.from_wire(reply["layout"])
+        log.info("connected to blockcached at %s (layout epoch %s, %d dir(s))",
+                 self.socket_path, self.layout_epoch, len(self.layout.dirs))
+
+    def _disconnect(self, why: object) -> None:
+        if self.layout is not None:
+            log.warning("lost blockcached at %s: %s; reading from the backend until it "
+                        "returns", self.socket_path, why)
+        self.layout = None
+        self._control.close()
+
+    def _control_loop(self) -> None:
+        backoff = _BACKOFF_MIN
+        while not self._closed.is_set():
+            if self.layout is None:
+                try:
+                    self._connect()
+                    backoff = _BACKOFF_MIN
+                except (DaemonUnavailable, DaemonError, ValueError, KeyError) as exc:
+                    self._disconnect(exc)
+                    log.debug("blockcached at %s unavailable: %s", self.socket_path, exc)
+                    self._closed.wait(random.uniform(backoff / 2, backoff))
+                    backoff = min(_BACKOFF_MAX, backoff * 2)
+                    continue
+            self._wake.wait(self._touch_interval)
+            self._wake.clear()
+            try:
+                self._report()
+            except (DaemonUnavailable, DaemonError, ValueError, KeyError) as exc:
+                self._disconnect(exc)
+        try:
+            self._report()  # last touches on close, best effort
+        except BlockcacheError:
+            pass
+
+    def _report(self) -> None:
+        with self._touch_lock:
+            keys, self._touches = self._touches, []
+        if self.layout is None:
+            return
+        epoch = None
+        if not keys:
+            epoch = self._control.ping().get("layout_epoch")
+        for i in range(0, len(keys), MAX_BATCH):
+            epoch = self._control.touch(keys[i:i + MAX_BATCH]).get("layout_epoch")
+        if epoch is not None and epoch != self.layout_epoch:
+            log.info("blockcached layout epoch %s -> %s; fetching the new layout",
+                     self.layout_epoch, epoch)
+            self._connect()
+
+    # -- filler thread ---------------------------------------------------------
+
+    def _filler_loop(self) -> None:
+        while True:
+            with self._fill_cv:
+                while not self._fills and not self._closed.is_set():
+                    self._fill_cv.wait()
+                if self._closed.is_set():
+                    self._fills.clear()
+                    self._queued.clear()
+                    self._fill_bytes = 0
+                    self._fill_cv.notify_all()
+                    return
+                op, key, data = self._fills.popleft()
+                self._busy = True
+            try:
+                self._run_fill(op, key, data)
+            except Exception:  # never let one bad job kill the filler
+                log.exception("fill job %s %s failed", op, key)
+            finally:
+                with self._fill_cv:
+                    self._busy = False
+                    if op == "put":
+                        self._queued.discard(key)
+                        self._fill_bytes -= len(data)
+                    self._fill_cv.notify_all()
+
+    def _run_fill(self, op: str, key: str, data: bytes) -> None:
+        if self.layout is None:  # daemon down: nothing to fill into
+            if op == "put":
+                self._counters.add("fills_dropped")
+            return
+        try:
+            if op == "evict":
+                self._filler_client.evict(key)
+                return
+            blob = self._seal(key, data)
+            accepted, reason = self._filler_client.put(key, blob)
+        except (DaemonUnavailable, DaemonError) as exc:
+            log.debug("%s %s not delivered: %s", op, key, exc)
+            if op == "put":
+                self._counters.add("fills_dropped")
+            return
+        if accepted:
+            self._counters.add("fills_sent")
+        elif reason in _ALREADY_CACHED:  # another reader filled it first: nothing lost
+            log.debug("put %s not needed: %s", key, reason)
+        else:
+            log.debug("daemon declined put %s: %s", key, reason)
+            self._counters.add("fills_dropped")

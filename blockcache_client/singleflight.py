@@ -1,0 +1,52 @@
+"""Single-flight: concurrent callers asking for one key run the work once.
+
+The first caller (the leader) runs the function; callers arriving while it
+runs wait for its result or exception. Once the leader finishes, the key is
+forgotten, so a later call runs the work again (results are cached elsewhere,
+in `blockmem`). Not shared across fork: a child builds its own instance.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+
+class _Call:
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class SingleFlight:
+    """Deduplicate concurrent calls per key inside one process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[str, _Call] = {}
+
+    def do(self, key: str, fn: Callable[[], Any]) -> tuple[Any, bool]:
+        """Return (fn's result, whether this caller ran it)."""
+        with self._lock:
+            call = self._calls.get(key)
+            leader = call is None
+            if leader:
+                call = self._calls[key] = _Call()
+        if not leader:
+            call.done.wait()
+            if call.error is not None:
+                raise call.error
+            return call.value, False
+        try:
+            call.value = fn()
+            return call.value, True
+        except BaseException as exc:
+            call.error = exc
+            raise
+        finally:
+            with self._lock:
+                del self._calls[key]
+            call.done.set()

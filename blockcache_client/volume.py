@@ -1,0 +1,447 @@
+"""The read-through reader: a remote volume seen through the host's block cache.
+
+Read path for one block (key = vol_inode_extent_offset, see `keys`):
+
+1. in-process memory LRU (`blockmem`): the block was fetched moments ago;
+2. cache disk: with the layout from the daemon's `hello`, open the block
+   file read-only, check its header and length, read and decrypt only the
+   chunks the range touches; report the access later in a batched `touch`.
+   No round trip to the daemon;
+3. backend: fetch the whole block once (single-flight per key), keep it in
+   the memory LRU, hand it to the fill queue (sealed and `put` in the
+   background; a full queue drops and counts), return the requested bytes.
+
+Invariants:
+- Never wrong bytes. Keys carry the file version, so a changed remote file
+  gets new keys; every cached byte returned was authenticated under this
+  volume's key and this exact key string; a backend answer of the wrong
+  length for the version we hold raises ESTALE instead of being served or
+  cached.
+- A read never fails because of the cache: a missing, corrupt, truncated or
+  foreign block file, an unhealthy dir, or an unreachable daemon is a miss
+  (counted); a bad block is evicted through the daemon and refilled.
+- Fork safe: every public call first checks the pid; a child (a DataLoader
+  worker) builds fresh locks, caches, threads and connections and drops what
+  it inherited, including queued fills.
+
+Known limit: a backend without ETags that rewrites a file in place with the
+same size within one mtime tick looks unchanged (version = mtime_ns-size).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
+from . import blockfile, protocol
+from .backend import Backend, FileInfo, normalize
+from .blockfile import HEADER_SIZE, BlockCipher, BlockHeader
+from .blockmem import BlockMemory
+from .counters import Counters
+from .daemonlink import DaemonLink
+from .errors import ConfigError, DaemonError, DaemonUnavailable, FormatError, IntegrityError
+from .keyfile import load_key_file
+from .keys import BlockKey, check_volume_name, extent_for, inode_for_path
+from .singleflight import SingleFlight
+
+log = logging.getLogger(__name__)
+
+MAX_OFFSET = 2**63 - 1
+_META_LIMIT = 1 << 20      # cached stat entries before the cache starts over
+_IDENT_LIMIT = 1 << 18     # cached (path, version) -> key prefix entries
+_CIPHER_LIMIT = 4096       # derived per-block ciphers kept (saves an HKDF per hit)
+_PREFETCH_WORKERS = 4
+_PREFETCH_PENDING = 256    # queued prefetch jobs before new ones are dropped
+_O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOATIME", 0)
+
+
+class Volume:
+    """A named remote volume read through the host's shared, encrypted block cache.
+
+    `source` is an fsspec URL (local path, `file://`, `s3://bucket/prefix`,
+    chained URLs); `storage_options` go to fsspec. `socket_path` defaults to
+    $BLOCKCACHE_SOCKET or /run/blockcache/blockcached.sock; without a daemon
+    every read goes to the backend. All methods are thread-safe.
+    """
+
+    def __init__(self, name: str, source: str, key_file: str, socket_path: str | None = None,
+                 block_size: int = 4 << 20, meta_ttl: float = 60.0,
+                 fill_queue_bytes: int = 256 << 20, memory_cache_bytes: int = 64 << 20,
+                 **storage_options):
+        self.name = check_volume_name(name)
+        if (not isinstance(block_size, int) or isinstance(block_size, bool)
+                or not blockfile.MIN_CHUNK <= block_size <= blockfile.MAX_PLAINTEXT):
+            raise ConfigError(f"volume {name}: block size {block_size!r} must be an integer "
+                              f"in {blockfile.MIN_CHUNK}..{blockfile.MAX_PLAINTEXT}")
+        self.block_size = block_size
+        self.meta_ttl = float(meta_ttl)
+        self._volume_key = load_key_file(key_file)
+        self._chunk_size = min(blockfile.DEFAULT_CHUNK, 1 << (block_size.bit_length() - 1))
+        self.socket_path = socket_path or protocol.default_socket()
+        self._fill_queue_bytes = fill_queue_bytes
+        self._memory_cache_bytes = memory_cache_bytes
+        self.backend = Backend(source, **storage_options)
+        root = self.backend.stat("")  # an unreadable source fails here, by name
+        if not root.is_dir:
+            raise NotADirectoryError(errno.ENOTDIR, f"volume {name}: source {source} is not "
+                                                    f"a directory")
+        self._closed = False
+        self._pid = -1
+        self._start_process()
+
+    # -- per-process state (rebuilt after fork) ----------------------------------
+
+    def _start_process(self) -> None:
+        self._pid = os.getpid()
+        self._meta: dict[str, tuple[float, FileInfo]] = {}
+        self._dirs: dict[str, tuple[float, list[FileInfo]]] = {}
+        self._idents: dict[tuple[str, str], str] = {}
+        self._ciphers: OrderedDict[tuple[str, bytes], BlockCipher] = OrderedDict()
+        self._cipher_lock = threading.Lock()
+        self._mem = BlockMemory(self._memory_cache_bytes)
+        self._flight = SingleFlight()
+        self.counters = Counters()
+        self._link = DaemonLink(self.socket_path, self.counters, self._seal,
+                                self._fill_queue_bytes, client_name=f"volume:{self.name}")
+        self._prefetch_pool: ThreadPoolExecutor | None = None
+        self._prefetch_pending = 0
+        self._prefetch_lock = threading.Lock()
+
+    def _proc(self) -> None:
+        if self._pid != os.getpid():
+            log.debug("volume %s: new process %d, rebuilding per-process state",
+                      self.name, os.getpid())
+            self._start_process()
+        elif self._closed:
+            raise ValueError(f"volume {self.name} is closed")
+
+    def close(self) -> None:
+        """Flush pending fills briefly, stop background threads."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pid == os.getpid():
+            if self._prefetch_pool is not None:
+                self._prefetch_pool.shutdown(wait=False, cancel_futures=True)
+            self._link.close()
+            self.backend.close()
+
+    def __enter__(self) -> "Volume":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- metadata ----------------------------------------------------------------
+
+    def stat(self, path: str, max_age: float | None = None) -> FileInfo:
+        """Info of `path`, cached up to `meta_ttl` seconds (or `max_age`; 0 = fresh)."""
+        self._proc()
+        rel = normalize(path)
+        ttl = self.meta_ttl if max_age is None else max_age
+        hit = self._meta.get(rel)
+        now = time.monotonic()
+        if hit is not None and ttl > 0 and now - hit[0] <= ttl:
+            return hit[1]
+        info = self.backend.stat(rel)
+        self._remember(rel, info, now)
+        return info
+
+    def _remember(self, rel: str, info: FileInfo, now: float) -> None:
+        if len(self._meta) >= _META_LIMIT:
+            self._meta.clear()  # crude but bounded; entries refill on demand
+        self._meta[rel] = (now, info)
+
+    def listdir(self, path: str, max_age: float | None = None) -> list[FileInfo]:
+        """Entries of a directory (sorted by name); also fills the stat cache."""
+        self._proc()
+        rel = normalize(path)
+        ttl = self.meta_ttl if max_age is None else max_age
+        hit = self._dirs.get(rel)
+        now = time.monotonic()
+        if hit is not None and ttl > 0 and now - hit[0] <= ttl:
+            return list(hit[1])
+        infos = self.backend.listdir(rel)
+        if len(self._dirs) >= _META_LIMIT // 64:
+            self._dirs.clear()
+        self._dirs[rel] = (now, infos)
+        for info in infos:
+            self._remember(info.path, info, now)
+        return list(infos)
+
+    def readlink(self, path: str) -> str:
+        """Target of a symbolic link in the volume."""
+        self._proc()
+        return self.backend.readlink(normalize(path))
+
+    def inode(self, path: str) -> int:
+        """The stable inode of `path` (the same on every host): `keys.inode_for_path`."""
+        return inode_for_path(normalize(path))
+
+    # -- keys --------------------------------------------------------------------
+
+    def _key_prefix(self, rel: str, version: str) -> str:
+        """`vol_inode_extent_` for one version of a file (validated once, then cached)."""
+        ident = (rel, version)
+        prefix = self._idents.get(ident)
+        if prefix is None:
+            key = BlockKey(self.name, inode_for_path(rel), extent_for(rel, version, self.block_size), 0)
+            prefix = str(key)[:-16]
+            if len(self._idents) >= _IDENT_LIMIT:
+                self._idents.clear()
+            self._idents[ident] = prefix
+        return prefix
+
+    def _seal(self, key: str, plaintext: bytes) -> bytes:
+        return blockfile.seal(key, plaintext, self._volume_key, self._chunk_size)
+
+    def _cipher(self, key: str, head: bytes, header: BlockHeader) -> BlockCipher:
+        ck = (key, head)
+        with self._cipher_lock:
+            cipher = self._ciphers.get(ck)
+            if cipher is not None:
+                self._ciphers.move_to_end(ck)
+                return cipher
+        cipher = BlockCipher(header, key, self._volume_key)  # IntegrityError: foreign key
+        with self._cipher_lock:
+            self._ciphers[ck] = cipher
+            if len(self._ciphers) > _CIPHER_LIMIT:
+                self._ciphers.popitem(last=False)
+        return cipher
+
+    # -- reads -------------------------------------------------------------------
+
+    def _resolve(self, path: str, info: FileInfo | None) -> tuple[str, FileInfo]:
+        rel = normalize(path)
+        if info is None:
+            info = self.stat(rel)
+        elif not isinstance(info, FileInfo) or info.path != rel:
+            raise OSError(errno.EINVAL, f"read {path}: the pinned FileInfo is for "
+                                        f"{getattr(info, 'path', info)!r}, not this path")
+        if info.is_dir:
+            raise IsADirectoryError(errno.EISDIR, f"read {path}: is a directory in volume "
+                                                  f"{self.name}")
+        return rel, info
+
+    @staticmethod
+    def _check_range(path: str, offset: int, size: int) -> None:
+        for what, v in (("offset", offset), ("size", size)):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"read {path}: {what} must be an int, not {type(v).__name__}")
+            if not 0 <= v <= MAX_OFFSET:
+                raise OSError(errno.EINVAL, f"read {path}: {what} {v} is outside 0..2**63-1")
+
+    def read(self, path: str, offset: int, size: int, info: FileInfo | None = None) -> bytes:
+        """Up to `size` bytes at `offset` (fewer only at end of file).
+
+        `info` pins the version (FUSE passes what it got at open); without it
+        the cached metadata is used.
+        """
+        self._proc()
+        self._check_range(path, offset, size)
+        rel, info = self._resolve(path, info)
+        end = min(offset + size, info.size)
+        if offset >= end:
+            return b""
+        bs = self.block_size
+        first = offset // bs
+        last = (end - 1) // bs
+        prefix = self._key_prefix(rel, info.version)
+        if first == last:
+            boff = first * bs
+            return self._read_block(rel, info, prefix, boff, offset - boff, end - boff)
+        parts = []
+        for b in range(first, last + 1):
+            boff = b * bs
+            parts.append(self._read_block(rel, info, prefix, boff, max(offset, boff) - boff,
+                                          min(end, boff + bs) - boff))
+        return b"".join(parts)
+
+    def readinto(self, path: str, offset: int, buffer, info: FileInfo | None = None) -> int:
+        """Read into a writable buffer; returns the number of bytes stored."""
+        view = memoryview(buffer).cast("B")
+        data = self.read(path, offset, len(view), info)
+        view[:len(data)] = data
+        return len(data)
+
+    def open(self, path: str):
+        """A read-only binary file object (read, readinto, seek, tell) pinned
+        to the version of `path` seen now."""
+        from .volumefile import VolumeFile
+        self._proc()
+        rel, info = self._resolve(path, None)
+        return VolumeFile(self, rel, info)
+
+    def _block_len(self, info: FileInfo, boff: int) -> int:
+        return min(self.block_size, info.size - boff)
+
+    def _read_block(self, rel: str, info: FileInfo, prefix: str, boff: int,
+                    lo: int, hi: int) -> bytes:
+        """Plaintext [lo, hi) of the block at `boff`."""
+        key = prefix + format(boff, "016x")
+        data = self._mem.get(key)
+        if data is not None:
+            self.counters.add2("hits", "hit_bytes", hi - lo)
+            self.counters.add("memory_hits")
+            return data[lo:hi]
+        layout = self._link.layout
+        if layout is None:
+            self.counters.add("daemon_unavailable")
+        else:
+            out = self._read_cached(layout.path(key), key, self._block_len(info, boff), lo, hi)
+            if out is not None:
+                self.counters.add2("hits", "hit_bytes", hi - lo)
+                self._link.touch(key)
+                return out
+        data = self._fetch(rel, info, key, boff)
+        self.counters.add2("misses", "miss_bytes", hi - lo)
+        return data[lo:hi]
+
+    def _read_cached(self, path: str | None, key: str, blen: int, lo: int, hi: int) -> bytes | None:
+        """The range from the block file, or None for a miss (bad files are evicted)."""
+        if path is None:  # its cache dir is unhealthy
+            return None
+        try:
+            fd = os.open(path, _O_RDONLY)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.debug("cannot open cached block %s: %s", path, exc)
+            return None
+        try:
+            head = os.pread(fd, HEADER_SIZE, 0)
+            header = BlockHeader.parse(head)
+            header.check_file_size(os.fstat(fd).st_size)
+            if header.plaintext_len != blen:
+                raise FormatError(f"block holds {header.plaintext_len} bytes, the file "
+                                  f"version needs {blen}")
+            cipher = self._cipher(key, head, header)
+            first, end = header.chunk_span(lo, hi - lo)
+            start, stop = header.ciphertext_range(first, end)
+            return cipher.read_range(lo, hi - lo, os.pread(fd, stop - start, start))
+        except (FormatError, IntegrityError) as exc:
+            self.counters.add("integrity_failures")
+            log.warning("cached block %s is bad (%s); evicting it and reading the backend",
+                        key, exc)
+            self._link.evict_later(key)
+            return None
+        except OSError as exc:  # a failing cache disk is a miss, never an error
+            log.debug("cannot read cached block %s: %s", path, exc)
+            return None
+        finally:
+            os.close(fd)
+
+    def _fetch(self, rel: str, info: FileInfo, key: str, boff: int) -> bytes:
+        """The whole block from the backend, once per key however many ask."""
+        blen = self._block_len(info, boff)
+
+        def load() -> bytes:
+            data = self.backend.read(rel, boff, boff + blen)
+            self.counters.add2("backend_requests", "backend_bytes", len(data))
+            if len(data) != blen:
+                self._meta.pop(rel, None)
+                raise OSError(errno.ESTALE, f"read {rel} in volume {self.name}: the file "
+                                            f"changed while being read (expected {blen} bytes at "
+                                            f"offset {boff} of version {info.version}, got "
+                                            f"{len(data)}); stat it again and retry")
+            self._mem.put(key, data)
+            if self._link.connected:
+                self._link.offer_fill(key, data)
+            return data
+
+        data, _ = self._flight.do(key, load)
+        return data
+
+    # -- cache control -----------------------------------------------------------
+
+    def _blocks(self, path: str, info: FileInfo | None, offset: int = 0,
+                length: int | None = None):
+        rel, info = self._resolve(path, info)
+        prefix = self._key_prefix(rel, info.version)
+        end = info.size if length is None else min(info.size, offset + length)
+        bs = self.block_size
+        for b in range(offset // bs, -(-end // bs)):
+            yield rel, info, prefix + format(b * bs, "016x"), b * bs
+
+    def prefetch(self, path: str, offset: int, length: int, info: FileInfo | None = None) -> None:
+        """Fetch the blocks of [offset, offset+length) into the cache in the
+        background (readahead). Never blocks, never raises for I/O."""
+        self._proc()
+        self._check_range(path, offset, length)
+        normalize(path)
+        with self._prefetch_lock:
+            if self._prefetch_pending >= _PREFETCH_PENDING:
+                self.counters.add("prefetches_dropped")
+                return
+            self._prefetch_pending += 1
+            if self._prefetch_pool is None:
+                self._prefetch_pool = ThreadPoolExecutor(_PREFETCH_WORKERS,
+                                                         thread_name_prefix="blockcache-prefetch")
+            pool = self._prefetch_pool
+        try:
+            pool.submit(self._prefetch_job, path, offset, length, info)
+        except RuntimeError:  # closing
+            with self._prefetch_lock:
+                self._prefetch_pending -= 1
+
+    def _prefetch_job(self, path: str, offset: int, length: int, info: FileInfo | None) -> None:
+        try:
+            for rel, info, key, boff in self._blocks(path, info, offset, length):
+                if self._mem.get(key) is not None or self._is_cached(key):
+                    continue
+                self._fetch(rel, info, key, boff)
+                self.counters.add("prefetches")
+        except Exception as exc:  # readahead is best effort; the real read reports errors
+            log.debug("prefetch %s failed: %s", path, exc)
+        finally:
+            with self._prefetch_lock:
+                self._prefetch_pending -= 1
+
+    def _is_cached(self, key: str) -> bool:
+        layout = self._link.layout
+        path = layout.path(key) if layout is not None else None
+        return path is not None and os.path.exists(path)
+
+    def cached_bytes(self, path: str, info: FileInfo | None = None) -> int:
+        """Plaintext bytes of this file (this version) in the host cache now."""
+        self._proc()
+        total = 0
+        for _, info, key, boff in self._blocks(path, info):
+            if self._is_cached(key):
+                total += self._block_len(info, boff)
+        return total
+
+    def evict(self, path: str, info: FileInfo | None = None) -> int:
+        """Remove this file's blocks (every version) from the cache; returns how
+        many the daemon removed (0 if it is unreachable)."""
+        self._proc()
+        rel = normalize(path)
+        ino = inode_for_path(rel)
+        self._mem.discard_prefix(f"{self.name}_{ino}_")
+        try:
+            return self._link.evict_inode(self.name, ino)
+        except (DaemonUnavailable, DaemonError) as exc:
+            self.counters.add("daemon_unavailable")
+            log.info("evict %s: %s", rel, exc)
+            return 0
+
+    def wait_fills(self, timeout: float = 10.0) -> bool:
+        """Block until queued fills have been handed to the daemon (tests, warmup)."""
+        self._proc()
+        return self._link.wait_idle(timeout)
+
+    def stats(self) -> dict:
+        """Counters of this process's reads (see `counters.VOLUME_COUNTERS`) plus
+        the link state."""
+        self._proc()
+        out: dict = self.counters.snapshot()
+        out["daemon_connected"] = self._link.connected
+        out["layout_epoch"] = self._link.layout_epoch
+        out["fill_queue_bytes"] = self._link.pending_fill_bytes()
+        out["memory_bytes"] = self._mem.used
+        return out

@@ -1,0 +1,72 @@
+"""`Volume.open()`'s file object: a seekable, read-only binary stream.
+
+Pinned to the FileInfo seen at open, so every read of one open file comes
+from one version (a rewrite mid-read gives ESTALE, never a mix of versions).
+Behaves like an unbuffered `io.RawIOBase` file, which is what PIL.Image.open,
+numpy.load and tarfile need; wrap it in `io.BufferedReader` for many tiny reads.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+from .backend import FileInfo
+
+
+class VolumeFile(io.RawIOBase):
+    """Read-only view of one file version in a `Volume`."""
+
+    def __init__(self, volume, path: str, info: FileInfo):
+        super().__init__()
+        self._volume = volume
+        self.name = path
+        self.info = info
+        self.size = info.size
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        self._check_closed()
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self._check_closed()
+        if whence == os.SEEK_SET:
+            pos = offset
+        elif whence == os.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == os.SEEK_END:
+            pos = self.size + offset
+        else:
+            raise ValueError(f"seek {self.name}: invalid whence {whence}")
+        if pos < 0:
+            raise OSError(22, f"seek {self.name}: negative position {pos}")
+        self._pos = pos
+        return pos
+
+    def read(self, size: int = -1) -> bytes:
+        self._check_closed()
+        if size is None or size < 0:
+            size = max(0, self.size - self._pos)
+        data = self._volume.read(self.name, self._pos, size, self.info)
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer) -> int:
+        self._check_closed()
+        n = self._volume.readinto(self.name, self._pos, buffer, self.info)
+        self._pos += n
+        return n
+
+    def _check_closed(self) -> None:
+        if self.closed:
+            raise ValueError(f"I/O operation on closed file {self.name}")

@@ -139,15 +139,22 @@ class Volume:
 
     # -- metadata ----------------------------------------------------------------
 
-    def stat(self, path: str, max_age: float | None = None) -> FileInfo:
-        """Info of `path`, cached up to `meta_ttl` seconds (or `max_age`; 0 = fresh)."""
+    def _cached_meta(self, cache: dict, path: str, max_age: float | None):
+        """(rel, the cached value if young enough else None, now)."""
         self._proc()
         rel = normalize(path)
         ttl = self.meta_ttl if max_age is None else max_age
-        hit = self._meta.get(rel)
+        hit = cache.get(rel)
         now = time.monotonic()
         if hit is not None and ttl > 0 and now - hit[0] <= ttl:
-            return hit[1]
+            return rel, hit[1], now
+        return rel, None, now
+
+    def stat(self, path: str, max_age: float | None = None) -> FileInfo:
+        """Info of `path`, cached up to `meta_ttl` seconds (or `max_age`; 0 = fresh)."""
+        rel, hit, now = self._cached_meta(self._meta, path, max_age)
+        if hit is not None:
+            return hit
         info = self.backend.stat(rel)
         self._remember(rel, info, now)
         return info
@@ -159,13 +166,9 @@ class Volume:
 
     def listdir(self, path: str, max_age: float | None = None) -> list[FileInfo]:
         """Entries of a directory (sorted by name); also fills the stat cache."""
-        self._proc()
-        rel = normalize(path)
-        ttl = self.meta_ttl if max_age is None else max_age
-        hit = self._dirs.get(rel)
-        now = time.monotonic()
-        if hit is not None and ttl > 0 and now - hit[0] <= ttl:
-            return list(hit[1])
+        rel, hit, now = self._cached_meta(self._dirs, path, max_age)
+        if hit is not None:
+            return list(hit)
         infos = self.backend.listdir(rel)
         if len(self._dirs) >= _META_LIMIT // 64:
             self._dirs.clear()

@@ -1,0 +1,1 @@
+"""blockcached: the per-host block cache daemon (see DESIGN.md beside this file)."""

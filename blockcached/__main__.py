@@ -1,0 +1,166 @@
+"""`blockcached`: the per-host cache daemon. Wires the parts together and runs.
+
+    blockcached [--config FILE.toml] [--socket PATH] [--cache-dir DIR[:SIZE]]...
+                [--socket-mode 0660] [--socket-group NAME|GID] [--admin-gid GID]...
+                [--high-watermark 0.95] [--low-watermark 0.70] [--min-free-bytes 1G]
+                [--min-free-inodes N] [--max-entries N] [--fill-queue-bytes 256M]
+                [--io-timeout SECONDS] [--log-level info] [--log-format text|json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+from blockcache_client.errors import BlockcacheError
+
+from . import config as configmod
+from . import lockfile
+from .cache import Cache
+from .config import Config
+from .sdnotify import Notifier
+from .server import Server
+from .service import Service
+
+log = logging.getLogger("blockcached")
+
+TICK = 0.25              # seconds between upkeep rounds
+DRAIN_ON_STOP = 3.0      # seconds to finish queued writes on SIGTERM
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="blockcached", description="Per-host block cache daemon.")
+    p.add_argument("--config", metavar="FILE.toml")
+    p.add_argument("--socket", metavar="PATH",
+                   help="unix socket (default $BLOCKCACHE_SOCKET or /run/blockcache/blockcached.sock)")
+    p.add_argument("--cache-dir", dest="cache_dirs", action="append", metavar="DIR[:SIZE]",
+                   type=configmod.parse_cache_dir_flag, default=[])
+    p.add_argument("--socket-mode", metavar="0660")
+    p.add_argument("--socket-group", metavar="NAME|GID")
+    p.add_argument("--admin-gid", dest="admin_gids", action="append", metavar="GID")
+    p.add_argument("--high-watermark", type=float, metavar="0.95")
+    p.add_argument("--low-watermark", type=float, metavar="0.70")
+    p.add_argument("--min-free-bytes", metavar="1G")
+    p.add_argument("--min-free-inodes", metavar="N")
+    p.add_argument("--max-entries", metavar="N")
+    p.add_argument("--fill-queue-bytes", metavar="256M")
+    p.add_argument("--io-timeout", type=float, metavar="SECONDS")
+    p.add_argument("--log-level", metavar="info")
+    p.add_argument("--log-format", metavar="text|json")
+    return p.parse_args(argv)
+
+
+def load_config(args: argparse.Namespace) -> Config:
+    file_values = configmod.load_file(args.config) if args.config else {}
+    flags = {k: v for k, v in vars(args).items() if k != "config"}
+    return configmod.build(file_values, flags)
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": round(record.created, 3), "level": record.levelname.lower(),
+                 "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(cfg: Config) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if cfg.log_format == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(cfg.log_level.upper())
+
+
+def take_locks(cfg: Config) -> list[int]:
+    """Lock the socket and every cache dir (creating them); fds to keep open."""
+    fds = []
+    sock_dir = os.path.dirname(cfg.socket)
+    os.makedirs(sock_dir, mode=0o755, exist_ok=True)
+    fds.append(lockfile.acquire(cfg.socket + ".lock", f"socket {cfg.socket}"))
+    for d in cfg.cache_dirs:
+        os.makedirs(d.path, mode=0o755, exist_ok=True)
+        fds.append(lockfile.acquire(os.path.join(d.path, "blockcached.lock"),
+                                    f"cache dir {d.path}"))
+    return fds
+
+
+async def serve(cfg: Config) -> None:
+    loop = asyncio.get_running_loop()
+    notifier = Notifier()
+    cache = Cache(cfg, loop)
+    service = Service(cfg, cache)
+    server = Server(cfg, service)
+    await server.start()
+    cache.start_rebuild()
+    notifier.ready(f"serving on {cfg.socket}")
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def upkeep() -> None:
+        last_ping = 0.0
+        while True:
+            cache.tick()
+            now = time.monotonic()
+            if notifier.watchdog_interval and now - last_ping >= notifier.watchdog_interval:
+                notifier.watchdog()
+                last_ping = now
+            await asyncio.sleep(min(TICK, notifier.watchdog_interval or TICK))
+
+    upkeep_task = loop.create_task(upkeep())
+    await stop.wait()
+    log.info("stopping: no new connections; writing queued blocks for up to %ss", DRAIN_ON_STOP)
+    notifier.stopping()
+    await server.close()
+    drained = await cache.drain(DRAIN_ON_STOP)
+    if not drained:
+        log.warning("stopping with %d queued blocks unwritten (they are dropped; the "
+                    "tmp/ leftovers are removed at the next start)", len(cache.fill))
+    upkeep_task.cancel()
+    cache.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point."""
+    try:
+        args = parse_args(argv)
+        cfg = load_config(args)
+    except BlockcacheError as exc:
+        print(f"blockcached: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(cfg)
+    try:
+        locks = take_locks(cfg)
+    except BlockcacheError as exc:
+        print(f"blockcached: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"blockcached: cannot prepare {exc.filename or 'a path'}: {exc.strerror}",
+              file=sys.stderr)
+        return 1
+    try:
+        asyncio.run(serve(cfg))
+    except OSError as exc:
+        log.error("cannot serve: %s", exc)
+        return 1
+    finally:
+        for fd in locks:
+            os.close(fd)
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,422 @@
+"""The cache engine: ties the index, the stores, capacity, health and the
+fill queue together. Everything here runs on the event loop and never blocks:
+disk work goes to each dir's `DirWorker`, results come back as callbacks.
+
+See DESIGN.md for the invariants and crash cases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import time
+from functools import partial
+from typing import Any, Callable
+
+from blockcache_client.keys import key_prefix
+from blockcache_client.layout import CacheDir, Layout
+
+from .capacity import DirCapacity
+from .config import Config
+from .filler import DirWorker, FillQueue
+from .health import Health
+from .index import Index
+from .store import ScanResult, Store
+
+log = logging.getLogger(__name__)
+
+TOUCH_PERSIST_AFTER = 60     # seconds: renew a block's mtime at most this often
+MAX_PENDING_UTIMES = 200_000  # per dir; beyond this, recency persists less precisely
+SPACE_INTERVAL = 1.0          # seconds between statvfs of a dir
+REBUILD_CHUNK = 50_000        # scanned entries indexed per event-loop turn
+
+
+class Cache:
+    """The cache state machine behind the protocol handlers."""
+
+    def __init__(self, cfg: Config, loop: asyncio.AbstractEventLoop):
+        self.cfg = cfg
+        self._loop = loop
+        n = len(cfg.cache_dirs)
+        self.paths = [d.path for d in cfg.cache_dirs]
+        self.stores = [Store(p) for p in self.paths]
+        self.index = Index(n)
+        self.health = Health(self.paths)
+        self.caps = [DirCapacity(d.size, cfg.high_watermark, cfg.low_watermark,
+                                 cfg.min_free_bytes, cfg.min_free_inodes) for d in cfg.cache_dirs]
+        self.fill = FillQueue(cfg.fill_queue_bytes)
+        self.workers = [DirWorker(str(i), loop) for i in range(n)]
+        self.layout = self._make_layout()
+        # rebuild state per dir: True while its scan runs (puts to it are refused,
+        # since its usage is not known yet)
+        self.rebuilding = [True] * n
+        self._scan_failed = [False] * n
+        self._rebuild_evictions: list[Callable[[str], bool]] = []
+        self.rebuild_stats = {"state": "running", "scanned": 0, "removed": 0, "indexed": 0,
+                              "seconds": 0.0}
+        self._rebuild_started = time.monotonic()
+        self._utimes: list[dict[str, int]] = [{} for _ in range(n)]
+        self._space_due = [0.0] * n
+        self._space_pending = [False] * n
+        self._probe_pending = [False] * n
+        self.counters = dict(hits=0, misses=0, puts=0, put_bytes=0, writes=0, write_bytes=0,
+                             write_errors=0, evictions=0, evicted_bytes=0, touches=0)
+        self.put_reasons: dict[str, int] = {}
+
+    # -- layout ------------------------------------------------------------
+
+    def _make_layout(self) -> Layout:
+        return Layout([CacheDir(d.path, d.placement_weight, self.health.healthy[i])
+                       for i, d in enumerate(self.cfg.cache_dirs)])
+
+    @property
+    def epoch(self) -> int:
+        return self.health.epoch
+
+    def _health_changed(self) -> None:
+        self.layout = self._make_layout()
+
+    # -- start / rebuild ---------------------------------------------------
+
+    def start_rebuild(self) -> None:
+        """Scan every dir in the background; the socket serves meanwhile."""
+        for i in range(len(self.stores)):
+            self._start_scan(i)
+
+    def _start_scan(self, i: int) -> None:
+        self.rebuilding[i] = True
+        self.rebuild_stats["state"] = "running"
+        owns: Callable[[str], bool]
+        if len(self.stores) == 1:
+            owns = _always
+        else:
+            layout = Layout([CacheDir(d.path, d.placement_weight) for d in self.cfg.cache_dirs])
+            owns = lambda key: layout.dir_index(key) == i  # noqa: E731
+        self.workers[i].submit(self._scan_job, i, owns, done=partial(self._scanned, i))
+
+    def _scan_job(self, i: int, owns: Callable[[str], bool]) -> ScanResult:
+        store = self.stores[i]
+        store.prepare()
+        cleared = store.clear_tmp()
+        result = store.scan(owns)
+        result.removed += cleared
+        return result
+
+    def _scanned(self, i: int, result: ScanResult | None, exc: BaseException | None) -> None:
+        if exc is not None:
+            log.error("cache dir %s: rebuild scan failed: %s", self.paths[i], exc)
+            self._scan_failed[i] = True
+            if self.health.mark_unhealthy(i, f"rebuild scan failed: {exc}"):
+                self._health_changed()
+            self._rebuild_done(i)
+            return
+        assert result is not None
+        self._scan_failed[i] = False
+        self.rebuild_stats["scanned"] += result.scanned
+        self.rebuild_stats["removed"] += result.removed
+        self._index_scanned(i, result.entries, 0)
+
+    def _index_scanned(self, i: int, entries: list[tuple[int, str, int]], start: int) -> None:
+        """Index one chunk of scan results, then yield the loop for the next."""
+        chunk = entries[start:start + REBUILD_CHUNK]
+        if self._rebuild_evictions:
+            evicted = [k for _, k, _ in chunk if any(m(k) for m in self._rebuild_evictions)]
+            if evicted:
+                drop = set(evicted)
+                chunk = [e for e in chunk if e[1] not in drop]
+                self._unlink(i, evicted)
+        self.rebuild_stats["indexed"] += self.index.add_many(i, chunk)
+        if start + REBUILD_CHUNK < len(entries):
+            self._loop.call_soon(self._index_scanned, i, entries, start + REBUILD_CHUNK)
+            return
+        log.info("cache dir %s: rebuilt %d entries (%d bytes)", self.paths[i],
+                 len(self.index.dirs[i]), self.index.dirs[i].used_bytes)
+        self._rebuild_done(i)
+        self._space_due[i] = 0.0
+        self._trim(i)
+
+    def _rebuild_done(self, i: int) -> None:
+        self.rebuilding[i] = False
+        if not any(self.rebuilding):
+            self._rebuild_evictions.clear()
+            self.rebuild_stats["state"] = "done"
+            self.rebuild_stats["seconds"] = round(time.monotonic() - self._rebuild_started, 3)
+
+    # -- lookups and touches ------------------------------------------------
+
+    def lookup(self, keys: list[str]) -> list[str | None]:
+        """Path of each key's block file, None for a miss. Keys must be parsed."""
+        now = int(time.time())
+        out: list[str | None] = []
+        healthy = self.health.healthy
+        hits = 0
+        for key in keys:
+            i, stale = self.index.touch(key, now, TOUCH_PERSIST_AFTER)
+            if i >= 0 and healthy[i]:
+                out.append(self.stores[i].block_path(key))
+                hits += 1
+                if stale:
+                    self._note_utime(i, key, now)
+            else:
+                out.append(None)
+        self.counters["hits"] += hits
+        self.counters["misses"] += len(keys) - hits
+        return out
+
+    def touch(self, keys: list[str]) -> int:
+        now = int(time.time())
+        n = 0
+        for key in keys:
+            i, stale = self.index.touch(key, now, TOUCH_PERSIST_AFTER)
+            if i >= 0:
+                n += 1
+                if stale:
+                    self._note_utime(i, key, now)
+        self.counters["touches"] += n
+        return n
+
+    def _note_utime(self, i: int, key: str, now: int) -> None:
+        pending = self._utimes[i]
+        if len(pending) < MAX_PENDING_UTIMES:
+            pending[key] = now
+
+    # -- puts --------------------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> tuple[bool, str]:
+        """Admit a validated block for background writing; (accepted, reason)."""
+        size = len(data)
+        self.counters["puts"] += 1
+        self.counters["put_bytes"] += size
+        reason = self._admit(key, size)
+        self.put_reasons[reason] = self.put_reasons.get(reason, 0) + 1
+        if reason != "queued":
+            return False, reason
+        i = self.layout.dir_index(key)
+        self.caps[i].reserve(size)
+        self.workers[i].submit(self.stores[i].write, key, data,
+                               done=partial(self._written, i, key, size))
+        return True, reason
+
+    def _admit(self, key: str, size: int) -> str:
+        i = self.layout.dir_index(key)
+        if not self.health.healthy[i]:
+            return "unhealthy"
+        if self.rebuilding[i]:
+            return "rebuilding"
+        if key in self.index:
+            self.index.touch(key, int(time.time()), TOUCH_PERSIST_AFTER)
+            return "exists"
+        if size > self.caps[i].capacity:
+            return "too_large"
+        reason = self.fill.offer(key, size)
+        if reason is not None:
+            return reason
+        if not self._make_room(i, size):
+            self.fill.finish(key)
+            return "no_space"
+        return "queued"
+
+    def _reserved_entries(self) -> int:
+        return sum(c.reserved_entries for c in self.caps)
+
+    def _make_room(self, i: int, size: int) -> bool:
+        cap, d = self.caps[i], self.index.dirs[i]
+        need_bytes = cap.need_bytes(d.used_bytes, size)
+        need_entries = cap.need_entries(len(d))
+        if need_bytes or need_entries:
+            self._evict_lru(i, need_bytes, need_entries)
+        max_entries = self.cfg.max_entries
+        if max_entries:
+            after = len(self.index) + self._reserved_entries() + 1
+            if after > self.cfg.high_watermark * max_entries:
+                self._evict_entries(i, after - int(self.cfg.low_watermark * max_entries))
+            if len(self.index) + self._reserved_entries() + 1 > max_entries:
+                return False
+        return cap.fits(d.used_bytes, len(d), size)
+
+    def _evict_entries(self, i: int, count: int) -> None:
+        """Evict `count` LRU entries for max_entries: this dir first, then the
+        fullest others."""
+        order = [i] + sorted((j for j in range(len(self.stores)) if j != i),
+                             key=lambda j: -len(self.index.dirs[j]))
+        for j in order:
+            if count <= 0:
+                break
+            count -= len(self._evict_lru(j, 0, min(count, len(self.index.dirs[j]))))
+
+    def _written(self, i: int, key: str, size: int, _: Any, exc: BaseException | None) -> None:
+        pending = self.fill.finish(key)
+        self.caps[i].release(size)
+        if exc is not None:
+            self.counters["write_errors"] += 1
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                log.warning("cache dir %s is full (%s); refreshing free space", self.paths[i], exc)
+                self._space_due[i] = 0.0
+            elif self.health.error(i, exc):
+                self._health_changed()
+            return
+        self.health.ok(i)
+        if pending.cancelled:
+            self._unlink(i, [key])
+            return
+        self.index.add(key, i, size, int(time.time()))
+        self.counters["writes"] += 1
+        self.counters["write_bytes"] += size
+
+    # -- evictions ---------------------------------------------------------
+
+    def _unlink(self, i: int, keys: list[str]) -> None:
+        if not keys:
+            return
+        utimes = self._utimes[i]
+        for k in keys:
+            utimes.pop(k, None)
+        store = self.stores[i]
+        self.workers[i].submit(_unlink_all, store, keys)
+
+    def _evict_lru(self, i: int, free_bytes: int, free_entries: int) -> list[tuple[str, int]]:
+        victims = self.index.pop_lru(i, free_bytes, free_entries)
+        if victims:
+            self.counters["evictions"] += len(victims)
+            self.counters["evicted_bytes"] += sum(s for _, s in victims)
+            log.debug("cache dir %s: evicted %d LRU blocks", self.paths[i], len(victims))
+            self._unlink(i, [k for k, _ in victims])
+        return victims
+
+    def evict_key(self, key: str) -> int:
+        self.fill.cancel(lambda k: k == key)
+        if any(self.rebuilding):
+            self._rebuild_evictions.append(lambda k: k == key)
+        hit = self.index.remove(key)
+        if hit is None:
+            return 0
+        self._unlink(hit[0], [key])
+        return 1
+
+    def evict_prefix(self, volume: str | None, inode: int | None = None) -> int:
+        """Evict a volume, one inode of it, or everything (volume None)."""
+        prefix = None if volume is None else key_prefix(volume, inode)
+        match = _always if prefix is None else (lambda k: k.startswith(prefix))
+        self.fill.cancel(match)
+        if any(self.rebuilding):
+            self._rebuild_evictions.append(match)
+        removed = self.index.remove_range(prefix)
+        per_dir: dict[int, list[str]] = {}
+        for i, key in removed:
+            per_dir.setdefault(i, []).append(key)
+        for i, keys in per_dir.items():
+            self._unlink(i, keys)
+        return len(removed)
+
+    def list_keys(self, volume: str | None, limit: int) -> tuple[list[str], bool]:
+        prefix = None if volume is None else key_prefix(volume)
+        keys = list(self.index.range(prefix, limit + 1))
+        return keys[:limit], len(keys) > limit
+
+    # -- upkeep ------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Periodic upkeep, from the event loop: timeouts, free space, probes,
+        persisting recency."""
+        now = time.monotonic()
+        for i, worker in enumerate(self.workers):
+            stuck = worker.stuck_for(now)
+            if stuck > self.cfg.io_timeout and self.health.timeout(i, stuck):
+                self._health_changed()
+            if self.health.probe_due(i, now) and not self._probe_pending[i]:
+                self._probe_pending[i] = True
+                worker.submit(self.stores[i].probe, done=partial(self._probed, i))
+            if not self.health.healthy[i] or worker.backlog > 1000:
+                continue
+            if now >= self._space_due[i] and not self._space_pending[i]:
+                self._space_pending[i] = True
+                self._space_due[i] = now + SPACE_INTERVAL
+                worker.submit(self.stores[i].space, done=partial(self._spaced, i))
+            if self._utimes[i]:
+                batch, self._utimes[i] = list(self._utimes[i].items()), {}
+                worker.submit(self.stores[i].touch_times, batch)
+
+    def _probed(self, i: int, _: Any, exc: BaseException | None) -> None:
+        self._probe_pending[i] = False
+        if self.health.probe_result(i, exc):
+            self._health_changed()
+            self._space_due[i] = 0.0
+            if self._scan_failed[i]:
+                self._start_scan(i)
+
+    def _spaced(self, i: int, space: Any, exc: BaseException | None) -> None:
+        self._space_pending[i] = False
+        if exc is not None:
+            if self.health.error(i, exc):
+                self._health_changed()
+            return
+        d = self.index.dirs[i]
+        self.caps[i].observe(d.used_bytes, len(d), space.free_bytes, space.free_inodes)
+        self._trim(i)
+
+    def _trim(self, i: int) -> None:
+        """Evict down to the low watermark if a dir is above its high one
+        (the free-space floor moved, or a rebuild found more than fits)."""
+        cap, d = self.caps[i], self.index.dirs[i]
+        need_bytes = cap.need_bytes(d.used_bytes, 0)
+        need_entries = cap.need_entries(len(d), 0)
+        if need_bytes or need_entries:
+            self._evict_lru(i, need_bytes, need_entries)
+        max_entries = self.cfg.max_entries
+        if max_entries and len(self.index) > max_entries:
+            self._evict_entries(i, len(self.index) - int(self.cfg.low_watermark * max_entries))
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for queued puts to be written."""
+        deadline = time.monotonic() + timeout
+        while self.fill.pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return not self.fill.pending
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+    # -- stats -------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        dirs = []
+        for i, path in enumerate(self.paths):
+            d, cap = self.index.dirs[i], self.caps[i]
+            dirs.append({
+                "path": path, "used_bytes": d.used_bytes, "capacity_bytes": cap.capacity,
+                "limit_bytes": cap.byte_limit(), "reserved_bytes": cap.reserved,
+                "entries": len(d), "healthy": self.health.healthy[i],
+                "unhealthy_reason": self.health.reason[i],
+                "io_errors": self.health.error_total[i],
+                "high_watermark": cap.high, "low_watermark": cap.low,
+                "free_bytes": cap.free_bytes, "free_inodes": cap.free_inodes,
+                "rebuilding": self.rebuilding[i], "queued_jobs": self.workers[i].backlog,
+            })
+        c = self.counters
+        return {
+            "entries": len(self.index),
+            "used_bytes": self.index.used_bytes,
+            "capacity_bytes": sum(cap.capacity for cap in self.caps),
+            **c,
+            "drops": self.fill.drops,
+            "put_results": dict(self.put_reasons),
+            "queue": {"entries": len(self.fill), "bytes": self.fill.queued_bytes,
+                      "limit_bytes": self.fill.limit},
+            "rebuild": dict(self.rebuild_stats),
+            "layout_epoch": self.epoch,
+            "dirs": dirs,
+            "volumes": {v: {"entries": n, "used_bytes": b}
+                        for v, (n, b) in sorted(self.index.volumes.items())},
+        }
+
+
+def _always(_: str) -> bool:
+    return True
+
+
+def _unlink_all(store: Store, keys: list[str]) -> None:
+    for key in keys:
+        store.unlink(key)
+

@@ -1,0 +1,232 @@
+"""Daemon configuration: one frozen dataclass, built once from TOML + flags.
+
+Flags override the file; every value is validated here, at start, so the rest
+of the daemon never re-checks it. Unknown keys in the file are an error (a typo
+must not silently fall back to a default). Adding a key is one entry in
+`_FIELDS` plus one field on `Config`.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from blockcache_client import protocol
+from blockcache_client.errors import ConfigError
+from blockcache_client.units import parse_size
+
+DEFAULT_DIR_SIZE = "10G"
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDirConfig:
+    """One cache dir: its absolute path, hard size limit, placement weight."""
+
+    path: str
+    size: int
+    weight: int = 0  # 0 = use size
+
+    @property
+    def placement_weight(self) -> int:
+        return self.weight or self.size
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything `blockcached` needs, validated."""
+
+    cache_dirs: tuple[CacheDirConfig, ...]
+    socket: str = field(default_factory=protocol.default_socket)
+    socket_mode: int = 0o660
+    socket_group: int | None = None  # None = the daemon's own gid
+    admin_gids: frozenset[int] = frozenset()
+    high_watermark: float = 0.95
+    low_watermark: float = 0.70
+    min_free_bytes: int = 1 << 30
+    min_free_inodes: int = 10000
+    max_entries: int = 0  # 0 = no limit
+    fill_queue_bytes: int = 256 << 20
+    io_timeout: float = 5.0
+    log_level: str = "info"
+    log_format: str = "text"
+
+
+def _mode(value: Any, what: str) -> int:
+    try:
+        mode = int(value, 8) if isinstance(value, str) else int(value)
+    except ValueError:
+        raise ConfigError(f"{what}: {value!r} is not an octal mode like 0660") from None
+    if not 0 <= mode <= 0o777:
+        raise ConfigError(f"{what}: {value!r} is not a permission mode (0..0777)")
+    return mode
+
+
+def _group(value: Any, what: str) -> int | None:
+    if value in ("", None):
+        return None
+    if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+        return int(value)
+    try:
+        return grp.getgrnam(str(value)).gr_gid
+    except KeyError:
+        raise ConfigError(f"{what}: no group named {value!r}; give an existing group name or gid") from None
+
+
+def _gids(value: Any, what: str) -> frozenset[int]:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{what}: must be a list of gids")
+    out = set()
+    for v in value:
+        g = _group(v, what)
+        if g is not None:
+            out.add(g)
+    return frozenset(out)
+
+
+def _ratio(value: Any, what: str) -> float:
+    try:
+        r = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: {value!r} is not a number between 0 and 1") from None
+    if not 0.0 < r <= 1.0:
+        raise ConfigError(f"{what}: {value!r} must be in (0, 1]")
+    return r
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: {value!r} is not a count")
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: {value!r} is not a whole number") from None
+    if n < 0:
+        raise ConfigError(f"{what}: {value!r} must not be negative")
+    return n
+
+
+def _seconds(value: Any, what: str) -> float:
+    try:
+        s = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: {value!r} is not a number of seconds") from None
+    if not s > 0:
+        raise ConfigError(f"{what}: must be more than 0 seconds")
+    return s
+
+
+def _choice(*options: str) -> Callable[[Any, str], str]:
+    def check(value: Any, what: str) -> str:
+        v = str(value).lower()
+        if v not in options:
+            raise ConfigError(f"{what}: {value!r} is not one of {', '.join(options)}")
+        return v
+    return check
+
+
+def _path(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{what}: must be a non-empty path")
+    return os.path.abspath(value)
+
+
+# file key -> (Config field, converter). Flags use the same converters.
+_FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
+    "socket": ("socket", _path),
+    "socket_mode": ("socket_mode", _mode),
+    "socket_group": ("socket_group", _group),
+    "admin_gids": ("admin_gids", _gids),
+    "high_watermark": ("high_watermark", _ratio),
+    "low_watermark": ("low_watermark", _ratio),
+    "min_free_bytes": ("min_free_bytes", parse_size),
+    "min_free_inodes": ("min_free_inodes", _count),
+    "max_entries": ("max_entries", _count),
+    "fill_queue_bytes": ("fill_queue_bytes", parse_size),
+    "io_timeout": ("io_timeout", _seconds),
+    "log_level": ("log_level", _choice("debug", "info", "warning", "error")),
+    "log_format": ("log_format", _choice("text", "json")),
+}
+_DIR_KEYS = {"path", "size", "weight"}
+
+
+def parse_cache_dir_flag(text: str) -> CacheDirConfig:
+    """`DIR[:SIZE]` from the command line."""
+    path, sep, size = text.rpartition(":")
+    if not sep or "/" in size or not size:
+        path, size = text, DEFAULT_DIR_SIZE
+    return _cache_dir({"path": path, "size": size}, f"--cache-dir {text}")
+
+
+def _cache_dir(table: Any, what: str) -> CacheDirConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{what}: each [[cache_dirs]] entry must be a table")
+    unknown = set(table) - _DIR_KEYS
+    if unknown:
+        raise ConfigError(f"{what}: unknown key(s) {', '.join(sorted(unknown))}; "
+                          f"allowed: {', '.join(sorted(_DIR_KEYS))}")
+    if "path" not in table:
+        raise ConfigError(f"{what}: 'path' is required")
+    size = parse_size(table.get("size", DEFAULT_DIR_SIZE), f"{what}: size")
+    if size <= 0:
+        raise ConfigError(f"{what}: size must be more than 0")
+    return CacheDirConfig(_path(table["path"], f"{what}: path"), size,
+                          _count(table.get("weight", 0), f"{what}: weight"))
+
+
+def load_file(path: str) -> dict[str, Any]:
+    """Read a TOML config file into Config keyword arguments."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "cache_dirs":
+            if not isinstance(value, list):
+                raise ConfigError(f"{path}: cache_dirs must be an array of tables ([[cache_dirs]])")
+            out["cache_dirs"] = [_cache_dir(t, f"{path}: cache_dirs[{i}]")
+                                 for i, t in enumerate(value)]
+        elif key in _FIELDS:
+            name, conv = _FIELDS[key]
+            out[name] = conv(value, f"{path}: {key}")
+        else:
+            raise ConfigError(f"{path}: unknown key {key!r}; allowed: "
+                              f"{', '.join(sorted([*_FIELDS, 'cache_dirs']))}")
+    return out
+
+
+def build(file_values: dict[str, Any], flag_values: dict[str, Any]) -> Config:
+    """Merge file and flag values (flags win) and validate the whole."""
+    merged = {**file_values}
+    for key, value in flag_values.items():
+        if value is None or (key == "cache_dirs" and not value):
+            continue
+        if key == "cache_dirs":
+            merged[key] = value
+        else:
+            name, conv = _FIELDS[key]
+            merged[name] = conv(value, f"--{key.replace('_', '-')}")
+    dirs = merged.pop("cache_dirs", None)
+    if not dirs:
+        raise ConfigError("no cache dir configured: pass --cache-dir DIR[:SIZE] or add a "
+                          "[[cache_dirs]] table to the config file")
+    paths = [d.path for d in dirs]
+    if len(set(paths)) != len(paths):
+        raise ConfigError(f"a cache dir is listed twice: {paths}")
+    for a in paths:
+        for b in paths:
+            if a != b and (b + os.sep).startswith(a + os.sep):
+                raise ConfigError(f"cache dir {b} is inside cache dir {a}; use separate dirs")
+    cfg = Config(cache_dirs=tuple(dirs), **merged)
+    if cfg.low_watermark >= cfg.high_watermark:
+        raise ConfigError(f"low watermark {cfg.low_watermark} must be below the high "
+                          f"watermark {cfg.high_watermark}")
+    if cfg.fill_queue_bytes <= 0:
+        raise ConfigError("fill_queue_bytes must be more than 0")
+    return cfg

@@ -1,0 +1,126 @@
+"""Background writing: one worker thread per cache dir, and the fill queue.
+
+`DirWorker` runs every blocking operation on one cache dir (writes, unlinks,
+statvfs, probes, mtime updates, the rebuild scan) in FIFO order on its own
+thread, so a hung disk stalls only its own dir: the event loop never touches
+the disk, and the other dirs keep going. FIFO order is what keeps the hard
+size limit true on disk too: the unlinks of the blocks evicted to make room
+for a put are queued before that put's write.
+
+`FillQueue` bounds the bytes of puts accepted but not yet written. A put over
+the bound is dropped and counted (fills are best effort: the reader already
+has its bytes). A key already queued is not queued again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+Done = Callable[[Any, BaseException | None], None]
+
+
+class DirWorker:
+    """A thread running blocking jobs for one cache dir, in submission order."""
+
+    def __init__(self, name: str, loop: asyncio.AbstractEventLoop):
+        self.name = name
+        self._loop = loop
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self.busy_since = 0.0  # time.monotonic() when the running job started; 0 = idle
+        self.backlog = 0       # jobs submitted and not finished (read on the loop)
+        self._thread = threading.Thread(target=self._run, name=f"dir-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any, done: Done | None = None) -> None:
+        """Run `fn(*args)` on the worker; then `done(result, exc)` on the loop."""
+        self.backlog += 1
+        self._q.put((fn, args, done))
+
+    def _run(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                return
+            fn, args, done = job
+            self.busy_since = time.monotonic()
+            try:
+                result, exc = fn(*args), None
+            except BaseException as e:  # reported to the loop, never kills the worker
+                result, exc = None, e
+            self.busy_since = 0.0
+            try:
+                self._loop.call_soon_threadsafe(self._finish, done, result, exc)
+            except RuntimeError:  # loop closed: the daemon is exiting
+                return
+
+    def _finish(self, done: Done | None, result: Any, exc: BaseException | None) -> None:
+        self.backlog -= 1
+        if done is not None:
+            done(result, exc)
+        elif exc is not None:
+            log.warning("dir %s: background job failed: %s", self.name, exc)
+
+    def stuck_for(self, now: float) -> float:
+        """Seconds the running job has been running (0 if idle)."""
+        since = self.busy_since
+        return now - since if since else 0.0
+
+    def stop(self) -> None:
+        self._q.put(None)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+@dataclass(slots=True)
+class Pending:
+    size: int
+    cancelled: bool = False  # evicted while queued: delete instead of indexing
+
+
+class FillQueue:
+    """Accounting for puts accepted but not yet written, bounded in bytes."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit = limit_bytes
+        self.queued_bytes = 0
+        self.pending: dict[str, Pending] = {}
+        self.drops = 0
+        self.duplicates = 0
+
+    def offer(self, key: str, size: int) -> str | None:
+        """Queue `key`, or return why not ("duplicate", "queue_full")."""
+        if key in self.pending:
+            self.duplicates += 1
+            return "duplicate"
+        if self.queued_bytes + size > self.limit:
+            self.drops += 1
+            return "queue_full"
+        self.pending[key] = Pending(size)
+        self.queued_bytes += size
+        return None
+
+    def finish(self, key: str) -> Pending:
+        p = self.pending.pop(key)
+        self.queued_bytes -= p.size
+        return p
+
+    def cancel(self, match: Callable[[str], bool]) -> int:
+        """Mark queued keys matching `match` as evicted; returns how many."""
+        n = 0
+        for key, p in self.pending.items():
+            if not p.cancelled and match(key):
+                p.cancelled = True
+                n += 1
+        return n
+
+    def __len__(self) -> int:
+        return len(self.pending)

@@ -1,0 +1,204 @@
+"""The in-memory index: which blocks are cached, their sizes, LRU order.
+
+Layout, chosen for memory (target <= 250 bytes of RSS per entry):
+
+- one plain dict per cache dir, `key -> packed int`, whose insertion order IS
+  the LRU order (oldest first): a touch pops and re-inserts the key. The value
+  packs `size << 32 | last_touch_seconds` so an entry costs one str, one int
+  and one dict slot; no per-entry object.
+- one `SortedList` of all keys (the same str objects), for ordered listing and
+  cheap range evictions: all keys of a volume start with `vol_`, of an inode
+  with `vol_inode_`, and '_' cannot occur in a volume name.
+- per-volume `[entries, bytes]` counters, kept exactly in step.
+
+The index does no I/O and knows nothing of capacity; `cache.Cache` decides
+what to evict and the dir workers delete the files.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from sortedcontainers import SortedList
+
+_TIME_MASK = 0xFFFFFFFF
+# Greater than every character a key may contain ([a-z0-9._-]).
+_PREFIX_END = "\x7f"
+
+
+def volume_of(key: str) -> str:
+    return key[:key.index("_")]
+
+
+class DirIndex:
+    """Entries of one cache dir, in LRU order (first = least recently used)."""
+
+    __slots__ = ("lru", "used_bytes")
+
+    def __init__(self) -> None:
+        self.lru: dict[str, int] = {}
+        self.used_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.lru)
+
+
+class Index:
+    """key -> (dir, size, last touch) over several dirs, with LRU per dir."""
+
+    def __init__(self, ndirs: int):
+        self.dirs = [DirIndex() for _ in range(ndirs)]
+        self.keys = SortedList()
+        self.volumes: dict[str, list[int]] = {}
+
+    # -- queries -----------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __contains__(self, key: str) -> bool:
+        for d in self.dirs:
+            if key in d.lru:
+                return True
+        return False
+
+    def dir_of(self, key: str) -> int:
+        """Index of the dir holding `key`, or -1."""
+        for i, d in enumerate(self.dirs):
+            if key in d.lru:
+                return i
+        return -1
+
+    def size_of(self, key: str) -> int | None:
+        for d in self.dirs:
+            v = d.lru.get(key)
+            if v is not None:
+                return v >> 32
+        return None
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(d.used_bytes for d in self.dirs)
+
+    def lru_order(self, dir_index: int) -> list[str]:
+        """Keys of one dir, least recently used first (for tests and tools)."""
+        return list(self.dirs[dir_index].lru)
+
+    def range(self, prefix: str | None = None, limit: int | None = None) -> Iterator[str]:
+        """Keys in sorted order, all of them or those starting with `prefix`."""
+        if prefix is None:
+            it = iter(self.keys)
+        else:
+            it = self.keys.irange(prefix, prefix + _PREFIX_END, inclusive=(True, False))
+        if limit is None:
+            return it
+        return (k for _, k in zip(range(limit), it))
+
+    # -- updates -----------------------------------------------------------
+
+    def add(self, key: str, dir_index: int, size: int, touched: int) -> bool:
+        """Insert as most recently used; False (and no change) if present."""
+        if key in self:
+            return False
+        d = self.dirs[dir_index]
+        d.lru[key] = (size << 32) | (touched & _TIME_MASK)
+        d.used_bytes += size
+        self.keys.add(key)
+        self._count(key, 1, size)
+        return True
+
+    def add_many(self, dir_index: int, items: list[tuple[int, str, int]]) -> int:
+        """Bulk insert `(touched, key, size)`, given oldest first, each as more
+        recent than the previous; keys already present are skipped."""
+        d = self.dirs[dir_index]
+        lru = d.lru
+        fresh = []
+        volumes = self.volumes
+        for touched, key, size in items:
+            if key in self:
+                continue
+            lru[key] = (size << 32) | (touched & _TIME_MASK)
+            d.used_bytes += size
+            fresh.append(key)
+            vol = key[:key.index("_")]
+            c = volumes.get(vol)
+            if c is None:
+                volumes[vol] = [1, size]
+            else:
+                c[0] += 1
+                c[1] += size
+        self.keys.update(fresh)
+        return len(fresh)
+
+    def touch(self, key: str, now: int, every: int) -> tuple[int, bool]:
+        """Make `key` most recently used. Returns (dir or -1, whether its
+        recorded touch time is older than `every` seconds and was renewed)."""
+        for i, d in enumerate(self.dirs):
+            lru = d.lru
+            v = lru.pop(key, None)
+            if v is None:
+                continue
+            stale = now - (v & _TIME_MASK) >= every
+            if stale:
+                v = (v >> 32 << 32) | (now & _TIME_MASK)
+            lru[key] = v
+            return i, stale
+        return -1, False
+
+    def remove(self, key: str) -> tuple[int, int] | None:
+        """Drop `key`; returns (dir, size) or None if absent."""
+        for i, d in enumerate(self.dirs):
+            v = d.lru.pop(key, None)
+            if v is not None:
+                size = v >> 32
+                d.used_bytes -= size
+                self.keys.remove(key)
+                self._count(key, -1, -size)
+                return i, size
+        return None
+
+    def remove_range(self, prefix: str | None) -> list[tuple[int, str]]:
+        """Drop every key (prefix None) or every key starting with `prefix`;
+        returns (dir, key) of each removed entry."""
+        if prefix is None:
+            out = [(i, k) for i, d in enumerate(self.dirs) for k in d.lru]
+            for d in self.dirs:
+                d.lru.clear()
+                d.used_bytes = 0
+            self.keys.clear()
+            self.volumes.clear()
+            return out
+        keys = list(self.range(prefix))
+        out = []
+        for key in keys:
+            i, _ = self.remove(key)  # type: ignore[misc]
+            out.append((i, key))
+        return out
+
+    def pop_lru(self, dir_index: int, free_bytes: int, free_entries: int = 0) -> list[tuple[str, int]]:
+        """Remove least recently used entries of one dir until at least
+        `free_bytes` bytes and `free_entries` entries are freed (or the dir is
+        empty); returns (key, size) of each."""
+        d = self.dirs[dir_index]
+        victims = []
+        freed = 0
+        for key, v in d.lru.items():
+            if freed >= free_bytes and len(victims) >= free_entries:
+                break
+            size = v >> 32
+            victims.append((key, size))
+            freed += size
+        for key, _ in victims:
+            self.remove(key)
+        return victims
+
+    def _count(self, key: str, n: int, size: int) -> None:
+        vol = key[:key.index("_")]
+        c = self.volumes.get(vol)
+        if c is None:
+            self.volumes[vol] = [n, size]
+        else:
+            c[0] += n
+            c[1] += size
+            if c[0] == 0:
+                del self.volumes[vol]

@@ -1,0 +1,173 @@
+"""Operation handlers: one request map in, one reply map out.
+
+Exactly the operations `blockcache_client.protocol` documents. Every key is
+parsed with `BlockKey.parse` before anything builds a path from it, and every
+put's blob is checked with `BlockHeader.parse` + `check_file_size`, so only
+well-formed blocks under canonical names ever reach the disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from blockcache_client import blockfile, protocol
+from blockcache_client.errors import FormatError, InvalidKey, ProtocolError
+from blockcache_client.keys import BlockKey, check_inode, check_volume_name
+from blockcache_client.protocol import ErrorCode, arg, key_list
+
+from .cache import Cache
+from .config import Config
+
+log = logging.getLogger(__name__)
+
+MAX_LIST = 100_000  # keys in one list reply (keeps it well under MAX_FRAME)
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Who is on the other end of a connection (from SO_PEERCRED)."""
+
+    pid: int
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+
+
+class Service:
+    """Dispatches requests to the cache and counts outcomes."""
+
+    def __init__(self, cfg: Config, cache: Cache):
+        self.cfg = cfg
+        self.cache = cache
+        self.errors: dict[str, int] = {}
+        self.requests: dict[str, int] = {}
+        self.connections = 0
+        self.connections_total = 0
+        self.started = time.time()
+        self._ops: dict[str, Callable[[dict[str, Any], Peer], dict[str, Any]]] = {
+            "hello": self.hello, "ping": self.ping, "lookup": self.lookup, "put": self.put,
+            "touch": self.touch, "evict": self.evict, "list": self.list, "stats": self.stats,
+        }
+
+    def count_error(self, code: str) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+
+    def handle(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        """Answer one request whose id is already known to be valid."""
+        rid = body["id"]
+        op = body.get("op")
+        handler = self._ops.get(op) if isinstance(op, str) else None
+        if handler is None:
+            self.count_error(ErrorCode.UNKNOWN_OP)
+            return protocol.error(rid, ErrorCode.UNKNOWN_OP,
+                                  f"unknown op {op!r}; known: {', '.join(protocol.OPS)}")
+        self.requests[op] = self.requests.get(op, 0) + 1
+        try:
+            return protocol.ok(rid, **handler(body, peer))
+        except ProtocolError as exc:
+            code, message = exc.code, exc.message
+        except InvalidKey as exc:
+            code, message = ErrorCode.INVALID_KEY, str(exc)
+        except FormatError as exc:
+            code, message = ErrorCode.INVALID_BLOCK, f"put rejected: {exc}"
+        except Exception:  # a bug must cost one request, not the daemon
+            log.exception("op %s failed", op)
+            code, message = ErrorCode.INTERNAL, f"internal error handling {op!r}; see the daemon log"
+        self.count_error(code)
+        return protocol.error(rid, code, message)
+
+    # -- operations --------------------------------------------------------
+
+    def hello(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        version = arg(body, "version", int)
+        arg(body, "client", str, required=False)
+        if version != protocol.PROTOCOL_VERSION:
+            raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION,
+                                f"protocol version {version} is not supported; this daemon "
+                                f"speaks version {protocol.PROTOCOL_VERSION}: upgrade the older side")
+        return {"version": protocol.PROTOCOL_VERSION, "layout": self.cache.layout.to_wire(),
+                "layout_epoch": self.cache.epoch, "max_frame": protocol.MAX_FRAME,
+                "max_batch": protocol.MAX_BATCH}
+
+    def ping(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        return {"time": time.time(), "layout_epoch": self.cache.epoch}
+
+    def lookup(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        keys = _parsed(key_list(body))
+        return {"paths": self.cache.lookup(keys)}
+
+    def put(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        key = arg(body, "key", str)
+        data = arg(body, "data", bytes)
+        BlockKey.parse(key)
+        header = blockfile.BlockHeader.parse(data)
+        header.check_file_size(len(data))
+        accepted, reason = self.cache.put(key, data)
+        return {"accepted": accepted, "reason": reason}
+
+    def touch(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        keys = _parsed(key_list(body))
+        return {"touched": self.cache.touch(keys), "layout_epoch": self.cache.epoch}
+
+    def evict(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        key = arg(body, "key", str, required=False)
+        volume = arg(body, "volume", str, required=False)
+        inode = arg(body, "inode", int, required=False)
+        everything = arg(body, "all", bool, required=False, default=False)
+        scopes = (key is not None) + (volume is not None) + bool(everything)
+        if scopes != 1 or (inode is not None and volume is None):
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                "evict takes exactly one of: key, volume (with an optional "
+                                "inode), all=true")
+        if key is not None:
+            BlockKey.parse(key)
+            return {"evicted": self.cache.evict_key(key)}
+        if volume is not None:
+            check_volume_name(volume)
+            if inode is not None:
+                check_inode(inode)
+                return {"evicted": self.cache.evict_prefix(volume, inode)}
+            self._require_admin(peer, f"evicting volume {volume!r}")
+            return {"evicted": self.cache.evict_prefix(volume)}
+        self._require_admin(peer, "evicting everything")
+        return {"evicted": self.cache.evict_prefix(None)}
+
+    def list(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        volume = arg(body, "volume", (str, type(None)), required=False)
+        limit = arg(body, "limit", int, required=False, default=1000)
+        if not 0 <= limit <= MAX_LIST:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"'limit' must be in 0..{MAX_LIST}")
+        if volume is not None:
+            check_volume_name(volume)
+        keys, truncated = self.cache.list_keys(volume, limit)
+        return {"keys": keys, "truncated": truncated}
+
+    def stats(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        s = self.cache.stats()
+        s["connections"] = self.connections
+        s["connections_total"] = self.connections_total
+        s["requests"] = dict(self.requests)
+        s["errors"] = dict(self.errors)
+        s["bad_requests"] = sum(self.errors.values())
+        s["uptime"] = round(time.time() - self.started, 3)
+        return s
+
+    def _require_admin(self, peer: Peer, what: str) -> None:
+        if peer.uid == 0:
+            return
+        admin = self.cfg.admin_gids
+        if peer.gid in admin or any(g in admin for g in peer.groups):
+            return
+        raise ProtocolError(ErrorCode.PERMISSION_DENIED,
+                            f"{what} needs an admin peer (root or a group in --admin-gid); "
+                            f"uid {peer.uid} gid {peer.gid} is not one")
+
+
+def _parsed(keys: list[str]) -> list[str]:
+    parse = BlockKey.parse
+    for k in keys:
+        parse(k)
+    return keys

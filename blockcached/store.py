@@ -1,0 +1,202 @@
+"""Files on one cache dir. Every method here does blocking I/O and runs on
+that dir's worker thread (see `filler`), never on the event loop.
+
+    <dir>/blockcached.lock      flock held by the running daemon
+    <dir>/blocks/<xx>/<yy>/<key>  complete block files, 0644 (readers in pods)
+    <dir>/tmp/<pid>.<n>         in-flight writes
+
+A block is written to tmp/, fsynced, then renamed to its final name, so a
+crash at any point leaves either no file or the complete file under the key;
+leftovers in tmp/ are deleted at start. Paths come only from
+`blockcache_client.layout`, from keys that `BlockKey.parse` accepted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+
+from blockcache_client import blockfile, layout
+from blockcache_client.errors import InvalidKey
+from blockcache_client.keys import BlockKey
+
+log = logging.getLogger(__name__)
+
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+# The smallest valid block file: a header and one tag (an empty block).
+MIN_BLOCK_FILE = blockfile.HEADER_SIZE + blockfile.TAG_SIZE
+_HEX2 = frozenset(f"{i:02x}" for i in range(256))
+
+
+@dataclass(slots=True)
+class ScanResult:
+    """What a scan of one dir found: `entries` as (mtime, key, size), oldest first."""
+
+    entries: list[tuple[int, str, int]]
+    scanned: int
+    removed: int
+
+
+@dataclass(frozen=True, slots=True)
+class FsSpace:
+    free_bytes: int
+    free_inodes: int
+
+
+class Store:
+    """One cache dir on disk."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.blocks = os.path.join(path, layout.BLOCKS_DIR)
+        self.tmp = os.path.join(path, layout.TMP_DIR)
+        self._names = itertools.count()
+
+    def prepare(self) -> None:
+        """Create the dir skeleton (0755) if missing."""
+        for d in (self.path, self.blocks, self.tmp):
+            os.makedirs(d, mode=DIR_MODE, exist_ok=True)
+
+    def lock_path(self) -> str:
+        return os.path.join(self.path, layout.LOCK_FILE)
+
+    def block_path(self, key: str) -> str:
+        return os.path.join(self.path, layout.block_relpath(key))
+
+    def write(self, key: str, data: bytes) -> None:
+        """Write one block crash-safely: tmp file, fsync, rename into place."""
+        final = self.block_path(key)
+        tmp = os.path.join(self.tmp, f"{os.getpid()}.{next(self._names)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, FILE_MODE)  # umask must not hide blocks from readers
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink(tmp)
+            raise
+        os.close(fd)
+        try:
+            try:
+                os.rename(tmp, final)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(final), mode=DIR_MODE, exist_ok=True)
+                os.rename(tmp, final)
+        except BaseException:
+            _unlink(tmp)
+            raise
+
+    def unlink(self, key: str) -> None:
+        _unlink(self.block_path(key))
+
+    def touch_times(self, keys: list[tuple[str, int]]) -> None:
+        """Set mtimes (seconds) so a restart restores approximate LRU order."""
+        for key, t in keys:
+            try:
+                os.utime(self.block_path(key), (t, t))
+            except FileNotFoundError:
+                pass  # evicted meanwhile
+
+    def space(self) -> FsSpace:
+        st = os.statvfs(self.path)
+        return FsSpace(st.f_bavail * st.f_frsize, st.f_favail)
+
+    def probe(self) -> None:
+        """Write, read back and delete a small file through tmp/ and blocks/;
+        raises OSError if the dir is not usable."""
+        tmp = os.path.join(self.tmp, f"probe.{os.getpid()}")
+        dst = os.path.join(self.blocks, ".probe")
+        payload = os.urandom(64)
+        with open(tmp, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, dst)
+        with open(dst, "rb") as f:
+            if f.read() != payload:
+                raise OSError(5, "probe file read back different bytes", dst)
+        os.unlink(dst)
+
+    def clear_tmp(self) -> int:
+        """Delete every leftover in tmp/ (writes a crash interrupted)."""
+        n = 0
+        with os.scandir(self.tmp) as it:
+            for e in it:
+                _unlink(e.path)
+                n += 1
+        return n
+
+    def scan(self, owns) -> ScanResult:
+        """Find the complete blocks this dir owns, oldest mtime first.
+
+        Does not open files (restart must be fast): a file is kept if its name
+        is a canonical key, it sits at that key's fan-out path, `owns(key)` says
+        this dir owns it, and its size could be a block file. Everything else
+        in blocks/ is deleted. Corrupt contents are caught by readers, which
+        authenticate every chunk and evict what fails.
+        """
+        entries: list[tuple[int, str, int]] = []
+        scanned = removed = 0
+        parse = BlockKey.parse
+        fanout = layout.fanout
+        for top in _subdirs(self.blocks):
+            for mid in _subdirs(top.path):
+                where = f"{top.name}/{mid.name}"
+                with os.scandir(mid.path) as it:
+                    for e in it:
+                        scanned += 1
+                        name = e.name
+                        try:
+                            parse(name)
+                            ok = fanout(name) == where and owns(name)
+                            if ok:
+                                st = e.stat(follow_symlinks=False)
+                                ok = (e.is_file(follow_symlinks=False)
+                                      and MIN_BLOCK_FILE <= st.st_size <= _MAX_FILE)
+                        except InvalidKey:
+                            ok = False
+                        if ok:
+                            entries.append((int(st.st_mtime), name, st.st_size))
+                        else:
+                            log.info("scan: removing %s (not a block this dir owns)", e.path)
+                            _remove_any(e.path)
+                            removed += 1
+        entries.sort()
+        return ScanResult(entries, scanned, removed)
+
+
+_MAX_FILE = blockfile.BlockHeader(b"\0" * 8, b"\0" * 16, blockfile.MAX_PLAINTEXT,
+                                  blockfile.MIN_CHUNK).file_size
+
+
+def _subdirs(path: str):
+    """Fan-out dirs (two lowercase hex digits) under `path`, skipping others."""
+    try:
+        with os.scandir(path) as it:
+            dirs = [e for e in it if e.name in _HEX2 and e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+    return dirs
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _remove_any(path: str) -> None:
+    try:
+        os.unlink(path)
+    except IsADirectoryError:
+        shutil.rmtree(path, ignore_errors=True)
+    except FileNotFoundError:
+        pass

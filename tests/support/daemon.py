@@ -1,0 +1,167 @@
+"""A real `blockcached` process for tests: `DaemonProcess` and helpers.
+
+    with DaemonProcess(tmp_path) as d:          # one 1G dir at tmp_path/cache
+        d.client().put(key, blob)
+
+The daemon runs as `python -m blockcached` in a subprocess, on a socket under
+`tmp_path`, with `--min-free-bytes 0 --min-free-inodes 0` so tests do not
+depend on how full the test machine's disk is (pass other values in
+`extra_args` to test the floor). `start()` waits until `ping` answers and
+raises with the daemon's stderr if it does not within 10 s.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from blockcache_client.client import Client
+from blockcache_client.errors import BlockcacheError
+
+START_TIMEOUT = 10.0
+STOP_TIMEOUT = 10.0
+_DEFAULT_ARGS = ("--min-free-bytes", "0", "--min-free-inodes", "0")
+
+
+class DaemonProcess:
+    """One blockcached subprocess on a socket under `tmp_path`."""
+
+    def __init__(self, tmp_path: os.PathLike | str,
+                 cache_dirs: Sequence[tuple[os.PathLike | str, str]] | None = None,
+                 extra_args: Sequence[str] = ()):
+        self.tmp_path = Path(tmp_path)
+        if cache_dirs is None:
+            cache_dirs = [(self.tmp_path / "cache", "1G")]
+        self.cache_dirs = [str(Path(p).absolute()) for p, _ in cache_dirs]
+        self._sizes = [s for _, s in cache_dirs]
+        self.socket_path = str(self.tmp_path / "blockcached.sock")
+        self.extra_args = list(extra_args)
+        self.log_path = self.tmp_path / f"blockcached.{id(self)}.log"
+        self.proc: subprocess.Popen | None = None
+        self._clients: list[Client] = []
+
+    def argv(self) -> list[str]:
+        args = [sys.executable, "-m", "blockcached", "--socket", self.socket_path]
+        for path, size in zip(self.cache_dirs, self._sizes):
+            args += ["--cache-dir", f"{path}:{size}"]
+        return args + list(_DEFAULT_ARGS) + self.extra_args
+
+    def start(self) -> "DaemonProcess":
+        """Spawn the daemon and wait until it answers `ping`."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("daemon already running")
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT,
+                                     cwd=_repo_root(), env=_env())
+        deadline = time.monotonic() + START_TIMEOUT
+        probe = Client(self.socket_path, timeout=1.0)
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"blockcached exited with {self.proc.returncode} at start:\n"
+                                       f"{self.stderr()}")
+                try:
+                    probe.ping()
+                    return self
+                except BlockcacheError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise RuntimeError(f"blockcached did not answer ping within "
+                                       f"{START_TIMEOUT}s:\n{self.stderr()}")
+                time.sleep(0.02)
+        finally:
+            probe.close()
+
+    def stderr(self) -> str:
+        """Everything the daemon logged so far (all of its runs)."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _close_clients(self) -> None:
+        for c in self._clients:
+            c.close()
+        self._clients.clear()
+
+    def stop(self) -> int | None:
+        """SIGTERM, wait, then SIGKILL. Returns the exit code."""
+        self._close_clients()
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        self._close_clients()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc is not None:
+            self._log.close()
+
+    def restart(self) -> "DaemonProcess":
+        self.stop()
+        return self.start()
+
+    def client(self, timeout: float = 5.0) -> Client:
+        """A new blocking client on the daemon's socket (closed at stop)."""
+        c = Client(self.socket_path, timeout=timeout)
+        self._clients.append(c)
+        return c
+
+    def wait_rebuilt(self, timeout: float = 10.0) -> dict:
+        """Wait until the rebuild scan is done; returns the stats map."""
+        return self.wait_stats(lambda s: s["rebuild"]["state"] == "done", timeout)
+
+    def wait_idle(self, timeout: float = 10.0) -> dict:
+        """Wait until the rebuild is done and every queued put is written."""
+        return self.wait_stats(lambda s: s["rebuild"]["state"] == "done"
+                               and s["queue"]["entries"] == 0, timeout)
+
+    def wait_stats(self, cond, timeout: float = 10.0) -> dict:
+        c = Client(self.socket_path)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                s = c.stats()
+                if cond(s):
+                    return s
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"daemon stats never matched: {s}")
+                time.sleep(0.02)
+        finally:
+            c.close()
+
+    def __enter__(self) -> "DaemonProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _repo_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = _repo_root()
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("NOTIFY_SOCKET", None)
+    env.pop("WATCHDOG_USEC", None)
+    return env

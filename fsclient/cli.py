@@ -1,0 +1,146 @@
+"""`fsclient`: mount a blockcache volume, unmount it, make volume keys.
+
+    fsclient mount SOURCE MOUNTPOINT --volume NAME --key-file FILE [options]
+    fsclient mount --config /etc/blockcache/volumes/NAME.toml
+    fsclient umount MOUNTPOINT [--lazy]
+    fsclient keygen FILE
+
+Errors print one line (`fsclient: error: ...`) and exit 1; usage errors exit 2.
+Subcommands are registered on the `main` group, so other modules (warmup)
+add theirs with `@main.command()`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import click
+
+from blockcache_client.errors import BlockcacheError
+from blockcache_client.keyfile import generate_key_file
+
+from .config import build_config, load_toml, parse_dir_ttl_flag
+
+log = logging.getLogger(__name__)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (+ exception)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+               "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def fail(message: str) -> None:
+    click.echo(f"fsclient: error: {message}", err=True)
+    sys.exit(1)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
+@click.option("--log-format", default="text", show_default=True,
+              type=click.Choice(["text", "json"]))
+@click.pass_context
+def main(ctx: click.Context, log_level: str, log_format: str) -> None:
+    """Mount blockcache volumes (read-only, through the host's shared block cache)."""
+    setup_logging(log_level, log_format)
+    ctx.obj = {"log_level": log_level, "log_format": log_format}
+
+
+@main.command()
+@click.argument("source", required=False)
+@click.argument("mountpoint", required=False)
+@click.option("--volume", help="Volume name (the cache key namespace): [a-z0-9.-].")
+@click.option("--key-file", help="Volume key file (fsclient keygen).")
+@click.option("--socket", help="blockcached socket [default: $BLOCKCACHE_SOCKET or "
+                               "/run/blockcache/blockcached.sock].")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="Volume TOML file; flags override its values.")
+@click.option("--block-size", help="Block size, e.g. 4M [default: 4M].")
+@click.option("--meta-ttl", type=float, help="Metadata TTL in seconds [default: 60].")
+@click.option("--dir-ttl", multiple=True, metavar="PREFIX=SECONDS",
+              help="Metadata TTL for a directory prefix (repeatable), e.g. code/=0.")
+@click.option("--readahead-blocks", type=int, help="Blocks prefetched ahead of a "
+                                                   "sequential reader [default: 2].")
+@click.option("-o", "options", multiple=True, metavar="OPT[,OPT]",
+              help="FUSE mount options, e.g. -o allow_other.")
+@click.option("--foreground", "-f", is_flag=True, help="Stay in the foreground.")
+@click.option("--log-file", type=click.Path(dir_okay=False),
+              help="Where the background process logs (default: nowhere).")
+@click.option("--ready-fd", type=int, hidden=True)
+@click.pass_context
+def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume: str | None,
+          key_file: str | None, socket: str | None, config_file: str | None,
+          block_size: str | None, meta_ttl: float | None, dir_ttl: tuple[str, ...],
+          readahead_blocks: int | None, options: tuple[str, ...], foreground: bool,
+          log_file: str | None, ready_fd: int | None) -> None:
+    """Mount SOURCE (a local path or fsspec URL) on MOUNTPOINT, read-only.
+
+    Returns once the mount answers; with --foreground, serves until unmounted
+    or SIGTERM/SIGINT. A dead mount left on MOUNTPOINT by a killed fsclient is
+    recovered.
+    """
+    from . import mount as mounting
+
+    try:
+        file_data: dict[str, Any] = load_toml(config_file) if config_file else {}
+        cfg = build_config(
+            file_data, volume=volume, source=source, mountpoint=mountpoint, key_file=key_file,
+            socket=socket, block_size=block_size, meta_ttl=meta_ttl,
+            readahead_blocks=readahead_blocks,
+            dir_ttl=[parse_dir_ttl_flag(d) for d in dir_ttl], options=options)
+    except BlockcacheError as exc:
+        fail(str(exc))
+    if foreground:
+        code = mounting.run(cfg, mounting.Readiness(ready_fd))
+    else:
+        argv = [a for a in sys.argv[1:]]
+        code = mounting.run_background(argv, cfg, log_file)
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("mountpoint")
+@click.option("--lazy", "-z", is_flag=True, help="Detach now even if files are open.")
+def umount(mountpoint: str, lazy: bool) -> None:
+    """Unmount a volume mounted with fsclient."""
+    from . import mount as mounting
+
+    try:
+        mounting.unmount(mountpoint, lazy=lazy)
+    except BlockcacheError as exc:
+        fail(str(exc))
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+def keygen(file: str) -> None:
+    """Write a new random volume key to FILE (mode 0400; never overwrites)."""
+    try:
+        generate_key_file(file)
+    except BlockcacheError as exc:
+        fail(str(exc))
+    click.echo(f"wrote a new volume key to {file}")
+
+
+if __name__ == "__main__":
+    main()

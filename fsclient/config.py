@@ -1,0 +1,258 @@
+"""Mount configuration: one frozen `MountConfig`, from a volume TOML file plus flags.
+
+The TOML file (what `fsclient@.service` reads from
+`/etc/blockcache/volumes/NAME.toml`) holds the same settings as the flags;
+a flag given on the command line wins over the file. Unknown keys are an
+error, never ignored, so a typo cannot silently change caching behaviour.
+
+    volume = "imagenet"
+    source = "s3://bucket/prefix"
+    mountpoint = "/mnt/imagenet"
+    key_file = "/etc/blockcache/keys/imagenet.key"
+    socket = "/run/blockcache/blockcached.sock"
+    block_size = "4M"
+    meta_ttl = 60.0            # seconds, default for every prefix
+    allow_other = false
+    readahead_blocks = 2
+    options = []               # extra FUSE mount options (-o)
+    [dir_ttl]                  # per directory prefix, longest match wins
+    "code/" = 0
+    [storage_options]          # passed to fsspec as they are
+    endpoint_url = "http://127.0.0.1:9000"
+
+A `dir_ttl` prefix names a directory inside the volume (a leading or trailing
+'/' is optional): it covers that directory and everything beneath it. Its TTL
+bounds the metadata cache, sets the kernel's entry/attr timeouts and decides
+whether an open may keep the kernel page cache (only when TTL > 0).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from blockcache_client.errors import ConfigError, InvalidKey
+from blockcache_client.keys import check_volume_name
+from blockcache_client.units import parse_size
+
+DEFAULT_BLOCK_SIZE = 4 << 20
+DEFAULT_META_TTL = 60.0
+# Block sizes the reader supports: at least 64 KiB (one AEAD chunk), at most 16 MiB
+# (blockfile.MAX_PLAINTEXT), so one block always fits one put frame.
+MIN_BLOCK_SIZE = 64 << 10
+MAX_BLOCK_SIZE = 16 << 20
+# Options we set ourselves or that would make the mount writable or unsafe.
+_RESERVED_OPTIONS = {"rw", "fsname", "subtype"}
+
+
+@dataclass(frozen=True)
+class TtlPolicy:
+    """Metadata TTL per directory prefix; the longest matching prefix wins.
+
+    `prefixes` holds (prefix, ttl) with prefix normalised to "dir/" form, sorted
+    longest first, so `ttl_for` is a short scan (there are few prefixes).
+    """
+
+    default: float = DEFAULT_META_TTL
+    prefixes: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def build(cls, default: float, prefixes: Mapping[str, float]) -> "TtlPolicy":
+        norm: dict[str, float] = {}
+        for prefix, ttl in prefixes.items():
+            p = prefix.strip("/")
+            ttl = _check_ttl(ttl, f"dir_ttl[{prefix!r}]")
+            if not p:
+                default = ttl
+                continue
+            norm[p + "/"] = ttl
+        ordered = tuple(sorted(norm.items(), key=lambda kv: (-len(kv[0]), kv[0])))
+        return cls(_check_ttl(default, "meta_ttl"), ordered)
+
+    def ttl_for(self, path: str) -> float:
+        """TTL for a volume-relative path (no leading '/'; "" is the root)."""
+        if self.prefixes:
+            probe = path + "/"
+            for prefix, ttl in self.prefixes:
+                if probe.startswith(prefix):
+                    return ttl
+        return self.default
+
+
+def _check_ttl(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{what}: {value!r} is not a number of seconds")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{what}: {value!r} must be a finite number of seconds >= 0")
+    return value
+
+
+@dataclass(frozen=True)
+class MountConfig:
+    """Everything one mount needs, validated once at start."""
+
+    volume: str
+    source: str
+    mountpoint: str
+    key_file: str
+    socket: str | None = None
+    block_size: int = DEFAULT_BLOCK_SIZE
+    ttl: TtlPolicy = field(default_factory=TtlPolicy)
+    allow_other: bool = False
+    readahead_blocks: int = 2
+    options: tuple[str, ...] = ()
+    storage_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    memory_cache_bytes: int = 64 << 20
+    fill_queue_bytes: int = 256 << 20
+    # Bounds of the in-process metadata caches (entries, LRU).
+    meta_cache_entries: int = 200_000
+    threads: int = 32
+
+    @property
+    def meta_ttl(self) -> float:
+        return self.ttl.default
+
+    def fuse_options(self) -> set[str]:
+        """The option set handed to pyfuse3.init."""
+        opts = {"ro", "default_permissions", "noatime", f"fsname=blockcache:{self.volume}",
+                "subtype=blockcache"}
+        if self.allow_other:
+            opts.add("allow_other")
+        opts.update(self.options)
+        return opts
+
+
+# Every key a volume TOML file may hold.
+_KEYS = {"volume", "source", "mountpoint", "key_file", "socket", "block_size", "meta_ttl",
+         "allow_other", "readahead_blocks", "options", "dir_ttl", "storage_options",
+         "memory_cache", "fill_queue", "meta_cache_entries", "threads"}
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """Read a volume TOML file; ConfigError names the file and the problem."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown key(s) {', '.join(unknown)}; "
+                          f"valid keys are {', '.join(sorted(_KEYS))}")
+    return data
+
+
+def parse_dir_ttl_flag(text: str) -> tuple[str, float]:
+    """`--dir-ttl PREFIX=SECONDS` -> (prefix, seconds)."""
+    prefix, sep, seconds = text.rpartition("=")
+    if not sep:
+        raise ConfigError(f"--dir-ttl {text!r}: expected PREFIX=SECONDS, e.g. code/=0")
+    try:
+        value = float(seconds)
+    except ValueError:
+        raise ConfigError(f"--dir-ttl {text!r}: {seconds!r} is not a number of seconds") from None
+    return prefix, value
+
+
+def split_options(values: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """`-o a,b -o c` -> ("a", "b", "c"), with empty items dropped."""
+    out = []
+    for v in values:
+        for item in str(v).split(","):
+            item = item.strip()
+            if item:
+                out.append(item)
+    return tuple(out)
+
+
+def _str(data: dict[str, Any], key: str, required: bool) -> str | None:
+    v = data.get(key)
+    if v is None:
+        if required:
+            flag = {"mountpoint": "MOUNTPOINT argument", "source": "SOURCE argument"}.get(
+                key, f"--{key.replace('_', '-')}")
+            raise ConfigError(f"{key} is not set: give the {flag} or `{key} = ...` in --config")
+        return None
+    if not isinstance(v, str) or not v:
+        raise ConfigError(f"{key}: {v!r} must be a non-empty string")
+    return v
+
+
+def _int(data: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+    v = data.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ConfigError(f"{key}: {v!r} must be an integer in {lo}..{hi}")
+    return v
+
+
+def build_config(file_data: Mapping[str, Any] | None = None,
+                 **flags: Any) -> MountConfig:
+    """Merge TOML data and flags (a flag that is None was not given) and validate.
+
+    `dir_ttl` flags are (prefix, seconds) pairs added over the file's table;
+    `options` flags are added to the file's list.
+    """
+    data: dict[str, Any] = dict(file_data or {})
+    dir_ttl = dict(data.pop("dir_ttl", {}) or {})
+    if not isinstance(dir_ttl, dict):
+        raise ConfigError("dir_ttl must be a table of \"prefix\" = seconds")
+    options = data.pop("options", [])
+    if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+        raise ConfigError("options must be a list of strings, e.g. [\"allow_other\"]")
+    storage = data.pop("storage_options", {})
+    if not isinstance(storage, dict):
+        raise ConfigError("storage_options must be a table")
+    for pair in flags.pop("dir_ttl", None) or ():
+        prefix, seconds = pair
+        dir_ttl[prefix] = seconds
+    options = list(split_options(options)) + list(split_options(flags.pop("options", None) or ()))
+    for k, v in flags.items():
+        if k not in _KEYS:
+            raise ConfigError(f"unknown setting {k}")
+        if v is not None:
+            data[k] = v
+
+    volume = _str(data, "volume", True)
+    try:
+        check_volume_name(volume)
+    except InvalidKey as exc:
+        raise ConfigError(str(exc)) from None
+    block_size = parse_size(data.get("block_size", DEFAULT_BLOCK_SIZE), "block_size")
+    if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
+        raise ConfigError(f"block_size: {block_size} must be between 64K and 16M")
+    allow_other = data.get("allow_other", False)
+    if not isinstance(allow_other, bool):
+        raise ConfigError(f"allow_other: {allow_other!r} must be true or false")
+    if "allow_other" in options:
+        options.remove("allow_other")
+        allow_other = True
+    for o in options:
+        if o.split("=", 1)[0] in _RESERVED_OPTIONS:
+            raise ConfigError(f"mount option {o!r} is not allowed: the mount is read-only "
+                              f"and fsclient sets fsname/subtype itself")
+    mountpoint = _str(data, "mountpoint", True)
+    return MountConfig(
+        volume=volume,
+        source=_str(data, "source", True),
+        mountpoint=mountpoint,
+        key_file=_str(data, "key_file", True),
+        socket=_str(data, "socket", False),
+        block_size=block_size,
+        ttl=TtlPolicy.build(data.get("meta_ttl", DEFAULT_META_TTL), dir_ttl),
+        allow_other=allow_other,
+        readahead_blocks=_int(data, "readahead_blocks", 2, 0, 64),
+        options=tuple(dict.fromkeys(options)),
+        storage_options=MappingProxyType(dict(storage)),
+        memory_cache_bytes=parse_size(data.get("memory_cache", 64 << 20), "memory_cache"),
+        fill_queue_bytes=parse_size(data.get("fill_queue", 256 << 20), "fill_queue"),
+        meta_cache_entries=_int(data, "meta_cache_entries", 200_000, 100, 100_000_000),
+        threads=_int(data, "threads", 32, 1, 512),
+    )

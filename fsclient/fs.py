@@ -1,0 +1,446 @@
+"""The read-only FUSE file system over one `Volume` (pyfuse3, asyncio mode).
+
+Design
+- Inode numbers are `Volume.inode(path)`: stable hashes of the path, the same
+  numbers the reader puts in block keys, on every host and every restart. The
+  inode table (`nodes`) maps them back to paths for the inodes the kernel
+  knows: an entry is added by a successful lookup or readdirplus entry and
+  dropped when `forget` brings its lookup count to zero, so the table is
+  bounded by the kernel's own inode cache. Open files keep their path and
+  FileInfo in their handle, so a forget never breaks an open file.
+- Metadata comes from `MetaCache` (per-prefix TTL) and otherwise from the
+  volume, asked with `max_age=TTL`. The same TTL is the kernel's entry/attr
+  timeout, and zero-TTL prefixes always ask.
+- `open` pins the FileInfo (the version) it saw; every read of that handle
+  reads that version. `keep_cache` is set only when the prefix's TTL > 0 and
+  the version equals the one seen at the previous open of the inode.
+- Volume calls block (remote I/O, cache files), so they run on a thread pool;
+  the event loop only dispatches and answers from caches.
+- Sequential reads of a handle trigger `Volume.prefetch` of the next
+  `readahead_blocks` blocks, issued once per block crossed; random reads reset
+  the streak and prefetch nothing.
+- Every handler turns any exception into an errno: pyfuse3 ends its main
+  loop on any exception other than FUSEError, which would kill the mount.
+  A file deleted remotely while open reads as ESTALE; nothing waits forever on
+  the kernel side because every answer comes from a handler that returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import itertools
+import json
+import logging
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import pyfuse3
+import pyfuse3.asyncio
+
+from .config import MountConfig
+from .metacache import NEGATIVE, MetaCache, parent_of
+
+pyfuse3.asyncio.enable()
+
+log = logging.getLogger(__name__)
+
+ROOT_INODE = pyfuse3.ROOT_INODE
+XATTR_PREFIX = "user.blockcache."
+XATTR_CACHED = b"user.blockcache.cached_bytes"
+XATTR_VERSION = b"user.blockcache.version"
+XATTR_INODE = b"user.blockcache.inode"
+XATTR_STATS = b"user.blockcache.stats"
+# Reads this close to where the previous one ended still count as sequential:
+# the kernel issues its readahead requests concurrently, slightly out of order.
+SEQ_SLACK = 1 << 20
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT
+
+
+def errno_of(exc: BaseException, gone: int = errno.ENOENT) -> int:
+    """The errno a volume exception maps to; `gone` for a missing file."""
+    if isinstance(exc, FileNotFoundError):
+        return gone
+    if isinstance(exc, PermissionError):
+        return errno.EACCES
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    return errno.EIO
+
+
+def fuse_op(gone: int = errno.ENOENT) -> Callable:
+    """Decorate a handler so that it only ever raises FUSEError."""
+
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        async def handler(self: "BlockcacheFS", *args: Any) -> Any:
+            try:
+                return await fn(self, *args)
+            except pyfuse3.FUSEError:
+                raise
+            except OSError as exc:
+                log.debug("%s%r: %s", fn.__name__, args[:2], exc)
+                raise pyfuse3.FUSEError(errno_of(exc, gone)) from None
+            except Exception:
+                log.exception("%s%r failed; answering EIO", fn.__name__, args[:2])
+                raise pyfuse3.FUSEError(errno.EIO) from None
+        return handler
+
+    return wrap
+
+
+def _erofs(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    async def handler(self: "BlockcacheFS", *args: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+    return handler
+
+
+class Node:
+    """An inode the kernel knows: its path and kernel lookup count."""
+
+    __slots__ = ("path", "lookups")
+
+    def __init__(self, path: str, lookups: int):
+        self.path = path
+        self.lookups = lookups
+
+
+class Handle:
+    """An open file: the pinned FileInfo and the sequential-read state."""
+
+    __slots__ = ("path", "info", "inode", "next_off", "streak", "prefetched_until")
+
+    def __init__(self, path: str, info: Any, inode: int):
+        self.path = path
+        self.info = info
+        self.inode = inode
+        self.next_off = -1
+        self.streak = 0
+        self.prefetched_until = 0
+
+
+def _join(parent: str, name: str) -> str:
+    return f"{parent}/{name}" if parent else name
+
+
+class BlockcacheFS(pyfuse3.Operations):
+    """pyfuse3 operations of one read-only mount of one volume."""
+
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+
+    def __init__(self, volume: Any, cfg: MountConfig):
+        super().__init__()
+        self.volume = volume
+        self.cfg = cfg
+        self.meta = MetaCache(cfg.ttl, cfg.meta_cache_entries)
+        self.nodes: dict[int, Node] = {ROOT_INODE: Node("", 1)}
+        self.handles: dict[int, Handle] = {}
+        self.dir_handles: dict[int, tuple] = {}
+        self._fh = itertools.count(1)
+        self.pool = ThreadPoolExecutor(cfg.threads, thread_name_prefix="fsclient-io")
+        self.uid, self.gid = os.getuid(), os.getgid()
+        self.prefetches = 0
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # helpers
+
+    def _call(self, fn: Callable, *args: Any, **kwargs: Any) -> "asyncio.Future":
+        if kwargs:
+            fn = functools.partial(fn, **kwargs)
+        return asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def _path(self, inode: int) -> str:
+        node = self.nodes.get(inode)
+        if node is None:
+            # The kernel asked about an inode it forgot: never expected, but an
+            # errno is better than a crash.
+            raise pyfuse3.FUSEError(errno.ESTALE)
+        return node.path
+
+    async def _stat(self, path: str) -> Any:
+        """FileInfo of `path` (cached by TTL); FUSEError(ENOENT) if missing."""
+        cached = self.meta.lookup(path)
+        if cached is NEGATIVE:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if cached is not None:
+            return cached
+        try:
+            info = await self._call(self.volume.stat, path, max_age=self.meta.ttl(path))
+        except FileNotFoundError:
+            self.meta.put_negative(path)
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
+        self.meta.put_attr(info)
+        return info
+
+    def _attrs(self, info: Any, inode: int) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = inode
+        a.generation = 0
+        ttl = self.meta.ttl(info.path)
+        a.entry_timeout = ttl
+        a.attr_timeout = ttl
+        perm = (info.mode or 0) & 0o7777
+        if info.is_dir:
+            a.st_mode = stat.S_IFDIR | (perm or 0o755)
+            # 1 = "subdirectory count unknown": find/fts must not skip subdirs
+            a.st_nlink = 1
+        elif info.is_link:
+            a.st_mode = stat.S_IFLNK | 0o777
+            a.st_nlink = 1
+        else:
+            a.st_mode = stat.S_IFREG | (perm or 0o644)
+            a.st_nlink = 1
+        size = info.size or 0
+        a.st_size = size
+        a.st_blksize = 128 << 10
+        a.st_blocks = (size + 511) // 512
+        a.st_uid = self.uid
+        a.st_gid = self.gid
+        mtime = info.mtime_ns or 0
+        a.st_mtime_ns = mtime
+        a.st_ctime_ns = mtime
+        a.st_atime_ns = mtime
+        return a
+
+    def _remember(self, path: str) -> int | None:
+        """Inode of `path`, with its kernel lookup count raised by one;
+        None on an inode-hash collision (the entry is then not shown)."""
+        inode = self.volume.inode(path)
+        node = self.nodes.get(inode)
+        if node is None:
+            self.nodes[inode] = Node(path, 1)
+        elif node.path != path:
+            log.error("inode collision: %r and %r both hash to inode %d; %r is hidden",
+                      node.path, path, inode, path)
+            return None
+        else:
+            node.lookups += 1
+        return inode
+
+    # metadata
+
+    @fuse_op()
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None):
+        parent = self._path(parent_inode)
+        sname = os.fsdecode(name)
+        if sname == ".":
+            path = parent
+        elif sname == "..":
+            path = parent_of(parent)
+        else:
+            path = _join(parent, sname)
+        try:
+            info = await self._stat(path)
+        except pyfuse3.FUSEError as exc:
+            ttl = self.meta.ttl(path)
+            if exc.errno != errno.ENOENT or ttl <= 0:
+                raise
+            negative = pyfuse3.EntryAttributes()
+            negative.st_ino = 0  # a negative entry the kernel caches for entry_timeout
+            negative.entry_timeout = ttl
+            return negative
+        inode = self._remember(path)
+        if inode is None:
+            raise pyfuse3.FUSEError(errno.EIO)
+        return self._attrs(info, inode)
+
+    async def forget(self, inode_list) -> None:
+        for inode, nlookup in inode_list:
+            node = self.nodes.get(inode)
+            if node is None or inode == ROOT_INODE:
+                continue
+            node.lookups -= nlookup
+            if node.lookups <= 0:
+                del self.nodes[inode]
+
+    @fuse_op()
+    async def getattr(self, inode: int, ctx: Any = None):
+        path = self._path(inode)
+        return self._attrs(await self._stat(path), inode)
+
+    @fuse_op()
+    async def readlink(self, inode: int, ctx: Any = None):
+        target = await self._call(self.volume.readlink, self._path(inode))
+        return os.fsencode(target)
+
+    @fuse_op()
+    async def opendir(self, inode: int, ctx: Any = None):
+        path = self._path(inode)
+        listing = self.meta.listing(path)
+        if listing is None:
+            entries = await self._call(self.volume.listdir, path,
+                                       max_age=self.meta.ttl(path))
+            listing = self.meta.put_listing(path, entries)
+        fh = next(self._fh)
+        # A snapshot: readdir offsets index it, so paging a large directory
+        # never repeats or skips an entry even if the listing changes meanwhile.
+        self.dir_handles[fh] = listing.entries
+        return fh
+
+    @fuse_op()
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        entries = self.dir_handles.get(fh)
+        if entries is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        for i in range(start_id, len(entries)):
+            e = entries[i]
+            inode = self.volume.inode(e.path)
+            node = self.nodes.get(inode)
+            if node is not None and node.path != e.path:
+                log.error("inode collision: %r and %r both hash to inode %d; %r is hidden",
+                          node.path, e.path, inode, e.path)
+                continue
+            if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self._attrs(e, inode), i + 1):
+                break
+            # readdirplus: every entry the kernel accepted counts as a lookup
+            self._remember(e.path)
+
+    async def releasedir(self, fh: int) -> None:
+        self.dir_handles.pop(fh, None)
+
+    @fuse_op()
+    async def statfs(self, ctx: Any = None):
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = self.cfg.block_size
+        s.f_frsize = 4096
+        s.f_blocks = s.f_bfree = s.f_bavail = 0
+        s.f_files = len(self.nodes)
+        s.f_ffree = s.f_favail = 0
+        s.f_namemax = 255
+        return s
+
+    # data
+
+    @fuse_op()
+    async def open(self, inode: int, flags: int, ctx: Any = None):
+        if flags & _WRITE_FLAGS:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        path = self._path(inode)
+        info = await self._stat(path)
+        if info.is_dir:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        keep = self.meta.keep_cache(inode, info)
+        fh = next(self._fh)
+        self.handles[fh] = Handle(path, info, inode)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+
+    @fuse_op(gone=errno.ESTALE)
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        h = self.handles.get(fh)
+        if h is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        avail = h.info.size - off
+        if avail <= 0 or size <= 0:
+            return b""
+        size = min(size, avail)
+        if self.cfg.readahead_blocks:
+            self._readahead(h, off, size)
+        return await self._call(self.volume.read, h.path, off, size, info=h.info)
+
+    def _readahead(self, h: Handle, off: int, size: int) -> None:
+        if h.next_off >= 0 and abs(off - h.next_off) <= SEQ_SLACK:
+            h.streak += 1
+        else:
+            h.streak = 0
+            h.prefetched_until = 0
+        h.next_off = off + size
+        if h.streak < 1:
+            return
+        bs = self.cfg.block_size
+        first = (off // bs + 1) * bs
+        end = min(h.info.size, first + self.cfg.readahead_blocks * bs)
+        start = max(first, h.prefetched_until)
+        if start >= end:
+            return
+        h.prefetched_until = end
+        self.prefetches += 1
+        fut = self._call(self.volume.prefetch, h.path, start, end - start, info=h.info)
+        fut.add_done_callback(_log_prefetch_failure)
+
+    async def release(self, fh: int) -> None:
+        self.handles.pop(fh, None)
+
+    # extended attributes: per-file cache state, and the volume's stats on the root
+
+    def _xattr_names(self, inode: int, is_dir: bool) -> list[bytes]:
+        names = [XATTR_INODE] if is_dir else [XATTR_CACHED, XATTR_VERSION, XATTR_INODE]
+        if inode == ROOT_INODE:
+            names.append(XATTR_STATS)
+        return names
+
+    @fuse_op()
+    async def listxattr(self, inode: int, ctx: Any = None):
+        info = await self._stat(self._path(inode))
+        return self._xattr_names(inode, info.is_dir)
+
+    @fuse_op()
+    async def getxattr(self, inode: int, name: bytes, ctx: Any = None) -> bytes:
+        if not name.startswith(XATTR_PREFIX.encode()):
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        path = self._path(inode)
+        info = await self._stat(path)
+        if name not in self._xattr_names(inode, info.is_dir):
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        if name == XATTR_CACHED:
+            return str(await self._call(self.volume.cached_bytes, path, info=info)).encode()
+        if name == XATTR_VERSION:
+            return str(info.version).encode("utf-8", "surrogateescape")
+        if name == XATTR_INODE:
+            return str(inode).encode()
+        stats = dict(await self._call(self.volume.stats))
+        stats["fsclient"] = {**self.meta.stats(), "inodes": len(self.nodes),
+                             "open_files": len(self.handles), "prefetches": self.prefetches}
+        return json.dumps(stats, sort_keys=True, default=str).encode()
+
+    # every write operation: read-only file system
+
+    @_erofs
+    async def setattr(self, *args: Any): ...
+
+    @_erofs
+    async def mknod(self, *args: Any): ...
+
+    @_erofs
+    async def mkdir(self, *args: Any): ...
+
+    @_erofs
+    async def unlink(self, *args: Any): ...
+
+    @_erofs
+    async def rmdir(self, *args: Any): ...
+
+    @_erofs
+    async def symlink(self, *args: Any): ...
+
+    @_erofs
+    async def rename(self, *args: Any): ...
+
+    @_erofs
+    async def link(self, *args: Any): ...
+
+    @_erofs
+    async def write(self, *args: Any): ...
+
+    @_erofs
+    async def create(self, *args: Any): ...
+
+    @_erofs
+    async def setxattr(self, *args: Any): ...
+
+    @_erofs
+    async def removexattr(self, *args: Any): ...
+
+
+def _log_prefetch_failure(fut: "asyncio.Future") -> None:
+    if fut.cancelled():
+        return
+    exc = fut.exception()
+    if exc is not None:
+        log.debug("prefetch failed (reads are unaffected): %s", exc)

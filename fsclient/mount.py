@@ -1,0 +1,294 @@
+"""Run one mount: in the foreground, or as a background child that reports
+readiness to the `fsclient mount` that started it.
+
+Readiness protocol (child -> parent, one pipe, text lines):
+
+    WARN <message>     something the user should see (e.g. daemon absent)
+    READY              the mount answers: stat(mountpoint) went through FUSE
+    ERROR <message>    the mount cannot be made; the child exits non-zero
+
+The parent returns 0 on READY; on ERROR, on EOF without READY (the child
+died) or after `ready_timeout` it prints the reason, makes sure the child is
+gone and nothing stays mounted, and returns 1. So `fsclient mount` never
+returns success for a mount that does not work, and never hangs.
+
+Shutdown: SIGTERM/SIGINT end the FUSE loop; the mount is then unmounted
+(lazily, so open files do not block the exit) and the volume closed. A
+process killed with -9 leaves a dead mount behind: the next `fsclient mount`
+on that mount point recovers it (`mountpoint.prepare`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from blockcache_client.client import Client
+from blockcache_client.errors import BlockcacheError, DaemonError, DaemonUnavailable
+from blockcache_client.keyfile import load_key_file
+from blockcache_client import protocol
+
+from . import mountpoint as mp
+from .config import MountConfig
+from .mountpoint import MountError
+
+log = logging.getLogger(__name__)
+
+SOURCE_TIMEOUT = 30.0
+READY_TIMEOUT = 90.0
+
+
+class Readiness:
+    """The child's end of the readiness pipe (a no-op in plain foreground mode)."""
+
+    def __init__(self, fd: int | None = None):
+        self._fd = fd
+
+    def _send(self, line: str) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.write(self._fd, (line.replace("\n", " ") + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass  # the parent is gone; the mount goes on
+
+    def _close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def warn(self, message: str) -> None:
+        log.warning("%s", message)
+        self._send(f"WARN {message}")
+
+    def ready(self) -> None:
+        self._send("READY")
+        self._close()
+
+    def error(self, message: str) -> None:
+        log.error("%s", message)
+        self._send(f"ERROR {message}")
+        self._close()
+
+
+def _in_thread(fn: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Run a blocking call with a timeout (the thread is abandoned on timeout)."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as exc:  # handed to the caller as is
+            box.append((False, exc))
+
+    t = threading.Thread(target=run, name=what, daemon=True)
+    t.start()
+    t.join(timeout)
+    if not box:
+        raise TimeoutError(f"{what} did not finish within {timeout:g}s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def check_daemon(cfg: MountConfig, readiness: Readiness) -> None:
+    """Warn (never fail) when blockcached cannot be reached: reads then go to
+    the source uncached, and the volume reconnects when the daemon comes up."""
+    path = cfg.socket or protocol.default_socket()
+    try:
+        with Client(path, timeout=3.0) as c:
+            c.ping()
+    except (DaemonUnavailable, DaemonError) as exc:
+        readiness.warn(f"blockcached is not reachable ({exc}); mounting uncached: reads go "
+                       f"to {cfg.source} until the daemon is up, then use the cache")
+
+
+def open_volume(cfg: MountConfig) -> Any:
+    """Create the Volume; it stats the source root, so an unreachable, missing or
+    non-directory source fails here, by name, within SOURCE_TIMEOUT."""
+    from blockcache_client.volume import Volume
+
+    def make() -> Any:
+        return Volume(cfg.volume, cfg.source, cfg.key_file, socket_path=cfg.socket,
+                      block_size=cfg.block_size, meta_ttl=cfg.meta_ttl,
+                      fill_queue_bytes=cfg.fill_queue_bytes,
+                      memory_cache_bytes=cfg.memory_cache_bytes, **cfg.storage_options)
+
+    try:
+        return _in_thread(make, SOURCE_TIMEOUT, "source check")
+    except BlockcacheError:
+        raise
+    except FileNotFoundError:
+        raise MountError(f"source {cfg.source} does not exist") from None
+    except NotADirectoryError:
+        raise MountError(f"source {cfg.source} is a file, not a directory") from None
+    except TimeoutError:
+        raise MountError(f"source {cfg.source} did not answer within {SOURCE_TIMEOUT:g}s; "
+                         f"check the URL, endpoint and network") from None
+    except Exception as exc:
+        raise MountError(f"cannot reach source {cfg.source}: {exc}") from None
+
+
+def run(cfg: MountConfig, readiness: Readiness) -> int:
+    """Mount and serve until unmounted or signalled; returns the exit code."""
+    import pyfuse3
+
+    from .fs import BlockcacheFS
+
+    try:
+        mountpoint = mp.prepare(cfg.mountpoint)
+        load_key_file(cfg.key_file)
+        check_daemon(cfg, readiness)
+        volume = open_volume(cfg)
+    except BlockcacheError as exc:
+        readiness.error(str(exc))
+        return 1
+    fs = BlockcacheFS(volume, cfg)
+    try:
+        try:
+            pyfuse3.init(fs, mountpoint, cfg.fuse_options())
+        except (RuntimeError, OSError) as exc:
+            readiness.error(f"cannot mount {cfg.source} on {mountpoint}: {exc} (is /dev/fuse "
+                            f"available, and are you root or is fusermount3 setuid?)")
+            return 1
+        try:
+            return asyncio.run(_serve(fs, mountpoint, readiness))
+        finally:
+            pyfuse3.close(unmount=True)
+            log.info("unmounted %s", mountpoint)
+    finally:
+        fs.close()
+        volume.close()
+
+
+async def _serve(fs: Any, mountpoint: str, readiness: Readiness) -> int:
+    import pyfuse3
+
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        log.info("%s: unmounting %s", signal.Signals(signum).name, mountpoint)
+        pyfuse3.terminate()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    main = asyncio.ensure_future(pyfuse3.main())
+    # The mount is ready when a stat of the mount point, made by another thread,
+    # is answered by this loop through the kernel: end to end, not just "mounted".
+    probe = loop.run_in_executor(fs.pool, os.stat, mountpoint)
+    done, _ = await asyncio.wait({main, probe}, timeout=READY_TIMEOUT,
+                                 return_when=asyncio.FIRST_COMPLETED)
+    if probe in done and probe.exception() is None:
+        log.info("mounted %s on %s", fs.cfg.source, mountpoint)
+        readiness.ready()
+    elif main not in done:
+        readiness.error(f"mount {mountpoint} did not answer: "
+                        f"{probe.exception() if probe.done() else 'timed out'}")
+        pyfuse3.terminate()
+    try:
+        await main
+    except Exception as exc:
+        readiness.error(f"the FUSE loop of {mountpoint} failed: {exc}")
+        log.exception("FUSE main loop failed")
+        return 1
+    return 0
+
+
+def run_background(argv: list[str], cfg: MountConfig, log_file: str | None,
+                   ready_timeout: float = READY_TIMEOUT) -> int:
+    """Start `fsclient mount --foreground` as a detached child; return once it
+    reports READY (0) or fails (1, with the reason on stderr)."""
+    r, w = os.pipe()
+    cmd = [sys.executable, "-m", "fsclient.cli", *argv, "--foreground", "--ready-fd", str(w)]
+    out = open(log_file, "ab") if log_file else open(os.devnull, "wb")
+    try:
+        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                 pass_fds=(w,), start_new_session=True, close_fds=True)
+    finally:
+        os.close(w)
+        out.close()
+    try:
+        status, message = _await_ready(r, child, ready_timeout)
+    finally:
+        os.close(r)
+    if status == "READY":
+        log.info("mounted %s on %s (pid %d)", cfg.source, cfg.mountpoint, child.pid)
+        return 0
+    _reap(child, cfg.mountpoint)
+    if status == "ERROR":
+        _echo(f"fsclient: error: {message}")
+    elif status == "TIMEOUT":
+        _echo(f"fsclient: error: the mount of {cfg.mountpoint} did not become ready within "
+              f"{ready_timeout:g}s; run with --foreground to see why")
+    else:
+        code = child.returncode
+        _echo(f"fsclient: error: the mount process exited (code {code}) before "
+              f"{cfg.mountpoint} was ready; run with --foreground"
+              + (f" or see {log_file}" if log_file else "") + " to see why")
+    return 1
+
+
+def _echo(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _await_ready(r: int, child: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return "TIMEOUT", ""
+        ready, _, _ = select.select([r], [], [], min(left, 1.0))
+        if not ready:
+            continue
+        chunk = os.read(r, 4096)
+        if not chunk:
+            return "EOF", ""
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            text = line.decode("utf-8", "replace")
+            kind, _, message = text.partition(" ")
+            if kind == "WARN":
+                _echo(f"fsclient: warning: {message}")
+            elif kind in ("READY", "ERROR"):
+                return kind, message
+
+
+def _reap(child: subprocess.Popen, mountpoint: str) -> None:
+    """Make sure a child that failed is gone and left no mount behind."""
+    try:
+        child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    try:
+        if mp.is_mounted(mountpoint):
+            mp.unmount(mp.normalise(mountpoint), lazy=True)
+    except MountError as exc:
+        log.warning("%s", exc)
+
+
+def unmount(path: str, lazy: bool = False, timeout: float = 30.0) -> None:
+    """`fsclient umount`: unmount, then wait until the mount point is free."""
+    path = mp.normalise(path)
+    if not mp.is_mounted(path):
+        raise MountError(f"{path} is not mounted")
+    entry = mp.find_mount(path)
+    if entry is not None and not entry.fstype.startswith("fuse"):
+        raise MountError(f"{path} is a {entry.fstype} mount, not an fsclient (FUSE) mount")
+    mp.unmount(path, lazy=lazy)
+    deadline = time.monotonic() + timeout
+    while mp.is_mounted(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+

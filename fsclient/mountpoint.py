@@ -1,0 +1,176 @@
+"""The mount point: check it before mounting, recover a dead FUSE mount, unmount.
+
+A FUSE mount whose process died (kill -9, OOM) stays in the mount table; every
+access then fails with ENOTCONN ("Transport endpoint is not connected") until
+someone unmounts it. `prepare` finds that case and recovers it with a lazy
+unmount (`fusermount3 -uz`), so a restarted pod or service mounts again
+without a human. A live mount (another fsclient, or anything else) is never
+touched: that is a busy mount point and an error.
+
+Every probe of the mount point runs with a timeout, because a FUSE mount whose
+process is alive but stuck makes stat(2) block, and fsclient must answer with a
+message rather than hang with it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import threading
+from dataclasses import dataclass
+
+from blockcache_client.errors import BlockcacheError
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT = 10.0
+# Errors a FUSE mount point answers once its connection is gone.
+DEAD_MOUNT_ERRNOS = {errno.ENOTCONN, errno.ECONNABORTED}
+
+
+class MountError(BlockcacheError):
+    """The mount point cannot be used, or mounting/unmounting failed."""
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    """One line of /proc/self/mountinfo that matters here."""
+
+    mountpoint: str
+    fstype: str
+    source: str
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo octal
+    out, i = [], 0
+    raw = field.encode("utf-8", "surrogateescape")
+    while i < len(raw):
+        if raw[i] == 0x5C and len(raw[i + 1:i + 4]) == 3 and raw[i + 1:i + 4].isdigit():
+            out.append(int(raw[i + 1:i + 4], 8))
+            i += 4
+        else:
+            out.append(raw[i])
+            i += 1
+    return bytes(out).decode("utf-8", "surrogateescape")
+
+
+def mounts() -> list[MountEntry]:
+    """The current mount table of this process's mount namespace."""
+    entries = []
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields = line.decode("utf-8", "surrogateescape").rstrip("\n").split(" ")
+            try:
+                sep = fields.index("-")
+            except ValueError:
+                continue
+            entries.append(MountEntry(_unescape(fields[4]), fields[sep + 1],
+                                      _unescape(fields[sep + 2])))
+    return entries
+
+
+def find_mount(path: str) -> MountEntry | None:
+    """The topmost mount exactly at `path` (already normalised), or None."""
+    found = None
+    for entry in mounts():
+        if entry.mountpoint == path:
+            found = entry
+    return found
+
+
+def normalise(path: str) -> str:
+    """Absolute path with symlinks resolved in the parent only: the mount point
+    itself may be a dead mount that cannot be stat'ed."""
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    return os.path.join(os.path.realpath(parent), name) if name else path
+
+
+def probe(path: str, timeout: float = PROBE_TIMEOUT) -> os.stat_result:
+    """os.stat with a timeout; raises OSError as stat does, or MountError on timeout."""
+    result: list = []
+
+    def run() -> None:
+        try:
+            result.append(os.stat(path))
+        except OSError as exc:
+            result.append(exc)
+
+    t = threading.Thread(target=run, name="probe-mountpoint", daemon=True)
+    t.start()
+    t.join(timeout)
+    if not result:
+        raise MountError(f"mount point {path} does not answer within {timeout:g}s (a FUSE "
+                         f"process holding it is stuck); free it with "
+                         f"`fsclient umount --lazy {path}`")
+    if isinstance(result[0], OSError):
+        raise result[0]
+    return result[0]
+
+
+def _fusermount() -> str:
+    exe = shutil.which("fusermount3") or shutil.which("fusermount")
+    if exe is None:
+        raise MountError("fusermount3 not found; install the fuse3 package "
+                         "(`apt-get install fuse3`, or run `make sysdeps`)")
+    return exe
+
+
+def unmount(path: str, lazy: bool = False) -> None:
+    """Unmount a FUSE mount with fusermount3; MountError with the reason."""
+    cmd = [_fusermount(), "-u"] + (["-z"] if lazy else []) + ["--", path]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=30,
+                             stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise MountError(f"{' '.join(cmd)} did not finish within 30s") from None
+    if res.returncode != 0:
+        why = (res.stderr or res.stdout).strip() or f"exit code {res.returncode}"
+        hint = ""
+        if "busy" in why.lower():
+            hint = (f"; close the files open under it (see `fuser -vm {path}`), or detach "
+                    f"it now with `fsclient umount --lazy {path}`")
+        raise MountError(f"cannot unmount {path}: {why}{hint}")
+
+
+def prepare(path: str) -> str:
+    """Check (and if needed recover) the mount point; return its normalised path.
+
+    Raises MountError for a missing path, a non-directory, or a live mount.
+    """
+    path = normalise(path)
+    try:
+        st = probe(path)
+    except FileNotFoundError:
+        raise MountError(f"mount point {path} does not exist; create it with "
+                         f"`mkdir -p {path}`") from None
+    except OSError as exc:
+        if exc.errno not in DEAD_MOUNT_ERRNOS:
+            raise MountError(f"cannot use mount point {path}: {exc.strerror}") from None
+        entry = find_mount(path)
+        log.warning("mount point %s holds a dead FUSE mount (%s, its process died: %s); "
+                    "unmounting it lazily and mounting again",
+                    path, entry.source if entry else "unknown", exc.strerror)
+        unmount(path, lazy=True)
+        try:
+            st = probe(path)
+        except OSError as exc2:
+            raise MountError(f"mount point {path} is still unusable after unmounting its dead "
+                             f"mount: {exc2.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise MountError(f"mount point {path} is not a directory")
+    entry = find_mount(path)
+    if entry is not None:
+        raise MountError(f"mount point {path} is busy: {entry.source} ({entry.fstype}) is "
+                         f"already mounted there; unmount it first with "
+                         f"`fsclient umount {path}`")
+    return path
+
+
+def is_mounted(path: str) -> bool:
+    return find_mount(normalise(path)) is not None

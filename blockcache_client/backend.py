@@ -248,7 +248,8 @@ class Backend:
     def read(self, rel: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a file (fewer only at the end of the file)."""
         full = self.full_path(rel)
-        return self._call("read", rel, self.fs.cat_file, full, start, end)
+        # keywords: some implementations (s3fs) take other positional arguments first
+        return self._call("read", rel, lambda: self.fs.cat_file(full, start=start, end=end))
 
     def readlink(self, rel: str) -> str:
         """Target of a symbolic link, where the backend reports one."""

@@ -1,0 +1,103 @@
+"""A real S3-protocol server on loopback for tests and benchmarks: moto's server mode.
+
+    with S3Server() as s3:              # a moto_server subprocess on 127.0.0.1
+        fs = s3.filesystem()            # an s3fs filesystem pointed at it
+        fs.pipe(f"{s3.bucket}/a.txt", b"hello")
+        Volume("v", s3.url(), key_file, **s3.storage_options)
+
+Start picks a free port, spawns `python -m moto.server`, waits until it
+answers HTTP and creates the bucket; stop terminates it (then kills it) so
+nothing is left running even when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+START_TIMEOUT = 30.0
+BUCKET = "data"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """One moto S3 server subprocess with one bucket."""
+
+    def __init__(self, bucket: str = BUCKET):
+        self.bucket = bucket
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def storage_options(self) -> dict:
+        """fsspec/s3fs options for this server (fake credentials, path-style)."""
+        return {"endpoint_url": self.endpoint_url, "key": "testing", "secret": "testing",
+                "client_kwargs": {"region_name": "us-east-1"}}
+
+    def url(self, prefix: str = "") -> str:
+        return f"s3://{self.bucket}/{prefix}".rstrip("/")
+
+    def filesystem(self):
+        """A fresh (uncached) s3fs filesystem on this server."""
+        import s3fs
+        return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False,
+                                 **self.storage_options)
+
+    def start(self) -> "S3Server":
+        self.port = free_port()
+        env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                   AWS_DEFAULT_REGION="us-east-1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode(errors="replace")
+                raise RuntimeError(f"moto server exited with {self.proc.returncode}:\n{err}")
+            try:
+                urllib.request.urlopen(self.endpoint_url + "/", timeout=1).close()
+                break
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"moto server did not answer on {self.endpoint_url} "
+                                       f"within {START_TIMEOUT:g}s")
+                time.sleep(0.1)
+        req = urllib.request.Request(f"{self.endpoint_url}/{self.bucket}", method="PUT")
+        urllib.request.urlopen(req, timeout=10).close()
+        return self
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+    def __enter__(self) -> "S3Server":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

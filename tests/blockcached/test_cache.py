@@ -1,0 +1,215 @@
+"""The cache engine on real dirs: capacity, fill queue, evictions, rebuild, health."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from blockcache_client import layout
+
+from .engine import Engine, block, key
+
+
+@pytest.fixture
+def engines(tmp_path):
+    made = []
+
+    def make(sizes=(1 << 20,), sub="e", **values):
+        e = Engine(tmp_path / sub, list(sizes), **values)
+        made.append(e)
+        return e
+    yield make
+    for e in made:
+        e.close()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 9000)),
+                                 min_size=1, max_size=12), min_size=1, max_size=6))
+def test_capacity_never_exceeded_under_concurrent_puts(tmp_path_factory, batches):
+    cap = 48 << 10
+    e = Engine(tmp_path_factory.mktemp("cap"), [cap, cap], fill_queue_bytes=1 << 20)
+    try:
+        for batch in batches:
+            # a batch is admitted before any of it is written: concurrent puts
+            for inode, size in batch:
+                k = key(inode=inode, offset=size)
+                e.cache.put(k, block(k, size))
+                for i, c in enumerate(e.cache.caps):
+                    assert e.cache.index.dirs[i].used_bytes + c.reserved <= cap
+            e.settle()
+            for i in range(2):
+                on_disk = e.files(i)
+                assert sum(on_disk.values()) <= cap
+                assert on_disk == {k: v >> 32 for k, v in e.cache.index.dirs[i].lru.items()}
+    finally:
+        e.close()
+
+
+def test_lru_evicts_least_recently_touched_first(engines):
+    e = engines([40_000], high_watermark=0.9, low_watermark=0.5)
+    keys = [key(inode=i + 1) for i in range(8)]
+    for k in keys:
+        e.cache.put(k, block(k, 4000))  # 4144-byte files: 8 fit under 36000
+        e.settle()
+    e.cache.touch([keys[0], keys[1]])
+    k9 = key(inode=99)
+    assert e.cache.put(k9, block(k9, 4000)) == (True, "queued")
+    e.settle()
+    # crossing 90% evicted down to 50%: the oldest untouched go first
+    remaining = e.cache.index.lru_order(0)
+    assert remaining[-1] == k9
+    assert keys[0] in remaining and keys[1] in remaining
+    assert keys[2] not in remaining
+    assert e.cache.index.dirs[0].used_bytes <= 20_000
+    assert set(e.files()) == set(remaining)
+
+
+def test_put_reasons(engines):
+    e = engines([20_000], fill_queue_bytes=10_000)
+    k1, k2, k3 = key(inode=1), key(inode=2), key(inode=3)
+    assert e.cache.put(k1, block(k1, 4000)) == (True, "queued")
+    assert e.cache.put(k1, block(k1, 4000)) == (False, "duplicate")
+    assert e.cache.put(k2, block(k2, 4000)) == (True, "queued")
+    assert e.cache.put(k3, block(k3, 4000)) == (False, "queue_full")
+    e.settle()
+    assert e.cache.put(k1, block(k1, 4000)) == (False, "exists")
+    big = key(inode=4)
+    assert e.cache.put(big, block(big, 30_000)) == (False, "too_large")
+    s = e.cache.stats()
+    assert s["drops"] == 1 and s["writes"] == 2 and s["entries"] == 2
+    assert s["put_results"] == {"queued": 2, "duplicate": 1, "queue_full": 1, "exists": 1,
+                                "too_large": 1}
+
+
+def test_max_entries(engines):
+    e = engines([1 << 20], max_entries=10)
+    for i in range(30):
+        k = key(inode=i + 1)
+        e.cache.put(k, block(k))
+        assert len(e.cache.index) + e.cache._reserved_entries() <= 10
+    e.settle()
+    assert len(e.files()) == len(e.cache.index) <= 10
+
+
+def test_free_space_floor_refuses_puts(engines):
+    e = engines([1 << 20], min_free_bytes=1 << 60)
+    e.run_for(0.1)  # first statvfs
+    k = key()
+    assert e.cache.put(k, block(k)) == (False, "no_space")
+
+
+def test_evict_while_queued_leaves_nothing(engines):
+    e = engines()
+    k = key(vol="gone", inode=5)
+    e.cache.put(k, block(k))
+    assert e.cache.evict_prefix("gone") == 0  # still queued, not indexed
+    e.settle()
+    assert k not in e.cache.index and e.files() == {}
+
+
+def test_evict_scopes(engines):
+    e = engines([1 << 20, 1 << 20])
+    ks = [key(vol=v, inode=i, offset=o) for v in ("a", "ab") for i in (1, 2) for o in (0, 4096)]
+    for k in ks:
+        e.cache.put(k, block(k))
+    e.settle()
+    assert e.cache.evict_key(ks[0]) == 1
+    assert e.cache.evict_prefix("a", 2) == 2
+    assert e.cache.evict_prefix("a") == 1
+    assert sorted(e.cache.index.range()) == sorted(ks[4:])
+    assert e.cache.evict_prefix(None) == 4
+    e.settle()
+    assert e.files(0) == {} and e.files(1) == {}
+
+
+def test_rebuild_restores_entries_order_and_cleans(tmp_path, engines):
+    e = engines([1 << 20, 1 << 20], sub="r")
+    ks = [key(inode=i + 1) for i in range(20)]
+    for k in ks:
+        e.cache.put(k, block(k))
+    e.settle()
+    # distinct mtimes, oldest first in ks order
+    for i, k in enumerate(ks):
+        d = e.cache.index.dir_of(k)
+        os.utime(e.cache.stores[d].block_path(k), (1_000_000 + i, 1_000_000 + i))
+    d0 = e.cfg.cache_dirs[0].path
+    stray = [
+        os.path.join(d0, "tmp", "123.4"),                                   # interrupted write
+        os.path.join(d0, "blocks", "00", "00", "not-a-key"),                # malformed name
+        os.path.join(d0, "blocks", "00", "00", key(inode=555)),             # wrong fan-out
+    ]
+    # a key that belongs to the other dir, placed where dir 0 would keep it
+    other = next(k for k in (key(inode=1000 + i) for i in range(100))
+                 if e.cache.layout.dir_index(k) == 1)
+    stray.append(os.path.join(d0, layout.block_relpath(other)))
+    short = key(inode=777)
+    for p in stray:
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(block(key()))
+    tiny = os.path.join(d0, layout.block_relpath(short))
+    os.makedirs(os.path.dirname(tiny), exist_ok=True)
+    open(tiny, "wb").close()  # a zero-length file (power loss without fsync)
+    e.close()
+
+    e2 = engines([1 << 20, 1 << 20], sub="r")
+    assert sorted(e2.cache.index.range()) == sorted(ks)
+    for i in range(2):
+        order = e2.cache.index.lru_order(i)
+        assert order == [k for k in ks if k in order]  # mtime order survived
+    for p in stray + [tiny]:
+        assert not os.path.exists(p), p
+    assert e2.cache.rebuild_stats["state"] == "done"
+    assert e2.cache.rebuild_stats["removed"] == len(stray) + 1
+
+
+def test_unhealthy_dir_is_taken_out_and_probed_back(engines):
+    e = engines([1 << 20], io_timeout=5)
+    k = key()
+    e.cache.put(k, block(k))
+    e.settle()
+    epoch = e.cache.epoch
+    blocks = os.path.join(e.cfg.cache_dirs[0].path, "blocks")
+    moved = blocks + ".away"
+    os.rename(blocks, moved)
+    with open(blocks, "wb"):
+        pass  # a file where the dir was: every write fails with ENOTDIR
+    for i in range(3):
+        k2 = key(inode=10 + i)
+        assert e.cache.put(k2, block(k2))[0]
+        e.settle()
+    assert e.cache.health.healthy == [False]
+    assert e.cache.epoch > epoch
+    assert e.cache.lookup([k]) == [None]
+    assert e.cache.put(key(inode=50), block(key(inode=50))) == (False, "unhealthy")
+    assert e.cache.layout.path(k) is None
+    os.unlink(blocks)
+    os.rename(moved, blocks)
+    e.cache.health.next_probe[0] = 0.0
+    deadline = time.monotonic() + 5
+    while not e.cache.health.healthy[0] and time.monotonic() < deadline:
+        e.run_for(0.05)
+    assert e.cache.health.healthy == [True]
+    [path] = e.cache.lookup([k])
+    assert path is not None and os.path.exists(path)
+
+
+def test_hung_operation_marks_dir_unhealthy(engines):
+    e = engines([1 << 20], io_timeout=0.2)
+    gate = threading.Event()
+    e.cache.workers[0].submit(gate.wait, 10)  # a disk call that hangs
+    e.run_for(0.5)
+    assert e.cache.health.healthy == [False]
+    assert "running for" in e.cache.health.reason[0]
+    gate.set()
+    e.cache.health.next_probe[0] = 0.0
+    deadline = time.monotonic() + 5
+    while not e.cache.health.healthy[0] and time.monotonic() < deadline:
+        e.run_for(0.05)
+    assert e.cache.health.healthy == [True]

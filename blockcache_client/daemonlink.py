@@ -71,6 +71,10 @@ class DaemonLink:
         self._queued: set[str] = set()
         self._busy = False  # the filler is running a job (wait_idle must wait for it)
         self._fill_cv = threading.Condition()
+        try:  # connect now, so the first reads can already use the cache
+            self._connect()
+        except (DaemonUnavailable, DaemonError, ValueError, KeyError) as exc:
+            log.debug("blockcached at %s not reachable yet: %s", socket_path, exc)
         self._threads = [threading.Thread(target=self._control_loop, name="blockcache-link",
                                           daemon=True),
                          threading.Thread(target=self._filler_loop, name="blockcache-filler",

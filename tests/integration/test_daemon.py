@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
 
 import pytest
 
-from blockcache_client import blockfile, layout
+from blockcache_client import blockfile, cli, layout, protocol
+from blockcache_client.client import Client
+from blockcache_client.errors import BlockcacheError, DaemonError
 from blockcache_client.keys import BlockKey
+from blockcache_client.protocol import ErrorCode
+from tests.support.daemon import DaemonProcess
 
 VOLUME_KEY = bytes(range(32))
 
@@ -40,3 +53,310 @@ def test_put_lookup_touch_stats(daemon):
     assert s["used_bytes"] == len(blob)
     assert s["volumes"] == {"vol": {"entries": 1, "used_bytes": len(blob)}}
     assert os.stat(path).st_mode & 0o777 == 0o644
+
+
+def test_evict_scopes_and_list(daemon):
+    c = daemon.client()
+    keys = [make_key(vol, ino, off) for vol in ("a", "b") for ino in (1, 2) for off in (0, 4096)]
+    for k in keys:
+        assert c.put(k, make_block(k, 100))[0]
+    daemon.wait_idle()
+    assert c.list()["keys"] == sorted(keys)
+    page = c.list("a", limit=2)
+    assert (page["keys"], page["truncated"]) == (sorted(keys)[:2], True)
+    assert c.evict(keys[0]) == 1
+    assert c.evict(inode=("a", 2)) == 2
+    assert c.evict(volume="a") == 1
+    assert c.list("a")["keys"] == []
+    paths = c.lookup(keys[4:])
+    assert all(p and os.path.exists(p) for p in paths)
+    assert c.evict(all_=True) == 4
+    assert c.stats()["entries"] == 0
+    daemon.wait_stats(lambda s: all(d["queued_jobs"] == 0 for d in s["dirs"]))
+    assert not any(os.path.exists(p) for p in paths)
+
+
+def test_bad_requests_get_errors_and_connection_survives(daemon):
+    c = daemon.client()
+    for bad in ("../../etc/passwd", "vol_1_00000000000000ab_0000000000000000/x",
+                "vol_01_0000000000000000_0000000000000000", "Vol_1_0000000000000000_0000000000000000"):
+        with pytest.raises(DaemonError) as err:
+            c.lookup([bad])
+        assert err.value.code == ErrorCode.INVALID_KEY
+    key = make_key()
+    blob = make_block(key)
+    for data in (blob[:-1], b"junk" * 20, blob[:40]):
+        with pytest.raises(DaemonError) as err:
+            c.put(key, data)
+        assert err.value.code == ErrorCode.INVALID_BLOCK
+    replies = c.pipeline([("nosuch", {}), ("lookup", {"keys": "notalist"}),
+                          ("evict", {}), ("hello", {"version": 99}), ("ping", {})])
+    assert [r.get("code") for r in replies] == [ErrorCode.UNKNOWN_OP, ErrorCode.BAD_REQUEST,
+                                                ErrorCode.BAD_REQUEST,
+                                                ErrorCode.UNSUPPORTED_VERSION, None]
+    assert not list(Path(daemon.cache_dirs[0]).rglob("passwd"))
+    errors = c.stats()["errors"]
+    assert errors[ErrorCode.INVALID_KEY] == 4 and errors[ErrorCode.INVALID_BLOCK] == 3
+
+
+def _raw(path: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(path)
+    return s
+
+
+def _read_reply(s: socket.socket) -> dict | None:
+    head = b""
+    while len(head) < 4:
+        chunk = s.recv(4 - len(head))
+        if not chunk:
+            return None
+        head += chunk
+    n = protocol.frame_length(head)
+    body = b""
+    while len(body) < n:
+        body += s.recv(n - len(body))
+    return protocol.decode_body(body)
+
+
+@pytest.mark.parametrize("garbage", [
+    b"\x00\x00\x00\x05hello",                  # not msgpack
+    b"\x00\x00\x00\x01\x93",                   # msgpack array, not a map, truncated
+    b"\x00\x00\x00\x00",                       # zero length
+    b"\xff\xff\xff\xff" + b"x" * 100,          # over MAX_FRAME
+    protocol.LENGTH.pack(3) + b"\x81\xa1a",     # a map without a request id
+])
+def test_garbage_on_the_socket(daemon, garbage):
+    good = daemon.client()
+    assert good.ping()["ok"]
+    s = _raw(daemon.socket_path)
+    try:
+        s.sendall(garbage)
+        reply = _read_reply(s)
+        assert reply is not None and reply["ok"] is False and reply["id"] == 0
+        assert _read_reply(s) is None  # closed after a frame it cannot trust
+    finally:
+        s.close()
+    assert good.ping()["ok"]  # others unaffected, the daemon is alive
+    assert daemon.proc.poll() is None
+
+
+def test_stalled_and_half_frames_do_not_block_others(daemon):
+    stalled = _raw(daemon.socket_path)
+    half = _raw(daemon.socket_path)
+    try:
+        stalled.sendall(protocol.LENGTH.pack(1000) + b"\x82")  # body never completes
+        half.sendall(b"\x00\x00")
+        half.close()  # hangs up mid-prefix
+        c = daemon.client()
+        key = make_key()
+        assert c.put(key, make_block(key))[0]
+        daemon.wait_idle()
+        assert c.lookup([key])[0] is not None
+    finally:
+        stalled.close()
+
+
+def test_restart_brings_entries_back_and_clears_tmp(daemon):
+    c = daemon.client()
+    keys = [make_key(inode=i + 1) for i in range(50)]
+    for k in keys:
+        c.put(k, make_block(k, 1000))
+    daemon.wait_idle()
+    before = c.lookup(keys)
+    tmp_leftover = Path(daemon.cache_dirs[0]) / "tmp" / "99999.1"
+    daemon.stop()
+    tmp_leftover.write_bytes(b"half a block")
+    daemon.start()
+    s = daemon.wait_rebuilt()
+    c = daemon.client()
+    assert s["entries"] == 50 and s["rebuild"]["scanned"] == 50
+    assert c.lookup(keys) == before
+    assert not tmp_leftover.exists()
+    assert s["rebuild"]["removed"] == 1
+
+
+def test_kill_during_puts_leaves_no_partial_block(daemon):
+    """kill -9 while blocks are being written; after restart every indexed
+    block is complete and authentic, and tmp/ is empty."""
+    stop = threading.Event()
+    sent = []
+
+    def writer():
+        c = Client(daemon.socket_path, timeout=2)
+        i = 0
+        while not stop.is_set():
+            k = make_key(inode=i + 1)
+            try:
+                c.put(k, make_block(k, 1 << 20))
+                sent.append(k)
+            except BlockcacheError:
+                return
+            i += 1
+        c.close()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        daemon.wait_stats(lambda s: s["writes"] >= 5, timeout=30)
+    finally:
+        daemon.kill()
+        stop.set()
+        t.join(10)
+    daemon.start()
+    daemon.wait_rebuilt()
+    c = daemon.client()
+    listed = c.list(limit=100_000)["keys"]
+    assert listed, "some writes completed before the kill"
+    for k, path in zip(listed, c.lookup(listed)):
+        with open(path, "rb") as f:
+            blockfile.unseal(k, f.read(), VOLUME_KEY, 0, 16)
+    assert list((Path(daemon.cache_dirs[0]) / "tmp").iterdir()) == []
+
+
+def _run_second(tmp_path, **kw) -> subprocess.CompletedProcess:
+    second = DaemonProcess(tmp_path / "second", **kw)
+    return subprocess.run(second.argv(), capture_output=True, text=True, timeout=20,
+                          cwd=str(Path(__file__).resolve().parents[2]))
+
+
+def test_second_daemon_on_same_dir_or_socket_is_refused(daemon, tmp_path):
+    same_dir = _run_second(tmp_path, cache_dirs=[(daemon.cache_dirs[0], "1G")])
+    assert same_dir.returncode != 0
+    assert "blockcached.lock" in same_dir.stderr and "in use" in same_dir.stderr
+    other = DaemonProcess(tmp_path / "third")
+    other.socket_path = daemon.socket_path
+    r = subprocess.run(other.argv(), capture_output=True, text=True, timeout=20)
+    assert r.returncode != 0
+    assert daemon.socket_path + ".lock" in r.stderr
+    assert daemon.client().ping()["ok"]  # the first one is untouched
+
+
+def test_sigterm_drains_and_exits_zero(daemon):
+    c = daemon.client()
+    keys = [make_key(inode=i + 1) for i in range(20)]
+    for k in keys:
+        c.put(k, make_block(k, 64 << 10))
+    assert daemon.stop() == 0
+    assert not os.path.exists(daemon.socket_path)
+    daemon.start()
+    assert daemon.wait_rebuilt()["entries"] == 20  # the queue was written before exit
+
+
+@pytest.fixture
+def shared_socket_dir():
+    """A socket dir that uid nobody can reach (pytest's tmp dirs are 0700)."""
+    d = tempfile.mkdtemp(prefix="bc-sock-")
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _as_nobody(args: list[str]) -> subprocess.CompletedProcess:
+    """Run `blockcache-cli args` in a forked child that dropped to uid/gid nobody.
+
+    Forked rather than exec'd: the venv's interpreter lives under /root,
+    which nobody cannot execute."""
+    nobody = pwd.getpwnam("nobody")
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        code = 99
+        try:
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            sys.stdout = open(1, "w", closefd=False)
+            sys.stderr = open(2, "w", closefd=False)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            try:
+                cli.main(args, prog_name="blockcache-cli")
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    with open(out_r, "rb") as f:
+        out = f.read().decode()
+    with open(err_r, "rb") as f:
+        err = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    return subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(status), out, err)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to uid nobody")
+@pytest.mark.parametrize("admin", [False, True])
+def test_admin_evictions_need_admin_peer(tmp_path, shared_socket_dir, admin):
+    nogroup = pwd.getpwnam("nobody").pw_gid
+    extra = ["--socket-group", str(nogroup)] + (["--admin-gid", str(nogroup)] if admin else [])
+    d = DaemonProcess(tmp_path, extra_args=extra)
+    d.socket_path = os.path.join(shared_socket_dir, "bc.sock")
+    with d:
+        st = os.stat(d.socket_path)
+        assert st.st_mode & 0o777 == 0o660 and st.st_gid == nogroup
+        c = d.client()
+        keys = [make_key("v", 1), make_key("v", 2), make_key("w", 1)]
+        for k in keys:
+            c.put(k, make_block(k, 100))
+        d.wait_idle()
+        cli_args = ["--socket", d.socket_path]
+        env_ok = _as_nobody(cli_args + ["ping"])
+        assert env_ok.returncode == 0, env_ok.stderr
+        r = _as_nobody(cli_args + ["evict", "--key", keys[0]])  # anyone who may connect
+        assert r.returncode == 0 and "evicted 1 block" in r.stdout, r.stderr
+        vol = _as_nobody(cli_args + ["evict", "--volume", "v"])
+        every = _as_nobody(cli_args + ["evict", "--all"])
+        if admin:
+            assert vol.returncode == 0 and every.returncode == 0
+            assert c.stats()["entries"] == 0
+        else:
+            for r in (vol, every):
+                assert r.returncode == 1
+                assert "permission_denied" in r.stderr and "Traceback" not in r.stderr
+                assert len(r.stderr.strip().splitlines()) == 1
+            assert c.stats()["entries"] == 2
+            assert c.evict(volume="v") == 1  # root is always admin
+
+
+def test_cli(daemon):
+    argv = [sys.executable, "-m", "blockcache_client.cli", "--socket", daemon.socket_path]
+
+    def run(*args):
+        return subprocess.run(argv + list(args), capture_output=True, text=True, timeout=20)
+
+    c = daemon.client()
+    keys = [make_key("cli", i + 1) for i in range(3)]
+    for k in keys:
+        c.put(k, make_block(k, 100))
+    daemon.wait_idle()
+    r = run("ping")
+    assert r.returncode == 0 and r.stdout.startswith("ok")
+    r = run("stats")
+    assert r.returncode == 0 and "entries      3" in r.stdout and daemon.cache_dirs[0] in r.stdout
+    r = run("stats", "--json")
+    s = json.loads(r.stdout)
+    assert s["entries"] == 3 and "id" not in s and "ok" not in s
+    assert set(s) >= {"entries", "used_bytes", "capacity_bytes", "hits", "misses", "puts",
+                      "put_bytes", "drops", "evictions", "rebuild", "dirs", "volumes",
+                      "connections", "errors"}
+    r = run("ls", "--volume", "cli", "--limit", "2")
+    assert r.stdout.split() == sorted(keys)[:2] and "raise --limit" in r.stderr
+    assert run("evict", "--inode", "cli", "1").stdout.strip() == "evicted 1 block"
+    r = run("evict", "--key", "../etc")
+    assert r.returncode == 1 and "invalid_key" in r.stderr and "Traceback" not in r.stderr
+    r = run("evict")
+    assert r.returncode == 2
+    assert run("evict", "--all").stdout.strip() == "evicted 2 blocks"
+    daemon.stop()
+    r = run("stats")
+    assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1
+    assert "cannot connect" in r.stderr and "Traceback" not in r.stderr

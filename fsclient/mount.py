@@ -145,7 +145,7 @@ def run(cfg: MountConfig, readiness: Readiness) -> int:
     from .fs import BlockcacheFS
 
     try:
-        mountpoint = mp.prepare(cfg.mountpoint)
+        mountpoint = mp.prepare(cfg.mountpoint, readiness.warn)
         load_key_file(cfg.key_file)
         check_daemon(cfg, readiness)
         volume = open_volume(cfg)
@@ -207,6 +207,8 @@ def run_background(argv: list[str], cfg: MountConfig, log_file: str | None,
                    ready_timeout: float = READY_TIMEOUT) -> int:
     """Start `fsclient mount --foreground` as a detached child; return once it
     reports READY (0) or fails (1, with the reason on stderr)."""
+    # Never touch a mount that was there before: only one our child made.
+    premounted = mp.is_mounted(cfg.mountpoint)
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "fsclient.cli", *argv, "--foreground", "--ready-fd", str(w)]
     out = open(log_file, "ab") if log_file else open(os.devnull, "wb")
@@ -223,7 +225,7 @@ def run_background(argv: list[str], cfg: MountConfig, log_file: str | None,
     if status == "READY":
         log.info("mounted %s on %s (pid %d)", cfg.source, cfg.mountpoint, child.pid)
         return 0
-    _reap(child, cfg.mountpoint)
+    _reap(child, None if premounted else cfg.mountpoint)
     if status == "ERROR":
         _echo(f"fsclient: error: {message}")
     elif status == "TIMEOUT":
@@ -265,15 +267,16 @@ def _await_ready(r: int, child: subprocess.Popen, timeout: float) -> tuple[str, 
                 return kind, message
 
 
-def _reap(child: subprocess.Popen, mountpoint: str) -> None:
-    """Make sure a child that failed is gone and left no mount behind."""
+def _reap(child: subprocess.Popen, mountpoint: str | None) -> None:
+    """Make sure a child that failed is gone and left no mount on `mountpoint`
+    (None: the mount point was already mounted before; leave it alone)."""
     try:
         child.wait(timeout=10)
     except subprocess.TimeoutExpired:
         child.kill()
         child.wait()
     try:
-        if mp.is_mounted(mountpoint):
+        if mountpoint is not None and mp.is_mounted(mountpoint):
             mp.unmount(mp.normalise(mountpoint), lazy=True)
     except MountError as exc:
         log.warning("%s", exc)

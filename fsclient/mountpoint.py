@@ -22,6 +22,7 @@ import stat
 import subprocess
 import threading
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from blockcache_client.errors import BlockcacheError
 
@@ -91,13 +92,14 @@ def normalise(path: str) -> str:
     return os.path.join(os.path.realpath(parent), name) if name else path
 
 
-def probe(path: str, timeout: float = PROBE_TIMEOUT) -> os.stat_result:
-    """os.stat with a timeout; raises OSError as stat does, or MountError on timeout."""
+def probe(path: str, timeout: float = PROBE_TIMEOUT, call: Callable = os.stat) -> Any:
+    """`call(path)` (os.stat) with a timeout; raises OSError as the call does, or
+    MountError on timeout."""
     result: list = []
 
     def run() -> None:
         try:
-            result.append(os.stat(path))
+            result.append(call(path))
         except OSError as exc:
             result.append(exc)
 
@@ -138,14 +140,20 @@ def unmount(path: str, lazy: bool = False) -> None:
         raise MountError(f"cannot unmount {path}: {why}{hint}")
 
 
-def prepare(path: str) -> str:
+def prepare(path: str, warn: Callable[[str], None] | None = None) -> str:
     """Check (and if needed recover) the mount point; return its normalised path.
 
     Raises MountError for a missing path, a non-directory, or a live mount.
+    `warn` receives the message about a recovered dead mount (default: the log).
     """
     path = normalise(path)
     try:
         st = probe(path)
+        entry = find_mount(path)
+        if entry is not None and entry.fstype.startswith("fuse"):
+            # stat may be answered from the kernel's attribute cache even when
+            # the FUSE process is gone; statfs always goes to the process.
+            probe(path, call=os.statvfs)
     except FileNotFoundError:
         raise MountError(f"mount point {path} does not exist; create it with "
                          f"`mkdir -p {path}`") from None
@@ -153,9 +161,9 @@ def prepare(path: str) -> str:
         if exc.errno not in DEAD_MOUNT_ERRNOS:
             raise MountError(f"cannot use mount point {path}: {exc.strerror}") from None
         entry = find_mount(path)
-        log.warning("mount point %s holds a dead FUSE mount (%s, its process died: %s); "
-                    "unmounting it lazily and mounting again",
-                    path, entry.source if entry else "unknown", exc.strerror)
+        (warn or log.warning)(f"mount point {path} holds a dead FUSE mount "
+                              f"({entry.source if entry else 'unknown'}: {exc.strerror}; its "
+                              f"process died); unmounting it lazily and mounting again")
         unmount(path, lazy=True)
         try:
             st = probe(path)

@@ -1,0 +1,117 @@
+"""MountConfig from TOML + flags: precedence, prefix TTLs, validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from blockcache_client.errors import ConfigError
+from fsclient.config import (TtlPolicy, build_config, load_toml, parse_dir_ttl_flag,
+                             split_options)
+
+BASE = {"volume": "imagenet", "source": "s3://b/p", "mountpoint": "/mnt/x", "key_file": "/k"}
+
+EXAMPLE = '''
+volume = "imagenet"
+source = "s3://bucket/prefix"
+mountpoint = "/mnt/imagenet"
+key_file = "/etc/blockcache/keys/imagenet.key"
+socket = "/run/blockcache/blockcached.sock"
+block_size = "4M"
+meta_ttl = 60.0
+allow_other = false
+readahead_blocks = 2
+[dir_ttl]
+"code/" = 0
+"notebooks/" = 0
+[storage_options]
+endpoint_url = "http://127.0.0.1:9000"
+'''
+
+
+def test_the_documented_example_loads(tmp_path):
+    p = tmp_path / "imagenet.toml"
+    p.write_text(EXAMPLE)
+    cfg = build_config(load_toml(str(p)))
+    assert cfg.volume == "imagenet" and cfg.block_size == 4 << 20
+    assert cfg.socket == "/run/blockcache/blockcached.sock"
+    assert dict(cfg.storage_options) == {"endpoint_url": "http://127.0.0.1:9000"}
+    assert cfg.ttl.ttl_for("code/a.py") == 0
+    assert cfg.ttl.ttl_for("code") == 0
+    assert cfg.ttl.ttl_for("train/0001.jpg") == 60
+    assert "allow_other" not in cfg.fuse_options() and "ro" in cfg.fuse_options()
+
+
+def test_flags_override_the_file():
+    cfg = build_config(dict(BASE, meta_ttl=60, dir_ttl={"code/": 0}),
+                       meta_ttl=5.0, block_size="1M", dir_ttl=[("code/", 2.0), ("nb", 0.0)],
+                       options=("allow_other,noexec",), source=None)
+    assert cfg.meta_ttl == 5.0 and cfg.block_size == 1 << 20
+    assert cfg.source == "s3://b/p"  # a flag not given keeps the file's value
+    assert cfg.ttl.ttl_for("code/x") == 2.0 and cfg.ttl.ttl_for("nb/y") == 0.0
+    assert cfg.allow_other and "allow_other" in cfg.fuse_options()
+    assert "noexec" in cfg.fuse_options()
+
+
+def test_longest_prefix_wins_and_prefixes_are_directories():
+    p = TtlPolicy.build(30, {"data/": 10, "/data/hot": 0, "code": 1})
+    assert p.ttl_for("data/x") == 10
+    assert p.ttl_for("data/hot/x") == 0 and p.ttl_for("data/hot") == 0
+    assert p.ttl_for("data/hotter/x") == 10  # "data/hot" is a directory, not a string prefix
+    assert p.ttl_for("codebase/x") == 30 and p.ttl_for("code/x") == 1
+    assert p.ttl_for("") == 30
+    assert TtlPolicy.build(30, {"/": 5}).ttl_for("any/thing") == 5
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"volume": "Bad_Name"}, "volume name"),
+    ({"block_size": "3K"}, "block_size"),
+    ({"block_size": "lots"}, "not a size"),
+    ({"meta_ttl": -1}, "meta_ttl"),
+    ({"meta_ttl": "soon"}, "meta_ttl"),
+    ({"dir_ttl": {"a/": "x"}}, "dir_ttl"),
+    ({"allow_other": "yes"}, "allow_other"),
+    ({"readahead_blocks": 1000}, "readahead_blocks"),
+    ({"options": ["rw"]}, "not allowed"),
+    ({"options": "allow_other"}, "options"),
+    ({"storage_options": 3}, "storage_options"),
+])
+def test_invalid_values_are_errors_that_name_the_key(bad, words):
+    with pytest.raises(ConfigError, match=words):
+        build_config(dict(BASE, **bad))
+
+
+def test_missing_required_settings_say_how_to_give_them():
+    for key, hint in (("volume", "--volume"), ("source", "SOURCE"), ("mountpoint", "MOUNTPOINT"),
+                      ("key_file", "--key-file")):
+        data = {k: v for k, v in BASE.items() if k != key}
+        with pytest.raises(ConfigError, match=hint):
+            build_config(data)
+
+
+def test_unknown_keys_and_bad_files_are_errors(tmp_path):
+    p = tmp_path / "v.toml"
+    p.write_text('volume = "v"\nmeta_tll = 3\n')
+    with pytest.raises(ConfigError, match="unknown key.*meta_tll"):
+        load_toml(str(p))
+    p.write_text("volume = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_toml(str(p))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_toml(str(tmp_path / "missing.toml"))
+
+
+def test_flag_parsers():
+    assert parse_dir_ttl_flag("code/=0") == ("code/", 0.0)
+    assert parse_dir_ttl_flag("a=b/=2.5") == ("a=b/", 2.5)
+    for bad in ("code", "code/=soon"):
+        with pytest.raises(ConfigError, match="--dir-ttl"):
+            parse_dir_ttl_flag(bad)
+    assert split_options(["a,b", " c ", ""]) == ("a", "b", "c")
+
+
+def test_config_is_frozen():
+    cfg = build_config(BASE)
+    with pytest.raises(AttributeError):
+        cfg.volume = "other"
+    with pytest.raises(TypeError):
+        cfg.storage_options["x"] = 1

@@ -114,10 +114,14 @@ class Backend:
     """One volume's remote storage: `source` resolved once by fsspec."""
 
     def __init__(self, source: str, timeout: float = DEFAULT_TIMEOUT,
-                 attempts: int = DEFAULT_ATTEMPTS, workers: int = 32, **storage_options):
+                 attempts: int = DEFAULT_ATTEMPTS, workers: int = 32,
+                 fs: fsspec.AbstractFileSystem | None = None, **storage_options):
+        """`fs`: an fsspec filesystem already built (e.g. the target of a chained
+        URL); `source` is then the root path inside it."""
         if not isinstance(source, str) or not source:
             raise ValueError(f"volume source must be an fsspec URL or path, not {source!r}")
         self.source = source
+        self._given_fs = fs
         self.timeout = float(timeout)
         self.attempts = max(1, int(attempts))
         self._workers = workers
@@ -126,10 +130,16 @@ class Backend:
         self._setup()
 
     def _setup(self) -> None:
-        try:
-            self.fs, root = fsspec.core.url_to_fs(self.source, **self._storage_options)
-        except (ImportError, ValueError, TypeError) as exc:
-            raise ValueError(f"cannot open volume source {self.source!r}: {exc}") from None
+        fs = self._given_fs
+        if fs is not None:
+            if self._pid != -1:  # forked: rebuild it the way fsspec pickles it
+                fs = self._given_fs = type(fs)(*fs.storage_args, **fs.storage_options)
+            self.fs, root = fs, fs._strip_protocol(self.source)
+        else:
+            try:
+                self.fs, root = fsspec.core.url_to_fs(self.source, **self._storage_options)
+            except (ImportError, ValueError, TypeError) as exc:
+                raise ValueError(f"cannot open volume source {self.source!r}: {exc}") from None
         self.root = root.rstrip("/")
         self._pool = concurrent.futures.ThreadPoolExecutor(
             self._workers, thread_name_prefix="blockcache-backend")

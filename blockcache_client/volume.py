@@ -31,10 +31,12 @@ same size within one mtime tick looks unchanged (version = mtime_ns-size).
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
@@ -106,8 +108,13 @@ class Volume:
         self._mem = BlockMemory(self._memory_cache_bytes)
         self._flight = SingleFlight()
         self.counters = Counters()
-        self._link = DaemonLink(self.socket_path, self.counters, self._seal,
+        # the sealer must not reference self, or the link's threads would keep us alive
+        seal = functools.partial(blockfile.seal, volume_key=self._volume_key,
+                                 chunk_size=self._chunk_size)
+        self._link = DaemonLink(self.socket_path, self.counters, seal,
                                 self._fill_queue_bytes, client_name=f"volume:{self.name}")
+        # a Volume dropped without close() must not leave its threads reconnecting forever
+        weakref.finalize(self, self._link.close, 0.2)
         self._prefetch_pool: ThreadPoolExecutor | None = None
         self._prefetch_pending = 0
         self._prefetch_lock = threading.Lock()
@@ -199,9 +206,6 @@ class Volume:
                 self._idents.clear()
             self._idents[ident] = prefix
         return prefix
-
-    def _seal(self, key: str, plaintext: bytes) -> bytes:
-        return blockfile.seal(key, plaintext, self._volume_key, self._chunk_size)
 
     def _cipher(self, key: str, head: bytes, header: BlockHeader) -> BlockCipher:
         ck = (key, head)

@@ -1,0 +1,102 @@
+"""The `blockcached::` fsspec filesystem and the `latency::` wrapper."""
+
+from __future__ import annotations
+
+import random
+
+import fsspec
+import pytest
+
+from blockcache_client.fsspec_fs import BlockcachedFileSystem
+from blockcache_client.latencyfs import LatencyFileSystem
+from tests.blockcache_client.conftest import wait_for
+
+
+def test_protocols_come_from_entry_points():
+    # registered by the package's entry points, without importing our modules first
+    assert fsspec.get_filesystem_class("blockcached") is BlockcachedFileSystem
+    assert fsspec.get_filesystem_class("latency") is LatencyFileSystem
+    # fsspec's own block cache keeps its name
+    from fsspec.implementations.cached import CachingFileSystem
+    assert fsspec.get_filesystem_class("blockcache") is CachingFileSystem
+
+
+def opts(key_file, sock, **kw):
+    return {"volume": "vol", "key_file": key_file, "socket_path": sock, "block_size": 64 << 10,
+            "skip_instance_cache": True, **kw}
+
+
+def test_chained_s3_open_cat_ls(s3_server, key_file, daemon):
+    s3 = s3_server.filesystem()
+    data = random.Random(1).randbytes(200_000)
+    s3.pipe(f"{s3_server.bucket}/fsx/dir/a.bin", data)
+    s3.pipe(f"{s3_server.bucket}/fsx/dir/b.txt", b"line1\nline2\n")
+    url = f"blockcached::s3://{s3_server.bucket}/fsx"
+    fs, root = fsspec.core.url_to_fs(url, blockcached=opts(key_file, daemon.socket_path),
+                                     s3=s3_server.storage_options)
+    assert isinstance(fs, BlockcachedFileSystem) and root == f"{s3_server.bucket}/fsx"
+    names = fs.ls(root + "/dir", detail=False)
+    assert names == [f"{root}/dir/a.bin", f"{root}/dir/b.txt"]
+    assert fs.info(root + "/dir/a.bin")["size"] == len(data)
+    assert fs.isdir(root + "/dir") and fs.isfile(root + "/dir/a.bin")
+    assert fs.cat(root + "/dir/a.bin") == data
+    assert fs.cat_file(root + "/dir/a.bin", 100, 300) == data[100:300]
+    assert fs.cat_file(root + "/dir/a.bin", -10) == data[-10:]
+    with fs.open(root + "/dir/a.bin") as f:
+        f.seek(70_000)
+        assert f.read(5) == data[70_000:70_005]
+    with fsspec.open(f"{url}/dir/b.txt", "rt", blockcached=opts(key_file, daemon.socket_path),
+                     s3=s3_server.storage_options) as f:
+        assert f.read().splitlines() == ["line1", "line2"]
+    # the volume behind it filled the daemon's cache
+    vol = fs.volume
+    wait_for(lambda: vol.cached_bytes("fsx/dir/a.bin") == len(data), what="the fill")
+    assert fs.stats()["fills_sent"] >= 4
+    fs.volume.close()
+
+
+def test_read_only(local_source, key_file, tmp_path):
+    local_source.write("a.bin", b"abc")
+    fs = fsspec.filesystem("blockcached", root=local_source.root,
+                           **opts(key_file, str(tmp_path / "none.sock")))
+    assert fs.cat(f"{local_source.root}/a.bin") == b"abc"
+    for call in (lambda: fs.open(f"{local_source.root}/b.bin", "wb"),
+                 lambda: fs.rm(f"{local_source.root}/a.bin"),
+                 lambda: fs.pipe_file(f"{local_source.root}/a.bin", b"x"),
+                 lambda: fs.mkdir(f"{local_source.root}/new")):
+        with pytest.raises(PermissionError):
+            call()
+    with pytest.raises(FileNotFoundError, match="outside the volume root"):
+        fs.cat("/etc/hostname")
+    with pytest.raises(FileNotFoundError):
+        fs.cat(f"{local_source.root}/missing")
+
+
+def test_latency_chain_counts_requests(local_source):
+    data = bytes(range(256)) * 100
+    local_source.write("x/y.bin", data)
+    fs, root = fsspec.core.url_to_fs(f"latency::file://{local_source.root}",
+                                     latency={"delay": 0.001})
+    assert isinstance(fs, LatencyFileSystem) and fs.delay == 0.001
+    assert fs.cat_file(f"{root}/x/y.bin", start=10, end=20) == data[10:20]
+    assert fs.ls(f"{root}/x", detail=False) == [f"{root}/x/y.bin"]
+    assert fs.info(f"{root}/x/y.bin")["size"] == len(data)
+    assert fs.requests == 3
+    with fs.open(f"{root}/x/y.bin") as f:
+        assert f.read() == data
+    with pytest.raises(PermissionError):
+        fs.open(f"{root}/x/z.bin", "wb")
+    with pytest.raises(ValueError):
+        LatencyFileSystem(target_protocol="file", delay=-1)
+
+
+def test_blockcached_over_latency_chain(local_source, key_file, daemon):
+    data = random.Random(2).randbytes(100_000)
+    local_source.write("img/0.jpg", data)
+    fs, root = fsspec.core.url_to_fs(f"blockcached::latency::file://{local_source.root}",
+                                     blockcached=opts(key_file, daemon.socket_path,
+                                                      root=local_source.root),
+                                     latency={"delay": 0.001})
+    assert fs.cat(f"{root}/img/0.jpg") == data
+    assert fs.stats()["backend_requests"] == 2  # two 64 KiB blocks
+    fs.volume.close()

@@ -34,6 +34,7 @@ from typing import Any, Callable
 from blockcache_client.client import Client
 from blockcache_client.errors import BlockcacheError, DaemonError, DaemonUnavailable
 from blockcache_client.keyfile import load_key_file
+from blockcache_client import latencyfs  # noqa: F401  registers latency:: (demo, bench)
 from blockcache_client import protocol
 
 from . import mountpoint as mp
@@ -203,10 +204,15 @@ async def _serve(fs: Any, mountpoint: str, readiness: Readiness) -> int:
     return 0
 
 
-def run_background(argv: list[str], cfg: MountConfig, log_file: str | None,
-                   ready_timeout: float = READY_TIMEOUT) -> int:
-    """Start `fsclient mount --foreground` as a detached child; return once it
-    reports READY (0) or fails (1, with the reason on stderr)."""
+def spawn(argv: list[str], cfg: MountConfig, log_file: str | None,
+          ready_timeout: float = READY_TIMEOUT,
+          detach: bool = True) -> tuple[subprocess.Popen | None, str | None]:
+    """Start `fsclient <argv> --foreground` as a child and wait for readiness.
+
+    Returns (child, None) once it is READY, or (None, reason) after making
+    sure the failed child is gone and left nothing mounted. `detach` puts the
+    child in its own session (a terminal's Ctrl-C does not reach it).
+    """
     # Never touch a mount that was there before: only one our child made.
     premounted = mp.is_mounted(cfg.mountpoint)
     r, w = os.pipe()
@@ -214,7 +220,7 @@ def run_background(argv: list[str], cfg: MountConfig, log_file: str | None,
     out = open(log_file, "ab") if log_file else open(os.devnull, "wb")
     try:
         child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                 pass_fds=(w,), start_new_session=True, close_fds=True)
+                                 pass_fds=(w,), start_new_session=detach, close_fds=True)
     finally:
         os.close(w)
         out.close()
@@ -224,19 +230,27 @@ def run_background(argv: list[str], cfg: MountConfig, log_file: str | None,
         os.close(r)
     if status == "READY":
         log.info("mounted %s on %s (pid %d)", cfg.source, cfg.mountpoint, child.pid)
-        return 0
+        return child, None
     _reap(child, None if premounted else cfg.mountpoint)
     if status == "ERROR":
-        _echo(f"fsclient: error: {message}")
-    elif status == "TIMEOUT":
-        _echo(f"fsclient: error: the mount of {cfg.mountpoint} did not become ready within "
-              f"{ready_timeout:g}s; run with --foreground to see why")
-    else:
-        code = child.returncode
-        _echo(f"fsclient: error: the mount process exited (code {code}) before "
-              f"{cfg.mountpoint} was ready; run with --foreground"
-              + (f" or see {log_file}" if log_file else "") + " to see why")
-    return 1
+        return None, message
+    if status == "TIMEOUT":
+        return None, (f"the mount of {cfg.mountpoint} did not become ready within "
+                      f"{ready_timeout:g}s; run with --foreground to see why")
+    return None, (f"the mount process exited (code {child.returncode}) before "
+                  f"{cfg.mountpoint} was ready; run with --foreground"
+                  + (f" or see {log_file}" if log_file else "") + " to see why")
+
+
+def run_background(argv: list[str], cfg: MountConfig, log_file: str | None,
+                   ready_timeout: float = READY_TIMEOUT) -> int:
+    """`fsclient mount` without --foreground: 0 once the child is READY, else 1
+    with the reason on stderr."""
+    child, why = spawn(argv, cfg, log_file, ready_timeout)
+    if child is None:
+        _echo(f"fsclient: error: {why}")
+        return 1
+    return 0
 
 
 def _echo(line: str) -> None:

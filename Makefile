@@ -12,7 +12,7 @@ EXTRAS  := fuse,s3,metrics,test
 SYSPKGS := fuse3 libfuse3-dev pkg-config
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup sysdeps test demo bench clean
+.PHONY: setup sysdeps test demo bench clean install-systemd
 
 setup: $(STAMP)
 
@@ -42,6 +42,35 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# Bare metal (docs/deploy.md): units, example configs and the blockcache user.
+# BINDIR is where the blockcached/fsclient scripts are (a venv's bin/). Never
+# overwrites an existing config; DESTDIR installs into a staging root.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
+DOCDIR     ?= $(PREFIX)/share/doc/blockcache
+ETCDIR     := $(DESTDIR)$(SYSCONFDIR)/blockcache
+
+install-systemd:
+	install -d $(DESTDIR)$(UNITDIR) $(ETCDIR)/volumes $(DESTDIR)$(SYSCONFDIR)/sysusers.d $(DESTDIR)$(DOCDIR)
+	install -d -m 0700 $(ETCDIR)/keys
+	for u in blockcached.service fsclient@.service; do \
+	  sed -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/usr/local/share/doc/blockcache/|$(DOCDIR)/|g' \
+	    systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u && chmod 0644 $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
+	done
+	install -m 0644 systemd/blockcache.sysusers.conf $(DESTDIR)$(SYSCONFDIR)/sysusers.d/blockcache.conf
+	install -m 0644 systemd/blockcached.toml.example $(ETCDIR)/blockcached.toml.example
+	install -m 0644 systemd/volume.toml.example $(ETCDIR)/volumes/volume.toml.example
+	[ -e $(ETCDIR)/blockcached.toml ] || install -m 0644 systemd/blockcached.toml.example $(ETCDIR)/blockcached.toml
+	install -m 0644 docs/deploy.md $(DESTDIR)$(DOCDIR)/deploy.md
+	@for b in blockcached fsclient; do [ -x $(BINDIR)/$$b ] || \
+	  echo "warning: $(BINDIR)/$$b missing: install the package there or set BINDIR"; done
+	@if [ -z "$(DESTDIR)" ] && command -v systemd-sysusers >/dev/null; then \
+	  systemd-sysusers $(SYSCONFDIR)/sysusers.d/blockcache.conf; fi
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then \
+	  echo systemctl daemon-reload; systemctl daemon-reload; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

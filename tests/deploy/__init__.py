@@ -1,0 +1,1 @@
+"""Deployment tests: systemd units (bare metal) and Kubernetes manifests."""

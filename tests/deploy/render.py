@@ -1,0 +1,81 @@
+"""Render a kustomization into a list of Kubernetes objects (dicts).
+
+With kubectl: `kubectl kustomize DIR`, exactly what `kubectl apply -k` sends.
+Without it: the same from PyYAML over the files, for the subset of kustomize
+our kustomizations use (resources, configMapGenerator with files, namespace,
+images); generated names then lack the content hash, and references to them
+are left as written, which is what kustomize rewrites them from.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+_SUPPORTED = {"apiVersion", "kind", "namespace", "resources", "configMapGenerator", "images"}
+_CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
+
+
+def kubectl() -> str | None:
+    """Path of kubectl, or None."""
+    return shutil.which("kubectl")
+
+
+def render(directory: Path) -> list[dict]:
+    """The objects of the kustomization in `directory`."""
+    exe = kubectl()
+    if exe:
+        out = subprocess.run([exe, "kustomize", str(directory)], check=True,
+                             capture_output=True, text=True, timeout=60).stdout
+        return [d for d in yaml.safe_load_all(out) if d]
+    return render_without_kubectl(directory)
+
+
+def render_without_kubectl(directory: Path) -> list[dict]:
+    """PyYAML fallback of `render` (see the module docstring)."""
+    kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    unknown = set(kust) - _SUPPORTED
+    if unknown:
+        raise ValueError(f"{directory}/kustomization.yaml uses {sorted(unknown)}, which "
+                         f"the PyYAML fallback does not render; install kubectl")
+    objs = []
+    for res in kust.get("resources", []):
+        objs += [d for d in yaml.safe_load_all((directory / res).read_text()) if d]
+    for gen in kust.get("configMapGenerator", []):
+        data = {}
+        for f in gen.get("files", []):
+            key, _, name = f.partition("=") if "=" in f else (Path(f).name, "", f)
+            data[key] = (directory / name).read_text()
+        objs.append({"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": gen["name"]}, "data": data})
+    images = {i["name"]: i for i in kust.get("images", [])}
+    for obj in objs:
+        if "namespace" in kust and obj["kind"] not in _CLUSTER_SCOPED:
+            obj["metadata"]["namespace"] = kust["namespace"]
+        for c in containers(obj):
+            img = images.get(c["image"])
+            if img:
+                c["image"] = f'{img.get("newName", img["name"])}:{img["newTag"]}'
+    return objs
+
+
+def pod_spec(obj: dict) -> dict | None:
+    """The pod spec inside a workload object, or None."""
+    spec = obj.get("spec", {})
+    return spec.get("template", {}).get("spec") if "template" in spec else None
+
+
+def containers(obj: dict) -> list[dict]:
+    """Init and regular containers of a workload object."""
+    ps = pod_spec(obj) or {}
+    return ps.get("initContainers", []) + ps.get("containers", [])
+
+
+def one(objs: list[dict], kind: str) -> dict:
+    """The only object of `kind`."""
+    found = [o for o in objs if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]

@@ -1,0 +1,240 @@
+"""The Kubernetes manifests render, parse into client models, and agree.
+
+The DaemonSet, its ConfigMap and the example training pod are three views of
+one node: the same socket, the same cache dir at the same path (readers open
+block files at the paths the daemon reports), the key from a Secret.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+import tomllib
+
+import pytest
+
+from tests.deploy.k8s_models import round_trip
+from tests.deploy.paths import DAEMONSET, EXAMPLE
+from tests.deploy.render import (containers, kubectl, one, pod_spec, render,
+                                 render_without_kubectl)
+
+GPU_TAINT = "nvidia.com/gpu"
+
+
+@pytest.fixture(scope="module")
+def daemon_objs():
+    return render(DAEMONSET)
+
+
+@pytest.fixture(scope="module")
+def example_objs():
+    return render(EXAMPLE)
+
+
+@pytest.fixture(scope="module")
+def ds(daemon_objs):
+    return one(daemon_objs, "DaemonSet")
+
+
+@pytest.fixture(scope="module")
+def job(example_objs):
+    return one(example_objs, "Job")
+
+
+def configmap_for(objs: list[dict], pod: dict, volume_name: str) -> dict:
+    """The rendered ConfigMap that a pod's configMap volume points at."""
+    name = volume(pod, volume_name)["configMap"]["name"]
+    return next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name)
+
+
+def volume(pod: dict, name: str) -> dict:
+    return next(v for v in pod_spec(pod)["volumes"] if v["name"] == name)
+
+
+def container(obj: dict, name: str) -> dict:
+    return next(c for c in containers(obj) if c["name"] == name)
+
+
+def mount(c: dict, volume_name: str) -> dict:
+    return next(m for m in c.get("volumeMounts", []) if m["name"] == volume_name)
+
+
+def mounts_of_hostpath(obj: dict, host_path: str) -> list[tuple[dict, dict]]:
+    """(container, volumeMount) for every mount of the hostPath `host_path`."""
+    names = {v["name"] for v in pod_spec(obj)["volumes"]
+             if v.get("hostPath", {}).get("path") == host_path}
+    return [(c, m) for c in containers(obj) for m in c.get("volumeMounts", [])
+            if m["name"] in names]
+
+
+def env(c: dict, name: str) -> str:
+    return next(e["value"] for e in c.get("env", []) if e["name"] == name)
+
+
+def config_path_arg(c: dict) -> str:
+    words = shlex.split(" ".join(c["command"]))
+    return words[words.index("--config") + 1]
+
+
+def daemon_config(daemon_objs, ds) -> dict:
+    cm = configmap_for(daemon_objs, ds, "config")
+    daemon = container(ds, "blockcached")
+    path = config_path_arg(daemon)
+    m = mount(daemon, "config")
+    assert posixpath.dirname(path) == m["mountPath"], "--config is not in the ConfigMap mount"
+    return tomllib.loads(cm["data"][posixpath.basename(path)])
+
+
+def volume_config(example_objs, job) -> dict:
+    cm = configmap_for(example_objs, job, "volume-config")
+    sidecar = container(job, "fsclient")
+    path = config_path_arg(sidecar)
+    assert posixpath.dirname(path) == mount(sidecar, "volume-config")["mountPath"]
+    return tomllib.loads(cm["data"][posixpath.basename(path)])
+
+
+@pytest.mark.parametrize("directory", [DAEMONSET, EXAMPLE], ids=["daemonset", "example"])
+def test_every_object_parses_into_client_models_unchanged(directory):
+    objs = render(directory)
+    assert objs
+    for obj in objs:
+        assert round_trip(obj) == obj, (
+            f"{obj['kind']} {obj['metadata']['name']}: a field is unknown to the "
+            f"Kubernetes API or has the wrong type (the client dropped or changed it)")
+
+
+def test_daemonset_kinds(daemon_objs):
+    kinds = sorted(o["kind"] for o in daemon_objs)
+    assert kinds == ["ConfigMap", "DaemonSet", "Namespace", "PriorityClass", "ServiceAccount"]
+    ns = one(daemon_objs, "Namespace")["metadata"]["name"]
+    for o in daemon_objs:
+        if o["kind"] not in ("Namespace", "PriorityClass"):
+            assert o["metadata"]["namespace"] == ns
+
+
+def test_socket_path_agrees_everywhere(daemon_objs, example_objs, ds, job):
+    sock = daemon_config(daemon_objs, ds)["socket"]
+    daemon, sidecar = container(ds, "blockcached"), container(job, "fsclient")
+    assert env(daemon, "BLOCKCACHE_SOCKET") == sock      # what the probes use
+    assert env(sidecar, "BLOCKCACHE_SOCKET") == sock
+    assert volume_config(example_objs, job)["socket"] == sock
+    sock_dir = posixpath.dirname(sock)
+    host_dirs = set()
+    for obj, c in ((ds, daemon), (job, sidecar)):
+        m = next(m for m in c["volumeMounts"] if m["mountPath"] == sock_dir)
+        host_dirs.add(volume(obj, m["name"])["hostPath"]["path"])
+    assert host_dirs == {sock_dir}, "daemon and pods must share the host's socket dir"
+
+
+def test_cache_dirs_agree_and_pods_mount_them_read_only(daemon_objs, ds, job):
+    daemon = container(ds, "blockcached")
+    cache_dirs = [d["path"] for d in daemon_config(daemon_objs, ds)["cache_dirs"]]
+    assert cache_dirs
+    for path in cache_dirs:
+        m = next(m for m in daemon["volumeMounts"] if m["mountPath"] == path)
+        assert not m.get("readOnly"), "the daemon writes its cache dir"
+        host = volume(ds, m["name"])["hostPath"]["path"]
+        pod_mounts = mounts_of_hostpath(job, host)
+        assert pod_mounts, f"the example pod does not mount the cache dir {host}"
+        for c, pm in pod_mounts:
+            # Same container path as the daemon's: readers open block files
+            # at the paths the daemon reports in `hello`.
+            assert pm["mountPath"] == path, c["name"]
+            assert pm.get("readOnly") is True, f"{c['name']} mounts the cache dir writable"
+        assert "fsclient" in {c["name"] for c, _ in pod_mounts}
+
+
+def test_volume_key_comes_from_a_secret_by_reference(example_objs, daemon_objs, job):
+    assert not [o for o in example_objs + daemon_objs if o["kind"] == "Secret"], \
+        "a Secret with key material is in the manifests"
+    key_vol = volume(job, "volume-key")
+    assert key_vol["secret"]["secretName"]
+    assert key_vol["secret"]["defaultMode"] == 0o400
+    m = mount(container(job, "fsclient"), "volume-key")
+    assert m.get("readOnly") is True
+    paths = {posixpath.join(m["mountPath"], i["path"]) for i in key_vol["secret"]["items"]}
+    assert volume_config(example_objs, job)["key_file"] in paths
+
+
+def test_daemon_has_requests_and_no_memory_limit(ds):
+    res = container(ds, "blockcached")["resources"]
+    assert {"cpu", "memory"} <= set(res["requests"])
+    assert "memory" not in res.get("limits", {})
+
+
+def test_pods_land_on_gpu_nodes(ds, job):
+    for obj in (ds, job):
+        tolerations = pod_spec(obj)["tolerations"]
+        assert any(t["key"] == GPU_TAINT and t["operator"] == "Exists" for t in tolerations)
+    assert pod_spec(ds)["nodeSelector"] == pod_spec(job)["nodeSelector"]
+
+
+def test_daemonset_rollout_probes_priority(daemon_objs, ds):
+    strategy = ds["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"]["maxUnavailable"] == 1
+    spec = pod_spec(ds)
+    assert spec["priorityClassName"] == one(daemon_objs, "PriorityClass")["metadata"]["name"]
+    assert spec["serviceAccountName"] == one(daemon_objs, "ServiceAccount")["metadata"]["name"]
+    assert spec["terminationGracePeriodSeconds"] >= 10
+    daemon = container(ds, "blockcached")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert daemon[probe]["exec"]["command"] == ["blockcache-cli", "ping"]
+    sc = daemon["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["capabilities"]["drop"] == ["ALL"]
+
+
+def test_example_pod_fuse_sidecar_and_propagation(example_objs, job):
+    spec = pod_spec(job)
+    sidecar, trainer = container(job, "fsclient"), container(job, "trainer")
+    assert sidecar in spec["initContainers"] and sidecar["restartPolicy"] == "Always"
+    assert sidecar["securityContext"]["privileged"] is True   # the API's rule for Bidirectional
+    shared = mount(sidecar, "datasets")
+    assert shared["mountPropagation"] == "Bidirectional"
+    t = mount(trainer, "datasets")
+    assert t["mountPropagation"] == "HostToContainer" and t["mountPath"] == shared["mountPath"]
+    mountpoint = volume_config(example_objs, job)["mountpoint"]
+    assert mountpoint.startswith(shared["mountPath"] + "/")
+    assert sidecar["startupProbe"]["exec"]["command"][-1] == mountpoint
+    assert volume(job, "dev-fuse")["hostPath"]["path"] == "/dev/fuse"
+    assert mount(sidecar, "dev-fuse")["mountPath"] == "/dev/fuse"
+    assert not trainer.get("securityContext", {}).get("privileged")
+    assert trainer["securityContext"]["runAsNonRoot"] is True
+    # The trainer runs as another uid than the root-run fsclient.
+    assert volume_config(example_objs, job)["allow_other"] is True
+
+
+@pytest.mark.parametrize("directory", [DAEMONSET, EXAMPLE], ids=["daemonset", "example"])
+def test_fallback_renderer_matches_kubectl(directory):
+    """Where kubectl is missing the tests render with PyYAML; it must agree."""
+    if not kubectl():
+        pytest.skip("kubectl not installed: nothing to compare the PyYAML renderer with")
+    hashed = render(directory)
+    plain = render_without_kubectl(directory)
+    renames = {}
+    for o in hashed:
+        if o["kind"] == "ConfigMap":
+            name = o["metadata"]["name"]
+            renames[name] = name.rsplit("-", 1)[0]
+            o["metadata"]["name"] = renames[name]
+    for o in hashed:
+        for v in (pod_spec(o) or {}).get("volumes", []):
+            if "configMap" in v:
+                v["configMap"]["name"] = renames[v["configMap"]["name"]]
+    key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
+    assert sorted(hashed, key=key) == sorted(plain, key=key)
+
+
+def test_rendered_configs_load_in_the_real_loaders(daemon_objs, example_objs, ds, job, tmp_path):
+    """The ConfigMaps as applied: only keys the daemon and fsclient know."""
+    dconfig = pytest.importorskip("blockcached.config", reason="blockcached is not installed")
+    vconfig = pytest.importorskip("fsclient.config", reason="fsclient is not installed")
+    daemon_toml = configmap_for(daemon_objs, ds, "config")["data"]["blockcached.toml"]
+    (tmp_path / "d.toml").write_text(daemon_toml)
+    cfg = dconfig.build(dconfig.load_file(str(tmp_path / "d.toml")), {})
+    assert [d.path for d in cfg.cache_dirs] == [
+        d["path"] for d in tomllib.loads(daemon_toml)["cache_dirs"]]
+    volume_toml = configmap_for(example_objs, job, "volume-config")["data"]["volume.toml"]
+    (tmp_path / "v.toml").write_text(volume_toml)
+    vcfg = vconfig.build_config(vconfig.load_toml(str(tmp_path / "v.toml")))
+    assert vcfg.socket == cfg.socket

@@ -1,0 +1,79 @@
+"""Install the systemd units into a staging root and read them back.
+
+`install` runs the real `make install-systemd` with DESTDIR, pointing BINDIR
+at the venv that runs the tests, so ExecStart= names binaries that exist
+(systemd-analyze verify insists) and the daemon test can run ExecStart as is.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.deploy.paths import BIN, REPO
+
+UNITDIR = "usr/local/lib/systemd/system"
+ETC = "etc/blockcache"
+
+
+@dataclass(frozen=True)
+class Installed:
+    """Paths of one `make install-systemd DESTDIR=root`."""
+
+    root: Path
+
+    @property
+    def unitdir(self) -> Path:
+        return self.root / UNITDIR
+
+    @property
+    def etc(self) -> Path:
+        return self.root / ETC
+
+    def unit(self, name: str) -> Path:
+        return self.unitdir / name
+
+
+def install(root: Path) -> Installed:
+    """Run `make install-systemd` into `root`; CalledProcessError shows make's output."""
+    if not shutil.which("make"):
+        raise RuntimeError("make is not installed")
+    subprocess.run(["make", "-s", "-C", str(REPO), "install-systemd", f"DESTDIR={root}",
+                    f"BINDIR={BIN}"], check=True, capture_output=True, text=True, timeout=60)
+    return Installed(root)
+
+
+def parse_unit(path: Path) -> list[tuple[str, str, str]]:
+    """(section, key, value) for every assignment, in order (keys may repeat)."""
+    out, section = [], ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        key, sep, value = line.partition("=")
+        assert sep, f"{path}: not an assignment: {raw!r}"
+        out.append((section, key.strip(), value.strip()))
+    return out
+
+
+def values(path: Path, key: str, section: str = "Service") -> list[str]:
+    """Every value assigned to `key` in `section`."""
+    return [v for s, k, v in parse_unit(path) if s == section and k == key]
+
+
+def value(path: Path, key: str, section: str = "Service") -> str:
+    """The last value assigned to `key` (what systemd uses for single-valued keys)."""
+    found = values(path, key, section)
+    assert found, f"{path.name}: [{section}] {key}= is not set"
+    return found[-1]
+
+
+def exec_start(path: Path) -> list[str]:
+    """ExecStart= split into argv."""
+    return shlex.split(value(path, "ExecStart"))

@@ -1,0 +1,298 @@
+"""Benchmark of the read-through reader (`Volume`) against fsspec's caches.
+
+    python -m bench.reader [--files 3000] [--dirs 30] [--delay 0.002] [--threads 1]
+
+Prints, measured in one run on this machine:
+
+1. An ImageNet-like set (~110 KiB files in ~30 dirs) on local disk, served
+   as a remote 2 ms away per request (`latency::file://...`), read in two
+   epochs (cold, then warm) by `--threads` reader threads through:
+   the backend directly, fsspec `simplecache`, fsspec `blockcache`, and
+   `Volume` with a real `blockcached`. Every reader opens each file, reads it
+   whole and checks its length; plus plain local-disk reads of the same
+   files (page cache warm) as the ceiling.
+2. Hit-path throughput for 128 KiB and 4 MiB blocks: `Volume.read` of cached
+   blocks (memory LRU off, so every read opens, reads and decrypts a block
+   file) against raw open + read + AES-GCM decrypt of the same block files
+   with ready ciphers.
+3. The ciphertext decrypted by a 4 KiB random read of a cached 4 MiB block.
+
+Targets: warm Volume >= 1.0x simplecache warm and >= 50% of local-disk reads;
+cold Volume >= 1.0x every fsspec cache's cold; 4 MiB hit >= 50% and 128 KiB
+hit >= 40% of raw; a 4 KiB read of a 4 MiB block decrypts <= 64 KiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import fsspec
+
+from blockcache_client import blockfile
+from blockcache_client.blockfile import HEADER_SIZE, TAG_SIZE, BlockHeader
+from blockcache_client.keyfile import generate_key_file, load_key_file
+from blockcache_client.latencyfs import LatencyFileSystem
+from blockcache_client.layout import Layout
+from blockcache_client.volume import Volume
+from tests.support.daemon import DaemonProcess
+
+KIB = 1 << 10
+MIB = 1 << 20
+
+
+def make_dataset(root: str, files: int, dirs: int, seed: int = 0) -> list[tuple[str, int]]:
+    """`files` files of 90-130 KiB (mean ~110 KiB) of random bytes in `dirs` dirs."""
+    rng = random.Random(seed)
+    blob = os.urandom(256 * KIB)
+    out = []
+    for i in range(files):
+        rel = f"class{i % dirs:03d}/img{i:06d}.jpg"
+        size = rng.randint(90 * KIB, 130 * KIB)
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        start = rng.randrange(0, len(blob) - size)
+        with open(path, "wb") as f:
+            f.write(i.to_bytes(8, "big") + blob[start:start + size - 8])
+        out.append((rel, size))
+    return out
+
+
+def drop_page_cache_hint() -> None:
+    os.sync()
+
+
+def run_epoch(read_one, items, threads: int) -> float:
+    """Files per second reading every item once with `threads` threads."""
+    order = list(items)
+    random.Random(len(order)).shuffle(order)
+    t0 = time.perf_counter()
+    if threads <= 1:
+        for it in order:
+            read_one(it)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            for _ in pool.map(read_one, order, chunksize=16):
+                pass
+    return len(order) / (time.perf_counter() - t0)
+
+
+def check(rel: str, data: bytes, size: int) -> None:
+    if len(data) != size:
+        raise AssertionError(f"{rel}: read {len(data)} bytes, expected {size}")
+
+
+def bench_epochs(args, work: str) -> dict[str, tuple[float, float]]:
+    src = os.path.join(work, "src")
+    items = make_dataset(src, args.files, args.dirs)
+    remote_opts = {"delay": args.delay}
+    results: dict[str, tuple[float, float]] = {}
+
+    def remote():
+        return LatencyFileSystem(target_protocol="file", delay=args.delay)
+
+    def two_epochs(name, read_one, after_cold=None):
+        cold = run_epoch(read_one, items, args.threads)
+        if after_cold:
+            after_cold()
+        warm = run_epoch(read_one, items, args.threads)
+        results[name] = (cold, warm)
+        print(f"  {name:<14} cold {cold:9.0f} files/s   warm {warm:9.0f} files/s", flush=True)
+
+    # the ceiling: plaintext from local disk (page cache warm after the first epoch)
+    def local(it):
+        rel, size = it
+        with open(os.path.join(src, rel), "rb") as f:
+            check(rel, f.read(), size)
+    two_epochs("local-disk", local)
+
+    fs = remote()
+
+    def direct(it):
+        rel, size = it
+        with fs.open(f"{src}/{rel}", "rb", block_size=256 * KIB) as f:
+            check(rel, f.read(), size)
+    two_epochs("backend", direct)
+
+    for kind in ("simplecache", "blockcache"):
+        cache = os.path.join(work, kind)
+        cfs = fsspec.filesystem(kind, fs=remote(), cache_storage=cache, skip_instance_cache=True)
+
+        def cached(it, cfs=cfs):
+            rel, size = it
+            with cfs.open(f"{src}/{rel}", "rb") as f:
+                check(rel, f.read(), size)
+        two_epochs(kind, cached)
+
+    key_file = os.path.join(work, "bench.key")
+    generate_key_file(key_file)
+    os.makedirs(os.path.join(work, "d1"))
+    with DaemonProcess(os.path.join(work, "d1"), cache_dirs=[(os.path.join(work, "cache1"), "4G")]) as d:
+        vol = Volume("bench", f"latency::file://{src}", key_file, socket_path=d.socket_path,
+                     latency=remote_opts)
+
+        def through_volume(it):
+            rel, size = it
+            with vol.open(rel) as f:
+                check(rel, f.read(), size)
+
+        def settle():
+            vol.wait_fills(60)
+            d.wait_idle(60)
+        two_epochs("Volume", through_volume, settle)
+        s = vol.stats()
+        print(f"  Volume stats: hits {s['hits']} (from memory {s['memory_hits']}) misses {s['misses']} fills_sent {s['fills_sent']} "
+              f"fills_dropped {s['fills_dropped']} backend_requests {s['backend_requests']} "
+              f"integrity_failures {s['integrity_failures']}")
+        vol.close()
+    return results
+
+
+def bench_hit_path(args, work: str) -> dict[int, tuple[float, float]]:
+    """MB/s of Volume hits vs raw open+read+decrypt, per block size."""
+    key_file = os.path.join(work, "hit.key")
+    generate_key_file(key_file)
+    vk = load_key_file(key_file)
+    out = {}
+    for bs, count in ((128 * KIB, 400), (4 * MIB, 24)):
+        src = os.path.join(work, f"hit-src-{bs}")
+        os.makedirs(src)
+        rels = []
+        for i in range(count):
+            rel = f"f{i:04d}.bin"
+            with open(os.path.join(src, rel), "wb") as f:
+                f.write(os.urandom(bs))
+            rels.append(rel)
+        os.makedirs(os.path.join(work, f"dh{bs}"))
+        with DaemonProcess(os.path.join(work, f"dh{bs}"),
+                           cache_dirs=[(os.path.join(work, f"hcache{bs}"), "4G")]) as d:
+            vol = Volume("hit", src, key_file, socket_path=d.socket_path, block_size=bs,
+                         memory_cache_bytes=0)
+            for rel in rels:
+                vol.read(rel, 0, bs)
+            vol.wait_fills(60)
+            d.wait_idle(60)
+            layout = Layout.from_wire(d.client().hello()["layout"])
+            infos = {rel: vol.stat(rel) for rel in rels}
+            keys = {rel: vol._key_prefix(rel, infos[rel].version) + format(0, "016x")
+                    for rel in rels}
+            paths = {rel: layout.path(keys[rel]) for rel in rels}
+            assert all(os.path.exists(p) for p in paths.values()), "blocks were not cached"
+            ciphers = {}
+            for rel in rels:
+                with open(paths[rel], "rb") as f:
+                    h = BlockHeader.parse(f.read(HEADER_SIZE))
+                ciphers[rel] = blockfile.BlockCipher(h, keys[rel], vk)
+
+            def raw_pass():
+                for rel in rels:
+                    with open(paths[rel], "rb") as f:
+                        blob = f.read()
+                    c = ciphers[rel]
+                    c.open_chunks(0, c.header.nchunks, memoryview(blob)[HEADER_SIZE:])
+
+            def volume_pass():
+                for rel in rels:
+                    if len(vol.read(rel, 0, bs, infos[rel])) != bs:
+                        raise AssertionError(rel)
+
+            rounds = max(3, (256 * MIB) // (bs * count))
+            raw = best_rate(raw_pass, rounds, bs * count)
+            ours = best_rate(volume_pass, rounds, bs * count)
+            before = vol.stats()
+            volume_pass()
+            after = vol.stats()
+            assert after["misses"] == before["misses"], "hit-path run had misses"
+            out[bs] = (ours, raw)
+            print(f"  {bs // KIB:>5} KiB blocks: Volume {ours / MIB:8.0f} MiB/s   raw "
+                  f"{raw / MIB:8.0f} MiB/s   ratio {ours / raw:5.2f}", flush=True)
+            if bs == 4 * MIB:
+                out["decrypt4k"] = decrypted_by_4k_reads(vol, rels, infos)
+            vol.close()
+    return out
+
+
+def best_rate(fn, rounds: int, nbytes: int) -> float:
+    fn()  # warm the page cache and the cipher cache
+    best = 0.0
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        best = max(best, nbytes / (time.perf_counter() - t0))
+    return best
+
+
+def decrypted_by_4k_reads(vol, rels, infos) -> int:
+    """Largest ciphertext decrypted by one 4 KiB random read of a cached 4 MiB block."""
+    real = blockfile.BlockCipher.open_chunks
+    seen = []
+
+    def counting(self, first, end, data):
+        seen.append(len(data))
+        return real(self, first, end, data)
+    blockfile.BlockCipher.open_chunks = counting
+    try:
+        rng = random.Random(4)
+        for _ in range(200):
+            rel = rng.choice(rels)
+            off = rng.randrange(0, 4 * MIB - 4 * KIB, 4 * KIB)
+            vol.read(rel, off, 4 * KIB, infos[rel])
+    finally:
+        blockfile.BlockCipher.open_chunks = real
+    worst = max(seen)
+    print(f"  4 KiB random read of a cached 4 MiB block decrypts at most {worst} bytes "
+          f"({(worst - TAG_SIZE) // KIB} KiB + tag) over {len(seen)} reads", flush=True)
+    return worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", type=int, default=3000)
+    ap.add_argument("--dirs", type=int, default=30)
+    ap.add_argument("--delay", type=float, default=0.002, help="seconds per remote request")
+    # 1 by default: fsspec's blockcache is not thread-safe (KeyError in its
+    # metadata on close when files are opened from several threads)
+    ap.add_argument("--threads", type=int, default=1, help="reader threads per epoch")
+    ap.add_argument("--dir", default=None, help="work dir (default: a temp dir, removed)")
+    ap.add_argument("--skip-epochs", action="store_true")
+    args = ap.parse_args()
+    work = args.dir or tempfile.mkdtemp(prefix="bench-reader-")
+    try:
+        print(f"reader benchmark: {args.files} files in {args.dirs} dirs, remote "
+              f"{args.delay * 1000:g} ms/request, {args.threads} threads")
+        ratios = []
+        if not args.skip_epochs:
+            r = bench_epochs(args, work)
+            vc, vw = r["Volume"]
+            ratios += [
+                ("warm Volume / simplecache warm", vw / r["simplecache"][1], 1.0),
+                ("warm Volume / local-disk", vw / r["local-disk"][1], 0.5),
+                ("cold Volume / simplecache cold", vc / r["simplecache"][0], 1.0),
+                ("cold Volume / blockcache cold", vc / r["blockcache"][0], 1.0),
+                ("warm Volume / blockcache warm", vw / r["blockcache"][1], None),
+                ("cold Volume / backend", vc / r["backend"][0], None),
+            ]
+        print("hit path (memory LRU off):")
+        h = bench_hit_path(args, work)
+        ratios += [("4 MiB hit / raw", h[4 * MIB][0] / h[4 * MIB][1], 0.5),
+                   ("128 KiB hit / raw", h[128 * KIB][0] / h[128 * KIB][1], 0.4)]
+        print("ratios:")
+        for name, value, target in ratios:
+            verdict = "" if target is None else ("  ok" if value >= target else
+                                                 f"  MISSED (target >= {target:g})")
+            print(f"  {name:<34} {value:6.2f}x{verdict}")
+        limit = 64 * KIB + TAG_SIZE
+        print(f"  {'4 KiB read decrypts':<34} {h['decrypt4k']:6d} B"
+              f"{'  ok' if h['decrypt4k'] <= limit else '  MISSED (target <= 64 KiB)'}")
+    finally:
+        if args.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

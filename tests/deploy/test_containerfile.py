@@ -1,0 +1,89 @@
+"""The Containerfile builds what the manifests run (checked without a build).
+
+No container engine runs here, so this reads the Containerfile: a pinned
+base, the project with the extras the pods need, fuse3, a non-root user
+that is the DaemonSet's, and a build context that holds every package.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+import pytest
+
+from tests.deploy.paths import DAEMONSET, REPO
+from tests.deploy.render import containers, one, pod_spec, render
+
+CONTAINERFILE = DAEMONSET / "Containerfile"
+IGNORE = DAEMONSET / "Containerfile.dockerignore"
+
+
+@pytest.fixture(scope="module")
+def lines():
+    text = CONTAINERFILE.read_text().replace("\\\n", " ")
+    return [line.strip() for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+@pytest.fixture(scope="module")
+def pyproject():
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def final_stage(lines: list[str]) -> list[str]:
+    last = max(i for i, line in enumerate(lines) if line.startswith("FROM "))
+    return lines[last:]
+
+
+def test_base_images_are_pinned(lines):
+    args = dict(re.match(r"ARG (\w+)=(\S+)", line).groups() for line in lines
+                if re.match(r"ARG \w+=", line))
+    froms = [line.split()[1] for line in lines if line.startswith("FROM ")]
+    assert len(froms) >= 2, "expected a build stage and a runtime stage"
+    for ref in froms:
+        ref = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], ref)
+        pinned = "@sha256:" in ref or re.search(r":\d+\.\d+\.\d+(-[a-z0-9-]+)?$", ref)
+        assert pinned, f"base image {ref} is neither a digest nor an exact release"
+
+
+def test_installs_the_project_with_the_extras_pods_need(lines, pyproject):
+    wheel = next(line for line in lines if "pip wheel" in line)
+    extras = set(re.search(r"\[([a-z0-9_,]+)\]", wheel).group(1).split(","))
+    assert {"fuse", "s3", "metrics"} <= extras
+    assert extras <= set(pyproject["project"]["optional-dependencies"])
+    assert any("apt-get install" in line and " fuse3" in line for line in final_stage(lines))
+
+
+def test_build_context_holds_every_package(lines, pyproject):
+    assert "COPY . /src" in lines
+    keep = {line[1:] for line in IGNORE.read_text().splitlines() if line.startswith("!")}
+    assert "pyproject.toml" in keep
+    for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]:
+        pkg = pattern.rstrip("*")
+        assert pkg in keep, f"package {pkg} is left out of the build context"
+
+
+def test_runs_as_the_daemonsets_non_root_user(lines):
+    users = [line.split()[1] for line in final_stage(lines) if line.startswith("USER ")]
+    assert users, "the image runs as root"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) != 0
+    ds = one(render(DAEMONSET), "DaemonSet")
+    daemon = next(c for c in pod_spec(ds)["containers"] if c["name"] == "blockcached")
+    assert daemon["securityContext"]["runAsUser"] == int(uid)
+    assert daemon["securityContext"]["runAsGroup"] == int(gid or uid)
+    chown = next(c for c in containers(ds) if c["command"][0] == "chown")
+    assert chown["command"][1] == f"{uid}:{gid or uid}"
+
+
+def test_commands_the_manifests_run_are_the_projects_scripts(pyproject):
+    scripts = set(pyproject["project"]["scripts"])
+    for directory in (DAEMONSET, DAEMONSET / "example"):
+        for obj in render(directory):
+            for c in containers(obj):
+                words = " ".join(c.get("command", [])).split()
+                for probe in ("readinessProbe", "livenessProbe"):
+                    words += c.get(probe, {}).get("exec", {}).get("command", [])[:1]
+                ours = {w for w in words if w.startswith(("blockcache", "fsclient"))}
+                assert ours <= scripts, f"{c['name']} runs {ours - scripts}, not in the image"

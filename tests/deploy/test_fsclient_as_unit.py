@@ -5,8 +5,9 @@ as a supplementary group and no_new_privs, runs the unit's ExecStart= with
 the installed example volume config: the command must return only once the
 mount answers (Type=forking), the mount must serve the source's bytes to
 other users (allow_other) and fill the daemon's cache over the socket (which
-only the supplementary group opens), log to the --log-file, and unmount on
-SIGTERM (systemctl stop).
+only the supplementary group opens), log to the --log-file, recover the
+dead mount a killed process leaves (Restart=), and unmount on SIGTERM
+(systemctl stop).
 """
 
 from __future__ import annotations
@@ -116,9 +117,12 @@ def test_fsclient_started_like_the_unit_mounts_fills_and_unmounts():
             # The daemon's user and group stand in for `blockcache`.
             groups = [SERVICE_GID for g in value(unit, "SupplementaryGroups").split()
                       if g == value(inst.unit("blockcached.service"), "Group")]
-            start = subprocess.run(setpriv(0, 0, groups, unit_argv(inst, root), caps),
-                                   env={"PATH": os.environ["PATH"], "LANG": "C.UTF-8"},
-                                   capture_output=True, text=True, timeout=120, cwd="/")
+            argv = setpriv(0, 0, groups, unit_argv(inst, root), caps)
+
+            def start() -> subprocess.CompletedProcess:
+                return subprocess.run(argv, env={"PATH": os.environ["PATH"], "LANG": "C.UTF-8"},
+                                      capture_output=True, text=True, timeout=120, cwd="/")
+
             check_mount(start, mnt, logdir, files, daemon)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n--- daemon log ---\n{daemon.log()}") from None
@@ -131,19 +135,29 @@ def test_fsclient_started_like_the_unit_mounts_fills_and_unmounts():
             daemon.stop()
 
 
-def check_mount(start, mnt: Path, logdir: Path, files: dict, daemon) -> None:
-    from blockcache_client.client import Client
-
+def started(start) -> None:
+    """Run ExecStart= and check it succeeded."""
+    r = start()
     # Type=forking: the command returns, 0, only once the mount answers.
-    assert start.returncode == 0, start.stderr
-    assert is_mounted(mnt)
-    pid = mount_process(mnt)
-    assert pid, "no fsclient process serves the mount"
+    assert r.returncode == 0, r.stderr
+
+
+def read_all(mnt: Path, files: dict) -> None:
     for name, data in files.items():
         reader = subprocess.run(setpriv(READER_UID, READER_UID, [], ["cat", str(mnt / name)]),
                                 capture_output=True, timeout=WAIT)
         assert reader.returncode == 0, reader.stderr
         assert reader.stdout == data, name
+
+
+def check_mount(start, mnt: Path, logdir: Path, files: dict, daemon) -> None:
+    from blockcache_client.client import Client
+
+    started(start)
+    assert is_mounted(mnt)
+    pid = mount_process(mnt)
+    assert pid, "no fsclient process serves the mount"
+    read_all(mnt, files)
     # Misses are handed to the daemon in the background, over the socket that
     # only the supplementary group opens.
     deadline = time.monotonic() + WAIT
@@ -152,6 +166,17 @@ def check_mount(start, mnt: Path, logdir: Path, files: dict, daemon) -> None:
             time.sleep(0.1)
         assert c.stats()["entries"] >= len(files), "fsclient's fills never reached the daemon"
     assert "mounted" in (logdir / f"{INSTANCE}.log").read_text()
+    # A crash leaves a dead mount; Restart= runs ExecStart= again, which must
+    # recover it with the same limited privileges.
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + WAIT
+    while mount_process(mnt) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert is_mounted(mnt), "expected the killed process to leave its mount behind"
+    started(start)
+    pid = mount_process(mnt)
+    assert pid, "no fsclient process serves the mount after the restart"
+    read_all(mnt, files)
     # systemctl stop: SIGTERM to the main process unmounts and ends it.
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + WAIT

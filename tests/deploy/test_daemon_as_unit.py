@@ -3,15 +3,18 @@
 As the unit's user with no capabilities, under the unit's UMask=, it must
 send READY=1 from the main pid once the socket serves, ping the watchdog,
 and send STOPPING=1 and exit 0 on SIGTERM; the socket must admit its group
-and nobody else, and the block files it writes must be readable by any pod.
+and nobody else, also through a read-only mount of its dir (as pods mount
+it), and the block files it writes must be readable by any pod.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,8 +26,10 @@ from tests.deploy.unit_runner import SERVICE_GID, WAIT, DaemonService, setpriv
 from tests.deploy.units import install
 
 pytest.importorskip("blockcached", reason="the daemon package blockcached is not installed")
-pytestmark = pytest.mark.skipif(unit_runner.available() is not None,
-                                reason=str(unit_runner.available()))
+pytestmark = [
+    pytest.mark.skipif(unit_runner.available() is not None, reason=str(unit_runner.available())),
+    pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)"),
+]
 
 OTHER_UID = 4242      # a user or pod that is not in the socket's group
 
@@ -58,6 +63,12 @@ def check_daemon(d: DaemonService) -> None:
     assert ok.returncode == 0, ok.stderr
     refused = cli(OTHER_UID, [], d.socket_path, "ping")
     assert refused.returncode != 0 and refused.stderr.strip()
+    # Pods mount the socket dir read-only (readOnly hostPath = a read-only
+    # bind mount): connecting to a socket needs no write access to its file
+    # system, while nothing can be created there.
+    ro = ping_through_read_only_bind(d.run_dir)
+    assert ro.returncode == 0, ro.stdout + ro.stderr
+    assert "Read-only file system" in ro.stderr
     # Blocks written under the unit's umask are readable by every pod (pods
     # mount the cache dir read-only and open block files themselves).
     path = Path(put_block(d.socket_path))
@@ -75,6 +86,17 @@ def check_daemon(d: DaemonService) -> None:
     assert d.proc.wait(timeout=WAIT) == 0
     assert not os.path.exists(d.socket_path)
     assert d.run_dir.is_dir(), "the daemon must leave its RuntimeDirectory in place"
+
+
+def ping_through_read_only_bind(run_dir) -> subprocess.CompletedProcess:
+    """`blockcache-cli ping` via a read-only bind mount of the socket dir, in a
+    private mount namespace (as a pod's readOnly hostPath mount sees it)."""
+    script = ('mount --bind "$1" "$2" && mount -o remount,bind,ro "$2" && '
+              '! touch "$2/planted" && BLOCKCACHE_SOCKET="$2/blockcached.sock" "$3" ping')
+    with tempfile.TemporaryDirectory() as mnt:
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               script, "sh", str(run_dir), mnt, str(BIN / "blockcache-cli")],
+                              capture_output=True, text=True, timeout=WAIT)
 
 
 def put_block(socket_path: str) -> str:

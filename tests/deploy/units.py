@@ -7,6 +7,7 @@ at the venv that runs the tests, so ExecStart= names binaries that exist
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -41,8 +42,14 @@ def install(root: Path) -> Installed:
     """Run `make install-systemd` into `root`; CalledProcessError shows make's output."""
     if not shutil.which("make"):
         raise RuntimeError("make is not installed")
+    # Under `make test` the parent's variables arrive through MAKEFLAGS (and
+    # PREFIX & co. may be in the environment): pin the layout this module reads.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL")}
     subprocess.run(["make", "-s", "-C", str(REPO), "install-systemd", f"DESTDIR={root}",
-                    f"BINDIR={BIN}"], check=True, capture_output=True, text=True, timeout=60)
+                    f"BINDIR={BIN}", "PREFIX=/usr/local", "SYSCONFDIR=/etc", f"UNITDIR=/{UNITDIR}",
+                    "DOCDIR=/usr/local/share/doc/blockcache"],
+                   check=True, capture_output=True, text=True, timeout=60, env=env)
     return Installed(root)
 
 

@@ -62,7 +62,8 @@ class DaemonLink:
         self._filler_client = Client(socket_path, timeout=CALL_TIMEOUT)
         self._closed = threading.Event()
         self._wake = threading.Event()
-        self._touches: list[str] = []
+        # a set: FUSE reads a 4 MiB block 128 KiB at a time; one report per batch is enough
+        self._touches: set[str] = set()
         self._touch_lock = threading.Lock()
         # fill queue: jobs in order, bounded by the plaintext bytes they hold
         self._fill_cap = max(0, int(fill_queue_bytes))
@@ -91,7 +92,7 @@ class DaemonLink:
     def touch(self, key: str) -> None:
         """Record an access; sent later in a batch."""
         with self._touch_lock:
-            self._touches.append(key)
+            self._touches.add(key)
             full = len(self._touches) >= self._touch_batch
         if full:
             self._wake.set()
@@ -184,7 +185,7 @@ class DaemonLink:
 
     def _report(self) -> None:
         with self._touch_lock:
-            keys, self._touches = self._touches, []
+            keys, self._touches = list(self._touches), set()
         if self.layout is None:
             return
         epoch = None

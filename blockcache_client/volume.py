@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import blockfile, protocol
 from .backend import Backend, FileInfo, normalize
-from .blockfile import HEADER_SIZE, BlockCipher, BlockHeader
+from .blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, BlockHeader
 from .blockmem import BlockMemory
 from .counters import Counters
 from .daemonlink import DaemonLink
@@ -59,6 +59,7 @@ _IDENT_LIMIT = 1 << 18     # cached (path, version) -> key prefix entries
 _CIPHER_LIMIT = 4096       # derived per-block ciphers kept (saves an HKDF per hit)
 _PREFETCH_WORKERS = 4
 _PREFETCH_PENDING = 256    # queued prefetch jobs before new ones are dropped
+_READ_AHEAD = 4            # blocks fetched in parallel ahead of a multi-block read
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOATIME", 0)
 
 
@@ -207,14 +208,17 @@ class Volume:
             self._idents[ident] = prefix
         return prefix
 
-    def _cipher(self, key: str, head: bytes, header: BlockHeader) -> BlockCipher:
+    def _cipher(self, key: str, head: bytes) -> BlockCipher:
+        """The block's cipher, by key and exact header bytes (FormatError for a
+        bad header, IntegrityError for a foreign key). Cached: a header seen
+        before was validated then, and its HKDF subkey is derived once."""
         ck = (key, head)
         with self._cipher_lock:
             cipher = self._ciphers.get(ck)
             if cipher is not None:
                 self._ciphers.move_to_end(ck)
                 return cipher
-        cipher = BlockCipher(header, key, self._volume_key)  # IntegrityError: foreign key
+        cipher = BlockCipher(BlockHeader.parse(head), key, self._volume_key)
         with self._cipher_lock:
             self._ciphers[ck] = cipher
             if len(self._ciphers) > _CIPHER_LIMIT:
@@ -252,6 +256,13 @@ class Volume:
         self._proc()
         self._check_range(path, offset, size)
         rel, info = self._resolve(path, info)
+        return self._read_pinned(rel, offset, size, info)
+
+    def _read_pinned(self, rel: str, offset: int, size: int, info: FileInfo) -> bytes:
+        """`read` after its checks: `rel` normalized, `info` its pinned version,
+        offset and size valid (VolumeFile calls this directly)."""
+        if self._pid != os.getpid() or self._closed:
+            self._proc()
         end = min(offset + size, info.size)
         if offset >= end:
             return b""
@@ -262,9 +273,16 @@ class Volume:
         if first == last:
             boff = first * bs
             return self._read_block(rel, info, prefix, boff, offset - boff, end - boff)
+        # a read over several blocks fetches the next few in parallel while it
+        # works through them in order (only if the memory LRU can hold them)
+        ahead = _READ_AHEAD if self._mem.capacity >= (_READ_AHEAD + 1) * bs else 0
+        if ahead:
+            self._prefetch_range(rel, (first + 1) * bs, min(ahead, last - first) * bs, info)
         parts = []
         for b in range(first, last + 1):
             boff = b * bs
+            if ahead and b + ahead <= last and b > first:
+                self._prefetch_range(rel, (b + ahead) * bs, bs, info)
             parts.append(self._read_block(rel, info, prefix, boff, max(offset, boff) - boff,
                                           min(end, boff + bs) - boff))
         return b"".join(parts)
@@ -321,16 +339,34 @@ class Volume:
             log.debug("cannot open cached block %s: %s", path, exc)
             return None
         try:
-            head = os.pread(fd, HEADER_SIZE, 0)
-            header = BlockHeader.parse(head)
-            header.check_file_size(os.fstat(fd).st_size)
-            if header.plaintext_len != blen:
-                raise FormatError(f"block holds {header.plaintext_len} bytes, the file "
-                                  f"version needs {blen}")
-            cipher = self._cipher(key, head, header)
-            first, end = header.chunk_span(lo, hi - lo)
-            start, stop = header.ciphertext_range(first, end)
-            return cipher.read_range(lo, hi - lo, os.pread(fd, stop - start, start))
+            # Where the chunks must be follows from the block length and this
+            # volume's chunk size, so one pread usually gets header and chunks
+            # together; the header read back must agree, and a read that
+            # reaches the last chunk asks for one byte more to catch a file
+            # that is longer or shorter than its header says.
+            chunk = self._chunk_size
+            nchunks = max(1, -(-blen // chunk))
+            first = min(lo // chunk, nchunks - 1)
+            end = min(max(first + 1, -(-hi // chunk)), nchunks)
+            step = chunk + TAG_SIZE
+            start = HEADER_SIZE + first * step
+            stop = min(HEADER_SIZE + end * step, HEADER_SIZE + blen + nchunks * TAG_SIZE)
+            want = stop - start + (end == nchunks)
+            if first == 0:
+                buf = os.pread(fd, HEADER_SIZE + want, 0)
+                head, body = buf[:HEADER_SIZE], memoryview(buf)[HEADER_SIZE:]
+            else:
+                head, body = os.pread(fd, HEADER_SIZE, 0), os.pread(fd, want, start)
+            cipher = self._cipher(key, head)
+            header = cipher.header
+            if header.plaintext_len != blen or header.chunk_size != chunk:
+                raise FormatError(f"block holds {header.plaintext_len} bytes in chunks of "
+                                  f"{header.chunk_size}; this file version needs {blen} in "
+                                  f"chunks of {chunk}")
+            if len(body) != stop - start:  # one byte over: longer; under: truncated
+                raise FormatError(f"block file is shorter or longer than its header says "
+                                  f"({len(body)} bytes where {stop - start} belong)")
+            return cipher.read_range(lo, hi - lo, body)
         except (FormatError, IntegrityError) as exc:
             self.counters.add("integrity_failures")
             log.warning("cached block %s is bad (%s); evicting it and reading the backend",
@@ -377,37 +413,59 @@ class Volume:
 
     def prefetch(self, path: str, offset: int, length: int, info: FileInfo | None = None) -> None:
         """Fetch the blocks of [offset, offset+length) into the cache in the
-        background (readahead). Never blocks, never raises for I/O."""
+        background (readahead), one job per block so they arrive in parallel.
+        Never blocks on the backend, never raises for I/O."""
         self._proc()
         self._check_range(path, offset, length)
-        normalize(path)
+        rel = normalize(path)
+        if info is None:  # stat-ing could block: do it in the background too
+            self._submit(self._prefetch_range, rel, offset, length, None)
+        else:
+            self._prefetch_range(rel, offset, length, info)
+
+    def _prefetch_range(self, rel: str, offset: int, length: int, info: FileInfo | None) -> None:
+        try:
+            for rel, info, key, boff in self._blocks(rel, info, offset, length):
+                if self._mem.get(key) is None and not self._is_cached(key):
+                    if not self._submit(self._prefetch_block, rel, info, key, boff):
+                        return
+        except Exception as exc:  # readahead is best effort; the real read reports errors
+            log.debug("prefetch %s failed: %s", rel, exc)
+
+    def _prefetch_block(self, rel: str, info: FileInfo, key: str, boff: int) -> None:
+        try:
+            if self._mem.get(key) is not None or self._is_cached(key):
+                return  # landed while this job waited
+            self._fetch(rel, info, key, boff)
+            self.counters.add("prefetches")
+        except Exception as exc:
+            log.debug("prefetch of %s at %d failed: %s", rel, boff, exc)
+
+    def _submit(self, fn, *args) -> bool:
+        """Run fn(*args) on the prefetch pool unless too much is queued already."""
         with self._prefetch_lock:
             if self._prefetch_pending >= _PREFETCH_PENDING:
                 self.counters.add("prefetches_dropped")
-                return
+                return False
             self._prefetch_pending += 1
             if self._prefetch_pool is None:
                 self._prefetch_pool = ThreadPoolExecutor(_PREFETCH_WORKERS,
                                                          thread_name_prefix="blockcache-prefetch")
             pool = self._prefetch_pool
-        try:
-            pool.submit(self._prefetch_job, path, offset, length, info)
-        except RuntimeError:  # closing
-            with self._prefetch_lock:
-                self._prefetch_pending -= 1
 
-    def _prefetch_job(self, path: str, offset: int, length: int, info: FileInfo | None) -> None:
+        def run() -> None:
+            try:
+                fn(*args)
+            finally:
+                with self._prefetch_lock:
+                    self._prefetch_pending -= 1
         try:
-            for rel, info, key, boff in self._blocks(path, info, offset, length):
-                if self._mem.get(key) is not None or self._is_cached(key):
-                    continue
-                self._fetch(rel, info, key, boff)
-                self.counters.add("prefetches")
-        except Exception as exc:  # readahead is best effort; the real read reports errors
-            log.debug("prefetch %s failed: %s", path, exc)
-        finally:
+            pool.submit(run)
+        except RuntimeError:  # the volume is closing
             with self._prefetch_lock:
                 self._prefetch_pending -= 1
+            return False
+        return True
 
     def _is_cached(self, key: str) -> bool:
         layout = self._link.layout

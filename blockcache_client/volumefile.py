@@ -54,7 +54,7 @@ class VolumeFile(io.RawIOBase):
         self._check_closed()
         if size is None or size < 0:
             size = max(0, self.size - self._pos)
-        data = self._volume.read(self.name, self._pos, size, self.info)
+        data = self._volume._read_pinned(self.name, self._pos, size, self.info)
         self._pos += len(data)
         return data
 

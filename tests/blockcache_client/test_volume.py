@@ -258,3 +258,22 @@ def test_open_is_a_real_file_object(local_source, key_file, daemon):
         f.close()
         with pytest.raises(ValueError):
             f.read(1)
+
+
+def test_multi_block_read_fetches_ahead_in_parallel(local_source, key_file, daemon):
+    data = random.Random(9).randbytes(12 * BS + 5)
+    local_source.write("big.bin", data)
+    with volume(local_source, key_file, daemon) as vol:
+        wait_connected(vol)
+        assert vol.read("big.bin", 100, len(data)) == data[100:]
+        s = vol.stats()
+        # every block came from the backend exactly once, most of them fetched ahead
+        assert s["backend_requests"] == 13 and s["prefetches"] >= 8
+        settle(vol, daemon)
+        assert vol.cached_bytes("big.bin") == len(data)
+    with volume(local_source, key_file, daemon, memory_cache_bytes=0) as vol:
+        # without room in memory for blocks fetched ahead, nothing is fetched ahead
+        vol.evict("big.bin")
+        wait_for(lambda: vol.cached_bytes("big.bin") == 0, what="eviction")
+        assert vol.read("big.bin", 0, 3 * BS) == data[:3 * BS]
+        assert vol.stats()["prefetches"] == 0 and vol.stats()["backend_requests"] == 3

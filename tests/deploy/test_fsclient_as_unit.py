@@ -13,7 +13,6 @@ dead mount a killed process leaves (Restart=), and unmount on SIGTERM
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -23,17 +22,12 @@ import pytest
 
 from tests.deploy import unit_runner
 from tests.deploy.paths import BIN
-from tests.deploy.unit_runner import SERVICE_GID, WAIT, setpriv
+from tests.deploy.unit_runner import SERVICE_GID, WAIT, is_mounted, setpriv
 from tests.deploy.units import Installed, exec_start, install, value
 
 pytest.importorskip("blockcached", reason="the daemon package blockcached is not installed")
 pytest.importorskip("fsclient.mount", reason="fsclient is not installed")
-pytestmark = [
-    pytest.mark.fuse,
-    pytest.mark.skipif(unit_runner.available() is not None, reason=str(unit_runner.available())),
-    pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-                       reason="needs /dev/fuse and fusermount3"),
-]
+pytestmark = unit_runner.fuse_marks()
 
 INSTANCE = "imagenet"
 READER_UID = 4242     # a training job's user, reading through allow_other
@@ -97,10 +91,6 @@ def mount_process(mnt: Path) -> int | None:
             return int(entry.name)
     return None
 
-
-def is_mounted(path: Path) -> bool:
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == str(path) for line in f)
 
 
 def test_fsclient_started_like_the_unit_mounts_fills_and_unmounts():

@@ -10,7 +10,6 @@ simulated (see podsim); test_manifests checks them in the manifests.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -22,15 +21,11 @@ from tests.deploy import unit_runner
 from tests.deploy.paths import DAEMONSET, EXAMPLE
 from tests.deploy.podsim import Pod
 from tests.deploy.render import one, pod_spec, render
+from tests.deploy.unit_runner import is_mounted
 
 pytest.importorskip("blockcached", reason="the daemon package blockcached is not installed")
 pytest.importorskip("fsclient.mount", reason="fsclient is not installed")
-pytestmark = [
-    pytest.mark.fuse,
-    pytest.mark.skipif(unit_runner.available() is not None, reason=str(unit_runner.available())),
-    pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-                       reason="needs /dev/fuse and fusermount3"),
-]
+pytestmark = unit_runner.fuse_marks()
 
 WAIT = 30.0
 
@@ -50,10 +45,6 @@ def volume_key() -> bytes:
         generate_key_file(str(d / "k"))
         return (d / "k").read_bytes()
 
-
-def is_mounted(path: Path) -> bool:
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == str(path) for line in f)
 
 
 def test_daemonset_pod_and_training_pod_run_together():

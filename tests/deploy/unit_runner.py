@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import pytest
+
 from tests.deploy.units import Installed, exec_start, value
 
 SERVICE_UID = SERVICE_GID = 65534     # stands in for User=blockcache (nobody)
@@ -40,6 +42,21 @@ def available() -> str | None:
     if shutil.which("setpriv") is None:
         return "needs setpriv (util-linux)"
     return None
+
+
+def fuse_marks() -> list:
+    """pytest marks for tests that play a unit or pod which mounts FUSE."""
+    reason = available()
+    return [pytest.mark.fuse,
+            pytest.mark.skipif(reason is not None, reason=str(reason)),
+            pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+                               reason="needs /dev/fuse and fusermount3")]
+
+
+def is_mounted(path: Path) -> bool:
+    """Whether `path` is a mount point in this mount namespace."""
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == str(path) for line in f)
 
 
 @contextmanager

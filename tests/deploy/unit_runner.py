@@ -157,8 +157,9 @@ class DaemonService:
         self.notify.close()
 
 
-def start_daemon(inst: Installed, root: Path) -> DaemonService:
-    """Start the installed blockcached.service's ExecStart= as systemd would."""
+def start_daemon(inst: Installed, root: Path, wrap: tuple[str, ...] = ()) -> DaemonService:
+    """Start the installed blockcached.service's ExecStart= as systemd would
+    (under `wrap`, e.g. strace, if given: then `proc` is the wrapper)."""
     unit = inst.unit("blockcached.service")
     argv = exec_start(unit)
     run_dir = root / "run" / value(unit, "RuntimeDirectory")
@@ -184,7 +185,7 @@ def start_daemon(inst: Installed, root: Path) -> DaemonService:
            "WATCHDOG_USEC": str(WATCHDOG_USEC)}
     # systemd sets WATCHDOG_PID to the service's pid: here the shell's, which
     # `exec` hands on to setpriv and then to the daemon.
-    launcher = ["sh", "-c", 'WATCHDOG_PID=$$ exec "$@"', "sh",
+    launcher = [*wrap, "sh", "-c", 'WATCHDOG_PID=$$ exec "$@"', "sh",
                 *setpriv(SERVICE_UID, SERVICE_GID, [], argv)]
     log_path = root / "blockcached.log"
     with open(log_path, "wb") as log:

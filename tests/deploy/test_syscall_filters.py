@@ -1,4 +1,5 @@
-"""The units' SystemCallFilter= let the real programs make every call they make.
+"""The units' SystemCallFilter= and RestrictAddressFamilies= let the real
+programs make every call they make.
 
 systemd applies the filter just before it executes ExecStart=; a call the
 filter misses fails with EPERM (SystemCallErrorNumber=), which the program
@@ -88,6 +89,11 @@ def calls_after_exec(trace: Path, main_pid: int | None, binary: str) -> dict[str
     return counts
 
 
+def socket_families(trace: Path) -> set[str]:
+    """Address families of every socket(2) and socketpair(2) in the trace."""
+    return set(re.findall(r"\bsocket(?:pair)?\((AF_[A-Z0-9]+)", trace.read_text(errors="replace")))
+
+
 def test_daemon_makes_only_calls_its_unit_allows():
     with unit_runner.scratch_root() as root:
         inst = install(root / "dest")
@@ -111,6 +117,8 @@ def test_daemon_makes_only_calls_its_unit_allows():
         denied = sorted(set(used) - allowed_by(values(unit, "SystemCallFilter")))
         assert not denied, f"blockcached.service's SystemCallFilter= denies {denied} (EPERM)"
         assert {"flock", "fchmod", "rename", "fsync"} & set(used), "the trace looks empty"
+        families = " ".join(values(unit, "RestrictAddressFamilies")).split()
+        assert socket_families(trace) <= set(families), "RestrictAddressFamilies= is too tight"
 
 
 def test_allowed_by_follows_systemds_order():
@@ -166,3 +174,5 @@ def test_fsclient_makes_no_call_its_unit_denies():
         assert {"mount", "read"} <= set(used), "the trace looks empty"
         hit = sorted(set(used) & denied)
         assert not hit, f"fsclient@.service's SystemCallFilter= denies {hit} (EPERM)"
+        families = " ".join(values(unit, "RestrictAddressFamilies")).split()
+        assert socket_families(trace) <= set(families), "RestrictAddressFamilies= is too tight"

@@ -27,8 +27,9 @@ UNITS = {
     "blockcached.service": ("blockcached.service", 25),
     "fsclient@.service": ("fsclient@.service:fsclient@imagenet.service", 50),
 }
-# Settings that give a service its own mount namespace: a FUSE mount made in
-# there would be invisible to the host.
+# Settings that give a service its own mount namespace (the *Directory= ones
+# in some systemd versions or combinations): a FUSE mount made in there would
+# be invisible to the host.
 MOUNT_NAMESPACE_SETTINGS = {
     "ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices", "PrivateMounts",
     "ReadWritePaths", "ReadOnlyPaths", "InaccessiblePaths", "ExecPaths", "NoExecPaths",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import random
 import threading
 from typing import Callable
@@ -51,6 +52,7 @@ class DaemonLink:
                  fill_queue_bytes: int, touch_interval: float = 0.5, touch_batch: int = 1024,
                  client_name: str = "blockcache_client"):
         self.socket_path = socket_path
+        self._pid = os.getpid()
         self.layout: Layout | None = None
         self.layout_epoch: int | None = None
         self._counters = counters
@@ -131,7 +133,9 @@ class DaemonLink:
 
     def close(self, timeout: float = 1.0) -> None:
         """Flush what can be flushed quickly, then stop the threads."""
-        if self._closed.is_set():
+        if self._closed.is_set() or self._pid != os.getpid():
+            # in a forked child this link's threads do not exist and its locks
+            # may be held forever by them: touch nothing
             return
         self.wait_idle(timeout)
         self._closed.set()

@@ -50,6 +50,7 @@ from .errors import ConfigError, DaemonError, DaemonUnavailable, FormatError, In
 from .keyfile import load_key_file
 from .keys import BlockKey, check_volume_name, extent_for, inode_for_path
 from .singleflight import SingleFlight
+from .volumefile import VolumeFile
 
 log = logging.getLogger(__name__)
 
@@ -297,9 +298,7 @@ class Volume:
     def open(self, path: str):
         """A read-only binary file object (read, readinto, seek, tell) pinned
         to the version of `path` seen now."""
-        from .volumefile import VolumeFile
-        self._proc()
-        rel, info = self._resolve(path, None)
+        rel, info = self._resolve(path, None)  # stat() checks the process
         return VolumeFile(self, rel, info)
 
     def _block_len(self, info: FileInfo, boff: int) -> int:

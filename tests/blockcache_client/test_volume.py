@@ -70,6 +70,11 @@ def test_random_reads_cold_and_warm(source, key_file, daemon):
         assert s["misses"] == 0 and s["backend_requests"] == 0 and s["hits"] > 0
         for name, data in files.items():
             assert warm.cached_bytes(name) == len(data)
+            assert warm.read(name, 0, len(data)) == data
+        # accesses reach the daemon in batched touches (LRU order), not per read
+        nblocks = sum(-(-len(d) // BS) for d in files.values())
+        wait_for(lambda: daemon.client().stats()["touches"] - before["touches"] >= nblocks,
+                 what="the batched touches")
     after = daemon.client().stats()
     # the hit path asks the daemon nothing: no lookups were made
     assert (after["hits"], after["misses"]) == (before["hits"], before["misses"])
@@ -277,3 +282,33 @@ def test_multi_block_read_fetches_ahead_in_parallel(local_source, key_file, daem
         wait_for(lambda: vol.cached_bytes("big.bin") == 0, what="eviction")
         assert vol.read("big.bin", 0, 3 * BS) == data[:3 * BS]
         assert vol.stats()["prefetches"] == 0 and vol.stats()["backend_requests"] == 3
+
+
+def test_concurrent_readers_fetch_each_block_once(source, key_file, daemon):
+    import threading
+    data = random.Random(10).randbytes(6 * BS + 99)
+    source.write("hot.bin", data)
+    with volume(source, key_file, daemon) as vol:
+        wait_connected(vol)
+        info = vol.stat("hot.bin")
+        errors = []
+        start = threading.Barrier(8)
+
+        def reader(seed):
+            rng = random.Random(seed)
+            start.wait()
+            for _ in range(40):
+                off = rng.randrange(0, len(data))
+                size = rng.randrange(1, 2 * BS)
+                if vol.read("hot.bin", off, size, info) != data[off:off + size]:
+                    errors.append((off, size))
+        threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors
+        # single-flight + the memory LRU: every block came from the backend once
+        assert vol.stats()["backend_requests"] == 7
+        settle(vol, daemon)
+        assert daemon.client().stats()["entries"] == 7

@@ -7,7 +7,7 @@ import threading
 VOLUME_COUNTERS = (
     "hits", "misses", "hit_bytes", "miss_bytes", "memory_hits", "backend_bytes",
     "backend_requests", "fills_sent", "fills_dropped", "integrity_failures",
-    "daemon_unavailable", "prefetches", "prefetches_dropped",
+    "daemon_unavailable", "prefetches", "prefetches_dropped", "version_checks",
 )
 
 

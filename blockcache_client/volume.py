@@ -385,12 +385,23 @@ class Volume:
         def load() -> bytes:
             data = self.backend.read(rel, boff, boff + blen)
             self.counters.add2("backend_requests", "backend_bytes", len(data))
-            if len(data) != blen:
+            changed = len(data) != blen
+            if not changed and info.size > self.block_size:
+                # The blocks of a multi-block file come from separate ranged
+                # reads: check, after this one, that it still read `info`'s
+                # version, or one key could name a block of another version
+                # and a pinned reader could mix versions. (A single-block
+                # file is one read of one version.)
+                fresh = self.backend.stat(rel)
+                self.counters.add("backend_requests")
+                self.counters.add("version_checks")
+                changed = fresh.version != info.version or fresh.size != info.size
+            if changed:
                 self._meta.pop(rel, None)
                 raise OSError(errno.ESTALE, f"read {rel} in volume {self.name}: the file "
-                                            f"changed while being read (expected {blen} bytes at "
-                                            f"offset {boff} of version {info.version}, got "
-                                            f"{len(data)}); stat it again and retry")
+                                            f"changed while being read (version {info.version}, "
+                                            f"{blen} bytes wanted at offset {boff}, "
+                                            f"{len(data)} read); stat it again and retry")
             self._mem.put(key, data)
             if self._link.connected:
                 self._link.offer_fill(key, data)

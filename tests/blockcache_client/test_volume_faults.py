@@ -229,3 +229,22 @@ def test_readlink(local_source, key_file, tmp_path):
         assert vol.readlink("t/link") == "target.bin"
         entries = {f.name: f for f in vol.listdir("t")}
         assert entries["link"].is_link and not entries["target.bin"].is_link
+
+
+def test_same_size_rewrite_of_a_multi_block_file_is_estale(source, key_file, daemon):
+    old = random.Random(11).randbytes(3 * BS)
+    new = random.Random(12).randbytes(3 * BS)
+    source.write("m.bin", old)
+    with volume(source, key_file, daemon) as vol:
+        wait_connected(vol)
+        pinned = vol.stat("m.bin")
+        assert vol.read("m.bin", 0, 10, info=pinned) == old[:10]
+        source.write("m.bin", new)  # same size: only the version differs
+        with pytest.raises(OSError) as e:
+            vol.read("m.bin", 2 * BS, 10, info=pinned)
+        assert e.value.errno == errno.ESTALE and "m.bin" in str(e.value)
+        # nothing of the new content was cached under the old version's keys
+        assert vol.read("m.bin", 0, 10, info=pinned) == old[:10]
+        assert vol.cached_bytes("m.bin", info=pinned) <= BS
+        fresh = vol.stat("m.bin", max_age=0)
+        assert vol.read("m.bin", 0, 3 * BS, info=fresh) == new

@@ -15,8 +15,9 @@ Invariants:
 - Never wrong bytes. Keys carry the file version, so a changed remote file
   gets new keys; every cached byte returned was authenticated under this
   volume's key and this exact key string; a backend answer of the wrong
-  length for the version we hold raises ESTALE instead of being served or
-  cached.
+  length for the version we hold, or (multi-block files, whose blocks are
+  separate ranged reads) a version that changed by the end of a block's
+  read, raises ESTALE instead of being served or cached.
 - A read never fails because of the cache: a missing, corrupt, truncated or
   foreign block file, an unhealthy dir, or an unreachable daemon is a miss
   (counted); a bad block is evicted through the daemon and refilled.

@@ -248,3 +248,36 @@ def test_same_size_rewrite_of_a_multi_block_file_is_estale(source, key_file, dae
         assert vol.cached_bytes("m.bin", info=pinned) <= BS
         fresh = vol.stat("m.bin", max_age=0)
         assert vol.read("m.bin", 0, 3 * BS, info=fresh) == new
+
+
+def test_unhealthy_dir_follows_the_layout_epoch(local_source, key_file, daemon):
+    rng = random.Random(13)
+    files = {f"h{i}.bin": rng.randbytes(1000 + i) for i in range(6)}
+    for rel, data in files.items():
+        local_source.write(rel, data)
+    with volume(local_source, key_file, daemon, memory_cache_bytes=0) as vol:
+        fill(vol, daemon, "h0.bin", files["h0.bin"])
+        epoch = vol.stats()["layout_epoch"]
+        blocks = os.path.join(daemon.cache_dirs[0], "blocks")
+        os.rename(blocks, blocks + ".away")
+        open(blocks, "wb").close()  # a file where the dir was: the daemon's writes fail
+        try:
+            for rel in ("h1.bin", "h2.bin", "h3.bin"):  # their fills fail: the dir goes out
+                assert vol.read(rel, 0, 1 << 20) == files[rel]
+                vol.wait_fills(10)
+            wait_for(lambda: vol.stats()["layout_epoch"] != epoch, what="the new layout epoch")
+            assert not vol._link.layout.dirs[0].healthy
+            before = vol.stats()
+            assert vol.read("h0.bin", 0, 1 << 20) == files["h0.bin"]  # a miss, not an error
+            after = vol.stats()
+            assert after["misses"] == before["misses"] + 1
+            assert after["integrity_failures"] == 0
+        finally:
+            os.unlink(blocks)
+            os.rename(blocks + ".away", blocks)
+        # the daemon's probe brings the dir back; the reader follows the epoch
+        wait_for(lambda: vol._link.layout is not None and vol._link.layout.dirs[0].healthy,
+                 timeout=15, what="the dir to come back")
+        before = vol.stats()
+        assert vol.read("h0.bin", 0, 1 << 20) == files["h0.bin"]
+        assert vol.stats()["hits"] == before["hits"] + 1

@@ -1,0 +1,277 @@
+"""How a worker process reads through one system: one `Reader` per kind of access path.
+
+A reader is built inside the worker from a picklable spec (`make_reader`), so
+every in-process cache lives in the process that uses it, as it would in a
+DataLoader worker. Paths are relative to the bucket root (`imagenet/...`).
+
+Each reader reads a whole file the way a user of that API would (`open` +
+`read`), keeps open handles for ranged reads (an application holds its shards
+open), and can stat. `stats()` returns the counters the system exposes, or {}.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import json
+import logging
+import os
+import sys
+
+log = logging.getLogger(__name__)
+
+SEQ_CHUNK = 1 << 20
+
+
+class Reader:
+    """The operations a workload needs; subclasses fill them for one access path."""
+
+    def read_file(self, path: str) -> bytes:
+        """Read a whole file."""
+        raise NotImplementedError
+
+    def read_seq(self, path: str, chunk: int = SEQ_CHUNK) -> int:
+        """Read a file front to back in `chunk`-sized reads; returns bytes read."""
+        raise NotImplementedError
+
+    def read_range(self, path: str, offset: int, size: int) -> bytes:
+        raise NotImplementedError
+
+    def stat(self, path: str) -> int:
+        """The file's size (one metadata lookup)."""
+        raise NotImplementedError
+
+    def import_finder(self, root: str):
+        """A meta-path finder importing from `root`, or None when sys.path works."""
+        return None
+
+    def sys_path(self, root: str) -> str | None:
+        """The directory to put on sys.path to import from `root`, if any."""
+        return None
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class PosixReader(Reader):
+    """Plain file calls under a directory: a FUSE mount or the local copy."""
+
+    def __init__(self, root: str, xattr_stats: str | None = None):
+        self.root = root
+        self.xattr_stats = xattr_stats
+        self._fds: dict[str, int] = {}
+
+    def _p(self, path: str) -> str:
+        return os.path.join(self.root, path)
+
+    def read_file(self, path: str) -> bytes:
+        with open(self._p(path), "rb", buffering=0) as f:
+            return f.read()
+
+    def read_seq(self, path: str, chunk: int = SEQ_CHUNK) -> int:
+        n = 0
+        with open(self._p(path), "rb", buffering=0) as f:
+            while data := f.read(chunk):
+                n += len(data)
+        return n
+
+    def read_range(self, path: str, offset: int, size: int) -> bytes:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(self._p(path), os.O_RDONLY)
+        return os.pread(fd, size, offset)
+
+    def stat(self, path: str) -> int:
+        return os.stat(self._p(path)).st_size
+
+    def sys_path(self, root: str) -> str | None:
+        return self._p(root)
+
+    def stats(self) -> dict:
+        if not self.xattr_stats:
+            return {}
+        try:
+            return json.loads(os.getxattr(self.root, self.xattr_stats))
+        except OSError as exc:
+            log.warning("cannot read %s on %s: %s", self.xattr_stats, self.root, exc)
+            return {}
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+class _FileAPIReader(Reader):
+    """A reader over an object with `open(path)` returning a binary file (fsspec, Volume)."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self._files: dict[str, object] = {}
+
+    def _p(self, path: str) -> str:
+        return f"{self.prefix}/{path}" if self.prefix else path
+
+    def _open(self, path: str):
+        raise NotImplementedError
+
+    def read_file(self, path: str) -> bytes:
+        with self._open(path) as f:
+            return f.read()
+
+    def read_seq(self, path: str, chunk: int = SEQ_CHUNK) -> int:
+        n = 0
+        with self._open(path) as f:
+            while data := f.read(chunk):
+                n += len(data)
+        return n
+
+    def read_range(self, path: str, offset: int, size: int) -> bytes:
+        f = self._files.get(path)
+        if f is None:
+            f = self._files[path] = self._open(path)
+        f.seek(offset)
+        return f.read(size)
+
+    def import_finder(self, root: str):
+        return FileAPIFinder(self, root)
+
+    def isfile(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+
+class FsspecReader(_FileAPIReader):
+    """An fsspec filesystem: s3fs itself, or one of fsspec's caches chained over it."""
+
+    def __init__(self, protocol: str, options: dict, prefix: str):
+        import fsspec
+        super().__init__(prefix)
+        self.fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+
+    def _open(self, path: str):
+        return self.fs.open(self._p(path), "rb")
+
+    def stat(self, path: str) -> int:
+        return self.fs.info(self._p(path))["size"]
+
+    def isfile(self, path: str) -> bool:
+        try:
+            return self.fs.info(self._p(path))["type"] == "file"
+        except FileNotFoundError:
+            return False
+
+
+class VolumeReader(_FileAPIReader):
+    """This project's `Volume` (no FUSE)."""
+
+    def __init__(self, args: dict):
+        from blockcache_client.volume import Volume
+        super().__init__("")
+        self.volume = Volume(**args)
+
+    def _open(self, path: str):
+        return self.volume.open(path)
+
+    def read_range(self, path: str, offset: int, size: int) -> bytes:
+        return self.volume.read(path, offset, size)
+
+    def stat(self, path: str) -> int:
+        return self.volume.stat(path).size
+
+    def isfile(self, path: str) -> bool:
+        try:
+            return not self.volume.stat(path).is_dir
+        except FileNotFoundError:
+            return False
+
+    def stats(self) -> dict:
+        return self.volume.stats()
+
+    def close(self) -> None:
+        super().close()
+        self.volume.close()
+
+
+class FileAPIFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports modules stored under `root` through a reader's stat and read calls.
+
+    What a Python user without a mount does to import code kept on remote
+    storage; each module costs the lookups a path finder would make (package
+    `__init__.py` first, then `name.py`) and one read.
+    """
+
+    def __init__(self, reader: _FileAPIReader, root: str):
+        self.reader = reader
+        self.root = root
+
+    def find_spec(self, fullname, path=None, target=None):
+        rel = f"{self.root}/{fullname.replace('.', '/')}"
+        if self.reader.isfile(rel + "/__init__.py"):
+            spec = importlib.util.spec_from_loader(fullname, self, is_package=True)
+            spec.origin = rel + "/__init__.py"
+            spec.submodule_search_locations = []
+            return spec
+        if self.reader.isfile(rel + ".py"):
+            spec = importlib.util.spec_from_loader(fullname, self)
+            spec.origin = rel + ".py"
+            return spec
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        origin = module.__spec__.origin
+        with self.reader._open(origin) as f:
+            source = f.read()
+        exec(compile(source, origin, "exec"), module.__dict__)
+
+
+def make_reader(spec: dict) -> Reader:
+    """Build the reader a spec describes (see `systems.System.reader_spec`)."""
+    kind = spec["type"]
+    if kind == "posix":
+        return PosixReader(spec["root"], spec.get("xattr_stats"))
+    if kind == "fsspec":
+        return FsspecReader(spec["protocol"], spec["options"], spec["prefix"])
+    if kind == "volume":
+        return VolumeReader(spec["args"])
+    raise ValueError(f"unknown reader type {kind!r}")
+
+
+def import_all(reader: Reader, root: str, modules: list[str]) -> int:
+    """Import every module of the tree under `root` from a clean slate; returns the count.
+
+    The modules are dropped from sys.modules afterwards, so the next run
+    imports them again (a fresh interpreter's view, minus its start-up).
+    """
+    finder = reader.import_finder(root)
+    entry = None if finder else reader.sys_path(root)
+    importlib.invalidate_caches()
+    if finder:
+        sys.meta_path.insert(0, finder)
+    else:
+        sys.path.insert(0, entry)
+    try:
+        for name in modules:
+            importlib.import_module(name)
+        return len(modules)
+    finally:
+        if finder:
+            sys.meta_path.remove(finder)
+        else:
+            sys.path.remove(entry)
+            # Path finders of the tree's directories cache their listings.
+            for key in [k for k in sys.path_importer_cache if k.startswith(entry)]:
+                del sys.path_importer_cache[key]
+        top = modules[0].split(".")[0]
+        for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+            del sys.modules[name]

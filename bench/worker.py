@@ -1,0 +1,173 @@
+"""Reader processes: `Workers` starts N of them for one system and drives them in lock step.
+
+Each worker is a spawned process (not forked: s3fs/aiohttp event loops and
+daemon connections do not survive a fork well, and a spawned worker starts as
+a DataLoader worker with persistent_workers would) that builds its reader
+from the system's spec and then runs one command at a time. The coordinator
+sends a command to every worker at once and waits for all, so an epoch's wall
+time covers the slowest worker. Workers stay up across epochs, so in-process
+caches carry over as they would in training.
+
+Every answer carries the worker's CPU seconds (user + system, children
+included) spent on the command, and per-item latencies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+
+from .readers import import_all, make_reader
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT = 120.0
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _run(reader, cmd: str, arg) -> dict:
+    lat: list[float] = []
+    nbytes = 0
+    clock = time.perf_counter
+    if cmd == "files":
+        for path in arg:
+            t0 = clock()
+            nbytes += len(reader.read_file(path))
+            lat.append(clock() - t0)
+    elif cmd == "seq":
+        for path in arg:
+            t0 = clock()
+            nbytes += reader.read_seq(path)
+            lat.append(clock() - t0)
+    elif cmd == "ranges":
+        for path, offset, size in arg:
+            t0 = clock()
+            nbytes += len(reader.read_range(path, offset, size))
+            lat.append(clock() - t0)
+    elif cmd == "stat":
+        for path in arg:
+            t0 = clock()
+            reader.stat(path)
+            lat.append(clock() - t0)
+    elif cmd == "import":
+        root, modules = arg
+        t0 = clock()
+        import_all(reader, root, modules)
+        lat.append(clock() - t0)
+    elif cmd == "digest":
+        return {"digests": {p: hashlib.sha256(reader.read_file(p)).hexdigest() for p in arg}}
+    elif cmd == "ranges_digest":
+        return {"digests": [hashlib.sha256(reader.read_range(*r)).hexdigest() for r in arg]}
+    elif cmd == "stats":
+        return {"stats": reader.stats()}
+    else:
+        raise ValueError(f"unknown worker command {cmd!r}")
+    return {"lat": lat, "bytes": nbytes, "items": len(lat)}
+
+
+def worker_main(conn, spec: dict) -> None:
+    """A worker's life: build the reader, answer commands until `quit`."""
+    sys.dont_write_bytecode = True   # every import epoch compiles, on every system alike
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        reader = make_reader(spec)
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ready", os.getpid()))
+    try:
+        while True:
+            cmd, arg = conn.recv()
+            if cmd == "quit":
+                break
+            c0 = _cpu()
+            try:
+                out = _run(reader, cmd, arg)
+            except BaseException:
+                conn.send(("error", traceback.format_exc()))
+                continue
+            out["cpu"] = _cpu() - c0
+            conn.send(("ok", out))
+    finally:
+        reader.close()
+
+
+class WorkerError(RuntimeError):
+    """A worker failed a command or did not answer in time."""
+
+
+class Workers:
+    """N spawned reader processes for one reader spec."""
+
+    def __init__(self, spec: dict, n: int = 1, timeout: float = 600.0):
+        self.timeout = timeout
+        ctx = multiprocessing.get_context("spawn")
+        self.procs = []
+        self.conns = []
+        try:
+            for _ in range(n):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=worker_main, args=(child, spec), daemon=True)
+                p.start()
+                child.close()
+                self.procs.append(p)
+                self.conns.append(parent)
+            for conn in self.conns:
+                self._recv(conn, READY_TIMEOUT, "start")
+        except BaseException:
+            self.close()
+            raise
+
+    def _recv(self, conn, timeout: float, what: str):
+        if not conn.poll(timeout):
+            raise WorkerError(f"a reader process did not finish {what} within {timeout:.0f} s")
+        try:
+            status, value = conn.recv()
+        except EOFError:
+            raise WorkerError(f"a reader process died during {what}") from None
+        if status == "error":
+            raise WorkerError(f"a reader process failed {what}:\n{value}")
+        return value
+
+    def run(self, cmd: str, args: list) -> tuple[float, list[dict]]:
+        """Send `args[i]` to worker i (all at once); returns wall seconds and the answers."""
+        assert len(args) == len(self.conns)
+        t0 = time.perf_counter()
+        for conn, arg in zip(self.conns, args):
+            conn.send((cmd, arg))
+        answers = [self._recv(conn, self.timeout, cmd) for conn in self.conns]
+        return time.perf_counter() - t0, answers
+
+    def run_all(self, cmd: str, arg) -> tuple[float, list[dict]]:
+        """The same argument to every worker."""
+        return self.run(cmd, [arg] * len(self.conns))
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(("quit", None))
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -10,14 +10,21 @@ mounted config files (longest mountPath first). Its securityContext becomes
 after drop ALL, no_new_privs unless privilege escalation is allowed;
 privileged containers run as plain root.
 
-What it cannot show: mount propagation and read-only mounts (the containers
-share this host's mount namespace), images (commands come from this venv).
+Mounts, when run inside a mount namespace of its own (the "node", see
+node_scenario): every container then gets its own mount namespace, where
+its readOnly mounts are read-only bind mounts and its mountPropagation is
+applied the way the runtime does it (pod volume dirs are shared mounts, as
+under the kubelet's rshared root; None -> private, HostToContainer ->
+rslave, Bidirectional -> shared, which the API allows only privileged).
+
+What it cannot show: images (commands come from this venv).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +45,7 @@ class Pod:
     secrets: dict[str, dict[str, bytes]]
     node: Path
     root: Path
+    namespaces: bool = False     # per-container mount namespaces (see module doc)
     _dirs: dict[str, Path] = field(default_factory=dict)
 
     def container(self, name: str) -> dict:
@@ -61,6 +69,9 @@ class Pod:
             d = self.root / "empty" / name
             d.mkdir(parents=True)
             os.chmod(d, 0o777)
+            if self.namespaces:    # a shared mount, like everything under the kubelet's root
+                subprocess.run(["mount", "--bind", str(d), str(d)], check=True)
+                subprocess.run(["mount", "--make-shared", str(d)], check=True)
         elif "configMap" in vol:
             d = self.root / "configmap" / name
             d.mkdir(parents=True)
@@ -110,10 +121,38 @@ class Pod:
                 raise ValueError(f"{c['name']}: secret {ref['name']} is missing")
         return env
 
+    def mount_setup(self, c: dict) -> str:
+        """Shell commands that give a fresh mount namespace the container's mounts."""
+        steps = []
+        shared = {v["name"] for v in self.spec["volumes"] if "emptyDir" in v}
+        for m in c.get("volumeMounts", []):
+            if str(self._dirs[m["name"]]).startswith("/dev/"):
+                continue
+            host = shlex.quote(str(self._dirs[m["name"]]))
+            mode = m.get("mountPropagation", "None")
+            if mode == "Bidirectional":
+                assert c.get("securityContext", {}).get("privileged"), \
+                    f"{c['name']}: the API rejects Bidirectional in an unprivileged container"
+            elif mode == "HostToContainer":
+                steps.append(f"mount --make-rslave {host}")
+            elif m["name"] in shared:
+                steps.append(f"mount --make-private {host}")
+            if m.get("readOnly"):
+                # Recursive, as runtimes bind volumes: mounts already under it stay
+                # visible; a bind of a slave or shared mount keeps its propagation.
+                steps.append(f"mount --rbind {host} {host} && mount -o remount,bind,ro {host}")
+        return " && ".join(steps) or "true"
+
     def argv(self, c: dict, command: list[str]) -> list[str]:
         """`command` as the container's securityContext would run it."""
         self.prepare(c)
-        words = [self.rewrite(w, c) for w in command]
+        words = self._credentials(c, [self.rewrite(w, c) for w in command])
+        if not self.namespaces:
+            return words
+        return ["unshare", "--mount", "--propagation", "unchanged", "sh", "-c",
+                self.mount_setup(c) + ' && exec "$@"', "sh", *words]
+
+    def _credentials(self, c: dict, words: list[str]) -> list[str]:
         sc = c.get("securityContext", {})
         if sc.get("privileged"):
             return words

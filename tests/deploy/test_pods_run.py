@@ -1,119 +1,77 @@
 """The DaemonSet's pod and the example training pod, run together on one
-"node" by `podsim`: the manifests' commands, securityContexts, env, probes,
-ConfigMaps and Secret work with the real daemon and fsclient.
-
-The one change to the manifests: the volume's S3 source becomes a local
-directory (no S3 here). Mount propagation and read-only mounts are not
-simulated (see podsim); test_manifests checks them in the manifests.
+simulated node (node_scenario, podsim): the manifests' commands,
+securityContexts, env, probes, ConfigMaps, Secret, read-only mounts and
+mount propagation work with the real daemon and fsclient.
 """
 
 from __future__ import annotations
 
-import os
-import signal
+import json
+import shutil
 import subprocess
-import time
-from pathlib import Path
+import sys
 
 import pytest
 
 from tests.deploy import unit_runner
-from tests.deploy.paths import DAEMONSET, EXAMPLE
-from tests.deploy.podsim import Pod
-from tests.deploy.render import one, pod_spec, render
-from tests.deploy.unit_runner import is_mounted
+from tests.deploy.paths import REPO
 
 pytest.importorskip("blockcached", reason="the daemon package blockcached is not installed")
 pytest.importorskip("fsclient.mount", reason="fsclient is not installed")
-pytestmark = unit_runner.fuse_marks()
-
-WAIT = 30.0
-
-
-def wait_until(check, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {WAIT}s")
-        time.sleep(0.2)
+pytestmark = [*unit_runner.fuse_marks(),
+              pytest.mark.skipif(shutil.which("unshare") is None,
+                                 reason="needs unshare (util-linux) for the node's mount namespace")]
 
 
-def volume_key() -> bytes:
-    from blockcache_client.keyfile import generate_key_file
-
-    with unit_runner.scratch_root() as d:
-        generate_key_file(str(d / "k"))
-        return (d / "k").read_bytes()
-
-
-
-def test_daemonset_pod_and_training_pod_run_together():
-    daemon_objs, example_objs = render(DAEMONSET), render(EXAMPLE)
-    ds, job = one(daemon_objs, "DaemonSet"), one(example_objs, "Job")
-    configmaps = {o["metadata"]["name"]: dict(o["data"])
-                  for o in daemon_objs + example_objs if o["kind"] == "ConfigMap"}
-    key_volume = next(v for v in pod_spec(job)["volumes"] if v["name"] == "volume-key")
-    key_item = key_volume["secret"]["items"][0]["key"]
-    procs: list[subprocess.Popen] = []
-    mountpoint = None
+@pytest.fixture(scope="module")
+def node():
+    """What node_scenario observed, run in a mount namespace of its own."""
     with unit_runner.scratch_root() as root:
-        source = root / "bucket"
-        files = {f"train/{i:03d}.jpg": os.urandom(120_000 + i) for i in range(4)}
-        for name, data in files.items():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            (source / name).write_bytes(data)
-        for cm in configmaps.values():
-            for k, text in cm.items():
-                cm[k] = text.replace('"s3://bucket/prefix"', f'"{source}"')
-        node = root / "node"
-        daemon = Pod(pod_spec(ds), configmaps, {}, node, root / "daemon-pod")
-        trainer = Pod(pod_spec(job), configmaps,
-                      {key_volume["secret"]["secretName"]: {key_item: volume_key()}},
-                      node, root / "training-pod")
-        try:
-            # The init container alone gives the daemon's uid its host dirs.
-            init = daemon.run("own-dirs")
-            assert init.returncode == 0, init.stderr
-            procs.append(daemon.start("blockcached", root / "blockcached.log"))
-            wait_until(lambda: daemon.probe("blockcached", "readinessProbe").returncode == 0,
-                       "the daemon never became ready")
-            assert daemon.probe("blockcached", "livenessProbe").returncode == 0
-            # The training pod: the sidecar mounts, its startup probe passes,
-            # then the trainer (uid 1000) reads the whole volume through it.
-            procs.append(trainer.start("fsclient", root / "fsclient.log"))
-            wait_until(lambda: trainer.probe("fsclient", "startupProbe").returncode == 0,
-                       "the sidecar's startup probe never passed")
-            mountpoint = Path(trainer.rewrite("/mnt/datasets/imagenet",
-                                              trainer.container("fsclient")))
-            run = trainer.run("trainer")
-            assert run.returncode == 0, run.stderr
-            assert int(run.stdout.split()[-1]) == sum(map(len, files.values()))
-            check_fills_reached_daemon(daemon, len(files))
-            # Job done: the kubelet stops the sidecar, then (on rollout) the daemon.
-            procs[1].send_signal(signal.SIGTERM)
-            procs[1].wait(timeout=pod_spec(job)["terminationGracePeriodSeconds"])
-            assert not is_mounted(mountpoint), "the sidecar left its mount behind"
-            procs[0].send_signal(signal.SIGTERM)
-            assert procs[0].wait(timeout=pod_spec(ds)["terminationGracePeriodSeconds"]) == 0
-        except (AssertionError, subprocess.TimeoutExpired) as exc:
-            logs = "\n".join(f"--- {p.name} ---\n{p.read_text(errors='replace')}"
-                             for p in sorted(root.glob("*.log")))
-            raise AssertionError(f"{exc}\n{logs}") from None
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            if mountpoint and is_mounted(mountpoint):
-                subprocess.run(["fusermount3", "-uz", str(mountpoint)], timeout=WAIT)
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
+                            "-m", "tests.deploy.node_scenario", str(root)],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and r.stdout.strip(), r.stderr
+        obs = json.loads(r.stdout.strip().splitlines()[-1])
+    logs = "\n".join(f"--- {name} ---\n{text}" for name, text in obs["logs"].items())
+    assert "error" not in obs, f"{obs['error']}\n{logs}"
+    obs["all_logs"] = logs
+    return obs
 
 
-def check_fills_reached_daemon(daemon: Pod, count: int) -> None:
-    """The sidecar handed the misses to the daemon through the socket dir."""
-    from blockcache_client.client import Client
+def test_daemonset_pod_starts_as_its_manifest_says(node):
+    # The init container, with CAP_CHOWN only, gives uid 10001 its host dirs;
+    # the daemon, as 10001 without capabilities, then serves and answers the
+    # probes through the env the manifest sets.
+    assert node["init"] == [0, ""]
+    assert node["ready"], node["all_logs"]
+    assert node["liveness"] == 0
 
-    c = daemon.container("blockcached")
-    env = daemon.env(c)
-    with Client(env["BLOCKCACHE_SOCKET"]) as client:
-        wait_until(lambda: client.stats()["entries"] >= count,
-                   "the sidecar's fills never reached the daemon")
+
+def test_training_pod_reads_the_volume_through_the_sidecar(node):
+    # The startup probe passes once the sidecar's FUSE mount is up; the
+    # trainer (uid 1000, another mount namespace, HostToContainer) sees the
+    # mount the sidecar made (Bidirectional) and reads every byte.
+    assert node["started"], node["all_logs"]
+    code, out, err = node["trainer"]
+    assert code == 0, err
+    assert int(out.split()[-1]) == node["expected_bytes"]
+    # Misses went to the daemon through the read-only socket dir.
+    assert node["entries"] >= 4
+
+
+def test_trainer_survives_a_sidecar_restart(node):
+    # Killed sidecar, dead mount, restarted sidecar, new mount: a running
+    # trainer sees the unmount and the new mount (HostToContainer) and reads
+    # the whole volume again.
+    code, out, err = node["after_sidecar_restart"]
+    assert code == 0, f"{err}\n{node['all_logs']}"
+    assert [int(n) for n in out.split()] == [node["expected_bytes"]] * 2
+
+
+def test_sidecar_mounts_cache_and_socket_dirs_read_only(node):
+    assert node["writable_in_sidecar"] == [False, False]
+
+
+def test_pods_stop_cleanly(node):
+    assert node["sidecar_exit"] == 0 and not node["mounted_after_stop"]
+    assert node["daemon_exit"] == 0

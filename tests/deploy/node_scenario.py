@@ -1,0 +1,155 @@
+"""One simulated GPU node: the DaemonSet's pod, then the example training pod.
+
+    unshare --mount --propagation private python -m tests.deploy.node_scenario ROOT
+
+Runs inside a mount namespace of its own (the node's), so the pods' mounts
+(shared pod volumes, each container's namespace, FUSE) never reach the host
+and vanish with it. Uses `podsim` with per-container mount namespaces and
+prints one JSON object with what it observed (exit codes, outputs, logs);
+test_pods_run judges it. The one change to the manifests: the volume's S3
+source becomes a local directory (no S3 here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.deploy.paths import DAEMONSET, EXAMPLE
+from tests.deploy.podsim import Pod
+from tests.deploy.render import one, pod_spec, render
+from tests.deploy.unit_runner import is_mounted
+
+WAIT = 30.0
+FILES = {f"train/{i:03d}.jpg": 120_000 + i for i in range(4)}   # name -> size
+
+
+def wait_until(check, timeout: float = WAIT) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def volume_key() -> bytes:
+    from blockcache_client.keyfile import generate_key_file
+
+    path = Path(f"/tmp/blockcache-key-{os.getpid()}")
+    try:
+        generate_key_file(str(path))
+        return path.read_bytes()
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def run(root: Path) -> dict[str, Any]:
+    """The scenario; every observation goes into the returned dict."""
+    from blockcache_client.client import Client
+
+    obs: dict[str, Any] = {"expected_bytes": sum(FILES.values())}
+    daemon_objs, example_objs = render(DAEMONSET), render(EXAMPLE)
+    ds, job = one(daemon_objs, "DaemonSet"), one(example_objs, "Job")
+    source = root / "bucket"
+    for name, size in FILES.items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(os.urandom(size))
+    configmaps = {o["metadata"]["name"]: {k: v.replace('"s3://bucket/prefix"', f'"{source}"')
+                                          for k, v in o["data"].items()}
+                  for o in daemon_objs + example_objs if o["kind"] == "ConfigMap"}
+    key_volume = next(v for v in pod_spec(job)["volumes"] if v["name"] == "volume-key")
+    secrets = {key_volume["secret"]["secretName"]:
+               {key_volume["secret"]["items"][0]["key"]: volume_key()}}
+    node = root / "node"
+    daemon = Pod(pod_spec(ds), configmaps, {}, node, root / "daemon-pod", namespaces=True)
+    trainer = Pod(pod_spec(job), configmaps, secrets, node, root / "training-pod",
+                  namespaces=True)
+    procs: dict[str, subprocess.Popen] = {}
+    mountpoint = None
+    try:
+        init = daemon.run("own-dirs")
+        obs["init"] = [init.returncode, init.stderr]
+        procs["daemon"] = daemon.start("blockcached", root / "blockcached.log")
+        obs["ready"] = wait_until(
+            lambda: daemon.probe("blockcached", "readinessProbe").returncode == 0)
+        obs["liveness"] = daemon.probe("blockcached", "livenessProbe").returncode
+        procs["sidecar"] = trainer.start("fsclient", root / "fsclient.log")
+        obs["started"] = wait_until(
+            lambda: trainer.probe("fsclient", "startupProbe").returncode == 0)
+        sidecar = trainer.container("fsclient")
+        mountpoint = Path(trainer.rewrite("/mnt/datasets/imagenet", sidecar))
+        # In the sidecar's namespace the cache and socket dirs are read-only.
+        for mount_path in ("/var/cache/blockcache", "/run/blockcache"):
+            probe = trainer.run("fsclient", ["sh", "-c", f"touch {mount_path}/planted"])
+            obs.setdefault("writable_in_sidecar", []).append(probe.returncode == 0)
+        t = trainer.run("trainer")
+        obs["trainer"] = [t.returncode, t.stdout, t.stderr]
+        with Client(daemon.env(daemon.container("blockcached"))["BLOCKCACHE_SOCKET"]) as c:
+            wait_until(lambda: c.stats()["entries"] >= len(FILES))
+            obs["entries"] = c.stats()["entries"]
+        obs["after_sidecar_restart"] = sidecar_restart(trainer, procs, root)
+        procs["sidecar"].send_signal(signal.SIGTERM)
+        obs["sidecar_exit"] = procs["sidecar"].wait(
+            timeout=pod_spec(job)["terminationGracePeriodSeconds"])
+        obs["mounted_after_stop"] = is_mounted(mountpoint)
+        procs["daemon"].send_signal(signal.SIGTERM)
+        obs["daemon_exit"] = procs["daemon"].wait(
+            timeout=pod_spec(ds)["terminationGracePeriodSeconds"])
+    except Exception as exc:  # reported, with the logs, to the test
+        obs["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if mountpoint and is_mounted(mountpoint):
+            subprocess.run(["fusermount3", "-uz", str(mountpoint)], timeout=WAIT)
+        obs["logs"] = {p.name: p.read_text(errors="replace") for p in sorted(root.glob("*.log"))}
+    return obs
+
+
+def sidecar_restart(pod: Pod, procs: dict[str, subprocess.Popen], root: Path) -> list:
+    """A trainer keeps reading across a crash and restart of its sidecar.
+
+    The trainer's mount namespace lives on; the killed sidecar leaves a dead
+    mount, the restarted one (restartPolicy Always) lazily unmounts it and
+    mounts again, and both events must reach the trainer (HostToContainer).
+    Returns [exit code, byte counts printed, stderr] of that trainer.
+    """
+    go = root / "go"
+    read = "find /mnt/datasets/imagenet -type f -exec cat {} + | wc -c"
+    c = pod.container("trainer")
+    cmd = ["bash", "-o", "pipefail", "-c",
+           f"{read} && while [ ! -e {go} ]; do sleep 0.1; done && {read}"]
+    p = subprocess.Popen(pod.argv(c, cmd), env=pod.env(c), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        first = p.stdout.readline()           # the first pass, through the first mount
+        procs["sidecar"].kill()
+        procs["sidecar"].wait()
+        procs["sidecar"] = pod.start("fsclient", root / "fsclient-restarted.log")
+        if not wait_until(lambda: pod.probe("fsclient", "startupProbe").returncode == 0):
+            return [None, first, "the restarted sidecar's startup probe never passed"]
+        go.touch()
+        out, err = p.communicate(timeout=WAIT)
+        return [p.returncode, first + out, err]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def main(argv: list[str]) -> int:
+    print(json.dumps(run(Path(argv[1]))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

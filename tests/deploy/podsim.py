@@ -7,8 +7,8 @@ ConfigMap files 0644, Secret files with their defaultMode), and each
 container's paths are mapped onto them by rewriting its command, env and
 mounted config files (longest mountPath first). Its securityContext becomes
 `setpriv`: runAsUser/runAsGroup, the bounding set from capabilities.add
-after drop ALL, no_new_privs unless privilege escalation is allowed;
-privileged containers run as plain root.
+after drop ALL (required), no_new_privs (allowPrivilegeEscalation: false is
+required too); privileged containers run as plain root.
 
 Mounts, when run inside a mount namespace of its own (the "node", see
 node_scenario): every container then gets its own mount namespace, where

@@ -241,3 +241,12 @@ def test_rendered_configs_load_in_the_real_loaders(daemon_objs, example_objs, ds
     (tmp_path / "v.toml").write_text(volume_toml)
     vcfg = vconfig.build_config(vconfig.load_toml(str(tmp_path / "v.toml")))
     assert vcfg.socket == cfg.socket
+
+
+@pytest.mark.parametrize("directory", [DAEMONSET, EXAMPLE], ids=["daemonset", "example"])
+def test_every_image_has_a_pinned_tag(directory):
+    """An untagged image means :latest, which changes under a running fleet."""
+    for obj in render(directory):
+        for c in containers(obj):
+            name, _, tag = c["image"].rpartition(":")
+            assert name and tag and tag != "latest" and "/" not in tag, c["image"]

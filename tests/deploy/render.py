@@ -9,6 +9,7 @@ are left as written, which is what kustomize rewrites them from.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,13 +26,17 @@ def kubectl() -> str | None:
 
 
 def render(directory: Path) -> list[dict]:
-    """The objects of the kustomization in `directory`."""
-    exe = kubectl()
-    if exe:
-        out = subprocess.run([exe, "kustomize", str(directory)], check=True,
-                             capture_output=True, text=True, timeout=60).stdout
-        return [d for d in yaml.safe_load_all(out) if d]
+    """The objects of the kustomization in `directory` (fresh copies)."""
+    if kubectl():
+        return [d for d in yaml.safe_load_all(_kustomize(directory)) if d]
     return render_without_kubectl(directory)
+
+
+@functools.cache
+def _kustomize(directory: Path) -> str:
+    # One kubectl run per directory and test session: the files do not change.
+    return subprocess.run([kubectl(), "kustomize", str(directory)], check=True,
+                          capture_output=True, text=True, timeout=60).stdout
 
 
 def render_without_kubectl(directory: Path) -> list[dict]:

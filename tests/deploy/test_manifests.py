@@ -250,3 +250,47 @@ def test_every_image_has_a_pinned_tag(directory):
         for c in containers(obj):
             name, _, tag = c["image"].rpartition(":")
             assert name and tag and tag != "latest" and "/" not in tag, c["image"]
+
+
+# Enumerated fields (Kubernetes API reference); the client models take any
+# string there, so a misspelt value would only fail at `kubectl apply`.
+ENUMS = {
+    ("hostPath", "type"): {"", "DirectoryOrCreate", "Directory", "FileOrCreate", "File",
+                           "Socket", "CharDevice", "BlockDevice"},
+    ("volumeMounts", "mountPropagation"): {"None", "HostToContainer", "Bidirectional"},
+    ("tolerations", "operator"): {"Exists", "Equal"},
+    ("tolerations", "effect"): {"NoSchedule", "PreferNoSchedule", "NoExecute"},
+    ("seccompProfile", "type"): {"RuntimeDefault", "Localhost", "Unconfined"},
+    ("emptyDir", "medium"): {"", "Memory"},
+    ("updateStrategy", "type"): {"RollingUpdate", "OnDelete"},
+    ("initContainers", "restartPolicy"): {"Always"},
+    ("spec", "restartPolicy"): {"Always", "OnFailure", "Never"},
+    ("", "preemptionPolicy"): {"PreemptLowerPriority", "Never"},
+    ("containers", "imagePullPolicy"): {"Always", "IfNotPresent", "Never"},
+    ("initContainers", "imagePullPolicy"): {"Always", "IfNotPresent", "Never"},
+}
+
+
+def enum_fields(node, parent: str = ""):
+    """(parent key, key, value) for every scalar in a manifest object."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if isinstance(v, (dict, list)):
+                yield from enum_fields(v, k)
+            else:
+                yield parent, k, v
+    elif isinstance(node, list):
+        for item in node:
+            yield from enum_fields(item, parent)
+
+
+@pytest.mark.parametrize("directory", [DAEMONSET, EXAMPLE], ids=["daemonset", "example"])
+def test_enumerated_fields_hold_valid_values(directory):
+    checked = 0
+    for obj in render(directory):
+        for parent, key, value in enum_fields(obj):
+            allowed = ENUMS.get((parent, key))
+            if allowed is not None:
+                assert value in allowed, f"{obj['kind']}: {parent}.{key} = {value!r}"
+                checked += 1
+    assert checked

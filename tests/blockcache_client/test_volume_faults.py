@@ -121,12 +121,12 @@ def test_two_processes_same_cold_file_one_copy_cached(local_source, key_file, da
     assert len(keys) == len(set(keys)) == 5
 
 
-def test_fork_safety(local_source, key_file, daemon):
+def test_fork_safety(source, key_file, daemon):
     rng = random.Random(8)
     files = {f"f{i}.bin": rng.randbytes(BS + 100 * i) for i in range(6)}
     for rel, data in files.items():
-        local_source.write(rel, data)
-    vol = volume(local_source, key_file, daemon)
+        source.write(rel, data)
+    vol = volume(source, key_file, daemon)
     try:
         wait_connected(vol)
         assert vol.read("f0.bin", 0, 1 << 20) == files["f0.bin"]  # threads and queues now live

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import time
+from array import array
 from functools import partial
 from typing import Any, Callable
 
@@ -22,7 +24,7 @@ from .config import Config
 from .filler import DirWorker, FillQueue
 from .health import Health
 from .index import Index
-from .store import ScanResult, Store
+from .store import Placement, ScanResult, Store
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,8 @@ TOUCH_PERSIST_AFTER = 60     # seconds: renew a block's mtime at most this often
 MAX_PENDING_UTIMES = 200_000  # per dir; beyond this, recency persists less precisely
 SPACE_INTERVAL = 1.0          # seconds between statvfs of a dir
 REBUILD_CHUNK = 50_000        # scanned entries indexed per event-loop turn
+# processes for the start-up scan of a big dir (it is CPU-bound Python)
+SCAN_PROCESSES = max(1, min(4, os.cpu_count() or 1))
 
 
 class Cache:
@@ -87,23 +91,23 @@ class Cache:
     def _start_scan(self, i: int) -> None:
         self.rebuilding[i] = True
         self.rebuild_stats["state"] = "running"
-        owns: Callable[[str], bool]
-        if len(self.stores) == 1:
-            owns = _always
-        else:
-            layout = Layout([CacheDir(d.path, d.placement_weight) for d in self.cfg.cache_dirs])
-            owns = lambda key: layout.dir_index(key) == i  # noqa: E731
-        self.workers[i].submit(self._scan_job, i, owns, done=partial(self._scanned, i))
+        placement = None
+        if len(self.stores) > 1:
+            placement = tuple((d.path, d.placement_weight) for d in self.cfg.cache_dirs)
+        # untimed: a long scan is not a hung disk
+        self.workers[i].submit(self._scan_job, i, placement, done=partial(self._scanned, i),
+                               timed=False)
 
-    def _scan_job(self, i: int, owns: Callable[[str], bool]) -> ScanResult:
+    def _scan_job(self, i: int, placement: Placement | None) -> tuple[ScanResult, array]:
         store = self.stores[i]
         store.prepare()
         cleared = store.clear_tmp()
-        result = store.scan(owns)
+        result = store.scan(placement, i, SCAN_PROCESSES)
         result.removed += cleared
-        return result
+        return result, result.oldest_first()
 
-    def _scanned(self, i: int, result: ScanResult | None, exc: BaseException | None) -> None:
+    def _scanned(self, i: int, found: tuple[ScanResult, array] | None,
+                 exc: BaseException | None) -> None:
         if exc is not None:
             log.error("cache dir %s: rebuild scan failed: %s", self.paths[i], exc)
             self._scan_failed[i] = True
@@ -111,24 +115,27 @@ class Cache:
                 self._health_changed()
             self._rebuild_done(i)
             return
-        assert result is not None
+        assert found is not None
+        result, order = found
         self._scan_failed[i] = False
         self.rebuild_stats["scanned"] += result.scanned
         self.rebuild_stats["removed"] += result.removed
-        self._index_scanned(i, result.entries, 0)
+        self._index_scanned(i, result, order, 0)
 
-    def _index_scanned(self, i: int, entries: list[tuple[int, str, int]], start: int) -> None:
-        """Index one chunk of scan results, then yield the loop for the next."""
-        chunk = entries[start:start + REBUILD_CHUNK]
+    def _index_scanned(self, i: int, result: ScanResult, order: array, start: int) -> None:
+        """Index one chunk of scan results (oldest first), then yield the loop."""
+        chunk = order[start:start + REBUILD_CHUNK]
+        names, mtimes, sizes = result.names, result.mtimes, result.sizes
         if self._rebuild_evictions:
-            evicted = [k for _, k, _ in chunk if any(m(k) for m in self._rebuild_evictions)]
+            matches = self._rebuild_evictions
+            evicted = {j for j in chunk if any(m(names[j]) for m in matches)}
             if evicted:
-                drop = set(evicted)
-                chunk = [e for e in chunk if e[1] not in drop]
-                self._unlink(i, evicted)
-        self.rebuild_stats["indexed"] += self.index.add_many(i, chunk)
-        if start + REBUILD_CHUNK < len(entries):
-            self._loop.call_soon(self._index_scanned, i, entries, start + REBUILD_CHUNK)
+                chunk = [j for j in chunk if j not in evicted]
+                self._unlink(i, [names[j] for j in evicted])
+        self.rebuild_stats["indexed"] += self.index.add_many(
+            i, ((mtimes[j], names[j], sizes[j]) for j in chunk))
+        if start + REBUILD_CHUNK < len(order):
+            self._loop.call_soon(self._index_scanned, i, result, order, start + REBUILD_CHUNK)
             return
         log.info("cache dir %s: rebuilt %d entries (%d bytes)", self.paths[i],
                  len(self.index.dirs[i]), self.index.dirs[i].used_bytes)

@@ -39,18 +39,20 @@ class DirWorker:
         self._thread = threading.Thread(target=self._run, name=f"dir-{name}", daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[..., Any], *args: Any, done: Done | None = None) -> None:
-        """Run `fn(*args)` on the worker; then `done(result, exc)` on the loop."""
+    def submit(self, fn: Callable[..., Any], *args: Any, done: Done | None = None,
+               timed: bool = True) -> None:
+        """Run `fn(*args)` on the worker; then `done(result, exc)` on the loop.
+        Untimed jobs (the rebuild scan) are never reported as hung."""
         self.backlog += 1
-        self._q.put((fn, args, done))
+        self._q.put((fn, args, done, timed))
 
     def _run(self) -> None:
         while True:
             job = self._q.get()
             if job is None:
                 return
-            fn, args, done = job
-            self.busy_since = time.monotonic()
+            fn, args, done, timed = job
+            self.busy_since = time.monotonic() if timed else 0.0
             try:
                 result, exc = fn(*args), None
             except BaseException as e:  # reported to the loop, never kills the worker

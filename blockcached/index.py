@@ -17,11 +17,16 @@ what to evict and the dir workers delete the files.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from sortedcontainers import SortedList
 
 _TIME_MASK = 0xFFFFFFFF
+# Touch times are kept to this granularity (seconds, a power of two). Blocks
+# mostly share a size (the volume's block size), so coarse times make many
+# entries' packed values equal, and equal values share one int object.
+TIME_GRAIN = 16
+_VALUE_CACHE_MAX = 1 << 16
 # Greater than every character a key may contain ([a-z0-9._-]).
 _PREFIX_END = "\x7f"
 
@@ -50,6 +55,19 @@ class Index:
         self.dirs = [DirIndex() for _ in range(ndirs)]
         self.keys = SortedList()
         self.volumes: dict[str, list[int]] = {}
+        self._values: dict[int, int] = {}
+
+    def _pack(self, size: int, touched: int) -> int:
+        """`size << 32 | touched`, one shared int object per distinct value
+        (32 bytes saved per entry whose value another entry already has)."""
+        v = (size << 32) | (touched & _TIME_MASK & -TIME_GRAIN)
+        cache = self._values
+        shared = cache.get(v)
+        if shared is None:
+            if len(cache) >= _VALUE_CACHE_MAX:
+                cache.clear()
+            cache[v] = shared = v
+        return shared
 
     # -- queries -----------------------------------------------------------
 
@@ -101,23 +119,24 @@ class Index:
         if key in self:
             return False
         d = self.dirs[dir_index]
-        d.lru[key] = (size << 32) | (touched & _TIME_MASK)
+        d.lru[key] = self._pack(size, touched)
         d.used_bytes += size
         self.keys.add(key)
         self._count(key, 1, size)
         return True
 
-    def add_many(self, dir_index: int, items: list[tuple[int, str, int]]) -> int:
+    def add_many(self, dir_index: int, items: Iterable[tuple[int, str, int]]) -> int:
         """Bulk insert `(touched, key, size)`, given oldest first, each as more
         recent than the previous; keys already present are skipped."""
         d = self.dirs[dir_index]
         lru = d.lru
         fresh = []
         volumes = self.volumes
+        pack = self._pack
         for touched, key, size in items:
             if key in self:
                 continue
-            lru[key] = (size << 32) | (touched & _TIME_MASK)
+            lru[key] = pack(size, touched)
             d.used_bytes += size
             fresh.append(key)
             vol = key[:key.index("_")]
@@ -140,7 +159,7 @@ class Index:
                 continue
             stale = now - (v & _TIME_MASK) >= every
             if stale:
-                v = (v >> 32 << 32) | (now & _TIME_MASK)
+                v = self._pack(v >> 32, now)
             lru[key] = v
             return i, stale
         return -1, False

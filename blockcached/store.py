@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing
 import os
 import shutil
+from array import array
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from blockcache_client import blockfile, layout
@@ -34,11 +38,34 @@ _HEX2 = frozenset(f"{i:02x}" for i in range(256))
 
 @dataclass(slots=True)
 class ScanResult:
-    """What a scan of one dir found: `entries` as (mtime, key, size), oldest first."""
+    """What a scan of one dir found: parallel columns, in no particular order.
 
-    entries: list[tuple[int, str, int]]
+    Columns rather than a tuple per file: at millions of files the tuples
+    would outlive the scan as fragmented heap (hundreds of bytes of RSS per
+    entry); arrays are single allocations that are returned when freed.
+    """
+
+    names: list[str]
+    mtimes: array
+    sizes: array
     scanned: int
     removed: int
+
+    def oldest_first(self) -> array:
+        """Indices of the entries by mtime, oldest first (an array, so the
+        int objects of the sort are all freed before the index grows)."""
+        return array("q", sorted(range(len(self.names)), key=self.mtimes.__getitem__))
+
+    @classmethod
+    def merge(cls, parts: list["ScanResult"]) -> "ScanResult":
+        out = cls([], array("q"), array("q"), 0, 0)
+        for p in parts:
+            out.names += p.names
+            out.mtimes += p.mtimes
+            out.sizes += p.sizes
+            out.scanned += p.scanned
+            out.removed += p.removed
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,43 +160,82 @@ class Store:
                 n += 1
         return n
 
-    def scan(self, owns) -> ScanResult:
-        """Find the complete blocks this dir owns, oldest mtime first.
+    def scan(self, placement: Placement | None, me: int, processes: int = 1) -> ScanResult:
+        """Find the complete blocks this dir owns (see `_scan_tops`).
 
-        Does not open files (restart must be fast): a file is kept if its name
-        is a canonical key, it sits at that key's fan-out path, `owns(key)` says
-        this dir owns it, and its size could be a block file. Everything else
-        in blocks/ is deleted. Corrupt contents are caught by readers, which
-        authenticate every chunk and evict what fails.
+        With `processes` > 1 and a populated fan-out, the top-level fan-out
+        dirs are split over that many child processes: the scan is CPU-bound
+        in Python (parse, hash, stat per file), so threads would not help.
         """
-        entries: list[tuple[int, str, int]] = []
-        scanned = removed = 0
-        parse = BlockKey.parse
-        fanout = layout.fanout
-        for top in _subdirs(self.blocks):
-            for mid in _subdirs(top.path):
-                where = f"{top.name}/{mid.name}"
-                with os.scandir(mid.path) as it:
-                    for e in it:
-                        scanned += 1
-                        name = e.name
-                        try:
-                            parse(name)
-                            ok = fanout(name) == where and owns(name)
-                            if ok:
-                                st = e.stat(follow_symlinks=False)
-                                ok = (e.is_file(follow_symlinks=False)
-                                      and MIN_BLOCK_FILE <= st.st_size <= _MAX_FILE)
-                        except InvalidKey:
-                            ok = False
+        tops = [e.path for e in _subdirs(self.blocks)]
+        if processes > 1 and _populated(tops):
+            ctx = multiprocessing.get_context("spawn")
+            try:
+                with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
+                    parts = list(pool.map(_scan_tops, [tops[i::processes] for i in range(processes)],
+                                          [placement] * processes, [me] * processes))
+            except (OSError, BrokenProcessPool) as exc:
+                log.warning("parallel scan of %s failed (%s); scanning in one thread", self.path, exc)
+            else:
+                return ScanResult.merge(parts)
+        return _scan_tops(tops, placement, me)
+
+
+# The dirs' (path, weight) for rendezvous placement; None = one dir owns all.
+Placement = tuple[tuple[str, int], ...]
+
+
+def _populated(tops: list[str]) -> bool:
+    """Whether the fan-out looks big enough to be worth several processes."""
+    if len(tops) < 64:
+        return False
+    return len(_subdirs(tops[0])) >= 64
+
+
+def _scan_tops(tops: list[str], placement: Placement | None, me: int) -> ScanResult:
+    """Scan `blocks/<top>/*/*` for each top; the blocks kept, oldest first.
+
+    Does not open files (restart must be fast): a file is kept if its name is
+    a canonical key (`BlockKey.parse`), it sits at that key's fan-out path,
+    this dir owns it under `placement`, and its size could be a block file.
+    Everything else is deleted. Corrupt contents are caught by readers, which
+    authenticate every chunk and evict what fails.
+    """
+    names: list[str] = []
+    mtimes = array("q")
+    sizes = array("q")
+    scanned = removed = 0
+    parse = BlockKey.parse
+    fanout = layout.fanout
+    owner = None
+    if placement is not None:
+        owner = layout.Layout([layout.CacheDir(p, w) for p, w in placement]).dir_index
+    for top in tops:
+        top_name = os.path.basename(top)
+        for mid in _subdirs(top):
+            where = f"{top_name}/{mid.name}"
+            with os.scandir(mid.path) as it:
+                for e in it:
+                    scanned += 1
+                    name = e.name
+                    try:
+                        parse(name)
+                        ok = fanout(name) == where and (owner is None or owner(name) == me)
                         if ok:
-                            entries.append((int(st.st_mtime), name, st.st_size))
-                        else:
-                            log.info("scan: removing %s (not a block this dir owns)", e.path)
-                            _remove_any(e.path)
-                            removed += 1
-        entries.sort()
-        return ScanResult(entries, scanned, removed)
+                            st = e.stat(follow_symlinks=False)
+                            ok = (e.is_file(follow_symlinks=False)
+                                  and MIN_BLOCK_FILE <= st.st_size <= _MAX_FILE)
+                    except InvalidKey:
+                        ok = False
+                    if ok:
+                        names.append(name)
+                        mtimes.append(int(st.st_mtime))
+                        sizes.append(st.st_size)
+                    else:
+                        log.info("scan: removing %s (not a block this dir owns)", e.path)
+                        _remove_any(e.path)
+                        removed += 1
+    return ScanResult(names, mtimes, sizes, scanned, removed)
 
 
 _MAX_FILE = blockfile.BlockHeader(b"\0" * 8, b"\0" * 16, blockfile.MAX_PLAINTEXT,

@@ -1,0 +1,243 @@
+"""Benchmark of `blockcached`: lookups, puts, rebuild, index memory.
+
+    python -m bench.daemon [--entries N] [--million] [--dir DIR]
+
+Prints, measured in one run against a real daemon process on this machine:
+
+- lookup round trip p50/p99 (one key per request) on one connection, and on
+  4 connections from 4 processes at once;
+- batched lookups/s (4096 keys per request);
+- put MB/s (1 MiB blocks, until written) against writing the same files into
+  the same file system directly: both crash-safely (tmp + fsync + rename,
+  what the daemon does) and plainly (open/write/close, page cache only);
+- rebuild: entries/s of the start-up scan over N block files (200k default,
+  1M with --million) and the daemon's RSS per index entry.
+
+Targets: lookup p50 <= 80 us; batched >= 100k keys/s; put >= 50% of the
+direct rate; rebuild >= 100k entries/s; <= 250 B RSS per entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from blockcache_client import blockfile, layout
+from blockcache_client.client import Client
+from blockcache_client.keys import BlockKey
+from tests.support.daemon import DaemonProcess
+
+VOLUME_KEY = bytes(32)
+LOOKUPS = 20_000
+PUT_BLOCK = 1 << 20
+PUT_COUNT = 128
+
+
+def _key(i: int, vol: str = "imagenet") -> str:
+    return str(BlockKey(vol, 1_000_000 + i // 16, 0x5eed5eed5eed5eed, (i % 16) << 20))
+
+
+def _pct(samples: list[float], p: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))]
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def _lookup_latencies(sock: str, keys: list[str], n: int) -> list[float]:
+    c = Client(sock)
+    c.ping()
+    out = []
+    for i in range(n):
+        k = keys[i % len(keys)]
+        t = time.perf_counter()
+        c.lookup([k])
+        out.append(time.perf_counter() - t)
+    c.close()
+    return out
+
+
+def _worker(args: tuple[str, list[str], int]) -> list[float]:
+    return _lookup_latencies(*args)
+
+
+def bench_lookups(sock: str, keys: list[str]) -> dict[str, float]:
+    one = _lookup_latencies(sock, keys, LOOKUPS)
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(4) as pool:
+        many = [x for part in pool.map(_worker, [(sock, keys, LOOKUPS // 2)] * 4) for x in part]
+    c = Client(sock)
+    batch = keys[:4096]
+    c.lookup(batch)
+    t = time.perf_counter()
+    rounds = 50
+    for _ in range(rounds):
+        c.lookup(batch)
+    batched = rounds * len(batch) / (time.perf_counter() - t)
+    c.close()
+    return {"p50_1": _pct(one, 50), "p99_1": _pct(one, 99),
+            "p50_4": _pct(many, 50), "p99_4": _pct(many, 99), "batched": batched}
+
+
+def _write_direct(root: Path, blobs: list[tuple[str, bytes]], durable: bool) -> float:
+    tmpdir = root / "tmp"
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    for i, (k, blob) in enumerate(blobs):
+        final = root / layout.block_relpath(k)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        path = tmpdir / str(i) if durable else final
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, blob)
+        if durable:
+            os.fsync(fd)
+        os.close(fd)
+        if durable:
+            os.rename(path, final)
+    return time.perf_counter() - t
+
+
+def bench_puts(d: DaemonProcess, base: Path) -> dict[str, float]:
+    blobs = []
+    plain = os.urandom(PUT_BLOCK - 4096)
+    for i in range(PUT_COUNT):
+        k = _key(i, "puts")
+        blobs.append((k, blockfile.seal(k, plain, VOLUME_KEY)))
+    total = sum(len(b) for _, b in blobs) / 1e6
+    c = d.client()
+    t = time.perf_counter()
+    for k, blob in blobs:
+        while True:
+            ok, reason = c.put(k, blob)
+            if ok or reason != "queue_full":
+                break
+            time.sleep(0.001)
+    d.wait_stats(lambda s: s["queue"]["entries"] == 0, timeout=300)
+    daemon_s = time.perf_counter() - t
+    c.evict(volume="puts")
+    direct = base / "direct"
+    durable_s = _write_direct(direct / "durable", blobs, True)
+    plain_s = _write_direct(direct / "plain", blobs, False)
+    shutil.rmtree(direct)
+    return {"daemon": total / daemon_s, "durable": total / durable_s, "plain": total / plain_s}
+
+
+def populate(cache_dir: Path, n: int) -> None:
+    """N minimal block files (header + tag) straight into the layout; the scan
+    checks names, placement and sizes, not contents."""
+    payload = b"\0" * store_min_size()
+    made: set[str] = set()
+    for i in range(n):
+        k = _key(i, "rebuild")
+        p = cache_dir / layout.block_relpath(k)
+        parent = str(p.parent)
+        if parent not in made:
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, payload)
+        os.close(fd)
+        if i % 50_000 == 0 and i:
+            print(f"  populated {i} files", flush=True)
+
+
+def store_min_size() -> int:
+    return blockfile.HEADER_SIZE + blockfile.TAG_SIZE
+
+
+def bench_rebuild(base: Path, n: int) -> dict[str, float]:
+    cache = base / "rebuild-cache"
+    empty = DaemonProcess(base / "empty", extra_args=["--log-level", "warning"])
+    (base / "empty").mkdir(exist_ok=True)
+    with empty:
+        empty.wait_rebuilt()
+        time.sleep(0.5)
+        rss_empty = _rss_kib(empty.proc.pid)
+    print(f"  writing {n} block files for the rebuild ...", flush=True)
+    populate(cache, n)
+    os.system("sync")
+    (base / "full").mkdir(exist_ok=True)
+    d = DaemonProcess(base / "full", cache_dirs=[(cache, "1T")], extra_args=["--log-level", "warning"])
+    t0 = time.perf_counter()
+    with d:
+        served = time.perf_counter() - t0
+        s = d.wait_rebuilt(timeout=600)
+        wall = time.perf_counter() - t0
+        time.sleep(0.5)
+        rss_full = _rss_kib(d.proc.pid)
+        assert s["entries"] == n, s["entries"]
+    shutil.rmtree(cache)
+    return {"served_s": served, "scan_s": s["rebuild"]["seconds"], "wall_s": wall,
+            "rate": n / s["rebuild"]["seconds"],
+            "rss_per_entry": (rss_full - rss_empty) * 1024 / n,
+            "rss_empty_mib": rss_empty / 1024, "rss_full_mib": rss_full / 1024}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--entries", type=int, default=200_000, help="block files for the rebuild")
+    ap.add_argument("--million", action="store_true", help="rebuild over 1M block files")
+    ap.add_argument("--dir", default=None, help="where to put cache dirs (default: a tmp dir)")
+    args = ap.parse_args()
+    n = 1_000_000 if args.million else args.entries
+    base = Path(tempfile.mkdtemp(prefix="bench-daemon-", dir=args.dir))
+    try:
+        d = DaemonProcess(base, extra_args=["--log-level", "warning"])
+        with d:
+            c = d.client()
+            keys = []
+            for i in range(4096):
+                k = _key(i)
+                blob = blockfile.seal(k, b"", VOLUME_KEY)
+                while not c.put(k, blob)[0]:
+                    time.sleep(0.001)
+                keys.append(k)
+            d.wait_idle(timeout=120)
+            lk = bench_lookups(d.socket_path, keys)
+            pt = bench_puts(d, base)
+        rb = bench_rebuild(base, n)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    def line(name: str, value: str, target: str, ok: bool) -> None:
+        print(f"{name:<44} {value:>16}   target {target:<18} {'ok' if ok else 'MISSED'}")
+
+    print()
+    us = 1e6
+    line("lookup p50, 1 connection", f"{lk['p50_1'] * us:.0f} us", "<= 80 us", lk["p50_1"] * us <= 80)
+    line("lookup p99, 1 connection", f"{lk['p99_1'] * us:.0f} us", "-", True)
+    line("lookup p50, 4 connections (4 processes)", f"{lk['p50_4'] * us:.0f} us", "<= 80 us",
+         lk["p50_4"] * us <= 80)
+    line("lookup p99, 4 connections", f"{lk['p99_4'] * us:.0f} us", "-", True)
+    line("batched lookups (4096 keys/request)", f"{lk['batched']:,.0f} keys/s", ">= 100k keys/s",
+         lk["batched"] >= 100_000)
+    line("put via daemon (1 MiB blocks, until written)", f"{pt['daemon']:.0f} MB/s", "-", True)
+    line("direct write, tmp+fsync+rename", f"{pt['durable']:.0f} MB/s", "-", True)
+    line("direct write, plain (page cache only)", f"{pt['plain']:.0f} MB/s", "-", True)
+    line("put / direct crash-safe write", f"{100 * pt['daemon'] / pt['durable']:.0f} %", ">= 50 %",
+         pt["daemon"] >= 0.5 * pt["durable"])
+    line("put / direct plain write", f"{100 * pt['daemon'] / pt['plain']:.0f} %", ">= 50 %",
+         pt["daemon"] >= 0.5 * pt["plain"])
+    line(f"rebuild scan ({n} entries)", f"{rb['rate']:,.0f} entries/s", ">= 100k entries/s",
+         rb["rate"] >= 100_000)
+    line("socket serving after start", f"{rb['served_s']:.2f} s", "<= 1 s", rb["served_s"] <= 1)
+    line("RSS per index entry", f"{rb['rss_per_entry']:.0f} B", "<= 250 B",
+         rb["rss_per_entry"] <= 250)
+    print(f"(RSS {rb['rss_empty_mib']:.1f} MiB empty, {rb['rss_full_mib']:.1f} MiB with {n} entries;"
+          f" rebuild wall time {rb['wall_s']:.2f} s; machine: {os.cpu_count()} cpus)")
+
+
+if __name__ == "__main__":
+    main()

@@ -32,6 +32,7 @@ TOUCH_PERSIST_AFTER = 60     # seconds: renew a block's mtime at most this often
 MAX_PENDING_UTIMES = 200_000  # per dir; beyond this, recency persists less precisely
 SPACE_INTERVAL = 1.0          # seconds between statvfs of a dir
 REBUILD_CHUNK = 50_000        # scanned entries indexed per event-loop turn
+IO_BATCH = 2_000              # unlinks / mtime updates per worker job
 # processes for the start-up scan of a big dir (it is CPU-bound Python)
 SCAN_PROCESSES = max(1, min(4, os.cpu_count() or 1))
 
@@ -280,7 +281,9 @@ class Cache:
         for k in keys:
             utimes.pop(k, None)
         store = self.stores[i]
-        self.workers[i].submit(_unlink_all, store, keys)
+        # in bounded jobs: one huge job would look like a hung disk
+        for start in range(0, len(keys), IO_BATCH):
+            self.workers[i].submit(_unlink_all, store, keys[start:start + IO_BATCH])
 
     def _evict_lru(self, i: int, free_bytes: int, free_entries: int) -> list[tuple[str, int]]:
         victims = self.index.pop_lru(i, free_bytes, free_entries)
@@ -342,7 +345,8 @@ class Cache:
                 worker.submit(self.stores[i].space, done=partial(self._spaced, i))
             if self._utimes[i]:
                 batch, self._utimes[i] = list(self._utimes[i].items()), {}
-                worker.submit(self.stores[i].touch_times, batch)
+                for start in range(0, len(batch), IO_BATCH):
+                    worker.submit(self.stores[i].touch_times, batch[start:start + IO_BATCH])
 
     def _probed(self, i: int, _: Any, exc: BaseException | None) -> None:
         self._probe_pending[i] = False

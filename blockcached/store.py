@@ -86,7 +86,7 @@ class Store:
     def prepare(self) -> None:
         """Create the dir skeleton (0755) if missing."""
         for d in (self.path, self.blocks, self.tmp):
-            os.makedirs(d, mode=DIR_MODE, exist_ok=True)
+            _makedir(d)
 
     def lock_path(self) -> str:
         return os.path.join(self.path, layout.LOCK_FILE)
@@ -114,7 +114,9 @@ class Store:
             try:
                 os.rename(tmp, final)
             except FileNotFoundError:
-                os.makedirs(os.path.dirname(final), mode=DIR_MODE, exist_ok=True)
+                leaf = os.path.dirname(final)
+                _makedir(os.path.dirname(leaf))
+                _makedir(leaf)
                 os.rename(tmp, final)
         except BaseException:
             _unlink(tmp)
@@ -185,11 +187,14 @@ class Store:
 Placement = tuple[tuple[str, int], ...]
 
 
+# A fan-out this populated (top dirs, and leaf dirs under the first) has
+# enough files to be worth starting processes for.
+PARALLEL_MIN_TOPS = 64
+PARALLEL_MIN_MIDS = 64
+
+
 def _populated(tops: list[str]) -> bool:
-    """Whether the fan-out looks big enough to be worth several processes."""
-    if len(tops) < 64:
-        return False
-    return len(_subdirs(tops[0])) >= 64
+    return len(tops) >= PARALLEL_MIN_TOPS and len(_subdirs(tops[0])) >= PARALLEL_MIN_MIDS
 
 
 def _scan_tops(tops: list[str], placement: Placement | None, me: int) -> ScanResult:
@@ -250,6 +255,17 @@ def _subdirs(path: str):
     except FileNotFoundError:
         return []
     return dirs
+
+
+def _makedir(path: str) -> None:
+    """mkdir -p one level, 0755 whatever the umask (readers in pods list it)."""
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        return
+    except FileNotFoundError:
+        os.makedirs(path, DIR_MODE, exist_ok=True)
+    os.chmod(path, DIR_MODE)
 
 
 def _unlink(path: str) -> None:

@@ -360,3 +360,33 @@ def test_cli(daemon):
     r = run("stats")
     assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1
     assert "cannot connect" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_systemd_notifications(tmp_path):
+    """READY=1 once serving, WATCHDOG=1 at half of WATCHDOG_USEC, STOPPING=1 on
+    SIGTERM, over an abstract '@' notify socket."""
+    name = f"bc-notify-{os.getpid()}-{id(tmp_path)}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind("\0" + name)
+    listener.settimeout(10)
+    d = DaemonProcess(tmp_path)
+    env = dict(os.environ, NOTIFY_SOCKET="@" + name, WATCHDOG_USEC="200000",
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.Popen(d.argv(), env=env, stderr=subprocess.DEVNULL)
+    try:
+        messages = []
+        while not any(m.startswith("READY=1") for m in messages):
+            messages.append(listener.recv(4096).decode())
+        assert Client(d.socket_path).ping()["ok"]  # READY means serving
+        watchdogs = 0
+        while watchdogs < 3:
+            watchdogs += listener.recv(4096) == b"WATCHDOG=1"
+        proc.terminate()
+        while listener.recv(4096) != b"STOPPING=1":
+            pass
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        listener.close()

@@ -1,0 +1,113 @@
+"""Config: TOML + flags, flags win, everything validated once, unknown keys refused."""
+
+from __future__ import annotations
+
+import grp
+import os
+import subprocess
+import sys
+
+import pytest
+
+from blockcache_client.errors import ConfigError
+from blockcached.__main__ import load_config, parse_args
+
+TOML = """
+socket = "/tmp/bc-test/x.sock"
+socket_mode = "0640"
+socket_group = "0"
+admin_gids = [5, "0"]
+high_watermark = 0.9
+low_watermark = 0.5
+min_free_bytes = "2G"
+min_free_inodes = 7
+max_entries = 100
+fill_queue_bytes = "64M"
+io_timeout = 2.5
+log_level = "debug"
+log_format = "json"
+[[cache_dirs]]
+path = "/tmp/bc-test/a"
+size = "100G"
+[[cache_dirs]]
+path = "/tmp/bc-test/b"
+size = "50G"
+weight = 3
+"""
+
+
+def cfg_of(tmp_path, toml: str | None, *flags: str):
+    argv = list(flags)
+    if toml is not None:
+        p = tmp_path / "c.toml"
+        p.write_text(toml)
+        argv = ["--config", str(p)] + argv
+    return load_config(parse_args(argv))
+
+
+def test_file_values(tmp_path):
+    c = cfg_of(tmp_path, TOML)
+    assert c.socket == "/tmp/bc-test/x.sock" and c.socket_mode == 0o640
+    assert c.socket_group == 0 and c.admin_gids == {0, 5}
+    assert (c.high_watermark, c.low_watermark) == (0.9, 0.5)
+    assert c.min_free_bytes == 2 << 30 and c.min_free_inodes == 7 and c.max_entries == 100
+    assert c.fill_queue_bytes == 64 << 20 and c.io_timeout == 2.5
+    assert (c.log_level, c.log_format) == ("debug", "json")
+    a, b = c.cache_dirs
+    assert (a.path, a.size, a.placement_weight) == ("/tmp/bc-test/a", 100 << 30, 100 << 30)
+    assert (b.size, b.placement_weight) == (50 << 30, 3)
+
+
+def test_flags_override_file(tmp_path):
+    c = cfg_of(tmp_path, TOML, "--socket", "/tmp/bc-test/y.sock", "--cache-dir", "/tmp/bc-test/c:1G",
+               "--high-watermark", "0.8", "--admin-gid", "9", "--socket-mode", "0600",
+               "--min-free-bytes", "0", "--max-entries", "0")
+    assert c.socket == "/tmp/bc-test/y.sock" and c.socket_mode == 0o600
+    assert [d.path for d in c.cache_dirs] == ["/tmp/bc-test/c"] and c.cache_dirs[0].size == 1 << 30
+    assert c.high_watermark == 0.8 and c.low_watermark == 0.5  # the file's low stays
+    assert c.admin_gids == {9} and c.min_free_bytes == 0 and c.max_entries == 0
+
+
+def test_defaults_and_env_socket(tmp_path, monkeypatch):
+    monkeypatch.setenv("BLOCKCACHE_SOCKET", "/tmp/bc-test/env.sock")
+    c = cfg_of(tmp_path, None, "--cache-dir", "rel/dir")
+    assert c.socket == "/tmp/bc-test/env.sock"
+    assert c.cache_dirs[0].path == os.path.abspath("rel/dir")
+    assert c.socket_mode == 0o660 and c.high_watermark == 0.95 and c.low_watermark == 0.70
+    assert c.fill_queue_bytes == 256 << 20 and c.socket_group is None
+
+
+def test_group_by_name(tmp_path):
+    name = grp.getgrgid(0).gr_name
+    assert cfg_of(tmp_path, None, "--cache-dir", "/tmp/x", "--socket-group", name).socket_group == 0
+
+
+@pytest.mark.parametrize("toml, flags, words", [
+    ('sockett = "/x"\n[[cache_dirs]]\npath = "/a"', (), "unknown key 'sockett'"),
+    ('[[cache_dirs]]\npath = "/a"\nsise = "1G"', (), "unknown key(s) sise"),
+    ('[[cache_dirs]]\nsize = "1G"', (), "'path' is required"),
+    ("", (), "no cache dir configured"),
+    ('high_watermark = 0.5\nlow_watermark = 0.6\n[[cache_dirs]]\npath = "/a"', (), "below the high"),
+    ('high_watermark = 1.5\n[[cache_dirs]]\npath = "/a"', (), "must be in (0, 1]"),
+    ('socket_mode = "999"\n[[cache_dirs]]\npath = "/a"', (), "octal mode"),
+    ('min_free_bytes = "lots"\n[[cache_dirs]]\npath = "/a"', (), "not a size"),
+    ('socket_group = "no-such-group-xyz"\n[[cache_dirs]]\npath = "/a"', (), "no group named"),
+    ("not toml [", (), "not valid TOML"),
+    (None, ("--cache-dir", "/a", "--cache-dir", "/a/b"), "inside cache dir"),
+    (None, ("--cache-dir", "/a", "--log-format", "xml"), "not one of text, json"),
+    (None, ("--cache-dir", "/a", "--io-timeout", "0"), "more than 0 seconds"),
+])
+def test_invalid_config_is_refused_with_a_clear_message(tmp_path, toml, flags, words):
+    with pytest.raises(ConfigError) as err:
+        cfg_of(tmp_path, toml, *flags)
+    assert words in str(err.value)
+
+
+def test_daemon_refuses_bad_config_at_start(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('cache_dir = "/tmp/x"\n')
+    r = subprocess.run([sys.executable, "-m", "blockcached", "--config", str(bad)],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2
+    assert r.stderr.startswith("blockcached: ") and "unknown key 'cache_dir'" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -5,7 +5,8 @@ A source is any fsspec URL: a local path or `file://`, `s3://bucket/prefix`
 or a chained URL (`latency::file:///data`). Nothing here knows a protocol by
 name; fsspec resolves the URL and this module only normalizes what comes back.
 
-Every call runs on a worker thread and is bounded by `timeout`; temporary
+Every call is bounded by `timeout` (on a worker thread, or by fsspec's own
+loop for async filesystems); temporary
 failures (timeouts, connection errors, throttling, 5xx) are retried with full
 jitter backoff while a per-call retry budget lasts. Permanent errors (not
 found, access denied, is/not a directory, bad arguments) are raised at once as
@@ -29,6 +30,8 @@ import time
 from dataclasses import dataclass
 
 import fsspec
+from fsspec.asyn import AsyncFileSystem
+from fsspec.exceptions import FSTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +144,7 @@ class Backend:
             except (ImportError, ValueError, TypeError) as exc:
                 raise ValueError(f"cannot open volume source {self.source!r}: {exc}") from None
         self.root = root.rstrip("/")
+        self._async = isinstance(self.fs, AsyncFileSystem)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             self._workers, thread_name_prefix="blockcache-backend")
         self._pid = os.getpid()
@@ -189,17 +193,27 @@ class Backend:
 
     # -- calls -------------------------------------------------------------------
 
-    def _call(self, what: str, rel: str, fn, *args):
-        """Run fn(*args) on a worker with a timeout; retry temporary failures."""
+    def _call(self, what: str, rel: str, fn):
+        """Run fn(**timeout_kw) with a timeout; retry temporary failures.
+
+        An async fsspec filesystem (s3fs, gcsfs, http) already runs its I/O on
+        fsspec's event loop thread and bounds the wait itself when its sync
+        methods get `timeout=`; anything else runs on our worker pool, so a
+        hung call (a dead NFS server) cannot hang the reader.
+        """
         self._check_fork()
         deadline = time.monotonic() + self.timeout * self.attempts
         last: BaseException | None = None
         for attempt in range(self.attempts):
-            fut = self._pool.submit(fn, *args)
+            fut = None
             try:
+                if self._async:
+                    return fn(timeout=self.timeout)
+                fut = self._pool.submit(fn)
                 return fut.result(timeout=self.timeout)
-            except concurrent.futures.TimeoutError:
-                fut.cancel()
+            except (concurrent.futures.TimeoutError, FSTimeoutError):
+                if fut is not None:
+                    fut.cancel()
                 last = TimeoutError(errno.ETIMEDOUT, f"no answer within {self.timeout:g}s")
             except _PERMANENT_TYPES as exc:
                 raise _named(exc, what, rel, self.source) from None
@@ -222,9 +236,9 @@ class Backend:
         """Info of one entry; FileNotFoundError if it does not exist."""
         full = self.full_path(rel)
 
-        def info():
+        def info(**tkw):
             self.fs.invalidate_cache(full)  # our metadata cache decides freshness
-            return self.fs.info(full)
+            return self.fs.info(full, **tkw)
         raw = self._call("stat", rel, info)
         fi = self.file_info(raw)
         if fi.path != rel:  # e.g. a bucket root reported under another name
@@ -236,9 +250,9 @@ class Backend:
         """Entries of a directory, with their infos (sorted by name)."""
         full = self.full_path(rel)
 
-        def ls():
+        def ls(**tkw):
             self.fs.invalidate_cache(full)
-            return self.fs.ls(full, detail=True)
+            return self.fs.ls(full, detail=True, **tkw)
         raws = self._call("list", rel, ls)
         out = []
         for raw in raws:
@@ -259,11 +273,13 @@ class Backend:
         """Bytes [start, end) of a file (fewer only at the end of the file)."""
         full = self.full_path(rel)
         # keywords: some implementations (s3fs) take other positional arguments first
-        return self._call("read", rel, lambda: self.fs.cat_file(full, start=start, end=end))
+        return self._call("read", rel,
+                          lambda **tkw: self.fs.cat_file(full, start=start, end=end, **tkw))
 
     def readlink(self, rel: str) -> str:
         """Target of a symbolic link, where the backend reports one."""
-        raw = self._call("readlink", rel, self.fs.info, self.full_path(rel))
+        full = self.full_path(rel)
+        raw = self._call("readlink", rel, lambda **tkw: self.fs.info(full, **tkw))
         if not raw.get("islink"):
             raise OSError(errno.EINVAL, f"readlink {rel}: not a symbolic link in {self.source}")
         dest = raw.get("destination")

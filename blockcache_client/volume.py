@@ -384,6 +384,9 @@ class Volume:
         blen = self._block_len(info, boff)
 
         def load() -> bytes:
+            data = self._mem.get(key)
+            if data is not None:  # a leader just before us finished between our checks
+                return data
             data = self.backend.read(rel, boff, boff + blen)
             self.counters.add2("backend_requests", "backend_bytes", len(data))
             changed = len(data) != blen

@@ -170,3 +170,28 @@ def test_chained_url_and_bad_source(tmp_path):
     with pytest.raises(ValueError, match="nosuchproto"):
         Backend("nosuchproto://x")
     assert fsspec.get_filesystem_class("latency")
+
+
+def test_hung_s3_server_times_out():
+    """An async backend (s3fs) is bounded by fsspec's own loop timeout."""
+    import signal
+
+    from tests.support.s3server import S3Server
+    with S3Server() as server:
+        server.filesystem().pipe(f"{server.bucket}/h/x.bin", b"abc")
+        b = Backend(server.url("h"), timeout=1.0, attempts=2, skip_instance_cache=True,
+                    **server.storage_options)
+        try:
+            assert b._async and b.read("x.bin", 0, 3) == b"abc"
+            server.proc.send_signal(signal.SIGSTOP)  # a remote that stops answering
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(OSError) as e:
+                    b.read("x.bin", 0, 3)
+                assert e.value.errno == errno.ETIMEDOUT and "x.bin" in str(e.value)
+                assert time.monotonic() - t0 < 10
+            finally:
+                server.proc.send_signal(signal.SIGCONT)
+            assert b.read("x.bin", 0, 3) == b"abc"
+        finally:
+            b.close()

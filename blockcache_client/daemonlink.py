@@ -180,7 +180,11 @@ class DaemonLink:
             self._wake.clear()
             try:
                 self._report()
-            except (DaemonUnavailable, DaemonError, ValueError, KeyError) as exc:
+            except DaemonError as exc:
+                # an error reply (busy, ...): the daemon is there and the layout
+                # still holds; these touches are lost, LRU order barely notices
+                log.debug("blockcached refused a touch/ping: %s", exc)
+            except (DaemonUnavailable, ValueError, KeyError) as exc:
                 self._disconnect(exc)
         try:
             self._report()  # last touches on close, best effort

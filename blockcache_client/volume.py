@@ -69,7 +69,8 @@ class Volume:
     """A named remote volume read through the host's shared, encrypted block cache.
 
     `source` is an fsspec URL (local path, `file://`, `s3://bucket/prefix`,
-    chained URLs); `storage_options` go to fsspec. `socket_path` defaults to
+    chained URLs); `storage_options` go to fsspec (or `fs=` an fsspec filesystem
+    already built, `source` then being the root path in it). `socket_path` defaults to
     $BLOCKCACHE_SOCKET or /run/blockcache/blockcached.sock; without a daemon
     every read goes to the backend. All methods are thread-safe.
     """
@@ -494,6 +495,14 @@ class Volume:
             if self._is_cached(key):
                 total += self._block_len(info, boff)
         return total
+
+    def block_map(self, path: str, info: FileInfo | None = None) -> list[tuple[int, int, bool]]:
+        """(offset, length, cached now) of each block of this file version, in
+        order; "cached" checks the block file through the layout (no daemon
+        round trip, no read). Warmup uses it to fetch only what is missing."""
+        self._proc()
+        return [(boff, self._block_len(info, boff), self._is_cached(key))
+                for _, info, key, boff in self._blocks(path, info)]
 
     def evict(self, path: str, info: FileInfo | None = None) -> int:
         """Remove this file's blocks (every version) from the cache; returns how

@@ -111,7 +111,7 @@ def test_fsclient_started_like_the_unit_mounts_fills_and_unmounts():
 
             def start() -> subprocess.CompletedProcess:
                 return subprocess.run(argv, env={"PATH": os.environ["PATH"], "LANG": "C.UTF-8"},
-                                      capture_output=True, text=True, timeout=120, cwd="/")
+                                      capture_output=True, text=True, timeout=100, cwd="/")
 
             check_mount(start, mnt, logdir, files, daemon)
         except AssertionError as exc:

@@ -29,7 +29,7 @@ def node():
     with unit_runner.scratch_root() as root:
         r = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
                             "-m", "tests.deploy.node_scenario", str(root)],
-                           cwd=REPO, capture_output=True, text=True, timeout=300)
+                           cwd=REPO, capture_output=True, text=True, timeout=110)
         assert r.returncode == 0 and r.stdout.strip(), r.stderr
         obs = json.loads(r.stdout.strip().splitlines()[-1])
     logs = "\n".join(f"--- {name} ---\n{text}" for name, text in obs["logs"].items())

@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -61,14 +62,17 @@ class S3Server:
         self.port = free_port()
         env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                    AWS_DEFAULT_REGION="us-east-1")
+        # its request log goes to a file: a pipe nobody reads would fill up
+        # after a few hundred requests and stall the server
+        self._log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+            stdout=subprocess.DEVNULL, stderr=self._log, env=env)
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace")
-                raise RuntimeError(f"moto server exited with {self.proc.returncode}:\n{err}")
+                raise RuntimeError(f"moto server exited with {self.proc.returncode}:\n"
+                                   f"{self.log_text()}")
             try:
                 urllib.request.urlopen(self.endpoint_url + "/", timeout=1).close()
                 break
@@ -93,8 +97,12 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        self._log.close()
+
+    def log_text(self) -> str:
+        """What the server wrote to stderr so far (its request log)."""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
 
     def __enter__(self) -> "S3Server":
         return self.start()

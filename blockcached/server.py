@@ -1,19 +1,19 @@
 """The unix socket server: framing, fairness, peer credentials.
 
-Each connection is served by one coroutine that reads a frame, answers it and
-writes the reply, so a connection has at most one request in flight and its
-replies come in order; a client that pipelines simply has its later frames
-wait in the socket buffer (backpressure, no unbounded queue). What keeps one
-client from hurting the others:
+Built on `asyncio.Protocol` rather than streams: a request is parsed and
+answered inside `data_received`, with no coroutine, task or timer per
+request (this halves the daemon's CPU per lookup). Each connection answers its
+requests in order, one at a time; a client that pipelines has its later frames
+wait in its buffer. What keeps one client from hurting the others:
 
-- a frame body must arrive within `FRAME_TIMEOUT` once its length is read;
-- large frame bodies are read only within a global byte budget
-  (`READ_BUDGET`), so many clients sending big puts at once cannot exhaust
-  memory;
-- a client that does not read its replies blocks only its own coroutine
-  (the write buffer is drained before the next request is read);
-- the coroutine yields to the loop every `FAIR_EVERY` requests even when
-  the next frame is already buffered;
+- at most `FAIR_EVERY` frames are answered per turn of the event loop, then
+  the connection yields (reading paused) and continues on the next turn;
+- a frame body must arrive within `FRAME_TIMEOUT` of its first byte;
+- bodies over `SMALL_FRAME` are read only within a global byte budget
+  (`READ_BUDGET`): a connection that cannot get budget stops reading until
+  another frame releases some, so many big puts at once cannot exhaust memory;
+- replies beyond `WRITE_HIGH_WATER` unsent bytes pause reading from that
+  client until it reads them, so a client that never reads stalls only itself;
 - a frame that cannot be parsed gets an error reply with id 0 and the
   connection is closed (its framing can no longer be trusted).
 """
@@ -26,6 +26,8 @@ import os
 import socket
 import stat
 import struct
+from collections import deque
+from typing import Callable
 
 from blockcache_client import protocol
 from blockcache_client.errors import ProtocolError
@@ -39,7 +41,7 @@ log = logging.getLogger(__name__)
 FRAME_TIMEOUT = 30.0
 SMALL_FRAME = 64 << 10        # bodies up to this size skip the byte budget
 READ_BUDGET = 128 << 20       # bytes of large frame bodies being read at once
-WRITE_HIGH_WATER = 1 << 20    # drain replies before reading more past this
+WRITE_HIGH_WATER = 1 << 20    # stop reading a client with this much unsent reply data
 FAIR_EVERY = 32
 MAX_CONNECTIONS = 4096
 _PEERCRED = struct.Struct("3i")
@@ -47,22 +49,36 @@ SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
 
 
 class ByteBudget:
-    """An async counting limit in bytes (a semaphore whose units are bytes)."""
+    """A non-blocking counting limit in bytes, with FIFO waiters."""
 
     def __init__(self, limit: int):
         self.limit = limit
         self.used = 0
-        self._cond = asyncio.Condition()
+        self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
 
-    async def acquire(self, n: int) -> None:
-        async with self._cond:
-            await self._cond.wait_for(lambda: self.used + n <= self.limit)
+    def try_acquire(self, n: int) -> bool:
+        if self.used + n <= self.limit and not self._waiters:
             self.used += n
+            return True
+        return False
 
-    async def release(self, n: int) -> None:
-        async with self._cond:
-            self.used -= n
-            self._cond.notify_all()
+    def wait(self, n: int, wake: Callable[[], None]) -> None:
+        """Call `wake()` once `n` bytes have been acquired for the caller."""
+        self._waiters.append((n, wake))
+        self._grant()
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        self._grant()
+
+    def forget(self, wake: Callable[[], None]) -> None:
+        self._waiters = deque(w for w in self._waiters if w[1] is not wake)
+
+    def _grant(self) -> None:
+        while self._waiters and self.used + self._waiters[0][0] <= self.limit:
+            n, wake = self._waiters.popleft()
+            self.used += n
+            wake()
 
 
 def peer_of(sock: socket.socket | None) -> Peer:
@@ -80,15 +96,197 @@ def peer_of(sock: socket.socket | None) -> Peer:
     return Peer(pid, uid, gid, tuple(groups))
 
 
+class Connection(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, server: "Server"):
+        self.server = server
+        self.svc = server.service
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self.peer = Peer(0, -1, -1)
+        self.buf = bytearray()
+        self.need = 0             # body length of the frame being read (0 = none)
+        self.budgeted = 0         # bytes of READ_BUDGET this connection holds
+        self.waiting_budget = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.paused_for: set[str] = set()
+        self.scheduled = False
+        self.closed = False
+
+    # -- transport callbacks -------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        svc = self.svc
+        if svc.connections >= MAX_CONNECTIONS:
+            log.warning("refusing a connection: %d already open", svc.connections)
+            self.closed = True
+            transport.abort()
+            return
+        svc.connections += 1
+        svc.connections_total += 1
+        self.server.connections.add(self)
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        try:
+            self.peer = peer_of(transport.get_extra_info("socket"))
+        except OSError as exc:
+            log.warning("cannot read peer credentials: %s; closing", exc)
+            self._close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.buf and not self.closed:
+            self.svc.count_error(ErrorCode.BAD_FRAME)  # hung up mid-frame
+        if self in self.server.connections:
+            self.server.connections.discard(self)
+            self.svc.connections -= 1
+        self.closed = True
+        self._drop_frame_state()
+        self.buf = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.scheduled:
+            self._process()
+
+    def pause_writing(self) -> None:
+        self._pause("write")
+
+    def resume_writing(self) -> None:
+        self._resume("write")
+
+    # -- framing -------------------------------------------------------------
+
+    def _process(self) -> None:
+        """Answer complete frames in the buffer, at most FAIR_EVERY per turn."""
+        self.scheduled = False
+        buf = self.buf
+        handle, peer, svc = self.svc.handle, self.peer, self.svc
+        write = self.transport.write  # type: ignore[union-attr]
+        for _ in range(FAIR_EVERY):
+            if self.closed or self.paused_for - {"turn"}:
+                return
+            if not self.need:
+                if len(buf) < 4:
+                    return
+                try:
+                    n = protocol.frame_length(bytes(buf[:4]))
+                except ProtocolError as exc:
+                    return self._fatal(exc)
+                self.need = n
+                if n > SMALL_FRAME and not self._get_budget(n):
+                    return
+            n = self.need
+            if len(buf) < 4 + n:
+                if self.timer is None:
+                    self.timer = self.loop.call_later(FRAME_TIMEOUT, self._frame_timeout)
+                return
+            body_bytes = bytes(buf[4:4 + n])
+            del buf[:4 + n]
+            self._drop_frame_state()
+            try:
+                body = protocol.decode_body(body_bytes)
+                rid = protocol.request_id(body)
+            except ProtocolError as exc:
+                return self._fatal(exc)
+            del body_bytes
+            reply = handle(body, peer)
+            del body
+            try:
+                frame = protocol.encode_frame(reply)
+            except ProtocolError as exc:
+                svc.count_error(exc.code)
+                frame = protocol.encode_frame(protocol.error(rid, ErrorCode.INTERNAL, exc.message))
+            write(frame)
+        if len(buf) >= 4 and not self.closed:
+            # more is buffered: let other connections run first
+            self._pause("turn")
+            self.scheduled = True
+            self.loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self.paused_for.discard("turn")
+        if not self.paused_for and not self.closed:
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        self._process()
+
+    def _get_budget(self, n: int) -> bool:
+        budget = self.server.budget
+        if budget.try_acquire(n):
+            self.budgeted = n
+            return True
+        self.waiting_budget = True
+        self._pause("budget")
+        budget.wait(n, self._budget_granted)
+        return False
+
+    def _budget_granted(self) -> None:
+        self.waiting_budget = False
+        self.budgeted = self.need
+        if self.closed:
+            self._drop_frame_state()
+            return
+        self._resume("budget")
+
+    def _drop_frame_state(self) -> None:
+        self.need = 0
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.budgeted:
+            n, self.budgeted = self.budgeted, 0
+            self.server.budget.release(n)
+        if self.waiting_budget:
+            self.waiting_budget = False
+            self.server.budget.forget(self._budget_granted)
+
+    def _pause(self, why: str) -> None:
+        if not self.paused_for and not self.closed:
+            self.transport.pause_reading()  # type: ignore[union-attr]
+        self.paused_for.add(why)
+
+    def _resume(self, why: str) -> None:
+        self.paused_for.discard(why)
+        if not self.paused_for and not self.closed:
+            self.transport.resume_reading()  # type: ignore[union-attr]
+            if not self.scheduled:
+                self.scheduled = True
+                self.loop.call_soon(self._process)
+
+    def _frame_timeout(self) -> None:
+        self.timer = None
+        self.svc.count_error(ErrorCode.BAD_FRAME)
+        log.info("closing a connection (pid %d): frame not complete within %ss",
+                 self.peer.pid, FRAME_TIMEOUT)
+        self._close()
+
+    def _fatal(self, exc: ProtocolError) -> None:
+        """A frame we cannot trust: answer with id 0 and close."""
+        self.svc.count_error(exc.code)
+        if self.transport is not None and not self.closed:
+            self.transport.write(protocol.encode_frame(protocol.error(0, exc.code, exc.message)))
+        self._close()
+
+    def _close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._drop_frame_state()
+            self.buf.clear()
+            if self.transport is not None:
+                self.transport.close()  # flushes the pending reply first
+
+
 class Server:
     """Listens on the configured unix socket and serves `Service`."""
 
     def __init__(self, cfg: Config, service: Service):
         self.cfg = cfg
         self.service = service
+        self.loop = asyncio.get_running_loop()
+        self.budget = ByteBudget(READ_BUDGET)
+        self.connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
-        self._budget = ByteBudget(READ_BUDGET)
-        self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         path = self.cfg.socket
@@ -112,97 +310,17 @@ class Server:
         if self.cfg.socket_group is not None:
             os.chown(path, -1, self.cfg.socket_group)
         sock.listen(512)
-        self._server = await asyncio.start_unix_server(self._serve, sock=sock)
+        self._server = await self.loop.create_unix_server(lambda: Connection(self), sock=sock)
         log.info("serving on %s (mode %o)", path, self.cfg.socket_mode)
 
     async def close(self) -> None:
-        """Stop accepting, close every connection."""
+        """Stop accepting, close every connection, remove the socket."""
         if self._server is not None:
             self._server.close()
-        for t in list(self._tasks):
-            t.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=2.0)
+        for conn in list(self.connections):
+            conn._close()
+        await asyncio.sleep(0)  # let the transports finish closing
         try:
             os.unlink(self.cfg.socket)
         except FileNotFoundError:
             pass
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        svc = self.service
-        if svc.connections >= MAX_CONNECTIONS:
-            log.warning("refusing a connection: %d already open", svc.connections)
-            writer.close()
-            return
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        svc.connections += 1
-        svc.connections_total += 1
-        try:
-            peer = peer_of(writer.get_extra_info("socket"))
-            await self._loop(reader, writer, peer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass  # the client went away; nothing to answer
-        except asyncio.CancelledError:
-            pass
-        finally:
-            svc.connections -= 1
-            self._tasks.discard(task)
-            writer.close()
-
-    async def _loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    peer: Peer) -> None:
-        svc = self.service
-        served = 0
-        while True:
-            try:
-                prefix = await reader.readexactly(LENGTH.size)
-            except asyncio.IncompleteReadError as exc:
-                if exc.partial:
-                    svc.count_error(ErrorCode.BAD_FRAME)  # hung up mid-frame
-                return
-            try:
-                n = protocol.frame_length(prefix)
-                body = await self._read_body(reader, n)
-                rid = protocol.request_id(body)
-            except ProtocolError as exc:
-                svc.count_error(exc.code)
-                writer.write(protocol.encode_frame(protocol.error(0, exc.code, exc.message)))
-                await writer.drain()
-                return
-            except asyncio.TimeoutError:
-                svc.count_error(ErrorCode.BAD_FRAME)
-                log.info("closing a connection (pid %d): frame body not sent within %ss",
-                         peer.pid, FRAME_TIMEOUT)
-                return
-            except asyncio.IncompleteReadError:
-                svc.count_error(ErrorCode.BAD_FRAME)  # hung up mid-frame
-                return
-            reply = svc.handle(body, peer)
-            del body
-            try:
-                frame = protocol.encode_frame(reply)
-            except ProtocolError as exc:
-                svc.count_error(exc.code)
-                frame = protocol.encode_frame(protocol.error(rid, ErrorCode.INTERNAL, exc.message))
-            writer.write(frame)
-            if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
-                await writer.drain()
-            served += 1
-            if served % FAIR_EVERY == 0:
-                await asyncio.sleep(0)
-
-    async def _read_body(self, reader: asyncio.StreamReader, n: int) -> dict:
-        # asyncio.timeout, not wait_for: no task per request on the hot path
-        if n <= SMALL_FRAME:
-            async with asyncio.timeout(FRAME_TIMEOUT):
-                data = await reader.readexactly(n)
-            return protocol.decode_body(data)
-        await self._budget.acquire(n)
-        try:
-            async with asyncio.timeout(FRAME_TIMEOUT):
-                data = await reader.readexactly(n)
-            return protocol.decode_body(data)
-        finally:
-            await self._budget.release(n)

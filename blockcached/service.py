@@ -96,7 +96,7 @@ class Service:
         return {"time": time.time(), "layout_epoch": self.cache.epoch}
 
     def lookup(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        keys = _parsed(key_list(body))
+        keys = _parsed(key_list(body), self.cache.index.__contains__)
         return {"paths": self.cache.lookup(keys)}
 
     def put(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -109,7 +109,7 @@ class Service:
         return {"accepted": accepted, "reason": reason}
 
     def touch(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        keys = _parsed(key_list(body))
+        keys = _parsed(key_list(body), self.cache.index.__contains__)
         return {"touched": self.cache.touch(keys), "layout_epoch": self.cache.epoch}
 
     def evict(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -166,8 +166,11 @@ class Service:
                             f"uid {peer.uid} gid {peer.gid} is not one")
 
 
-def _parsed(keys: list[str]) -> list[str]:
+def _parsed(keys: list[str], known: Callable[[str], bool]) -> list[str]:
+    """`keys`, each canonical, else InvalidKey. A key the index holds was
+    parsed when it was admitted, so only the others pay for parsing again."""
     parse = BlockKey.parse
     for k in keys:
-        parse(k)
+        if not known(k):
+            parse(k)
     return keys

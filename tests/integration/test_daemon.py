@@ -390,3 +390,26 @@ def test_systemd_notifications(tmp_path):
             proc.kill()
             proc.wait()
         listener.close()
+
+
+def test_big_stalled_frames_hold_only_the_read_budget(daemon):
+    """More half-sent maximal frames than the read budget holds: small requests
+    are still answered, and once the stalled clients go, big puts flow again."""
+    stalled = []
+    try:
+        for _ in range(10):  # 10 x 17 MiB > the 128 MiB read budget
+            s = _raw(daemon.socket_path)
+            s.sendall(protocol.LENGTH.pack(protocol.MAX_FRAME) + b"\x82" + b"\0" * 1000)
+            stalled.append(s)
+        c = daemon.client()
+        key = make_key()
+        assert c.lookup([key]) == [None]
+        assert c.ping()["ok"]
+    finally:
+        for s in stalled:
+            s.close()
+    big = make_key(inode=2)
+    assert c.put(big, make_block(big, 1 << 20)) == (True, "queued")
+    daemon.wait_idle()
+    assert c.lookup([big])[0] is not None
+    assert c.stats()["errors"][ErrorCode.BAD_FRAME] == 10

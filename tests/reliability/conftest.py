@@ -1,0 +1,165 @@
+"""Fixtures for the reliability suite: a sample dataset, volume keys, real
+daemons and mounts that are always stopped, and a child dropped to `nobody`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import pwd
+import random
+import shutil
+import tempfile
+import time
+import traceback
+from typing import Any, Callable
+
+import pytest
+
+from blockcache_client.keyfile import generate_key_file
+
+BS = 64 << 10  # the smallest block size fsclient accepts: many blocks from little data
+
+
+def fuse_usable() -> bool:
+    return os.geteuid() == 0 and os.path.exists("/dev/fuse")
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+needs_fuse = pytest.mark.skipif(not fuse_usable(), reason="needs root and /dev/fuse")
+
+
+def write_dataset(root: str, sizes: list[int], seed: int = 1) -> dict[str, bytes]:
+    """Files of the given sizes under `root`; returns {relative path: bytes}."""
+    rng = random.Random(seed)
+    files = {}
+    for i, size in enumerate(sizes):
+        rel = f"d{i % 3}/f{i:03d}.bin"
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        data = rng.randbytes(size)
+        with open(path, "wb") as f:
+            f.write(data)
+        files[rel] = data
+    return files
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def key_file(tmp_path) -> str:
+    path = str(tmp_path / "volume.key")
+    generate_key_file(path)
+    return path
+
+
+@pytest.fixture
+def shared_dir():
+    """A 0755 temp dir outside pytest's 0700 tree, so uid nobody can reach it."""
+    d = tempfile.mkdtemp(prefix="bc-rel-")
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def wait_until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
+               interval: float = 0.02) -> Any:
+    """Poll until cond() is truthy; fail the test naming `what` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def as_nobody(fn: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
+    """Run fn(*args) in a forked child that dropped to uid/gid nobody (no
+    supplementary groups); return its result, or raise what it raised.
+
+    Forked, not exec'd: the venv's interpreter lives under /root, which nobody
+    cannot execute."""
+    nobody = pwd.getpwnam("nobody")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            try:
+                out = ("ok", fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                out = ("err", (type(exc).__name__, getattr(exc, "errno", None), str(exc),
+                               traceback.format_exc()))
+            with os.fdopen(w, "wb") as f:
+                pickle.dump(out, f)
+        finally:
+            os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + timeout
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    while True:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise TimeoutError("child running as nobody did not finish")
+        time.sleep(0.01)
+    if not data:
+        raise ChildError("NoResult", None, "the child running as nobody died", "")
+    kind, value = pickle.loads(data)
+    if kind == "err":
+        raise ChildError(*value)
+    return value
+
+
+class ChildError(Exception):
+    """What a function run by `as_nobody` raised: type name, errno, message."""
+
+    def __init__(self, kind: str, errno_: int | None, message: str, tb: str):
+        super().__init__(f"{kind}: {message}\n{tb}")
+        self.kind = kind
+        self.errno = errno_
+        self.message = message
+
+
+def peak_rss_kib(pid: int) -> int:
+    """VmHWM (peak resident set) of a process, in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def cache_files(dirs: list[str]) -> dict[str, int]:
+    """{path: size} of every regular file under the cache dirs' blocks/ and tmp/."""
+    out = {}
+    for d in dirs:
+        for sub in ("blocks", "tmp"):
+            for dirpath, _, names in os.walk(os.path.join(d, sub)):
+                for n in names:
+                    p = os.path.join(dirpath, n)
+                    out[p] = os.lstat(p).st_size
+    return out
+
+
+def record(scenario: str, **figures: Any) -> None:
+    """Append one scenario's figures to $RELIABILITY_FIGURES (JSON lines), if
+    set; docs/reliability.md quotes them."""
+    path = os.environ.get("RELIABILITY_FIGURES")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"scenario": scenario, **figures}) + "\n")

@@ -4,6 +4,8 @@
     fsclient mount --config /etc/blockcache/volumes/NAME.toml
     fsclient umount MOUNTPOINT [--lazy]
     fsclient keygen FILE
+    fsclient warmup (--config FILE | --mount DIR | SOURCE --volume NAME --key-file FILE)
+                    [PATHS...] [-f FILELIST] [-p N] [--check | --evict]
 
 Errors print one line (`fsclient: error: ...`) and exit 1; usage errors exit 2.
 Subcommands are registered on the `main` group, so other modules (warmup)
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -140,6 +143,78 @@ def keygen(file: str) -> None:
     except BlockcacheError as exc:
         fail(str(exc))
     click.echo(f"wrote a new volume key to {file}")
+
+
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.argument("args", nargs=-1)
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="Volume TOML file (as for mount).")
+@click.option("--mount", "mount_path", type=click.Path(file_okay=False),
+              help="A running fsclient mount point: use its volume settings.")
+@click.option("--volume", help="Volume name, with SOURCE as the first argument.")
+@click.option("--key-file", help="Volume key file, with SOURCE as the first argument.")
+@click.option("--block-size", help="Block size; must be the mount's [default: 4M].")
+@click.option("--socket", help="blockcached socket [default: the volume's, or "
+                               "$BLOCKCACHE_SOCKET or /run/blockcache/blockcached.sock].")
+@click.option("-f", "--file-list", type=click.File("r"), metavar="FILELIST",
+              help="Paths to warm, one a line ('-' for stdin).")
+@click.option("-p", "--parallel", type=click.IntRange(1, 1024), metavar="N",
+              help="Blocks fetched at once [default: the CPU count, 8..64].")
+@click.option("--check", is_flag=True, help="Only print how much of each path is cached.")
+@click.option("--evict", is_flag=True, help="Remove these paths' blocks from the cache.")
+@click.option("--progress-interval", type=float, default=10.0, show_default=True,
+              help="Seconds between progress lines when stderr is not a terminal.")
+def warmup(args: tuple[str, ...], config_file: str | None, mount_path: str | None,
+           volume: str | None, key_file: str | None, block_size: str | None,
+           socket: str | None, file_list: Any, parallel: int | None, check: bool, evict: bool,
+           progress_interval: float) -> None:
+    """Load PATHS (files or directories, default: the whole volume) into the host cache.
+
+    \b
+    fsclient warmup --config VOLUME.toml [PATHS...] [-f FILELIST] [-p N]
+    fsclient warmup --mount MOUNTPOINT [PATHS...] [--check | --evict]
+    fsclient warmup SOURCE --volume NAME --key-file FILE [PATHS...]
+
+    Already cached blocks are skipped, so an interrupted warmup resumes where
+    it stopped. Exit codes: 0 all done, 1 something failed, 130 interrupted.
+    """
+    from . import mount as mounting
+    from . import warmup as warm
+
+    if check and evict:
+        raise click.UsageError("give at most one of --check and --evict")
+    if sum(x is not None for x in (config_file, mount_path, volume)) != 1:
+        raise click.UsageError("give exactly one of --config FILE, --mount MOUNTPOINT, or "
+                               "SOURCE --volume NAME --key-file FILE")
+    paths = list(args)
+    try:
+        if config_file:
+            data = load_toml(config_file)
+        elif mount_path:
+            data = warm.mount_config(mount_path)
+            data["mountpoint"] = mount_path
+        else:
+            if not paths:
+                raise click.UsageError("SOURCE is missing: fsclient warmup SOURCE --volume NAME "
+                                       "--key-file FILE [PATHS...]")
+            data = {"source": paths.pop(0)}
+        mountpoint = data.get("mountpoint")
+        cfg = build_config(data, volume=volume, key_file=key_file, socket=socket,
+                           block_size=block_size,
+                           # warmup mounts nothing; the mount point only locates paths
+                           mountpoint=None if mountpoint else "(not mounted)")
+        vol = mounting.open_volume(cfg)
+    except BlockcacheError as exc:
+        fail(str(exc))
+    try:
+        items = warm.targets(paths, warm.read_file_list(file_list) if file_list else (),
+                             os.path.abspath(mountpoint) if mountpoint else None)
+        mode = "check" if check else "evict" if evict else "warm"
+        code = warm.run(vol, mode, items, parallel or warm.default_parallel(),
+                        cfg.fill_queue_bytes, sys.stdout, sys.stderr, progress_interval)
+    finally:
+        vol.close()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

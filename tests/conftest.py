@@ -1,5 +1,9 @@
 """Fixtures shared by every test package (real daemon, real S3 server, ...)."""
 
+import os
+import shutil
+import tempfile
+
 import pytest
 
 from tests.support.daemon import DaemonProcess
@@ -14,3 +18,15 @@ def daemon(tmp_path):
         yield d
     finally:
         d.stop()
+
+
+@pytest.fixture
+def shared_dir():
+    """A 0755 temp dir outside pytest's 0700 tree, so uid nobody can reach it
+    (for sockets that a dropped-privilege child must connect to)."""
+    d = tempfile.mkdtemp(prefix="bc-shared-")
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

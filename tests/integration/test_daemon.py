@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -244,17 +242,6 @@ def test_sigterm_drains_and_exits_zero(daemon):
     assert daemon.wait_rebuilt()["entries"] == 20  # the queue was written before exit
 
 
-@pytest.fixture
-def shared_socket_dir():
-    """A socket dir that uid nobody can reach (pytest's tmp dirs are 0700)."""
-    d = tempfile.mkdtemp(prefix="bc-sock-")
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
 def _as_nobody(args: list[str]) -> subprocess.CompletedProcess:
     """Run `blockcache-cli args` in a forked child that dropped to uid/gid nobody.
 
@@ -295,11 +282,11 @@ def _as_nobody(args: list[str]) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to uid nobody")
 @pytest.mark.parametrize("admin", [False, True])
-def test_admin_evictions_need_admin_peer(tmp_path, shared_socket_dir, admin):
+def test_admin_evictions_need_admin_peer(tmp_path, shared_dir, admin):
     nogroup = pwd.getpwnam("nobody").pw_gid
     extra = ["--socket-group", str(nogroup)] + (["--admin-gid", str(nogroup)] if admin else [])
     d = DaemonProcess(tmp_path, extra_args=extra)
-    d.socket_path = os.path.join(shared_socket_dir, "bc.sock")
+    d.socket_path = os.path.join(shared_dir, "bc.sock")
     with d:
         st = os.stat(d.socket_path)
         assert st.st_mode & 0o777 == 0o660 and st.st_gid == nogroup
@@ -413,3 +400,32 @@ def test_big_stalled_frames_hold_only_the_read_budget(daemon):
     daemon.wait_idle()
     assert c.lookup([big])[0] is not None
     assert c.stats()["errors"][ErrorCode.BAD_FRAME] == 10
+
+
+def test_failing_dir_is_taken_out_then_returned(daemon):
+    c = daemon.client()
+    key = make_key()
+    c.put(key, make_block(key))
+    daemon.wait_idle()
+    epoch = c.ping()["layout_epoch"]
+    blocks = Path(daemon.cache_dirs[0]) / "blocks"
+    away = blocks.with_name("blocks.away")
+    blocks.rename(away)
+    blocks.write_bytes(b"")  # a file where the dir was: writes fail with ENOTDIR
+    try:
+        for i in range(3):
+            k = make_key(inode=10 + i)
+            c.put(k, make_block(k))
+            daemon.wait_stats(lambda s: s["queue"]["entries"] == 0)
+        s = daemon.wait_stats(lambda s: not s["dirs"][0]["healthy"])
+        assert "I/O errors" in s["dirs"][0]["unhealthy_reason"]
+        hello = c.hello()
+        assert hello["layout"]["dirs"][0]["healthy"] is False and hello["layout_epoch"] > epoch
+        assert c.lookup([key]) == [None]
+        k = make_key(inode=99)
+        assert c.put(k, make_block(k)) == (False, "unhealthy")
+    finally:
+        blocks.unlink()
+        away.rename(blocks)
+    daemon.wait_stats(lambda s: s["dirs"][0]["healthy"], timeout=20)
+    assert c.lookup([key])[0] is not None

@@ -35,6 +35,9 @@ REBUILD_CHUNK = 50_000        # scanned entries indexed per event-loop turn
 IO_BATCH = 2_000              # unlinks / mtime updates per worker job
 # processes for the start-up scan of a big dir (it is CPU-bound Python)
 SCAN_PROCESSES = max(1, min(4, os.cpu_count() or 1))
+# Volumes with reader counters (touches/puts per volume); keys of further
+# volumes still work, they are only not counted per volume.
+MAX_COUNTED_VOLUMES = 4096
 
 
 class Cache:
@@ -66,8 +69,14 @@ class Cache:
         self._space_pending = [False] * n
         self._probe_pending = [False] * n
         self.counters = dict(hits=0, misses=0, puts=0, put_bytes=0, writes=0, write_bytes=0,
-                             write_errors=0, evictions=0, evicted_bytes=0, touches=0)
+                             write_errors=0, evictions=0, evicted_bytes=0, touches=0,
+                             touch_bytes=0)
         self.put_reasons: dict[str, int] = {}
+        # per volume: [touches, touch_bytes, puts, put_bytes]. Readers find hits
+        # through the layout and report them by touch, and put a block after a
+        # miss, so touches and puts are the reader hits and misses the daemon
+        # truthfully sees (bytes are block-file sizes on both sides).
+        self.volume_counters: dict[str, list[int]] = {}
 
     # -- layout ------------------------------------------------------------
 
@@ -175,14 +184,34 @@ class Cache:
     def touch(self, keys: list[str]) -> int:
         now = int(time.time())
         n = 0
+        nbytes = 0
+        dirs = self.index.dirs
+        per_volume: dict[str, list[int]] = {}
         for key in keys:
             i, stale = self.index.touch(key, now, TOUCH_PERSIST_AFTER)
             if i >= 0:
                 n += 1
+                size = dirs[i].lru[key] >> 32
+                nbytes += size
+                c = per_volume.setdefault(key[:key.index("_")], [0, 0])
+                c[0] += 1
+                c[1] += size
                 if stale:
                     self._note_utime(i, key, now)
         self.counters["touches"] += n
+        self.counters["touch_bytes"] += nbytes
+        for vol, (count, size) in per_volume.items():
+            c = self._volume_counter(vol)
+            if c is not None:
+                c[0] += count
+                c[1] += size
         return n
+
+    def _volume_counter(self, vol: str) -> list[int] | None:
+        c = self.volume_counters.get(vol)
+        if c is None and len(self.volume_counters) < MAX_COUNTED_VOLUMES:
+            c = self.volume_counters[vol] = [0, 0, 0, 0]
+        return c
 
     def _note_utime(self, i: int, key: str, now: int) -> None:
         pending = self._utimes[i]
@@ -196,6 +225,10 @@ class Cache:
         size = len(data)
         self.counters["puts"] += 1
         self.counters["put_bytes"] += size
+        c = self._volume_counter(key[:key.index("_")])
+        if c is not None:
+            c[2] += 1
+            c[3] += size
         reason = self._admit(key, size)
         self.put_reasons[reason] = self.put_reasons.get(reason, 0) + 1
         if reason != "queued":
@@ -418,9 +451,18 @@ class Cache:
             "rebuild": dict(self.rebuild_stats),
             "layout_epoch": self.epoch,
             "dirs": dirs,
-            "volumes": {v: {"entries": n, "used_bytes": b}
-                        for v, (n, b) in sorted(self.index.volumes.items())},
+            "volumes": self._volume_stats(),
         }
+
+    def _volume_stats(self) -> dict[str, dict[str, int]]:
+        out = {}
+        counted, indexed = self.volume_counters, self.index.volumes
+        for v in sorted(indexed.keys() | counted.keys()):
+            n, b = indexed.get(v, (0, 0))
+            touches, touch_bytes, puts, put_bytes = counted.get(v, (0, 0, 0, 0))
+            out[v] = {"entries": n, "used_bytes": b, "touches": touches,
+                      "touch_bytes": touch_bytes, "puts": puts, "put_bytes": put_bytes}
+        return out
 
 
 def _always(_: str) -> bool:

@@ -49,7 +49,10 @@ def test_put_lookup_touch_stats(daemon):
     s = c.stats()
     assert s["entries"] == 1 and s["hits"] == 1 and s["misses"] == 1
     assert s["used_bytes"] == len(blob)
-    assert s["volumes"] == {"vol": {"entries": 1, "used_bytes": len(blob)}}
+    # the reader-side view per volume: one touch (a hit), two puts (fills after misses)
+    assert s["volumes"] == {"vol": {"entries": 1, "used_bytes": len(blob), "touches": 1,
+                                    "touch_bytes": len(blob), "puts": 2,
+                                    "put_bytes": 2 * len(blob)}}
     assert os.stat(path).st_mode & 0o777 == 0o644
 
 

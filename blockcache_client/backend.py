@@ -28,6 +28,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import fsspec
 from fsspec.asyn import AsyncFileSystem
@@ -129,6 +130,9 @@ class Backend:
         self.attempts = max(1, int(attempts))
         self._workers = workers
         self._storage_options = storage_options
+        # observe(what, seconds, exception or None) after each request with its
+        # retries ("stat", "list", "read", "readlink"); fsclient's metrics set it
+        self.observe: Callable[[str, float, BaseException | None], None] | None = None
         self._pid = -1
         self._setup()
 
@@ -194,6 +198,20 @@ class Backend:
     # -- calls -------------------------------------------------------------------
 
     def _call(self, what: str, rel: str, fn):
+        """`_attempts`, timed for `observe` when it is set."""
+        observe = self.observe
+        if observe is None:
+            return self._attempts(what, rel, fn)
+        start = time.monotonic()
+        try:
+            out = self._attempts(what, rel, fn)
+        except BaseException as exc:
+            observe(what, time.monotonic() - start, exc)
+            raise
+        observe(what, time.monotonic() - start, None)
+        return out
+
+    def _attempts(self, what: str, rel: str, fn):
         """Run fn(**timeout_kw) with a timeout; retry temporary failures.
 
         An async fsspec filesystem (s3fs, gcsfs, http) already runs its I/O on

@@ -41,6 +41,10 @@ class Reader:
         """The file's size (one metadata lookup)."""
         raise NotImplementedError
 
+    def listdir(self, path: str) -> int:
+        """List a directory (as ImageFolder scans its class dirs); returns the entry count."""
+        raise NotImplementedError
+
     def import_finder(self, root: str):
         """A meta-path finder importing from `root`, or None when sys.path works."""
         return None
@@ -51,6 +55,9 @@ class Reader:
 
     def stats(self) -> dict:
         return {}
+
+    def settle(self) -> None:
+        """Finish background work of this process (fills) before the next epoch."""
 
     def close(self) -> None:
         pass
@@ -86,6 +93,10 @@ class PosixReader(Reader):
 
     def stat(self, path: str) -> int:
         return os.stat(self._p(path)).st_size
+
+    def listdir(self, path: str) -> int:
+        with os.scandir(self._p(path)) as it:
+            return sum(1 for e in it if e.is_file())
 
     def sys_path(self, root: str) -> str | None:
         return self._p(root)
@@ -162,6 +173,9 @@ class FsspecReader(_FileAPIReader):
     def stat(self, path: str) -> int:
         return self.fs.info(self._p(path))["size"]
 
+    def listdir(self, path: str) -> int:
+        return len(self.fs.ls(self._p(path), detail=True))
+
     def isfile(self, path: str) -> bool:
         try:
             return self.fs.info(self._p(path))["type"] == "file"
@@ -186,6 +200,9 @@ class VolumeReader(_FileAPIReader):
     def stat(self, path: str) -> int:
         return self.volume.stat(path).size
 
+    def listdir(self, path: str) -> int:
+        return len(self.volume.listdir(path))
+
     def isfile(self, path: str) -> bool:
         try:
             return not self.volume.stat(path).is_dir
@@ -194,6 +211,9 @@ class VolumeReader(_FileAPIReader):
 
     def stats(self) -> dict:
         return self.volume.stats()
+
+    def settle(self) -> None:
+        self.volume.wait_fills(60.0)
 
     def close(self) -> None:
         super().close()

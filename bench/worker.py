@@ -58,17 +58,26 @@ def _run(reader, cmd: str, arg) -> dict:
             t0 = clock()
             reader.stat(path)
             lat.append(clock() - t0)
+    elif cmd == "list":
+        for path in arg:
+            t0 = clock()
+            reader.listdir(path)
+            lat.append(clock() - t0)
     elif cmd == "import":
+        # One latency per run of the whole tree; items count the modules.
         root, modules = arg
         t0 = clock()
-        import_all(reader, root, modules)
-        lat.append(clock() - t0)
+        n = import_all(reader, root, modules)
+        return {"lat": [clock() - t0], "bytes": 0, "items": n}
     elif cmd == "digest":
         return {"digests": {p: hashlib.sha256(reader.read_file(p)).hexdigest() for p in arg}}
     elif cmd == "ranges_digest":
         return {"digests": [hashlib.sha256(reader.read_range(*r)).hexdigest() for r in arg]}
     elif cmd == "stats":
         return {"stats": reader.stats()}
+    elif cmd == "settle":
+        reader.settle()
+        return {}
     else:
         raise ValueError(f"unknown worker command {cmd!r}")
     return {"lat": lat, "bytes": nbytes, "items": len(lat)}

@@ -1,0 +1,142 @@
+"""`make bench` / `python -m bench`: every system on the same data, one run, one report.
+
+    python -m bench                              # the whole suite (~15 min on 2 cores)
+    python -m bench small-files --systems volume,fsspec-simplecache --size small
+    python -m bench --size large                 # bigger data, longer run
+    python -m bench --publish                    # also update docs/benchmarks.md + docs/img
+
+Set-up is part of the run: matplotlib is pip-installed into this interpreter
+when missing, rclone and s3fs-fuse are apt-installed when missing (a system
+that cannot be had is skipped, with the reason in the results), the moto S3
+server and the latency proxy are started on 127.0.0.1, and the dataset is
+generated and uploaded. Everything started is stopped at the end, also on
+failure or Ctrl-C. Results: bench/results/<date>.{json,md} and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+
+from . import datasets, report
+from .remote import DEFAULT_RTT_MS, Remote
+from .systems import Ctx, _project_version, all_systems
+from .workloads import WORKLOADS, Runner
+
+log = logging.getLogger("bench")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "bench", "results")
+
+
+def _ensure_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        log.info("installing matplotlib (the bench extra) for the plots")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib>=3.7"],
+                       stdin=subprocess.DEVNULL, check=False)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    names = [s.name for s in all_systems()]
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("workloads", nargs="*", metavar="WORKLOAD",
+                   help=f"workloads to run (default: all): {', '.join(WORKLOADS)}")
+    p.add_argument("--systems", default=",".join(names),
+                   help=f"comma-separated systems (default: all): {','.join(names)}")
+    p.add_argument("--size", default="default", choices=["tiny", "small", "default", "large"])
+    p.add_argument("--rtt-ms", type=float, default=DEFAULT_RTT_MS,
+                   help="emulated round trip to the remote (default %(default)s ms)")
+    p.add_argument("--workdir", default="/tmp/blockcache-bench",
+                   help="scratch: caches, mount points, the local copy")
+    p.add_argument("--out", default=RESULTS, help="where results go (default bench/results)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds one epoch of one system may take before it is failed")
+    p.add_argument("--no-drop-caches", action="store_true",
+                   help="do not drop the page cache before cold epochs")
+    p.add_argument("--publish", action="store_true",
+                   help="copy plots to docs/img and the tables into docs/benchmarks.md")
+    args = p.parse_args(argv)
+    for w in args.workloads:
+        if w not in WORKLOADS:
+            p.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    for s in args.systems:
+        if s not in names:
+            p.error(f"unknown system {s!r}; choose from {', '.join(names)}")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Set up, run every selected workload on every selected system, return the result."""
+    t0 = time.monotonic()
+    size = datasets.SIZES[args.size]
+    systems = [s for s in all_systems() if s.name in args.systems]
+    info = {}
+    for s in systems:
+        why = s.unavailable()
+        if why:
+            log.warning("skipping %s: %s", s.name, why)
+        info[s.name] = {"label": s.label, "kind": s.kind, "ours": s.ours, "unavailable": why,
+                        "version": "" if why else s.version(), "settings": s.settings()}
+    runnable = [s for s in systems if not info[s.name]["unavailable"]]
+    os.makedirs(args.workdir, exist_ok=True)
+    local_root = os.path.join(args.workdir, f"local-{size.name}")
+    with Remote(rtt_ms=args.rtt_ms, log_path=os.path.join(args.workdir, "moto.log")) as remote:
+        data = datasets.upload(size, remote, local_root)
+        runner = Runner(Ctx(remote, local_root, args.workdir, size),
+                        drop_caches=not args.no_drop_caches, timeout=args.timeout)
+        for workload in args.workloads or list(WORKLOADS):
+            log.info("workload %s", WORKLOADS[workload])
+            for s in runnable:
+                runner.run(workload, s)
+        remote_info = {"method": remote.method, "note": remote.note, "rtt_ms": args.rtt_ms,
+                       "server": "moto " + _version("moto")}
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": _project_version(), "size": size.name, "size_settings": size.__dict__,
+        "dataset": data, "remote": remote_info, "systems": info, "workloads": WORKLOADS,
+        "rows": runner.rows, "errors": runner.errors,
+        "page_cache_dropped": bool(runner.dropped),
+        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
+                    "python": platform.python_version(), "platform": platform.platform()},
+        "wall_s": time.monotonic() - t0,
+    }
+
+
+def _version(module: str) -> str:
+    try:
+        from importlib.metadata import version
+        return version(module)
+    except Exception:
+        return "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
+    args = parse_args(argv)
+    _ensure_matplotlib()
+    result = run(args)
+    stem = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    paths = report.write(result, args.out, stem)
+    if args.publish:
+        report.publish(paths, os.path.join(ROOT, "docs"))
+    for t in result["targets"]:
+        ratio = "not measured" if t["ratio"] is None else f"{t['ratio']:.2f}x"
+        print(f"{'MET ' if t['met'] else 'MISS' if t['met'] is False else '----'} "
+              f"{t['target']} [{t['config']}]: {ratio}")
+    print(f"results: {paths['json']}\ntables:  {paths['md']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

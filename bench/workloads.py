@@ -1,0 +1,234 @@
+"""The five workloads, each run on every system in turn, producing result rows.
+
+Every (workload, configuration, system) starts from a fresh system with empty
+caches, runs epoch 1 (cold) and epoch 2 (warm; for workload 5 also the first
+epoch of each further client), and stops the system again, whatever happens.
+A failure is recorded as an error row and the suite goes on.
+
+1. small files: the ImageNet-like set, shuffled anew each epoch, split
+   round-robin over 1 and N reader processes (a DataLoader's workers).
+2. large sequential: every shard front to back in 1 MiB reads, two passes.
+3. random reads: 4 KiB and 128 KiB reads at aligned random offsets in the
+   shards (the same offsets both epochs), separately for each size.
+4. metadata: `stat` of every small file; importing every module of the
+   package tree (fresh `sys.modules` each epoch).
+5. shared cache: one client reads a subset cold and warm, then each further
+   client (a new mount, or a new process) reads it for its first time.
+
+Each row: items and bytes, wall seconds, items/s and MB/s, p50/p99 latency per
+item, CPU seconds of readers plus the system's server processes (and per GB
+read), requests and bytes that crossed to the remote, the hit ratio where the
+system reports hits and misses, and the bytes its cache dirs hold afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from . import datasets
+from .systems import Ctx, System, disk_bytes, proc_cpu
+from .worker import Workers
+
+log = logging.getLogger(__name__)
+
+WORKLOADS = {
+    "small-files": "1. small files (ImageNet-like), two shuffled epochs",
+    "large-seq": "2. large files, sequential, two passes",
+    "random": "3. random reads inside large files",
+    "metadata": "4. metadata: stat every file; import a package tree",
+    "shared": "5. several clients sharing one cache",
+}
+# Systems that cache nothing have no cache to share (workload 5).
+_NO_CACHE = {"s3fs", "local", "passthrough"}
+
+
+@dataclass
+class Runner:
+    """Runs workloads on systems and collects rows and errors."""
+    ctx: Ctx
+    drop_caches: bool = True
+    timeout: float = 300.0
+    rows: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+    dropped: bool | None = None
+
+    # --- plumbing ---
+
+    def _drop_page_cache(self) -> None:
+        """Before a cold epoch: so local and cached files come from disk, not memory."""
+        if not self.drop_caches or self.dropped is False:
+            return
+        try:
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            self.dropped = True
+        except OSError as exc:
+            log.warning("cannot drop the page cache (%s); cold epochs of local files may "
+                        "be served from memory", exc)
+            self.dropped = False
+
+    def _measure(self, system: System, workers: Workers, cmd: str, args: list,
+                 base: dict) -> dict:
+        remote0 = self.ctx.remote.counters()
+        pids = system.server_pids()
+        srv0 = {pid: proc_cpu(pid) for pid in pids}
+        stats0 = _merge_stats(workers.run_all("stats", None)[1])
+        wall, answers = workers.run(cmd, args)
+        srv_cpu = sum(proc_cpu(pid) - c for pid, c in srv0.items())
+        stats1 = _merge_stats(workers.run_all("stats", None)[1])
+        remote1 = self.ctx.remote.counters()
+        # A pause between epochs lets background fills land, in the readers
+        # and then in the daemon; the next epoch should not race them.
+        workers.run_all("settle", None)
+        system.settle()
+        lat = sorted(x for a in answers for x in a["lat"])
+        items = sum(a["items"] for a in answers)
+        nbytes = sum(a["bytes"] for a in answers)
+        cpu = sum(a["cpu"] for a in answers) + srv_cpu
+        row = dict(base, system=system.name, items=items, bytes=nbytes, seconds=wall,
+                   items_per_s=items / wall if wall else None,
+                   mb_per_s=nbytes / wall / 1e6 if wall else None,
+                   p50_ms=_pct(lat, 0.50) * 1e3, p99_ms=_pct(lat, 0.99) * 1e3,
+                   cpu_s=cpu, cpu_s_per_gb=cpu / (nbytes / 1e9) if nbytes else None,
+                   remote_requests=remote1["requests"] - remote0["requests"],
+                   remote_bytes=remote1["bytes_down"] - remote0["bytes_down"],
+                   hit_ratio=_hit_ratio(stats0, stats1),
+                   cache_bytes=disk_bytes(system.cache_dirs()))
+        log.info("%-12s %-14s %-10s epoch %d: %7.1f items/s %8.1f MB/s p50 %.2f ms p99 %.2f ms",
+                 base["workload"], base["config"], system.name, base["epoch"],
+                 row["items_per_s"] or 0, row["mb_per_s"] or 0, row["p50_ms"], row["p99_ms"])
+        self.rows.append(row)
+        return row
+
+    def _epochs(self, system: System, n_readers: int, workload: str, parts: list,
+                epochs: int = 2, client: int = 0, listing: list[str] | None = None) -> None:
+        """Start `n_readers` workers and run `epochs` epochs of every part.
+
+        `parts` is a list of (config, command, epoch -> per-worker args); parts
+        that touch disjoint data share one system start (each still has its
+        own cold and warm epoch). `listing`: directories every worker lists
+        before epoch 1, untimed, as a Dataset does when it is built (ImageFolder
+        scans its class directories), so file metadata comes from listings.
+        """
+        workers = Workers(system.reader_spec(client), n_readers, timeout=self.timeout)
+        try:
+            for e in range(1, epochs + 1):
+                if e == 1 and client == 0:
+                    self._drop_page_cache()
+                if e == 1 and listing:
+                    workers.run_all("list", listing)
+                for config, cmd, epoch_args in parts:
+                    self._measure(system, workers, cmd, epoch_args(e),
+                                  {"workload": workload, "config": config, "epoch": e,
+                                   "phase": "cold" if e == 1 else "warm", "client": client})
+        finally:
+            workers.close()
+
+    def _guard(self, workload: str, config: str, system: System, body) -> None:
+        tag = f"{workload}-{config}".replace(" ", "")
+        t0 = time.monotonic()
+        try:
+            system.start(self.ctx, tag)
+            body()
+        except Exception as exc:
+            log.error("%s %s on %s failed: %s", workload, config, system.name, exc)
+            self.errors.append({"workload": workload, "config": config, "system": system.name,
+                                "error": f"{type(exc).__name__}: {exc}",
+                                "trace": traceback.format_exc()[-3000:]})
+        finally:
+            system.stop()
+            log.debug("%s %s %s took %.1f s", workload, config, system.name,
+                      time.monotonic() - t0)
+
+    # --- the workloads ---
+
+    def small_files(self, system: System) -> None:
+        size = self.ctx.size
+        files = datasets.small_files(size)
+        for n in size.readers:
+            config = f"{n} reader" + ("s" if n > 1 else "")
+
+            def args(e, n=n):
+                order = datasets.shuffled(files, e)
+                return [order[i::n] for i in range(n)]
+            self._guard("small-files", config, system, lambda n=n, config=config, args=args:
+                        self._epochs(system, n, "small-files", [(config, "files", args)],
+                                     listing=datasets.small_dirs(size)))
+
+    def large_seq(self, system: System) -> None:
+        shards = datasets.shards(self.ctx.size)
+        self._guard("large-seq", "1 reader", system, lambda: self._epochs(
+            system, 1, "large-seq", [("1 reader", "seq", lambda e: [shards])]))
+
+    def random(self, system: System) -> None:
+        # 4 KiB and 128 KiB reads go to different shards (datasets.random_reads),
+        # so one start serves both sizes without one warming the other.
+        reads = datasets.random_reads(self.ctx.size)
+        parts = [(config, "ranges", lambda e, mine=[r for r in reads if r[2] == length]: [mine])
+                 for length, config in ((4 << 10, "4 KiB"), (128 << 10, "128 KiB"))]
+        self._guard("random", "4 KiB+128 KiB", system,
+                    lambda: self._epochs(system, 1, "random", parts))
+
+    def metadata(self, system: System) -> None:
+        size = self.ctx.size
+        files = datasets.small_files(size)
+        modules = datasets.module_names(size)
+        parts = [("stat", "stat", lambda e: [datasets.shuffled(files, e, "stat")]),
+                 ("import", "import", lambda e: [(datasets.PKG_ROOT, modules)])]
+
+        self._guard("metadata", "stat+import", system,
+                    lambda: self._epochs(system, 1, "metadata", parts))
+
+    def shared(self, system: System) -> None:
+        if system.name in _NO_CACHE:
+            return
+        size = self.ctx.size
+        files = datasets.small_files(size)[:size.shared_files]
+        config = f"{size.clients} clients"
+        dirs = datasets.small_dirs(size)
+
+        def body():
+            self._epochs(system, 1, "shared", [
+                (config, "files", lambda e: [datasets.shuffled(files, e, "shared")])],
+                listing=dirs)
+            for k in range(1, size.clients):
+                idx = system.add_client()
+                self._epochs(system, 1, "shared", [
+                    (config, "files", lambda e, k=k: [datasets.shuffled(files, 10 + k, "shared")])],
+                    epochs=1, client=idx, listing=dirs)
+                self.rows[-1].update(phase="first epoch, new client",
+                                     shares_cache=system.shares_cache)
+        self._guard("shared", config, system, body)
+
+    def run(self, workload: str, system: System) -> None:
+        {"small-files": self.small_files, "large-seq": self.large_seq, "random": self.random,
+         "metadata": self.metadata, "shared": self.shared}[workload](system)
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def _merge_stats(answers: list[dict]) -> dict:
+    """Sum numeric counters over workers (each process or mount reports its own)."""
+    out: dict = {}
+    for a in answers:
+        for k, v in a["stats"].items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+def _hit_ratio(before: dict, after: dict) -> float | None:
+    if "hits" not in after or "misses" not in after:
+        return None
+    hits = after["hits"] - before.get("hits", 0)
+    misses = after["misses"] - before.get("misses", 0)
+    return hits / (hits + misses) if hits + misses else None

@@ -1,0 +1,76 @@
+"""The report writer turns rows into JSON, PNG plots and Markdown, with ratios and targets."""
+
+import json
+
+from bench import report
+
+SYSTEMS = {
+    "volume": {"label": "blockcache Volume", "kind": "inproc", "ours": True},
+    "fsspec-simplecache": {"label": "fsspec simplecache", "kind": "inproc", "ours": False},
+    "fuse": {"label": "blockcache FUSE", "kind": "mount", "ours": True},
+    "rclone": {"label": "rclone", "kind": "mount", "ours": False},
+}
+
+
+def _row(system, epoch, rate, workload="small-files", config="1 reader", client=0):
+    return {"workload": workload, "config": config, "system": system, "epoch": epoch,
+            "phase": "cold" if epoch == 1 else "warm", "client": client, "items": 100,
+            "bytes": 10**7, "seconds": 100 / rate, "items_per_s": rate,
+            "mb_per_s": rate / 10, "p50_ms": 1.0, "p99_ms": 2.0, "cpu_s": 1.0,
+            "cpu_s_per_gb": 100.0, "remote_requests": 100 if epoch == 1 else 0,
+            "remote_bytes": 10**7 if epoch == 1 else 0, "hit_ratio": None,
+            "cache_bytes": 10**7}
+
+
+def _result():
+    systems = {n: dict(s, unavailable=None, version="1", settings={}) for n, s in SYSTEMS.items()}
+    systems["s3fs-fuse"] = {"label": "s3fs-fuse", "kind": "mount", "ours": False,
+                            "unavailable": "not installed", "version": "", "settings": {}}
+    rows = [_row("volume", 1, 50), _row("volume", 2, 2000),
+            _row("fsspec-simplecache", 1, 50), _row("fsspec-simplecache", 2, 1000),
+            _row("fuse", 1, 40), _row("fuse", 2, 900), _row("rclone", 1, 45),
+            _row("rclone", 2, 450), _row("fuse", 1, 40, "shared", "2 clients"),
+            _row("fuse", 2, 1000, "shared", "2 clients"),
+            _row("fuse", 1, 900, "shared", "2 clients", client=1)]
+    return {"date": "2026-01-01 00:00 UTC", "commit": "abc", "size": "tiny",
+            "machine": {"cpus": 2}, "remote": {"method": "latency proxy", "note": "n"},
+            "page_cache_dropped": False, "wall_s": 1.0, "systems": systems,
+            "workloads": {"small-files": "1. small files"}, "rows": rows, "errors": []}
+
+
+def test_targets_compare_like_with_like():
+    t = {(x["target"], x["config"]): x for x in report.targets(_result())}
+    assert t[("warm Volume >= 1.0x fsspec-simplecache", "1 reader")]["ratio"] == 2.0
+    assert t[("warm Volume >= 1.0x fsspec-simplecache", "1 reader")]["met"] is True
+    rclone = t[("warm FUSE >= 3x rclone vfs full", "1 reader")]
+    assert rclone["ratio"] == 2.0 and rclone["met"] is False
+    assert t[("warm FUSE >= 10x s3fs-fuse use_cache", "1 reader")]["met"] is None
+    shared = next(x for x in t.values() if x["workload"] == "shared")
+    assert shared["ratio"] == 0.9 and shared["met"] is True
+
+
+def test_write_produces_json_png_and_markdown(tmp_path):
+    paths = report.write(_result(), str(tmp_path), "run")
+    data = json.loads(open(paths["json"]).read())
+    assert len(data["rows"]) == 11 and data["targets"]
+    for png in paths["png"].values():
+        assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert set(paths["png"]) == {"small-files", "shared"}
+    md = open(paths["md"]).read()
+    assert "| blockcache Volume | 2 (warm) | 2,000 |" in md
+    assert "0.50x" in md          # simplecache warm against Volume warm
+    assert "**skipped**: not installed" in md
+    assert "img/run-small-files.png" in md
+
+
+def test_publish_replaces_only_the_generated_block(tmp_path):
+    paths = report.write(_result(), str(tmp_path / "out"), "run")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    page = docs / "benchmarks.md"
+    page.write_text(f"# Bench\nintro\n{report.BEGIN}\nSTALE-TABLE\n{report.END}\nafter\n")
+    report.publish(paths, str(docs))
+    text = page.read_text()
+    assert text.startswith("# Bench\nintro\n") and text.endswith("after\n")
+    assert "STALE-TABLE" not in text and "(img/bench-small-files.png)" in text
+    assert (docs / "img" / "bench-small-files.png").exists()

@@ -247,8 +247,14 @@ class Demo:
             except subprocess.TimeoutExpired:
                 self.daemon.kill()
                 self.daemon.wait()
-        if not self.args.keep:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.args.keep:
+            return
+        if mp.is_mounted(self.mountpoint):
+            # never let rmtree walk into a mount (it would try every file of the volume)
+            print(f"demo: {self.mountpoint} is still mounted; leaving {self.tmp} in place",
+                  file=sys.stderr)
+            return
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def run(self) -> int:
         a = self.args
@@ -312,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGTERM, on_sigint)
     try:
         return demo.run()
     except KeyboardInterrupt:

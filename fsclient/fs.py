@@ -28,6 +28,7 @@ Design
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import functools
 import itertools
@@ -42,7 +43,7 @@ import pyfuse3
 import pyfuse3.asyncio
 
 from .config import MountConfig
-from .metacache import NEGATIVE, MetaCache, parent_of
+from .metacache import NEGATIVE, MetaCache, TtlLru, parent_of
 
 pyfuse3.asyncio.enable()
 
@@ -57,6 +58,14 @@ XATTR_STATS = b"user.blockcache.stats"
 # Reads this close to where the previous one ended still count as sequential:
 # the kernel issues its readahead requests concurrently, slightly out of order.
 SEQ_SLACK = 1 << 20
+# A file up to this size (and within one block) is read whole, starting at
+# open, and served from the handle: the read is under way while the open
+# answer travels back and the application asks for the bytes, and one volume
+# read costs less than the several 128 KiB pieces the kernel asks for. A miss
+# fetches the whole block anyway, so this never costs an extra remote request.
+WHOLE_FILE_MAX = 1 << 20
+# Directory listings fetched in the background at once, at most.
+MAX_LISTING_TASKS = 16
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT
 
 
@@ -75,8 +84,11 @@ def fuse_op(gone: int = errno.ENOENT) -> Callable:
     """Decorate a handler so that it only ever raises FUSEError."""
 
     def wrap(fn: Callable) -> Callable:
+        name = fn.__name__
+
         @functools.wraps(fn)
         async def handler(self: "BlockcacheFS", *args: Any) -> Any:
+            self.ops[name] += 1
             try:
                 return await fn(self, *args)
             except pyfuse3.FUSEError:
@@ -112,12 +124,15 @@ class Node:
 class Handle:
     """An open file: the pinned FileInfo and the sequential-read state."""
 
-    __slots__ = ("path", "info", "inode", "next_off", "streak", "prefetched_until")
+    __slots__ = ("path", "info", "inode", "next_off", "streak", "prefetched_until", "data",
+                 "pending")
 
     def __init__(self, path: str, info: Any, inode: int):
         self.path = path
         self.info = info
         self.inode = inode
+        self.data: bytes | None = None  # the whole (small) file, once read
+        self.pending: asyncio.Future | None = None  # ... while it is being read
         self.next_off = -1
         self.streak = 0
         self.prefetched_until = 0
@@ -145,6 +160,12 @@ class BlockcacheFS(pyfuse3.Operations):
         self.pool = ThreadPoolExecutor(cfg.threads, thread_name_prefix="fsclient-io")
         self.uid, self.gid = os.getuid(), os.getgid()
         self.prefetches = 0
+        self.ops: collections.Counter = collections.Counter()  # requests per operation
+        self.whole_file_max = min(WHOLE_FILE_MAX, cfg.block_size)
+        # parent dir -> its in-flight background listing
+        self._listing_tasks: dict[str, asyncio.Task] = {}
+        # dirs listed recently whose listing could not be kept (too large)
+        self._listed = TtlLru(4096)
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -171,6 +192,8 @@ class BlockcacheFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         if cached is not None:
             return cached
+        if path:
+            self._list_in_background(parent_of(path))
         try:
             info = await self._call(self.volume.stat, path, max_age=self.meta.ttl(path))
         except FileNotFoundError:
@@ -178,6 +201,29 @@ class BlockcacheFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT) from None
         self.meta.put_attr(info)
         return info
+
+    def _list_in_background(self, parent: str) -> None:
+        """A lookup missed: list its directory in the background, so the next
+        lookups there are answered from the listing instead of one remote stat
+        each (a training job opens every file of a directory, in any order).
+        This lookup does not wait for it: in a huge directory, listing is slow."""
+        ttl = self.meta.ttl(parent)
+        if (ttl <= 0 or parent in self._listing_tasks or len(self._listing_tasks) >= MAX_LISTING_TASKS
+                or self._listed.get(parent) is not None or self.meta.listing(parent) is not None):
+            return
+        self._listed.put(parent, True, ttl)
+        task = asyncio.ensure_future(self._list(parent))
+        self._listing_tasks[parent] = task
+        task.add_done_callback(lambda t: self._listing_done(parent, t))
+
+    async def _list(self, path: str) -> None:
+        entries = await self._call(self.volume.listdir, path, max_age=self.meta.ttl(path))
+        self.meta.put_listing(path, entries)
+
+    def _listing_done(self, parent: str, task: "asyncio.Task") -> None:
+        self._listing_tasks.pop(parent, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("background listing of %r failed: %s", parent, task.exception())
 
     def _attrs(self, info: Any, inode: int) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
@@ -252,6 +298,7 @@ class BlockcacheFS(pyfuse3.Operations):
         return self._attrs(info, inode)
 
     async def forget(self, inode_list) -> None:
+        self.ops["forget"] += 1
         for inode, nlookup in inode_list:
             node = self.nodes.get(inode)
             if node is None or inode == ROOT_INODE:
@@ -328,7 +375,10 @@ class BlockcacheFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         keep = self.meta.keep_cache(inode, info)
         fh = next(self._fh)
-        self.handles[fh] = Handle(path, info, inode)
+        h = self.handles[fh] = Handle(path, info, inode)
+        if 0 < info.size <= self.whole_file_max and not keep:
+            h.pending = self._call(self.volume.read, path, 0, info.size, info=info)
+            h.pending.add_done_callback(_retrieve)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     @fuse_op(gone=errno.ESTALE)
@@ -340,6 +390,13 @@ class BlockcacheFS(pyfuse3.Operations):
         if avail <= 0 or size <= 0:
             return b""
         size = min(size, avail)
+        if h.data is None and h.pending is not None:
+            pending, h.pending = h.pending, None
+            h.data = await pending
+        if h.data is None and h.info.size <= self.whole_file_max:
+            h.data = await self._call(self.volume.read, h.path, 0, h.info.size, info=h.info)
+        if h.data is not None:
+            return h.data[off:off + size]
         if self.cfg.readahead_blocks:
             self._readahead(h, off, size)
         return await self._call(self.volume.read, h.path, off, size, info=h.info)
@@ -365,6 +422,7 @@ class BlockcacheFS(pyfuse3.Operations):
         fut.add_done_callback(_log_prefetch_failure)
 
     async def release(self, fh: int) -> None:
+        self.ops["release"] += 1
         self.handles.pop(fh, None)
 
     # extended attributes: per-file cache state, and the volume's stats on the root
@@ -396,7 +454,8 @@ class BlockcacheFS(pyfuse3.Operations):
             return str(inode).encode()
         stats = dict(await self._call(self.volume.stats))
         stats["fsclient"] = {**self.meta.stats(), "inodes": len(self.nodes),
-                             "open_files": len(self.handles), "prefetches": self.prefetches}
+                             "open_files": len(self.handles), "prefetches": self.prefetches,
+                             "ops": dict(self.ops)}
         return json.dumps(stats, sort_keys=True, default=str).encode()
 
     # every write operation: read-only file system
@@ -436,6 +495,13 @@ class BlockcacheFS(pyfuse3.Operations):
 
     @_erofs
     async def removexattr(self, *args: Any): ...
+
+
+def _retrieve(fut: "asyncio.Future") -> None:
+    # A whole-file read nobody awaited (the file was closed unread) must not
+    # log "exception never retrieved"; the read that awaits it reports errors.
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _log_prefetch_failure(fut: "asyncio.Future") -> None:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from blockcache_client import protocol
 from blockcache_client.errors import ConfigError
+from blockcache_client.metrics import parse_addr
 from blockcache_client.units import parse_size
 
 DEFAULT_DIR_SIZE = "10G"
@@ -52,6 +53,7 @@ class Config:
     io_timeout: float = 5.0
     log_level: str = "info"
     log_format: str = "text"
+    metrics_addr: str | None = None  # HOST:PORT of the Prometheus endpoint; None = off
 
 
 def _mode(value: Any, what: str) -> int:
@@ -133,6 +135,13 @@ def _path(value: Any, what: str) -> str:
     return os.path.abspath(value)
 
 
+def _addr(value: Any, what: str) -> str | None:
+    if value in ("", None):
+        return None
+    parse_addr(value, what)
+    return value
+
+
 # file key -> (Config field, converter). Flags use the same converters.
 _FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "socket": ("socket", _path),
@@ -148,6 +157,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "io_timeout": ("io_timeout", _seconds),
     "log_level": ("log_level", _choice("debug", "info", "warning", "error")),
     "log_format": ("log_format", _choice("text", "json")),
+    "metrics_addr": ("metrics_addr", _addr),
 }
 _DIR_KEYS = {"path", "size", "weight"}
 

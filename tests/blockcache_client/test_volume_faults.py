@@ -281,3 +281,27 @@ def test_unhealthy_dir_follows_the_layout_epoch(local_source, key_file, daemon):
         before = vol.stats()
         assert vol.read("h0.bin", 0, 1 << 20) == files["h0.bin"]
         assert vol.stats()["hits"] == before["hits"] + 1
+
+
+def test_hung_daemon_never_blocks_reads(local_source, key_file, daemon):
+    """A daemon that stops answering (SIGSTOP) must not stall readers: hits
+    need no round trip, misses hand their fills to a queue that drops."""
+    import signal
+    rng = random.Random(14)
+    files = {f"s{i}.bin": rng.randbytes(2 * BS) for i in range(8)}
+    for rel, data in files.items():
+        local_source.write(rel, data)
+    with volume(local_source, key_file, daemon, memory_cache_bytes=0,
+                fill_queue_bytes=4 * BS) as vol:
+        fill(vol, daemon, "s0.bin", files["s0.bin"])
+        daemon.proc.send_signal(signal.SIGSTOP)
+        try:
+            # if any of these waited for the daemon, the test would hang here
+            # until pytest-timeout, since the daemon resumes only afterwards
+            for _ in range(3):
+                for rel, data in files.items():
+                    assert vol.read(rel, 0, len(data)) == data
+            assert vol.stats()["fills_dropped"] > 0  # the queue filled up and dropped
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the link to recover")

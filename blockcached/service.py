@@ -62,8 +62,11 @@ class Service:
         handler = self._ops.get(op) if isinstance(op, str) else None
         if handler is None:
             self.count_error(ErrorCode.UNKNOWN_OP)
+            # the op may be any msgpack value of up to MAX_FRAME bytes: never
+            # repr it whole (a 16 MiB op made a reply over the frame limit)
+            shown = repr(op) if isinstance(op, str) and len(op) <= 64 else f"of type {type(op).__name__}"
             return protocol.error(rid, ErrorCode.UNKNOWN_OP,
-                                  f"unknown op {op!r}; known: {', '.join(protocol.OPS)}")
+                                  f"unknown op {shown}; known: {', '.join(protocol.OPS)}")
         self.requests[op] = self.requests.get(op, 0) + 1
         try:
             return protocol.ok(rid, **handler(body, peer))

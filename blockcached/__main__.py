@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -82,6 +83,18 @@ def setup_logging(cfg: Config) -> None:
     root.setLevel(cfg.log_level.upper())
 
 
+def raise_fd_limit() -> None:
+    """Raise the soft open-files limit to the hard one: every client connection
+    is a descriptor, and a soft limit of 1024 (a common default) would make
+    the 1025th reader on a busy host fail to connect."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, hard, exc)
+
+
 def take_locks(cfg: Config) -> list[int]:
     """Lock the socket and every cache dir (creating them); fds to keep open."""
     fds = []
@@ -112,7 +125,10 @@ async def serve(cfg: Config) -> None:
     async def upkeep() -> None:
         last_ping = 0.0
         while True:
-            cache.tick()
+            try:
+                cache.tick()
+            except Exception:  # upkeep must go on; the next tick retries
+                log.exception("upkeep failed")
             now = time.monotonic()
             if notifier.watchdog_interval and now - last_ping >= notifier.watchdog_interval:
                 notifier.watchdog()
@@ -141,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"blockcached: {exc}", file=sys.stderr)
         return 2
     setup_logging(cfg)
+    raise_fd_limit()
     try:
         locks = take_locks(cfg)
     except BlockcacheError as exc:

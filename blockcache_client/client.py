@@ -21,6 +21,7 @@ import itertools
 import os
 import socket
 import threading
+import time
 from typing import Any, Iterable
 
 from . import protocol
@@ -122,7 +123,7 @@ class Client(_Ops):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.timeout)
             try:
-                sock.connect(self.socket_path)
+                _connect_unix(sock, self.socket_path, self.timeout)
             except OSError as exc:
                 sock.close()
                 raise DaemonUnavailable(f"cannot connect to blockcached at {self.socket_path}: "
@@ -176,6 +177,25 @@ class Client(_Ops):
         in order. Error replies are returned, not raised."""
         reqs = [{"id": self._next_id(), "op": op, **args} for op, args in calls]
         return self._exchange(reqs) if reqs else []
+
+
+def _connect_unix(sock: socket.socket, path: str, timeout: float) -> None:
+    """connect(2), waiting up to `timeout` while the daemon's accept backlog is
+    full. A unix socket with a timeout is non-blocking underneath, and its
+    connect then fails at once with EAGAIN instead of waiting as TCP's does:
+    every reader on a host reconnecting to a restarted daemon at once must
+    queue, not fail."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
 
 class AsyncClient(_Ops):

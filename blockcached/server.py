@@ -309,7 +309,8 @@ class Server:
         os.chmod(path, self.cfg.socket_mode)
         if self.cfg.socket_group is not None:
             os.chown(path, -1, self.cfg.socket_group)
-        sock.listen(512)
+        # a restarted daemon is reconnected to by every reader at once
+        sock.listen(socket.SOMAXCONN)
         self._server = await self.loop.create_unix_server(lambda: Connection(self), sock=sock)
         log.info("serving on %s (mode %o)", path, self.cfg.socket_mode)
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import pytest
 
 from blockcache_client.keyfile import generate_key_file
+from tests.blockcache_client.conftest import wait_for as wait_until  # noqa: F401  (re-exported)
 
 BS = 64 << 10  # the smallest block size fsclient accepts: many blocks from little data
 
@@ -65,19 +66,6 @@ def shared_dir():
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
-
-
-def wait_until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
-               interval: float = 0.02) -> Any:
-    """Poll until cond() is truthy; fail the test naming `what` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
 
 
 def as_nobody(fn: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:

@@ -68,6 +68,7 @@ class Cache:
         self._space_due = [0.0] * n
         self._space_pending = [False] * n
         self._probe_pending = [False] * n
+        self._checking: set[str] = set()  # keys whose file presence is being checked
         self.counters = dict(hits=0, misses=0, puts=0, put_bytes=0, writes=0, write_bytes=0,
                              write_errors=0, evictions=0, evicted_bytes=0, touches=0,
                              touch_bytes=0)
@@ -247,6 +248,7 @@ class Cache:
             return "rebuilding"
         if key in self.index:
             self.index.touch(key, int(time.time()), TOUCH_PERSIST_AFTER)
+            self._check_present(i, key)
             return "exists"
         if size > self.caps[i].capacity:
             return "too_large"
@@ -257,6 +259,31 @@ class Cache:
             self.fill.finish(key)
             return "no_space"
         return "queued"
+
+    def _check_present(self, i: int, key: str) -> None:
+        """A put of an indexed key means a reader missed it: check, on the
+        dir's worker, that its file is still there. A file lost behind our
+        back (deleted or renamed by a person, fsck or a failing disk) would
+        otherwise stay indexed, every refill of it answer `exists`, and every
+        read of it go to the remote until LRU happened to evict it."""
+        if key in self._checking:
+            return
+        self._checking.add(key)
+        self.workers[i].submit(os.path.lexists, self.stores[i].block_path(key),
+                               done=partial(self._checked, key))
+
+    def _checked(self, key: str, present: Any, exc: BaseException | None) -> None:
+        # FIFO per dir: a write or unlink of this key queued after the check
+        # reports after it, so an indexed key missing at check time is lost
+        self._checking.discard(key)
+        if exc is not None or present or key not in self.index:
+            return
+        hit = self.index.remove(key)
+        if hit is not None:
+            log.warning("cache dir %s: block %s vanished from disk; dropped from the index so "
+                        "it is filled again", self.paths[hit[0]], key)
+            self.counters["evictions"] += 1
+            self.counters["evicted_bytes"] += hit[1]
 
     def _reserved_entries(self) -> int:
         return sum(c.reserved_entries for c in self.caps)

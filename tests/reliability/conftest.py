@@ -68,9 +68,11 @@ def shared_dir():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def as_nobody(fn: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
-    """Run fn(*args) in a forked child that dropped to uid/gid nobody (no
-    supplementary groups); return its result, or raise what it raised.
+def as_nobody(fn: Callable[..., Any], *args: Any, timeout: float = 30.0,
+              gid: int | None = None) -> Any:
+    """Run fn(*args) in a forked child that dropped to uid nobody, gid nobody's
+    (or `gid`), no supplementary groups; return its result, or raise what it
+    raised.
 
     Forked, not exec'd: the venv's interpreter lives under /root, which nobody
     cannot execute."""
@@ -81,7 +83,7 @@ def as_nobody(fn: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
         try:
             os.close(r)
             os.setgroups([])
-            os.setgid(nobody.pw_gid)
+            os.setgid(nobody.pw_gid if gid is None else gid)
             os.setuid(nobody.pw_uid)
             try:
                 out = ("ok", fn(*args))

@@ -16,12 +16,11 @@ import time
 
 import pytest
 
-from blockcache_client import blockfile
 from blockcache_client.keyfile import load_key_file
 from blockcache_client.volume import Volume
 from tests.fsclient.mounting import FsclientMount, is_mounted
-from tests.reliability.conftest import (BS, cache_files, needs_fuse, record, sha, wait_until,
-                                        write_dataset)
+from tests.reliability.conftest import (BS, check_index_matches_disk, needs_fuse, record, sha,
+                                        wait_until, write_dataset)
 from tests.support.daemon import DaemonProcess
 
 pytestmark = needs_fuse
@@ -90,32 +89,6 @@ def volume_reader(vol: Volume, files: dict[str, bytes], tally: Tally, stop: thre
             tally.fail(f"volume {rel}@{off}+{n}", exc)
             continue
         tally.check("volume", f"volume {rel}@{off}+{n}", got, files[rel][off:off + n])
-
-
-def check_index_matches_disk(daemon: DaemonProcess, volume_key: bytes) -> dict:
-    """The daemon's index is exactly the complete, authentic blocks on disk."""
-    s = daemon.wait_stats(lambda s: s["rebuild"]["state"] == "done" and s["queue"]["entries"] == 0
-                          and all(d["queued_jobs"] == 0 for d in s["dirs"]), timeout=20)
-    c = daemon.client()
-    keys = c.list(limit=100_000)["keys"]
-    paths = c.lookup(keys) if keys else []
-    on_disk = cache_files(daemon.cache_dirs)
-    tmp_dirs = tuple(os.path.join(d, "tmp") + os.sep for d in daemon.cache_dirs)
-    tmp = [p for p in on_disk if p.startswith(tmp_dirs)]
-    assert tmp == [], f"temp files left: {tmp}"
-    assert all(p is not None for p in paths)
-    assert sorted(paths) == sorted(on_disk), "index and blocks/ differ"
-    assert not any(p.startswith(tmp_dirs) for p in paths), "a temp file is indexed"
-    assert s["entries"] == len(on_disk) == len(keys)
-    assert s["used_bytes"] == sum(on_disk.values())
-    for d in s["dirs"]:
-        mine = {p: n for p, n in on_disk.items() if p.startswith(d["path"] + os.sep)}
-        assert d["entries"] == len(mine) and d["used_bytes"] == sum(mine.values()), d
-        assert d["used_bytes"] <= d["limit_bytes"], d
-    for key, path in zip(keys, paths):  # every indexed block is whole and authentic
-        with open(path, "rb") as f:
-            blockfile.unseal(key, f.read(), volume_key)
-    return s
 
 
 def test_daemon_killed_under_load(tmp_path, key_file):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import threading
 from typing import Iterable
 
 from prometheus_client import start_http_server
@@ -76,14 +77,34 @@ class Histogram:
     def snapshot(self) -> dict[str, list]:
         return {k: list(v) for k, v in list(self.series.items())}
 
-    def family(self, name: str, doc: str, label: str,
-               snap: dict[str, list] | None = None) -> HistogramMetricFamily:
-        """A Prometheus histogram family from `snap` (default: a snapshot now)."""
-        fam = HistogramMetricFamily(name, doc, labels=[label])
+    def family(self, name: str, doc: str, label: str, snap: dict[str, list] | None = None,
+               const: dict[str, str] | None = None) -> HistogramMetricFamily:
+        """A Prometheus histogram family from `snap` (default: a snapshot now);
+        `const` labels (e.g. the volume) go on every series."""
+        const = const or {}
+        fam = HistogramMetricFamily(name, doc, labels=[*const, label])
         for value, s in sorted((self.snapshot() if snap is None else snap).items()):
             buckets, acc = [], 0
             for bound, n in zip((*map(str, self.bounds), "+Inf"), s[:-1]):
                 acc += n
                 buckets.append((bound, acc))
-            fam.add_metric([value], buckets, s[-1])
+            fam.add_metric([*const.values(), value], buckets, s[-1])
         return fam
+
+
+class LockedHistogram(Histogram):
+    """A `Histogram` that many threads may observe into."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self, bounds: Iterable[float] = LATENCY_BUCKETS):
+        super().__init__(bounds)
+        self.lock = threading.Lock()
+
+    def observe(self, label: str, value: float) -> None:
+        with self.lock:
+            Histogram.observe(self, label, value)
+
+    def snapshot(self) -> dict[str, list]:
+        with self.lock:
+            return Histogram.snapshot(self)

@@ -89,13 +89,15 @@ def main(ctx: click.Context, log_level: str, log_format: str) -> None:
 @click.option("--foreground", "-f", is_flag=True, help="Stay in the foreground.")
 @click.option("--log-file", type=click.Path(dir_okay=False),
               help="Where the background process logs (default: nowhere).")
+@click.option("--metrics-addr", metavar="HOST:PORT",
+              help="Serve Prometheus metrics of this mount there [default: off].")
 @click.option("--ready-fd", type=int, hidden=True)
 @click.pass_context
 def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume: str | None,
           key_file: str | None, socket: str | None, config_file: str | None,
           block_size: str | None, meta_ttl: float | None, dir_ttl: tuple[str, ...],
           readahead_blocks: int | None, options: tuple[str, ...], foreground: bool,
-          log_file: str | None, ready_fd: int | None) -> None:
+          log_file: str | None, metrics_addr: str | None, ready_fd: int | None) -> None:
     """Mount SOURCE (a local path or fsspec URL) on MOUNTPOINT, read-only.
 
     Returns once the mount answers; with --foreground, serves until unmounted
@@ -109,7 +111,7 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
         cfg = build_config(
             file_data, volume=volume, source=source, mountpoint=mountpoint, key_file=key_file,
             socket=socket, block_size=block_size, meta_ttl=meta_ttl,
-            readahead_blocks=readahead_blocks,
+            readahead_blocks=readahead_blocks, metrics_addr=metrics_addr,
             dir_ttl=[parse_dir_ttl_flag(d) for d in dir_ttl], options=options)
     except BlockcacheError as exc:
         fail(str(exc))

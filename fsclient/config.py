@@ -15,6 +15,7 @@ error, never ignored, so a typo cannot silently change caching behaviour.
     allow_other = false
     readahead_blocks = 2
     options = []               # extra FUSE mount options (-o)
+    metrics_addr = "127.0.0.1:9102"   # Prometheus endpoint of this mount (default: off)
     [dir_ttl]                  # per directory prefix, longest match wins
     "code/" = 0
     [storage_options]          # passed to fsspec as they are
@@ -36,6 +37,7 @@ from typing import Any, Mapping
 
 from blockcache_client.errors import ConfigError, InvalidKey
 from blockcache_client.keys import check_volume_name
+from blockcache_client.metrics import parse_addr
 from blockcache_client.units import parse_size
 
 DEFAULT_BLOCK_SIZE = 4 << 20
@@ -111,6 +113,7 @@ class MountConfig:
     # Bounds of the in-process metadata caches (entries, LRU).
     meta_cache_entries: int = 200_000
     threads: int = 32
+    metrics_addr: str | None = None  # HOST:PORT of this mount's Prometheus endpoint
 
     @property
     def meta_ttl(self) -> float:
@@ -129,7 +132,7 @@ class MountConfig:
 # Every key a volume TOML file may hold.
 _KEYS = {"volume", "source", "mountpoint", "key_file", "socket", "block_size", "meta_ttl",
          "allow_other", "readahead_blocks", "options", "dir_ttl", "storage_options",
-         "memory_cache", "fill_queue", "meta_cache_entries", "threads"}
+         "memory_cache", "fill_queue", "meta_cache_entries", "threads", "metrics_addr"}
 
 
 def load_toml(path: str) -> dict[str, Any]:
@@ -255,4 +258,11 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         fill_queue_bytes=parse_size(data.get("fill_queue", 256 << 20), "fill_queue"),
         meta_cache_entries=_int(data, "meta_cache_entries", 200_000, 100, 100_000_000),
         threads=_int(data, "threads", 32, 1, 512),
+        metrics_addr=_metrics_addr(_str(data, "metrics_addr", False)),
     )
+
+
+def _metrics_addr(value: str | None) -> str | None:
+    if value is not None:
+        parse_addr(value, "metrics_addr")
+    return value

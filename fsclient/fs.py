@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import stat
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -55,6 +56,9 @@ XATTR_CACHED = b"user.blockcache.cached_bytes"
 XATTR_VERSION = b"user.blockcache.version"
 XATTR_INODE = b"user.blockcache.inode"
 XATTR_STATS = b"user.blockcache.stats"
+# The mount's volume settings as JSON (volume TOML keys), for `fsclient warmup
+# --mount`; storage_options (may hold credentials) only for root and the owner.
+XATTR_CONFIG = b"user.blockcache.config"
 # Reads this close to where the previous one ended still count as sequential:
 # the kernel issues its readahead requests concurrently, slightly out of order.
 SEQ_SLACK = 1 << 20
@@ -89,6 +93,8 @@ def fuse_op(gone: int = errno.ENOENT) -> Callable:
         @functools.wraps(fn)
         async def handler(self: "BlockcacheFS", *args: Any) -> Any:
             self.ops[name] += 1
+            timed = self.op_latency
+            start = time.perf_counter() if timed is not None else 0.0
             try:
                 return await fn(self, *args)
             except pyfuse3.FUSEError:
@@ -99,6 +105,9 @@ def fuse_op(gone: int = errno.ENOENT) -> Callable:
             except Exception:
                 log.exception("%s%r failed; answering EIO", fn.__name__, args[:2])
                 raise pyfuse3.FUSEError(errno.EIO) from None
+            finally:
+                if timed is not None:
+                    timed.observe(name, time.perf_counter() - start)
         return handler
 
     return wrap
@@ -161,6 +170,8 @@ class BlockcacheFS(pyfuse3.Operations):
         self.uid, self.gid = os.getuid(), os.getgid()
         self.prefetches = 0
         self.ops: collections.Counter = collections.Counter()  # requests per operation
+        # handling time per operation (a metrics.Histogram; set when metrics are on)
+        self.op_latency: Any = None
         self.whole_file_max = min(WHOLE_FILE_MAX, cfg.block_size)
         # parent dir -> its in-flight background listing
         self._listing_tasks: dict[str, asyncio.Task] = {}
@@ -430,7 +441,7 @@ class BlockcacheFS(pyfuse3.Operations):
     def _xattr_names(self, inode: int, is_dir: bool) -> list[bytes]:
         names = [XATTR_INODE] if is_dir else [XATTR_CACHED, XATTR_VERSION, XATTR_INODE]
         if inode == ROOT_INODE:
-            names.append(XATTR_STATS)
+            names += [XATTR_STATS, XATTR_CONFIG]
         return names
 
     @fuse_op()
@@ -452,11 +463,26 @@ class BlockcacheFS(pyfuse3.Operations):
             return str(info.version).encode("utf-8", "surrogateescape")
         if name == XATTR_INODE:
             return str(inode).encode()
+        if name == XATTR_CONFIG:
+            return self._config_json(ctx is None or ctx.uid in (0, self.uid))
         stats = dict(await self._call(self.volume.stats))
         stats["fsclient"] = {**self.meta.stats(), "inodes": len(self.nodes),
                              "open_files": len(self.handles), "prefetches": self.prefetches,
                              "ops": dict(self.ops)}
         return json.dumps(stats, sort_keys=True, default=str).encode()
+
+    def _config_json(self, with_storage_options: bool) -> bytes:
+        c = self.cfg
+        out: dict[str, Any] = {"volume": c.volume, "source": c.source, "key_file": c.key_file,
+                               "block_size": c.block_size, "fill_queue": c.fill_queue_bytes,
+                               "memory_cache": c.memory_cache_bytes}
+        if c.socket:
+            out["socket"] = c.socket
+        if with_storage_options:
+            out["storage_options"] = dict(c.storage_options)
+        elif c.storage_options:
+            out["storage_options_hidden"] = True
+        return json.dumps(out, sort_keys=True, default=str).encode()
 
     # every write operation: read-only file system
 

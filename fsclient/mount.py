@@ -154,7 +154,16 @@ def run(cfg: MountConfig, readiness: Readiness) -> int:
         readiness.error(str(exc))
         return 1
     fs = BlockcacheFS(volume, cfg)
+    metrics = None
     try:
+        if cfg.metrics_addr:
+            from . import metrics as fsmetrics
+            try:
+                metrics = fsmetrics.start(cfg.metrics_addr, volume, fs)
+            except OSError as exc:
+                readiness.error(f"cannot serve metrics on {cfg.metrics_addr}: {exc}; choose "
+                                f"a free HOST:PORT for metrics_addr")
+                return 1
         try:
             pyfuse3.init(fs, mountpoint, cfg.fuse_options())
         except (RuntimeError, OSError) as exc:
@@ -167,6 +176,8 @@ def run(cfg: MountConfig, readiness: Readiness) -> int:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", mountpoint)
     finally:
+        if metrics is not None:
+            metrics.close()
         fs.close()
         volume.close()
 

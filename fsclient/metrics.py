@@ -1,0 +1,139 @@
+"""Prometheus metrics of one mount, labelled by volume (`--metrics-addr`).
+
+Read at scrape time from what the mount already counts, so the numbers agree
+with the `user.blockcache.stats` xattr: the reader's `Volume.stats()`
+(thread-safe counters), the FUSE op counts and latencies of `BlockcacheFS`,
+and remote request latencies and errors from the `Backend.observe` hook.
+The endpoint runs on prometheus-client's own thread, never on the FUSE loop.
+
+Every series is labelled `volume`; several mounts on one host each serve
+their own address (pick one port per mount).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from typing import Any, Iterator
+
+from prometheus_client import ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from blockcache_client.metrics import Histogram, LockedHistogram, MetricsServer
+
+log = logging.getLogger(__name__)
+
+# Volume counter -> (metric name, help). Every counter of `counters.VOLUME_COUNTERS`.
+COUNTERS = {
+    "hits": ("blockcache_client_hits_total", "Block reads served from the host cache "
+             "(disk or the in-process memory cache)"),
+    "misses": ("blockcache_client_misses_total", "Block reads that went to the source"),
+    "hit_bytes": ("blockcache_client_hit_bytes_total", "Bytes returned from the cache"),
+    "miss_bytes": ("blockcache_client_miss_bytes_total", "Bytes returned after a miss"),
+    "memory_hits": ("blockcache_client_memory_hits_total", "Hits from the in-process memory cache"),
+    "backend_bytes": ("blockcache_client_backend_bytes_total", "Bytes read from the source"),
+    "backend_requests": ("blockcache_client_backend_requests_total",
+                         "Requests to the source (block reads and version checks)"),
+    "fills_sent": ("blockcache_client_fills_sent_total", "Blocks handed to blockcached"),
+    "fills_dropped": ("blockcache_client_fills_dropped_total", "Fills dropped (queue full, "
+                      "daemon down or refusing): those blocks stay uncached"),
+    "integrity_failures": ("blockcache_client_integrity_failures_total", "Cached blocks that "
+                           "failed authentication or their format check (evicted, read remote)"),
+    "daemon_unavailable": ("blockcache_client_fail_open_reads_total", "Reads that went to the "
+                           "source because blockcached was unreachable"),
+    "prefetches": ("blockcache_client_prefetches_total", "Blocks fetched ahead of readers"),
+    "prefetches_dropped": ("blockcache_client_prefetches_dropped_total",
+                           "Readahead jobs dropped (too many queued)"),
+    "version_checks": ("blockcache_client_version_checks_total", "Extra stats confirming a "
+                       "multi-block file did not change during a block read"),
+}
+
+
+class BackendTimer:
+    """`Backend.observe`: latency by request kind; errors by kind and reason."""
+
+    def __init__(self) -> None:
+        self.latency = LockedHistogram()
+        self.errors: dict[tuple[str, str], int] = {}
+
+    def __call__(self, what: str, seconds: float, exc: BaseException | None) -> None:
+        self.latency.observe(what, seconds)
+        if exc is not None:
+            reason = _reason(exc)
+            with self.latency.lock:
+                self.errors[(what, reason)] = self.errors.get((what, reason), 0) + 1
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "not_found"
+    if isinstance(exc, PermissionError):
+        return "permission"
+    if isinstance(exc, OSError) and exc.errno == errno.ETIMEDOUT:
+        return "timeout"
+    return "error"
+
+
+class MountCollector(Collector):
+    """The mount's metrics, from the reader, the FUSE layer and the backend hook."""
+
+    def __init__(self, volume: Any, fs: Any, backend: BackendTimer):
+        self.volume = volume
+        self.fs = fs
+        self.backend = backend
+        self.name = volume.name
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        v = [self.name]
+        stats = self.volume.stats()
+        for key, (name, doc) in COUNTERS.items():
+            fam = CounterMetricFamily(name, doc, labels=["volume"])
+            fam.add_metric(v, stats.get(key, 0))
+            yield fam
+        for name, doc, value in (
+                ("blockcache_client_daemon_connected", "1 while blockcached is reachable",
+                 1 if stats.get("daemon_connected") else 0),
+                ("blockcache_client_fill_queue_bytes", "Bytes waiting to be sent to blockcached",
+                 stats.get("fill_queue_bytes", 0)),
+                ("blockcache_client_memory_bytes", "Bytes in the in-process memory cache",
+                 stats.get("memory_bytes", 0)),
+                ("blockcache_fuse_open_files", "Open file handles", len(self.fs.handles)),
+                ("blockcache_fuse_inodes", "Inodes the kernel holds", len(self.fs.nodes))):
+            fam = GaugeMetricFamily(name, doc, labels=["volume"])
+            fam.add_metric(v, value)
+            yield fam
+        const = {"volume": self.name}
+        yield self.backend.latency.family(
+            "blockcache_client_backend_request_seconds", "Source request time with retries, "
+            "by kind (stat, list, read, readlink)", "kind", const=const)
+        with self.backend.latency.lock:
+            errors = dict(self.backend.errors)
+        fam = CounterMetricFamily("blockcache_client_backend_errors_total", "Source requests "
+                                  "that failed (after retries), by kind and reason",
+                                  labels=["volume", "kind", "reason"])
+        for (kind, reason), n in sorted(errors.items()):
+            fam.add_metric([self.name, kind, reason], n)
+        yield fam
+        fam = CounterMetricFamily("blockcache_fuse_ops_total", "FUSE requests by operation",
+                                  labels=["volume", "op"])
+        for op, n in sorted(dict(self.fs.ops).items()):
+            fam.add_metric([self.name, op], n)
+        yield fam
+        if self.fs.op_latency is not None:
+            yield self.fs.op_latency.family("blockcache_fuse_op_seconds", "FUSE request "
+                                            "handling time by operation", "op", const=const)
+
+
+def start(addr: str, volume: Any, fs: Any) -> MetricsServer:
+    """Time FUSE ops and source requests, and serve the mount's metrics on `addr`."""
+    timer = BackendTimer()
+    volume.backend.observe = timer
+    fs.op_latency = Histogram()  # observed on the FUSE loop thread only
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MountCollector(volume, fs, timer))
+    ProcessCollector(registry=registry)
+    return MetricsServer(addr, registry)

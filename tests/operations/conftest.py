@@ -1,0 +1,78 @@
+"""Fixtures for operations tests: a source tree, a volume key, a real daemon
+(`daemon` from tests/conftest.py), and helpers to run the real CLIs."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from blockcache_client.keyfile import generate_key_file
+from tests.fsclient.mounting import REPO, env
+
+BLOCK = 256 << 10  # small blocks, so modest files span several
+VOLUME = "opsvol"
+
+
+def make_tree(root: Path, seed: int = 7) -> dict[str, int]:
+    """Files of assorted sizes (empty, sub-block, exact, multi-block) in nested
+    dirs; returns {volume path: size}."""
+    rng = random.Random(seed)
+    sizes = [0, 1, 5000, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 777]
+    out = {}
+    for d in range(3):
+        for i, size in enumerate(sizes):
+            rel = f"dir{d}/sub/f{i}.bin" if i % 2 else f"dir{d}/f{i}.bin"
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(rng.randbytes(size))
+            out[rel] = size
+    os.symlink("dir0/f0.bin", root / "link")
+    return out
+
+
+def blocks_of(size: int) -> int:
+    return -(-size // BLOCK)
+
+
+@pytest.fixture
+def tree(tmp_path) -> tuple[Path, dict[str, int]]:
+    root = tmp_path / "remote"
+    return root, make_tree(root)
+
+
+@pytest.fixture
+def key_file(tmp_path) -> Path:
+    path = tmp_path / "volume.key"
+    generate_key_file(str(path))
+    return path
+
+
+def run_cli(module: str, *args: str, timeout: float = 90.0, **kw) -> subprocess.CompletedProcess:
+    """Run `python -m module args` to completion (stdin closed, not a TTY)."""
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          timeout=timeout, env=env(), cwd=REPO, stdin=subprocess.DEVNULL, **kw)
+
+
+def warmup_args(source, key_file, daemon, *extra: str) -> list[str]:
+    """`fsclient warmup SOURCE --volume ... --key-file ... --socket ...` + extra."""
+    return ["warmup", str(source), "--volume", VOLUME, "--key-file", str(key_file),
+            "--socket", daemon.socket_path, "--block-size", str(BLOCK), *extra]
+
+
+def logged_port(read_log, pattern: str = r"serving metrics on http://[^:]+:(\d+)/metrics",
+                timeout: float = 20.0) -> int:
+    """The port a process logged it serves metrics on (it binds port 0)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(pattern, read_log())
+        if m:
+            return int(m.group(1))
+        time.sleep(0.05)
+    raise AssertionError(f"no metrics address in the log:\n{read_log()}")

@@ -1,0 +1,99 @@
+"""A real fsclient mount: its metrics endpoint, and `fsclient warmup --mount`."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.fsclient.mounting import FsclientMount
+from tests.operations.conftest import BLOCK, VOLUME, blocks_of, logged_port, run_cli
+
+pytestmark = pytest.mark.fuse
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted label items): value} from a /metrics endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture
+def mount(tmp_path, tree, key_file, daemon):
+    root, _ = tree
+    m = FsclientMount(root, tmp_path / "mnt", key_file, daemon.socket_path, volume=VOLUME,
+                      args=["--block-size", str(BLOCK), "--metrics-addr", "127.0.0.1:0"],
+                      log_path=str(tmp_path / "mnt.log"))
+    try:
+        daemon.wait_rebuilt()
+        yield m.start()
+    finally:
+        m.stop()
+
+
+def test_mount_metrics_parse_and_move_with_reads(mount, tree, daemon):
+    root, files = tree
+    port = logged_port(mount.log)
+    before = scrape(port)
+    assert value(before, "blockcache_client_misses_total", volume=VOLUME) == 0
+
+    unread = "dir2/f6.bin"  # listed with its dir, removed at the source before its read
+    read = {p: s for p, s in files.items() if p != unread}
+    for rel in read:
+        with open(os.path.join(mount.mountpoint, rel), "rb") as f:
+            assert f.read() == (root / rel).read_bytes()
+    after = scrape(port)
+    nblocks = sum(blocks_of(s) for s in read.values())
+    misses = value(after, "blockcache_client_misses_total", volume=VOLUME)
+    assert misses > 0
+    # first reads: every block came from the source (some by readahead, then memory hits)
+    assert value(after, "blockcache_client_backend_bytes_total", volume=VOLUME) \
+        == sum(read.values())
+    assert value(after, "blockcache_fuse_ops_total", volume=VOLUME, op="read") > 0
+    assert value(after, "blockcache_fuse_op_seconds_count", volume=VOLUME, op="read") > 0
+    assert value(after, "blockcache_client_backend_request_seconds_count",
+                 volume=VOLUME, kind="read") >= nblocks
+    assert value(after, "blockcache_client_daemon_connected", volume=VOLUME) == 1
+    # the endpoint and the stats xattr read the same counters
+    assert misses == mount.stats()["misses"]
+
+    assert unread.split("/")[1] in os.listdir(os.path.join(mount.mountpoint, "dir2"))
+    (root / unread).unlink()
+    with pytest.raises(OSError):
+        with open(os.path.join(mount.mountpoint, unread), "rb") as f:
+            f.read()
+    errors = {k: v for k, v in scrape(port).items()
+              if k[0] == "blockcache_client_backend_errors_total"}
+    assert any(dict(k[1])["reason"] == "not_found" and v >= 1 for k, v in errors.items()), errors
+
+
+def test_warmup_through_the_mount_settings(mount, tree, daemon, key_file):
+    root, files = tree
+    cfg = json.loads(os.getxattr(mount.mountpoint, "user.blockcache.config"))
+    assert cfg["volume"] == VOLUME and cfg["block_size"] == BLOCK
+    absolute = os.path.join(mount.mountpoint, "dir1")
+    r = run_cli("fsclient.cli", "warmup", "--mount", mount.mountpoint, absolute, "dir2/f0.bin")
+    assert r.returncode == 0, r.stdout + r.stderr
+    daemon.wait_idle()
+    r = run_cli("fsclient.cli", "warmup", "--mount", mount.mountpoint, "--check", "dir1")
+    assert r.returncode == 0 and "100.0%" in r.stdout, r.stdout + r.stderr
+
+    for rel in files:  # dir1 was warmed by another process: the mount reads it as hits
+        if rel.startswith("dir1/"):
+            with open(os.path.join(mount.mountpoint, rel), "rb") as f:
+                assert f.read() == (root / rel).read_bytes()
+    s = mount.stats()
+    assert s["misses"] == 0 and s["hits"] >= sum(blocks_of(files[p]) for p in files
+                                                  if p.startswith("dir1/") and files[p])

@@ -171,13 +171,16 @@ def bench_rebuild(base: Path, n: int) -> dict[str, float]:
     (base / "full").mkdir(exist_ok=True)
     d = DaemonProcess(base / "full", cache_dirs=[(cache, "1T")], extra_args=["--log-level", "warning"])
     t0 = time.perf_counter()
-    with d:
+    d.start(wait_rebuilt=False)
+    try:
         served = time.perf_counter() - t0
         s = d.wait_rebuilt(timeout=600)
         wall = time.perf_counter() - t0
         time.sleep(0.5)
         rss_full = _rss_kib(d.proc.pid)
         assert s["entries"] == n, s["entries"]
+    finally:
+        d.stop()
     shutil.rmtree(cache)
     return {"served_s": served, "scan_s": s["rebuild"]["seconds"], "wall_s": wall,
             "rate": n / s["rebuild"]["seconds"],

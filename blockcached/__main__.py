@@ -5,6 +5,7 @@
                 [--high-watermark 0.95] [--low-watermark 0.70] [--min-free-bytes 1G]
                 [--min-free-inodes N] [--max-entries N] [--fill-queue-bytes 256M]
                 [--io-timeout SECONDS] [--log-level info] [--log-format text|json]
+                [--metrics-addr HOST:PORT]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from blockcache_client.errors import BlockcacheError
 
 from . import config as configmod
 from . import lockfile
+from . import metrics as metricsmod
 from .cache import Cache
 from .config import Config
 from .sdnotify import Notifier
@@ -54,6 +56,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--io-timeout", type=float, metavar="SECONDS")
     p.add_argument("--log-level", metavar="info")
     p.add_argument("--log-format", metavar="text|json")
+    p.add_argument("--metrics-addr", metavar="HOST:PORT",
+                   help="serve Prometheus metrics there (default: off)")
     return p.parse_args(argv)
 
 
@@ -114,6 +118,7 @@ async def serve(cfg: Config) -> None:
     cache = Cache(cfg, loop)
     service = Service(cfg, cache)
     server = Server(cfg, service)
+    metrics = metricsmod.start(cfg.metrics_addr, loop, service) if cfg.metrics_addr else None
     await server.start()
     cache.start_rebuild()
     notifier.ready(f"serving on {cfg.socket}")
@@ -146,6 +151,8 @@ async def serve(cfg: Config) -> None:
                     "tmp/ leftovers are removed at the next start)", len(cache.fill))
     upkeep_task.cancel()
     cache.close()
+    if metrics is not None:
+        metrics.close()
 
 
 def main(argv: list[str] | None = None) -> int:

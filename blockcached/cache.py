@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import logging
 import os
 import time
-from array import array
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from blockcache_client.keys import key_prefix
 from blockcache_client.layout import CacheDir, Layout
@@ -109,16 +109,15 @@ class Cache:
         self.workers[i].submit(self._scan_job, i, placement, done=partial(self._scanned, i),
                                timed=False)
 
-    def _scan_job(self, i: int, placement: Placement | None) -> tuple[ScanResult, array]:
+    def _scan_job(self, i: int, placement: Placement | None) -> ScanResult:
         store = self.stores[i]
         store.prepare()
         cleared = store.clear_tmp()
         result = store.scan(placement, i, SCAN_PROCESSES)
         result.removed += cleared
-        return result, result.oldest_first()
+        return result
 
-    def _scanned(self, i: int, found: tuple[ScanResult, array] | None,
-                 exc: BaseException | None) -> None:
+    def _scanned(self, i: int, result: ScanResult | None, exc: BaseException | None) -> None:
         if exc is not None:
             log.error("cache dir %s: rebuild scan failed: %s", self.paths[i], exc)
             self._scan_failed[i] = True
@@ -126,27 +125,25 @@ class Cache:
                 self._health_changed()
             self._rebuild_done(i)
             return
-        assert found is not None
-        result, order = found
+        assert result is not None
         self._scan_failed[i] = False
         self.rebuild_stats["scanned"] += result.scanned
         self.rebuild_stats["removed"] += result.removed
-        self._index_scanned(i, result, order, 0)
+        self._index_scanned(i, result.oldest_first())
 
-    def _index_scanned(self, i: int, result: ScanResult, order: array, start: int) -> None:
+    def _index_scanned(self, i: int, entries: Iterator[tuple[int, str, int]]) -> None:
         """Index one chunk of scan results (oldest first), then yield the loop."""
-        chunk = order[start:start + REBUILD_CHUNK]
-        names, mtimes, sizes = result.names, result.mtimes, result.sizes
+        chunk = list(itertools.islice(entries, REBUILD_CHUNK))
         if self._rebuild_evictions:
             matches = self._rebuild_evictions
-            evicted = {j for j in chunk if any(m(names[j]) for m in matches)}
+            evicted = [e[1] for e in chunk if any(m(e[1]) for m in matches)]
             if evicted:
-                chunk = [j for j in chunk if j not in evicted]
-                self._unlink(i, [names[j] for j in evicted])
-        self.rebuild_stats["indexed"] += self.index.add_many(
-            i, ((mtimes[j], names[j], sizes[j]) for j in chunk))
-        if start + REBUILD_CHUNK < len(order):
-            self._loop.call_soon(self._index_scanned, i, result, order, start + REBUILD_CHUNK)
+                gone = set(evicted)
+                chunk = [e for e in chunk if e[1] not in gone]
+                self._unlink(i, evicted)
+        self.rebuild_stats["indexed"] += self.index.add_many(i, chunk)
+        if len(chunk) == REBUILD_CHUNK:
+            self._loop.call_soon(self._index_scanned, i, entries)
             return
         log.info("cache dir %s: rebuilt %d entries (%d bytes)", self.paths[i],
                  len(self.index.dirs[i]), self.index.dirs[i].used_bytes)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from blockcache_client import blockfile, protocol
 from blockcache_client.errors import FormatError, InvalidKey, ProtocolError
 from blockcache_client.keys import BlockKey, check_inode, check_volume_name
+from blockcache_client.metrics import Histogram
 from blockcache_client.protocol import ErrorCode, arg, key_list
 
 from .cache import Cache
@@ -47,6 +48,8 @@ class Service:
         self.connections = 0
         self.connections_total = 0
         self.started = time.time()
+        # request handling time per op; set by __main__ when metrics are on
+        self.latency: Histogram | None = None
         self._ops: dict[str, Callable[[dict[str, Any], Peer], dict[str, Any]]] = {
             "hello": self.hello, "ping": self.ping, "lookup": self.lookup, "put": self.put,
             "touch": self.touch, "evict": self.evict, "list": self.list, "stats": self.stats,
@@ -57,6 +60,17 @@ class Service:
 
     def handle(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         """Answer one request whose id is already known to be valid."""
+        latency = self.latency
+        if latency is None:
+            return self._handle(body, peer)
+        start = time.perf_counter()
+        reply = self._handle(body, peer)
+        op = body.get("op")
+        known = isinstance(op, str) and op in self._ops  # op may be any msgpack value
+        latency.observe(op if known else "unknown", time.perf_counter() - start)
+        return reply
+
+    def _handle(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         rid = body["id"]
         op = body.get("op")
         handler = self._ops.get(op) if isinstance(op, str) else None

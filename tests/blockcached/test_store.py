@@ -48,9 +48,12 @@ def test_parallel_scan_finds_the_same_as_one_process(tmp_path, monkeypatch):
     par = s.scan(None, 0, processes=2)
     assert not os.path.exists(bad) and par.removed == 1
     one = s.scan(None, 0, processes=1)
-    assert sorted(par.names) == sorted(one.names) == sorted(keys)
+    assert len(par.runs) == 2 and len(one.runs) == 1
+    merged = list(par.oldest_first())
+    assert [m for m, _, _ in merged] == sorted(m for m, _, _ in merged)
+    assert sorted(merged) == sorted(one.oldest_first())
+    assert sorted(k for _, k, _ in one.oldest_first()) == sorted(keys)
     assert par.scanned == 301 and one.scanned == 300
-    assert sorted(zip(par.names, par.sizes)) == sorted(zip(one.names, one.sizes))
 
 
 def test_scan_keeps_only_what_placement_gives_this_dir(tmp_path):
@@ -62,7 +65,8 @@ def test_scan_keeps_only_what_placement_gives_this_dir(tmp_path):
     mine = sorted(k for k in keys if lay.dir_index(k) == 0)
     assert 0 < len(mine) < 60
     found = a.scan(placement, 0)
-    assert sorted(found.names) == mine and found.removed == 60 - len(mine)
+    assert sorted(k for _, k, _ in found.oldest_first()) == mine
+    assert found.removed == 60 - len(mine)
     left = sorted(n for _, _, names in os.walk(a.blocks) for n in names)
     assert left == mine
 
@@ -74,7 +78,7 @@ def test_oldest_first(tmp_path):
     for i, k in enumerate(reversed(keys)):
         os.utime(s.block_path(k), (5000 + i, 5000 + i))
     r = s.scan(None, 0)
-    assert [r.names[j] for j in r.oldest_first()] == list(reversed(keys))
+    assert [k for _, k, _ in r.oldest_first()] == list(reversed(keys))
 
 
 def test_probe_and_space(tmp_path):

@@ -6,8 +6,9 @@
 The daemon runs as `python -m blockcached` in a subprocess, on a socket under
 `tmp_path`, with `--min-free-bytes 0 --min-free-inodes 0` so tests do not
 depend on how full the test machine's disk is (pass other values in
-`extra_args` to test the floor). `start()` waits until `ping` answers and
-raises with the daemon's stderr if it does not within 10 s.
+`extra_args` to test the floor). `start()` waits until `ping` answers (and the
+start-up scan is done) and raises with the daemon's stderr if it does not
+answer within 10 s.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from blockcache_client.client import Client
 from blockcache_client.errors import BlockcacheError
 
 START_TIMEOUT = 10.0
+REBUILD_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
 _DEFAULT_ARGS = ("--min-free-bytes", "0", "--min-free-inodes", "0")
 
@@ -51,8 +53,10 @@ class DaemonProcess:
             args += ["--cache-dir", f"{path}:{size}"]
         return args + list(_DEFAULT_ARGS) + self.extra_args
 
-    def start(self) -> "DaemonProcess":
-        """Spawn the daemon and wait until it answers `ping`."""
+    def start(self, wait_rebuilt: bool = True) -> "DaemonProcess":
+        """Spawn the daemon and wait until it answers `ping` and (unless told
+        not to) has finished its start-up scan: until then it answers puts with
+        `rebuilding` and lookups of existing blocks with misses."""
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("daemon already running")
         self._log = open(self.log_path, "ab")
@@ -67,7 +71,7 @@ class DaemonProcess:
                                        f"{self.stderr()}")
                 try:
                     probe.ping()
-                    return self
+                    break
                 except BlockcacheError:
                     pass
                 if time.monotonic() > deadline:
@@ -77,6 +81,9 @@ class DaemonProcess:
                 time.sleep(0.02)
         finally:
             probe.close()
+        if wait_rebuilt:
+            self.wait_rebuilt(timeout=REBUILD_TIMEOUT)
+        return self
 
     def stderr(self) -> str:
         """Everything the daemon logged so far (all of its runs)."""

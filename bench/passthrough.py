@@ -45,26 +45,44 @@ def _attrs(st_mode: int, size: int, mtime_ns: int, ino: int, ttl: float) -> pyfu
     return a
 
 
-class LocalPassthrough(pyfuse3.Operations):
-    """Local directory, os calls inline; inode = the path's index in a table."""
+class _Table(pyfuse3.Operations):
+    """Inode = the path's index in a table that only grows (a benchmark's
+    dataset fits); readdir pages over a listing snapshot."""
 
-    def __init__(self, root: str, ttl: float):
+    def __init__(self, root, ttl: float):
         super().__init__()
-        self.root = os.fsencode(root)
+        self.root = root
         self.ttl = ttl
-        self.paths = {pyfuse3.ROOT_INODE: self.root}
-        self.inodes = {self.root: pyfuse3.ROOT_INODE}
+        self.paths = {pyfuse3.ROOT_INODE: root}
+        self.inodes = {root: pyfuse3.ROOT_INODE}
         self._next = itertools.count(pyfuse3.ROOT_INODE + 1)
         self.dirs: dict[int, list] = {}
         self._fh = itertools.count(1)
 
-    def _ino(self, path: bytes) -> int:
+    def _ino(self, path) -> int:
         ino = self.inodes.get(path)
         if ino is None:
             ino = next(self._next)
             self.inodes[path] = ino
             self.paths[ino] = path
         return ino
+
+    async def readdir(self, fh, start_id, token):
+        entries = self.dirs[fh]
+        for i in range(start_id, len(entries)):
+            name, attrs = entries[i]
+            if not pyfuse3.readdir_reply(token, name, attrs, i + 1):
+                break
+
+    async def releasedir(self, fh):
+        self.dirs.pop(fh, None)
+
+
+class LocalPassthrough(_Table):
+    """Local directory, os calls inline on the event loop."""
+
+    def __init__(self, root: str, ttl: float):
+        super().__init__(os.fsencode(root), ttl)
 
     def _stat(self, path: bytes) -> pyfuse3.EntryAttributes:
         try:
@@ -89,16 +107,6 @@ class LocalPassthrough(pyfuse3.Operations):
                                for e in os.scandir(path))
         return fh
 
-    async def readdir(self, fh, start_id, token):
-        entries = self.dirs[fh]
-        for i in range(start_id, len(entries)):
-            name, attrs = entries[i]
-            if not pyfuse3.readdir_reply(token, name, attrs, i + 1):
-                break
-
-    async def releasedir(self, fh):
-        self.dirs.pop(fh, None)
-
     async def open(self, inode, flags, ctx=None):
         if flags & (os.O_WRONLY | os.O_RDWR):
             raise pyfuse3.FUSEError(errno.EROFS)
@@ -111,32 +119,17 @@ class LocalPassthrough(pyfuse3.Operations):
         os.close(fh)
 
 
-class RemotePassthrough(pyfuse3.Operations):
+class RemotePassthrough(_Table):
     """An fsspec file system, every call a remote request on a thread pool."""
 
     def __init__(self, fs, root: str, ttl: float, threads: int = 32):
-        super().__init__()
+        super().__init__(root.rstrip("/"), ttl)
         self.fs = fs
-        self.root = root.rstrip("/")
-        self.ttl = ttl
-        self.paths = {pyfuse3.ROOT_INODE: self.root}
-        self.inodes = {self.root: pyfuse3.ROOT_INODE}
-        self._next = itertools.count(pyfuse3.ROOT_INODE + 1)
-        self.dirs: dict[int, list] = {}
         self.files: dict[int, tuple[str, int]] = {}
-        self._fh = itertools.count(1)
         self.pool = ThreadPoolExecutor(threads)
 
     def _call(self, fn, *args, **kw):
         return asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kw))
-
-    def _ino(self, path: str) -> int:
-        ino = self.inodes.get(path)
-        if ino is None:
-            ino = next(self._next)
-            self.inodes[path] = ino
-            self.paths[ino] = path
-        return ino
 
     def _attrs(self, info: dict) -> pyfuse3.EntryAttributes:
         path = info["name"].rstrip("/")
@@ -163,9 +156,6 @@ class RemotePassthrough(pyfuse3.Operations):
         self.dirs[fh] = sorted((os.fsencode(i["name"].rstrip("/").rpartition("/")[2]),
                                 self._attrs(i)) for i in listing)
         return fh
-
-    readdir = LocalPassthrough.readdir
-    releasedir = LocalPassthrough.releasedir
 
     async def open(self, inode, flags, ctx=None):
         if flags & (os.O_WRONLY | os.O_RDWR):

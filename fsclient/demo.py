@@ -143,6 +143,20 @@ def read_epoch(mount: str, ds: Dataset, label: str) -> tuple[float, int]:
     return seconds, total
 
 
+def stop_mount(proc: subprocess.Popen, mountpoint: str) -> None:
+    """SIGTERM a mount process (it unmounts), kill it if it hangs, and lazily
+    unmount whatever it left behind."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if mp.is_mounted(mountpoint):
+        mp.unmount(mp.normalise(mountpoint), lazy=True)
+
+
 class Demo:
     """Owns every process, mount and temp file the demo makes."""
 
@@ -223,17 +237,8 @@ class Demo:
 
     def unmount(self) -> None:
         proc, self.mount_proc = self.mount_proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if mp.is_mounted(self.mountpoint):
-            mp.unmount(mp.normalise(self.mountpoint), lazy=True)
+        if proc is not None:
+            stop_mount(proc, self.mountpoint)
 
     def cleanup(self) -> None:
         try:

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blockcache_client import layout
+from blockcached import cache as cache_mod
 
 from .engine import Engine, block, key
 
@@ -213,3 +214,19 @@ def test_hung_operation_marks_dir_unhealthy(engines):
     while not e.cache.health.healthy[0] and time.monotonic() < deadline:
         e.run_for(0.05)
     assert e.cache.health.healthy == [True]
+
+
+def test_touches_persist_recency_in_mtimes(engines, monkeypatch):
+    e = engines([1 << 20], sub="t")
+    ks = [key(inode=i + 1) for i in range(3)]
+    for k in ks:
+        e.cache.put(k, block(k))
+    e.settle()
+    for k in ks:
+        os.utime(e.cache.stores[0].block_path(k), (1000, 1000))
+    monkeypatch.setattr(cache_mod, "TOUCH_PERSIST_AFTER", 0)
+    e.cache.touch([ks[0]])
+    e.run_for(0.3)
+    e.settle()
+    mtimes = [os.stat(e.cache.stores[0].block_path(k)).st_mtime for k in ks]
+    assert mtimes[0] > time.time() - 60 and mtimes[1:] == [1000, 1000]

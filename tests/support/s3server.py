@@ -34,9 +34,13 @@ def free_port() -> int:
 class S3Server:
     """One moto S3 server subprocess with one bucket."""
 
-    def __init__(self, bucket: str = BUCKET):
+    def __init__(self, bucket: str = BUCKET, port: int = 0):
+        """`port` 0 picks a free port at start; a fixed one lets a test bring a
+        stopped server back where its clients expect it (its objects are gone:
+        moto keeps them in memory)."""
         self.bucket = bucket
-        self.port = 0
+        self._fixed_port = port
+        self.port = port
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -59,7 +63,7 @@ class S3Server:
                                  **self.storage_options)
 
     def start(self) -> "S3Server":
-        self.port = free_port()
+        self.port = self._fixed_port or free_port()
         env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                    AWS_DEFAULT_REGION="us-east-1")
         # its request log goes to a file: a pipe nobody reads would fill up

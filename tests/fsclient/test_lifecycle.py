@@ -203,3 +203,32 @@ def test_file_deleted_remotely_while_open_gives_an_errno(tree, daemon, mounts):
     # the mount is alive and answers
     assert "dir0" in os.listdir(m.mountpoint)
     assert os.path.getsize(os.path.join(m.mountpoint, "with space.txt")) == 7
+
+
+def test_umount_of_a_busy_mount_says_how_and_lazy_works(tree, daemon, mounts):
+    m = mounts(tree, daemon.socket_path, args=["-o", "allow_other"])
+    with open("/proc/self/mounts") as f:
+        opts = next(line.split()[3] for line in f if line.split()[1] == m.mountpoint)
+    assert "allow_other" in opts.split(",") and "ro" in opts.split(",")
+    with open(os.path.join(m.mountpoint, "big.bin"), "rb") as held:
+        res = fsclient("umount", m.mountpoint)
+        assert res.returncode == 1 and "--lazy" in res.stderr
+        assert is_mounted(m.mountpoint)
+        res = fsclient("umount", "--lazy", m.mountpoint)
+        assert res.returncode == 0, res.stderr
+        assert not is_mounted(m.mountpoint)
+        assert len(held.read(1000)) == 1000  # a detached mount still serves open files
+    assert m.proc.wait(15) == 0  # and its process exits once they are closed
+
+
+def test_json_logs(tree, key_file, background, tmp_path):
+    mp = background()
+    log = tmp_path / "json.log"
+    res = fsclient("--log-format", "json", *mount_args(tree, mp, key_file,
+                                                        tmp_path / "none.sock",
+                                                        "--log-file", str(log)))
+    assert res.returncode == 0, res.stderr
+    assert fsclient("umount", mp).returncode == 0
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    assert any(r["level"].lower() == "warning" and "not reachable" in r["message"] for r in lines)
+    assert any("mounted" in r["message"] for r in lines)

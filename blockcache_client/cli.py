@@ -1,6 +1,6 @@
 """`blockcache-cli`: inspect and manage the local blockcached.
 
-    blockcache-cli [--socket PATH] stats [--json]
+    blockcache-cli [--socket PATH] stats [--json] [--watch [SECONDS]]
     blockcache-cli evict --key K | --inode VOL INODE | --volume VOL | --all
     blockcache-cli ls [--volume VOL] [--limit N]
     blockcache-cli ping
@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
 from typing import Any, Callable
 
 import click
@@ -76,17 +77,52 @@ def ping(ctx: click.Context) -> None:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="print exactly the daemon's stats map")
+@click.option("--watch", type=click.FloatRange(min=0.1), is_flag=False, flag_value=2.0,
+              default=None, metavar="[SECONDS]",
+              help="refresh every SECONDS (default 2) until Ctrl-C")
 @click.pass_context
 @fail_cleanly
-def stats(ctx: click.Context, as_json: bool) -> None:
+def stats(ctx: click.Context, as_json: bool, watch: float | None) -> None:
     """Cache usage, hit counts, dirs and volumes."""
-    with client_of(ctx) as c:
-        reply = c.stats()
-    s = {k: v for k, v in reply.items() if k not in ("id", "ok")}
-    if as_json:
-        click.echo(json.dumps(s, indent=2, sort_keys=True))
+    if watch is not None:
+        watch_stats(ctx, as_json, watch)
         return
-    click.echo(render_stats(s))
+    with client_of(ctx) as c:
+        s = stats_map(c)
+    click.echo(json.dumps(s, indent=2, sort_keys=True) if as_json else render_stats(s))
+
+
+def stats_map(c: Client) -> dict[str, Any]:
+    """The daemon's stats map, without the reply envelope."""
+    return {k: v for k, v in c.stats().items() if k not in ("id", "ok")}
+
+
+def watch_stats(ctx: click.Context, as_json: bool, every: float) -> None:
+    """Print the stats every `every` seconds until Ctrl-C (exit 0). On a terminal
+    the screen is redrawn; otherwise blocks are printed one after another. A
+    daemon that goes away is reported and waited for, not fatal."""
+    tty = sys.stdout.isatty()
+    c = client_of(ctx)
+    try:
+        while True:
+            try:
+                s = stats_map(c)
+                body = json.dumps(s, sort_keys=True) if as_json else render_stats(s)
+            except DaemonUnavailable as exc:
+                body = f"blockcache-cli: {exc} (retrying)"
+            if as_json:
+                click.echo(body)  # one JSON map per line
+            else:
+                head = f"blockcached at {ctx.find_root().obj['socket']}  {time.strftime('%F %T')}" \
+                       f"  (every {every:g}s, Ctrl-C to stop)"
+                click.echo(("\x1b[H\x1b[2J" if tty else "") + head + "\n\n" + body
+                           + ("" if tty else "\n"))
+            sys.stdout.flush()
+            time.sleep(every)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        c.close()
 
 
 def render_stats(s: dict[str, Any]) -> str:
@@ -100,6 +136,9 @@ def render_stats(s: dict[str, Any]) -> str:
         f"{format_size(s.get('capacity_bytes', 0))}",
         f"lookups      {lookups} (hits {s.get('hits', 0)}, misses {s.get('misses', 0)}, "
         f"hit ratio {ratio})",
+        f"readers      hits {s.get('touches', 0)}, puts {s.get('puts', 0)}, hit ratio "
+        f"{_ratio(s.get('touches', 0), s.get('puts', 0))} "
+        f"(by bytes {_ratio(s.get('touch_bytes', 0), s.get('put_bytes', 0))})",
         f"puts         {s.get('puts', 0)} ({format_size(s.get('put_bytes', 0))}), "
         f"written {s.get('writes', 0)}, dropped {s.get('drops', 0)}",
         f"evictions    {s.get('evictions', 0)}",
@@ -110,17 +149,47 @@ def render_stats(s: dict[str, Any]) -> str:
     errors = s.get("errors") or {}
     if errors:
         lines.append("errors       " + ", ".join(f"{k} {v}" for k, v in sorted(errors.items())))
-    lines += ["", f"{'DIR':<40} {'HEALTHY':<8} {'ENTRIES':>9} {'USED':>11} {'CAPACITY':>11}"]
-    for d in s.get("dirs", []):
-        lines.append(f"{d['path']:<40} {'yes' if d.get('healthy') else 'NO':<8} "
-                     f"{d.get('entries', 0):>9} {format_size(d.get('used_bytes', 0)):>11} "
-                     f"{format_size(d.get('capacity_bytes', 0)):>11}")
+    lines += _dir_lines(s.get("dirs", []))
     vols = s.get("volumes") or {}
     if vols:
-        lines += ["", f"{'VOLUME':<40} {'ENTRIES':>9} {'USED':>11}"]
+        lines += ["", f"{'VOLUME':<28} {'ENTRIES':>9} {'USED':>11} {'HITS':>9} {'PUTS':>9} "
+                      f"{'HIT RATIO':>9} {'BY BYTES':>9}"]
         for name, v in sorted(vols.items()):
-            lines.append(f"{name:<40} {v['entries']:>9} {format_size(v['used_bytes']):>11}")
+            hits, puts = v.get("touches", 0), v.get("puts", 0)
+            lines.append(f"{name:<28} {v['entries']:>9} {format_size(v['used_bytes']):>11} "
+                         f"{hits:>9} {puts:>9} {_ratio(hits, puts):>9} "
+                         f"{_ratio(v.get('touch_bytes', 0), v.get('put_bytes', 0)):>9}")
+        lines.append("hit ratio = hits / (hits + puts): blocks readers reported reading from "
+                     "the cache over those plus blocks they filled after a miss (reads served "
+                     "from a reader's own memory are not reported)")
     return "\n".join(lines)
+
+
+def _ratio(hits: int, misses: int) -> str:
+    return f"{100 * hits / (hits + misses):.1f}%" if hits + misses else "-"
+
+
+def _dir_lines(dirs: list[dict[str, Any]]) -> list[str]:
+    """Per dir: health, and use against the effective limit and its watermarks."""
+    lines = ["", f"{'DIR':<36} {'HEALTH':<10} {'ENTRIES':>9} {'USED':>11} {'LIMIT':>11} "
+                 f"{'USE':>6}  WATERMARKS"]
+    for d in dirs:
+        limit = d.get("limit_bytes", d.get("capacity_bytes", 0))
+        used = d.get("used_bytes", 0)
+        health = "ok" if d.get("healthy") else "DOWN"
+        if d.get("rebuilding"):
+            health = "scanning"
+        use = f"{100 * used / limit:.1f}%" if limit else "-"
+        lines.append(f"{d['path']:<36} {health:<10} {d.get('entries', 0):>9} "
+                     f"{format_size(used):>11} {format_size(limit):>11} {use:>6}  "
+                     f"evict at {100 * d.get('high_watermark', 0):.0f}% down to "
+                     f"{100 * d.get('low_watermark', 0):.0f}%")
+        if not d.get("healthy") and d.get("unhealthy_reason"):
+            lines.append(f"    taken out: {d['unhealthy_reason']}")
+        if limit < d.get("capacity_bytes", 0):
+            lines.append(f"    limit below the configured {format_size(d['capacity_bytes'])}: "
+                         f"the disk's free-space floor binds")
+    return lines
 
 
 @main.command()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import resource
@@ -20,6 +19,7 @@ import signal
 import sys
 import time
 
+from blockcache_client import logsetup
 from blockcache_client.errors import BlockcacheError
 
 from . import config as configmod
@@ -67,24 +67,8 @@ def load_config(args: argparse.Namespace) -> Config:
     return configmod.build(file_values, flags)
 
 
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": round(record.created, 3), "level": record.levelname.lower(),
-                 "logger": record.name, "message": record.getMessage()}
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
 def setup_logging(cfg: Config) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if cfg.log_format == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(cfg.log_level.upper())
+    logsetup.setup_logging(cfg.log_level, cfg.log_format)
 
 
 def raise_fd_limit() -> None:

@@ -14,7 +14,6 @@ add theirs with `@main.command()`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -24,32 +23,11 @@ import click
 
 from blockcache_client.errors import BlockcacheError
 from blockcache_client.keyfile import generate_key_file
+from blockcache_client.logsetup import FORMATS, LEVELS, setup_logging
 
 from .config import build_config, load_toml, parse_dir_ttl_flag
 
 log = logging.getLogger(__name__)
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (+ exception)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
-               "logger": record.name, "message": record.getMessage()}
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out)
-
-
-def setup_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 def fail(message: str) -> None:
@@ -59,9 +37,8 @@ def fail(message: str) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
-@click.option("--log-format", default="text", show_default=True,
-              type=click.Choice(["text", "json"]))
+              type=click.Choice(LEVELS, case_sensitive=False))
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(FORMATS))
 @click.pass_context
 def main(ctx: click.Context, log_level: str, log_format: str) -> None:
     """Mount blockcache volumes (read-only, through the host's shared block cache)."""

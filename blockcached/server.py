@@ -182,15 +182,19 @@ class Connection(asyncio.Protocol):
                 if self.timer is None:
                     self.timer = self.loop.call_later(FRAME_TIMEOUT, self._frame_timeout)
                 return
-            body_bytes = bytes(buf[4:4 + n])
-            del buf[:4 + n]
-            self._drop_frame_state()
+            # unpack in place (no copy of a put's body); the view must be
+            # released before the buffer can shrink
+            view = memoryview(buf)[4:4 + n]
             try:
-                body = protocol.decode_body(body_bytes)
+                body = protocol.decode_body(view)
                 rid = protocol.request_id(body)
             except ProtocolError as exc:
+                view.release()
+                del buf[:4 + n]
                 return self._fatal(exc)
-            del body_bytes
+            view.release()
+            del buf[:4 + n]
+            self._drop_frame_state()
             reply = handle(body, peer)
             del body
             try:

@@ -3,22 +3,21 @@
 Every system in the suite reads the same bucket through the same endpoint, so
 their numbers differ only by what they do with the bytes.
 
-Network delay, in order of preference:
-
-1. `tc netem` in a network namespace (the kernel delays packets; nothing runs
-   in user space). `probe_netem()` tries it in a throw-away namespace and says
-   why it cannot be used (common in VMs whose kernel lacks `sch_netem`).
-2. `LatencyProxy`: a TCP proxy (asyncio, its own process so it never competes
-   for the GIL of the process being measured) that holds every chunk for half
-   the round trip in each direction. Bandwidth is not limited: the delay of a
-   remote region, not its pipe. Connection set-up is not charged: moto's
-   server (werkzeug) closes the connection after every response where real S3
-   keeps it alive, so charging a handshake would measure moto's quirk, and
-   every request would pay two round trips instead of one.
+Network delay: `probe_netem()` first checks whether `tc netem` works in a
+throw-away network namespace (it does not in VMs whose kernel lacks
+`sch_netem`, such as the reference machine) and the answer is recorded; the
+delay itself always comes from `LatencyProxy`, a TCP proxy (asyncio, in its
+own process so it never competes for the GIL of the process being measured)
+that holds every chunk for half the round trip in each direction. Bandwidth
+is not limited: the delay of a remote region, not its pipe. Connection set-up
+is not charged: moto's server (werkzeug) closes the connection after every
+response where real S3 keeps it alive, so charging a handshake would measure
+moto's quirk, and every request would pay two round trips instead of one.
 
 The proxy also counts what crossed it (connections, requests, bytes each way),
 which gives every system, even those that expose nothing, a "bytes fetched from
-the remote" figure per epoch. `Remote.method` records which way was used.
+the remote" figure per epoch. `Remote.method` and `Remote.note` record how
+the delay was made and what the netem probe said.
 
 Moto copies a whole object for every ranged GET, so large files are kept in
 memory (`MOTO_S3_DEFAULT_KEY_BUFFER_SIZE`) and the datasets keep large objects
@@ -29,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import json
 import logging
 import os
@@ -38,7 +36,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +301,6 @@ class Remote:
     note: str = ""
     moto: MotoServer | None = None
     proxy: LatencyProxy | None = None
-    _counters_at: dict = field(default_factory=dict)
 
     def start(self) -> "Remote":
         try:
@@ -316,11 +313,11 @@ class Remote:
     def _start(self) -> None:
         self.moto = MotoServer(self.log_path).start()
         why = probe_netem()
-        # With netem the moto server would live in a namespace behind a veth
-        # pair; where the probe fails (this suite's reference machine: the
-        # VM kernel has no sch_netem) the proxy stands in and says so.
-        self.note = "tc netem available but the proxy is used for counters" if why is None \
-            else f"tc netem unavailable ({why})"
+        # The proxy is used either way: its counters are how the suite sees
+        # each system's remote traffic. The probe's answer is recorded so a
+        # reader knows whether kernel-level delay was an option on this host.
+        self.note = "tc netem works here; the proxy is used for its counters" if why is None \
+            else f"tc netem unavailable: {why}"
         self.proxy = LatencyProxy(("127.0.0.1", self.moto.port), self.rtt_ms).start()
         self.method = f"latency proxy (user-space TCP, {self.rtt_ms:g} ms round trip)"
         self._ensure_bucket()

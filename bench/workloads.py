@@ -176,7 +176,7 @@ class Runner:
 
     def metadata(self, system: System) -> None:
         size = self.ctx.size
-        files = datasets.small_files(size)
+        files = datasets.small_files(size)[:size.stat_files]
         modules = datasets.module_names(size)
         parts = [("stat", "stat", lambda e: [datasets.shuffled(files, e, "stat")]),
                  ("import", "import", lambda e: [(datasets.PKG_ROOT, modules)])]

@@ -4,21 +4,22 @@ programs make every call they make.
 systemd applies the filter just before it executes ExecStart=; a call the
 filter misses fails with EPERM (SystemCallErrorNumber=), which the program
 would meet in some error path, days later. Here each program runs under
-strace, the way its unit starts it: the daemon through startup, a put,
-lookups, watchdog pings and SIGTERM; fsclient through mount, reads and
-SIGTERM. Every system call made after executing the binary must pass the
+strace, the way its unit starts it: the daemon through startup, a metrics
+scrape, a put, lookups, watchdog pings and SIGTERM; fsclient through mount,
+reads and SIGTERM. Every system call made after executing the binary must pass the
 unit's filter, as `systemd-analyze syscall-filter` expands it here.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
-import os
 import signal
-import time
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -100,9 +101,12 @@ def test_daemon_makes_only_calls_its_unit_allows():
         unit = inst.unit("blockcached.service")
         trace = root / "strace.out"
         daemon = unit_runner.start_daemon(
-            inst, root, wrap=("strace", "-f", "-qq", "-o", str(trace), "--"))
+            inst, root, wrap=("strace", "-f", "-qq", "-o", str(trace), "--"), metrics=True)
         try:
             [pid] = daemon.notify.wait_for("READY")
+            # The Prometheus endpoint's thread and its AF_INET socket count too.
+            with urllib.request.urlopen(daemon.metrics_url(), timeout=WAIT) as r:
+                assert b"blockcache_up 1" in r.read()
             ping = subprocess.run([str(BIN / "blockcache-cli"), "ping"], capture_output=True,
                                   env={"BLOCKCACHE_SOCKET": daemon.socket_path}, timeout=WAIT)
             assert ping.returncode == 0, ping.stderr

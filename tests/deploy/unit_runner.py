@@ -15,12 +15,14 @@ the installed configs' paths.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import struct
 import subprocess
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +151,16 @@ class DaemonService:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def metrics_url(self, timeout: float = WAIT) -> str:
+        """The /metrics URL the daemon logged it serves."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(r"serving metrics on (http://\S+/metrics)", self.log())
+            if m:
+                return m.group(1)
+            time.sleep(0.1)
+        raise AssertionError(f"the daemon did not log a metrics endpoint:\n{self.log()}")
+
     def stop(self) -> None:
         """Make sure the process is gone (kill if still running)."""
         if self.proc.poll() is None:
@@ -157,9 +169,11 @@ class DaemonService:
         self.notify.close()
 
 
-def start_daemon(inst: Installed, root: Path, wrap: tuple[str, ...] = ()) -> DaemonService:
+def start_daemon(inst: Installed, root: Path, wrap: tuple[str, ...] = (),
+                 metrics: bool = False) -> DaemonService:
     """Start the installed blockcached.service's ExecStart= as systemd would
-    (under `wrap`, e.g. strace, if given: then `proc` is the wrapper)."""
+    (under `wrap`, e.g. strace, if given: then `proc` is the wrapper), with
+    its Prometheus endpoint on a free loopback port if `metrics`."""
     unit = inst.unit("blockcached.service")
     argv = exec_start(unit)
     run_dir = root / "run" / value(unit, "RuntimeDirectory")
@@ -172,6 +186,8 @@ def start_daemon(inst: Installed, root: Path, wrap: tuple[str, ...] = ()) -> Dae
         '"/var/cache/blockcache"', f'"{cache_dir}"').replace(
         'min_free_bytes = "1G"', 'min_free_bytes = "0"').replace(
         "min_free_inodes = 10000", "min_free_inodes = 0")
+    if metrics:    # a top-level key: before the first [[cache_dirs]] table
+        text = 'metrics_addr = "127.0.0.1:0"\n' + text
     config = root / "blockcached.toml"
     config.write_text(text)
     argv[argv.index("--config") + 1] = str(config)

@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 TOUCH_PERSIST_AFTER = 60     # seconds: renew a block's mtime at most this often
 MAX_PENDING_UTIMES = 200_000  # per dir; beyond this, recency persists less precisely
 SPACE_INTERVAL = 1.0          # seconds between statvfs of a dir
-REBUILD_CHUNK = 50_000        # scanned entries indexed per event-loop turn
+# scanned entries indexed per event-loop turn; small, so the transient tuples
+# of a chunk do not leave lasting heap behind
+REBUILD_CHUNK = 5_000
 IO_BATCH = 2_000              # unlinks / mtime updates per worker job
 # processes for the start-up scan of a big dir (it is CPU-bound Python)
 SCAN_PROCESSES = max(1, min(4, os.cpu_count() or 1))

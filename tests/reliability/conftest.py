@@ -181,3 +181,36 @@ def check_index_matches_disk(daemon: DaemonProcess, volume_key: bytes) -> dict:
         with open(path, "rb") as f:
             blockfile.unseal(key, f.read(), volume_key)
     return s
+
+
+def connected_volume(name: str, source: str, key_file: str, daemon: DaemonProcess,
+                     **kw: Any):
+    """A `Volume` (memory LRU off: every read asks the cache disk or the
+    source) that has reached the daemon."""
+    from blockcache_client.volume import Volume
+    kw.setdefault("block_size", BS)
+    kw.setdefault("memory_cache_bytes", 0)
+    vol = Volume(name, source, key_file, socket_path=daemon.socket_path, **kw)
+    try:
+        wait_until(lambda: vol.stats()["daemon_connected"], what="the volume to connect")
+    except BaseException:
+        vol.close()
+        raise
+    return vol
+
+
+def fill(vol, daemon: DaemonProcess, files: dict[str, bytes]):
+    """Read every file once (checked) and wait until the fills are on disk;
+    returns the daemon's layout."""
+    from blockcache_client.layout import Layout
+    for rel, data in files.items():
+        assert vol.read(rel, 0, len(data)) == data
+    assert vol.wait_fills(10)
+    daemon.wait_idle()
+    return Layout.from_wire(daemon.client().hello()["layout"])
+
+
+def block_key(vol, rel: str, boff: int = 0) -> str:
+    """The cache key of the block at `boff` of `rel`'s current version."""
+    info = vol.stat(rel)
+    return vol._key_prefix(info.path, info.version) + format(boff, "016x")

@@ -27,8 +27,8 @@ from blockcache_client.keyfile import generate_key_file, load_key_file
 from blockcache_client.layout import Layout
 from blockcache_client.protocol import ErrorCode
 from blockcache_client.volume import Volume
-from tests.reliability.conftest import (BS, ChildError, as_nobody, cache_files, needs_root,
-                                        record, wait_until, write_dataset)
+from tests.reliability.conftest import (BS, ChildError, as_nobody, block_key, cache_files,
+                                        needs_root, record, wait_until, write_dataset)
 from tests.support.daemon import DaemonProcess
 
 pytestmark = needs_root
@@ -89,8 +89,8 @@ def _try_to_write(cache: str, block: str) -> dict[str, int]:
     """Every way a pod could change the cache; the errno each one got (0 = it worked)."""
     tries = {
         "open block for writing": lambda: os.close(os.open(block, os.O_WRONLY)),
-        "create next to a block": lambda: os.close(os.open(os.path.join(os.path.dirname(block),
-                                                                        "x"), os.O_CREAT | os.O_WRONLY, 0o644)),
+        "create next to a block": lambda: os.close(os.open(
+            os.path.join(os.path.dirname(block), "x"), os.O_CREAT | os.O_WRONLY, 0o644)),
         "unlink a block": lambda: os.unlink(block),
         "rename a block": lambda: os.rename(block, block + ".x"),
         "create in tmp/": lambda: os.close(os.open(os.path.join(cache, "tmp", "x"),
@@ -168,18 +168,14 @@ def test_foreign_and_forged_blocks(tmp_path, daemon):
         for v in (a, b):
             wait_until(lambda: v.stats()["daemon_connected"], what="the volumes to connect")
 
-        def key_of(vol, rel):
-            info = vol.stat(rel)
-            return vol._key_prefix(info.path, info.version) + format(0, "016x")
-
         # A's block, opened as B's in every way: B's key with A's name, with B's name
         assert a.read(good_rel, 0, BS) == good
         assert a.wait_fills(10)
         daemon.wait_idle()
-        ka = key_of(a, good_rel)
+        ka = block_key(a, good_rel)
         with open(layout.path(ka), "rb") as f:
             blob_a = f.read()
-        kb = key_of(b, good_rel)
+        kb = block_key(b, good_rel)
         for key, vk in ((ka, vk_b), (kb, vk_b), (kb, vk_a)):
             with pytest.raises(IntegrityError):
                 blockfile.unseal(key, blob_a, vk)
@@ -190,7 +186,7 @@ def test_foreign_and_forged_blocks(tmp_path, daemon):
         assert b.stats()["integrity_failures"] == 1
 
         # a forgery under A's name, sealed by someone holding only B's key
-        kf = key_of(a, forged_rel)
+        kf = block_key(a, forged_rel)
         evil = b"\x00EVIL" * (BS // 5) + b"\x00" * (BS % 5)
         accepted, _ = daemon.client().put(kf, blockfile.seal(kf, evil, vk_b))
         assert accepted  # the daemon cannot tell: it never holds keys

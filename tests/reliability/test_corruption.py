@@ -11,14 +11,12 @@ swapped and zero-filled cases join them, all on one cache at once.)
 from __future__ import annotations
 
 import os
-import shutil
 
 from blockcache_client.blockfile import HEADER_SIZE, unseal
 from blockcache_client.errors import IntegrityError
 from blockcache_client.keyfile import load_key_file
-from blockcache_client.layout import Layout
-from blockcache_client.volume import Volume
-from tests.reliability.conftest import BS, record, wait_until, write_dataset
+from tests.reliability.conftest import (BS, block_key, connected_volume, fill, record, wait_until,
+                                        write_dataset)
 
 
 def _authentic(key: str, path: str, vk: bytes) -> bool:
@@ -64,18 +62,9 @@ def test_every_kind_of_corruption_is_caught_evicted_and_refilled(tmp_path, key_f
     files = write_dataset(str(tmp_path / "src"), [BS] * 8, seed=4)
     names = sorted(files)
     vk = load_key_file(key_file)
-    with Volume("vol", str(tmp_path / "src"), key_file, socket_path=daemon.socket_path,
-                block_size=BS, memory_cache_bytes=0) as vol:
-        wait_until(lambda: vol.stats()["daemon_connected"], what="the volume to connect")
-        for n in names:
-            assert vol.read(n, 0, BS) == files[n]
-        assert vol.wait_fills(10)
-        daemon.wait_idle()
-        layout = Layout.from_wire(daemon.client().hello()["layout"])
-        keys = []
-        for n in names:
-            info = vol.stat(n)
-            keys.append(vol._key_prefix(info.path, info.version) + format(0, "016x"))
+    with connected_volume("vol", str(tmp_path / "src"), key_file, daemon) as vol:
+        layout = fill(vol, daemon, files)
+        keys = [block_key(vol, n) for n in names]
         paths = [layout.path(k) for k in keys]
         assert all(_authentic(k, p, vk) for k, p in zip(keys, paths))
         kinds = _corrupt(paths)

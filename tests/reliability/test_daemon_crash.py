@@ -182,10 +182,11 @@ def _read_tree(root: str, files: dict[str, bytes]) -> int:
 
 def test_fuse_client_killed_other_mount_untouched(tmp_path, key_file):
     files = write_dataset(str(tmp_path / "src"), [1000, BS + 5, 3 * BS], seed=3)
-    mk = lambda name: FsclientMount(str(tmp_path / "src"), str(tmp_path / name), key_file,  # noqa: E731
-                                    daemon.socket_path, volume="vol",
-                                    args=["--block-size", str(BS)],
-                                    log_path=str(tmp_path / f"{name}.{time.monotonic_ns()}.log"))
+
+    def mk(name: str) -> FsclientMount:
+        return FsclientMount(str(tmp_path / "src"), str(tmp_path / name), key_file,
+                             daemon.socket_path, volume="vol", args=["--block-size", str(BS)],
+                             log_path=str(tmp_path / f"{name}.{time.monotonic_ns()}.log"))
     daemon = DaemonProcess(tmp_path)
     made: list[FsclientMount] = []
     try:

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
-from blockcache_client.layout import Layout
 from blockcache_client.volume import Volume
-from tests.reliability.conftest import BS, needs_fuse, record, wait_until, write_dataset
+from tests.reliability.conftest import (BS, block_key, connected_volume, fill, needs_fuse, record,
+                                        wait_until, write_dataset)
 from tests.support.daemon import DaemonProcess
 from tests.support.faultyfs import FaultyMount
 
@@ -52,19 +50,9 @@ def test_failing_cache_dir_is_taken_out_and_returns(tmp_path, key_file):
         daemon.start()
         daemon.wait_rebuilt()
         faulty = daemon.cache_dirs[0]
-        vol = Volume("vol", str(tmp_path / "src"), key_file, socket_path=daemon.socket_path,
-                     block_size=BS, memory_cache_bytes=0)
-        wait_until(lambda: vol.stats()["daemon_connected"], what="the volume to connect")
-        for n in names:
-            assert vol.read(n, 0, BS) == files[n]
-        assert vol.wait_fills(10)
-        daemon.wait_idle()
-        layout = Layout.from_wire(daemon.client().hello()["layout"])
-
-        def key(n):
-            info = vol.stat(n)
-            return vol._key_prefix(info.path, info.version) + format(0, "016x")
-        on_faulty = {n for n in names if layout.dir_index(key(n)) == 0}
+        vol = connected_volume("vol", str(tmp_path / "src"), key_file, daemon)
+        layout = fill(vol, daemon, files)
+        on_faulty = {n for n in names if layout.dir_index(block_key(vol, n)) == 0}
         assert 0 < len(on_faulty) < len(names), "both dirs hold some blocks"
 
         reads = wrong = 0

@@ -2,8 +2,9 @@
 `Volume` and a FUSE mount are reading, then brought back on the same port.
 
 What must hold: cached blocks keep being served (correct bytes) while the
-remote is gone; an uncached read fails (EIO, or ETIMEDOUT when
-the last attempt timed out) once the retry budget is spent, never hangs; reads of those blocks work again when the remote returns.
+remote is gone; an uncached read fails (EIO, or ETIMEDOUT when the last
+attempt timed out) once the retry budget is spent, never hangs; reads of
+those blocks work again when the remote returns.
 """
 
 from __future__ import annotations
@@ -113,8 +114,9 @@ def test_remote_stopped_mid_epoch(tmp_path, key_file, daemon):
             assert vol.read(rel, 0, len(files[rel])) == files[rel]
             assert _fuse_read(os.path.join(mount.mountpoint, rel)) == files[rel]
         record("remote_stopped", cached_reads_served=served, wrong_bytes=0,
-               error_after_s_volume=round(took["volume"], 2), error_after_s_fuse=round(took["fuse"], 2),
-               backend_timeout_s=TIMEOUT, attempts=ATTEMPTS, resumed_after_restart_s=round(resume_s, 2),
+               error_after_s_volume=round(took["volume"], 2),
+               error_after_s_fuse=round(took["fuse"], 2), backend_timeout_s=TIMEOUT,
+               attempts=ATTEMPTS, resumed_after_restart_s=round(resume_s, 2),
                errno_volume=codes["volume"], errno_fuse=codes["fuse"])
     finally:
         if vol is not None:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bench.remote import LatencyProxy, Remote
+from bench.remote import LatencyProxy
 
 
 class _Echo(socketserver.BaseRequestHandler):
@@ -70,17 +70,15 @@ def test_proxy_counts_connections_requests_and_bytes(proxy):
     assert after["bytes_up"] - before["bytes_up"] == after["bytes_down"] - before["bytes_down"]
 
 
-def test_remote_serves_s3_through_the_delay(tmp_path):
+def test_remote_serves_s3_through_the_delay(bench_ctx):
     import s3fs
-    with Remote(rtt_ms=2.0, log_path=str(tmp_path / "moto.log")) as remote:
-        direct = s3fs.S3FileSystem(skip_instance_cache=True,
-                                   **remote.storage_options(direct=True))
-        direct.pipe(f"{remote.bucket}/a/b.bin", b"x" * 5000)
-        delayed = s3fs.S3FileSystem(skip_instance_cache=True, **remote.storage_options())
-        c0 = remote.counters()
-        assert delayed.cat_file(f"{remote.bucket}/a/b.bin") == b"x" * 5000
-        c1 = remote.counters()
-        assert c1["requests"] > c0["requests"]
-        assert c1["bytes_down"] - c0["bytes_down"] >= 5000
-        assert "proxy" in remote.method
-    assert remote.proxy.proc is None and remote.moto.proc is None
+    remote = bench_ctx.remote
+    direct = s3fs.S3FileSystem(skip_instance_cache=True, **remote.storage_options(direct=True))
+    direct.pipe(f"{remote.bucket}/remote-test/b.bin", b"x" * 5000)
+    delayed = s3fs.S3FileSystem(skip_instance_cache=True, **remote.storage_options())
+    c0 = remote.counters()
+    assert delayed.cat_file(f"{remote.bucket}/remote-test/b.bin") == b"x" * 5000
+    c1 = remote.counters()
+    assert c1["requests"] > c0["requests"]
+    assert c1["bytes_down"] - c0["bytes_down"] >= 5000
+    assert "proxy" in remote.method and "netem" in remote.note

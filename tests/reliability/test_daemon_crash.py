@@ -19,8 +19,8 @@ import pytest
 from blockcache_client.keyfile import load_key_file
 from blockcache_client.volume import Volume
 from tests.fsclient.mounting import FsclientMount, is_mounted
-from tests.reliability.conftest import (BS, check_index_matches_disk, needs_fuse, record, sha,
-                                        wait_until, write_dataset)
+from tests.reliability.conftest import (BS, check_index_matches_disk, needs_fuse, peak_rss_kib,
+                                        record, sha, wait_until, write_dataset)
 from tests.support.daemon import DaemonProcess
 
 pytestmark = needs_fuse
@@ -154,6 +154,7 @@ def test_daemon_killed_under_load(tmp_path, key_file):
         assert tally.reads["fuse"] > 20 and tally.reads["volume"] > 20, tally.reads
         s = check_index_matches_disk(daemon, load_key_file(key_file))
         assert s["writes"] > 0  # the last daemon was filled, not just read
+        peak = peak_rss_kib(daemon.proc.pid)  # the last run: under load, then idle
         # and once more from a cold start: the scan finds the same
         daemon.kill()
         daemon.start()
@@ -165,7 +166,8 @@ def test_daemon_killed_under_load(tmp_path, key_file):
                reads_fuse=tally.reads["fuse"], reads_volume=tally.reads["volume"],
                wrong_bytes=tally.wrong_bytes, failed_reads=len(tally.failed),
                restart_to_ping_s=round(max(restarts), 3), entries_after=s["entries"],
-               cache_hits=hits, integrity_failures=sum(x["integrity_failures"]
+               cache_hits=hits, last_daemon_peak_rss_mib=round(peak / 1024, 1),
+               integrity_failures=sum(x["integrity_failures"]
                                                        for x in vol_stats + mount_stats))
     finally:
         daemon.stop()

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,34 @@ def volume_key() -> bytes:
         path.unlink(missing_ok=True)
 
 
+def local(text: str, source: Path) -> str:
+    """A ConfigMap's TOML for this host: the S3 source becomes `source`, and
+    metrics endpoints move to free loopback ports (pods have IPs of their
+    own; here every process shares the host's network)."""
+    text = text.replace('"s3://bucket/prefix"', f'"{source}"')
+    return re.sub(r'^metrics_addr = "[^"]*"', 'metrics_addr = "127.0.0.1:0"', text, flags=re.M)
+
+
+def metrics_on(workload: dict, configmaps: dict[str, dict[str, str]]) -> bool:
+    """Whether a workload's ConfigMaps turn a metrics endpoint on."""
+    names = [v["configMap"]["name"] for v in pod_spec(workload)["volumes"] if "configMap" in v]
+    return any(re.search(r"^metrics_addr\s*=", text, re.M)
+               for n in names for text in configmaps[n].values())
+
+
+def scrape(log: Path) -> str:
+    """The /metrics page of the process that logged where it serves it."""
+    url = None
+    if wait_until(lambda: re.search(r"serving metrics on (http://[^\s\"]+/metrics)",
+                                    log.read_text(errors="replace"))):
+        url = re.search(r"serving metrics on (http://[^\s\"]+/metrics)",
+                        log.read_text(errors="replace")).group(1)
+    if url is None:
+        return ""
+    with urllib.request.urlopen(url, timeout=WAIT) as r:
+        return r.read().decode()
+
+
 def run(root: Path) -> dict[str, Any]:
     """The scenario; every observation goes into the returned dict."""
     from blockcache_client.client import Client
@@ -61,8 +91,7 @@ def run(root: Path) -> dict[str, Any]:
     for name, size in FILES.items():
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         (source / name).write_bytes(os.urandom(size))
-    configmaps = {o["metadata"]["name"]: {k: v.replace('"s3://bucket/prefix"', f'"{source}"')
-                                          for k, v in o["data"].items()}
+    configmaps = {o["metadata"]["name"]: {k: local(v, source) for k, v in o["data"].items()}
                   for o in daemon_objs + example_objs if o["kind"] == "ConfigMap"}
     key_volume = next(v for v in pod_spec(job)["volumes"] if v["name"] == "volume-key")
     secrets = {key_volume["secret"]["secretName"]:
@@ -80,9 +109,13 @@ def run(root: Path) -> dict[str, Any]:
         obs["ready"] = wait_until(
             lambda: daemon.probe("blockcached", "readinessProbe").returncode == 0)
         obs["liveness"] = daemon.probe("blockcached", "livenessProbe").returncode
+        if metrics_on(ds, configmaps):
+            obs["daemon_metrics"] = scrape(root / "blockcached.log")
         procs["sidecar"] = trainer.start("fsclient", root / "fsclient.log")
         obs["started"] = wait_until(
             lambda: trainer.probe("fsclient", "startupProbe").returncode == 0)
+        if metrics_on(job, configmaps):
+            obs["fsclient_metrics"] = scrape(root / "fsclient.log")
         sidecar = trainer.container("fsclient")
         mountpoint = Path(trainer.rewrite("/mnt/datasets/imagenet", sidecar))
         # In the sidecar's namespace the cache and socket dirs are read-only.

@@ -294,3 +294,18 @@ def test_enumerated_fields_hold_valid_values(directory):
                 assert value in allowed, f"{obj['kind']}: {parent}.{key} = {value!r}"
                 checked += 1
     assert checked
+
+
+def test_metrics_ports_agree(daemon_objs, example_objs, ds, job):
+    """With metrics_addr set, its port is the container's `metrics` port and the
+    scrape annotation's; without it, nothing claims a metrics port."""
+    for obj, c, cfg in ((ds, container(ds, "blockcached"), daemon_config(daemon_objs, ds)),
+                        (job, container(job, "fsclient"), volume_config(example_objs, job))):
+        ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+        annotations = obj["spec"]["template"]["metadata"].get("annotations", {})
+        if "metrics_addr" not in cfg:
+            assert "metrics" not in ports and "prometheus.io/port" not in annotations
+            continue
+        port = int(cfg["metrics_addr"].rpartition(":")[2])
+        assert ports["metrics"] == port
+        assert annotations["prometheus.io/port"] == str(port)

@@ -72,6 +72,16 @@ def test_sidecar_mounts_cache_and_socket_dirs_read_only(node):
     assert node["writable_in_sidecar"] == [False, False]
 
 
+def test_metrics_endpoints_serve_where_configured(node):
+    # The manifests' metrics_addr, moved to loopback ports (see node_scenario).
+    if "daemon_metrics" in node:
+        assert "blockcache_up 1.0" in node["daemon_metrics"], node["all_logs"]
+    if "fsclient_metrics" in node:
+        assert "blockcache_client_hits_total" in node["fsclient_metrics"], node["all_logs"]
+    if "daemon_metrics" not in node and "fsclient_metrics" not in node:
+        pytest.skip("no metrics_addr in the manifests' configs")
+
+
 def test_pods_stop_cleanly(node):
     assert node["sidecar_exit"] == 0 and not node["mounted_after_stop"]
     assert node["daemon_exit"] == 0

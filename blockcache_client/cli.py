@@ -159,9 +159,9 @@ def render_stats(s: dict[str, Any]) -> str:
             lines.append(f"{name:<28} {v['entries']:>9} {format_size(v['used_bytes']):>11} "
                          f"{hits:>9} {puts:>9} {_ratio(hits, puts):>9} "
                          f"{_ratio(v.get('touch_bytes', 0), v.get('put_bytes', 0)):>9}")
-        lines.append("hit ratio = hits / (hits + puts): blocks readers reported reading from "
-                     "the cache over those plus blocks they filled after a miss (reads served "
-                     "from a reader's own memory are not reported)")
+        lines += ["hit ratio = hits / (hits + puts): blocks readers reported reading from the",
+                  "cache over those plus blocks they filled after a miss (reads served from a",
+                  "reader's own memory cache are not reported)"]
     return "\n".join(lines)
 
 

@@ -412,8 +412,13 @@ class Cache:
         if self.health.probe_result(i, exc):
             self._health_changed()
             self._space_due[i] = 0.0
-            if self._scan_failed[i]:
-                self._start_scan(i)
+            # While it was out the dir may have lost files (or be a new disk):
+            # forget its entries and rebuild them from what is really there.
+            dropped = self.index.clear_dir(i)
+            self._utimes[i].clear()
+            log.info("cache dir %s: rescanning (%d entries dropped from the index)",
+                     self.paths[i], dropped)
+            self._start_scan(i)
 
     def _spaced(self, i: int, space: Any, exc: BaseException | None) -> None:
         self._space_pending[i] = False

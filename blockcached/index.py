@@ -194,6 +194,13 @@ class Index:
             out.append((i, key))
         return out
 
+    def clear_dir(self, dir_index: int) -> int:
+        """Drop every entry of one dir; returns how many."""
+        keys = list(self.dirs[dir_index].lru)
+        for key in keys:
+            self.remove(key)
+        return len(keys)
+
     def pop_lru(self, dir_index: int, free_bytes: int, free_entries: int = 0) -> list[tuple[str, int]]:
         """Remove least recently used entries of one dir until at least
         `free_bytes` bytes and `free_entries` entries are freed (or the dir is

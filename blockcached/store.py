@@ -151,7 +151,9 @@ class Store:
 
     def probe(self) -> None:
         """Write, read back and delete a small file through tmp/ and blocks/;
-        raises OSError if the dir is not usable."""
+        raises OSError if the dir is not usable. Recreates the skeleton
+        first, so a fresh disk mounted in its place is taken into use."""
+        self.prepare()
         tmp = os.path.join(self.tmp, f"probe.{os.getpid()}")
         dst = os.path.join(self.blocks, ".probe")
         payload = os.urandom(64)

@@ -197,8 +197,31 @@ def test_unhealthy_dir_is_taken_out_and_probed_back(engines):
     while not e.cache.health.healthy[0] and time.monotonic() < deadline:
         e.run_for(0.05)
     assert e.cache.health.healthy == [True]
+    e.settle()  # the returned dir is rescanned
     [path] = e.cache.lookup([k])
     assert path is not None and os.path.exists(path)
+    assert len(e.cache.index) == 1  # the failed writes left nothing behind
+
+
+def test_returning_dir_is_rescanned_so_lost_files_are_forgotten(engines):
+    e = engines([1 << 20], io_timeout=0.2)
+    ks = [key(inode=i + 1) for i in range(4)]
+    for k in ks:
+        e.cache.put(k, block(k))
+    e.settle()
+    gate = threading.Event()
+    e.cache.workers[0].submit(gate.wait, 10)
+    e.run_for(0.5)
+    assert e.cache.health.healthy == [False]
+    os.unlink(e.cache.stores[0].block_path(ks[0]))  # lost while the disk was out
+    gate.set()
+    e.cache.health.next_probe[0] = 0.0
+    deadline = time.monotonic() + 5
+    while not e.cache.health.healthy[0] and time.monotonic() < deadline:
+        e.run_for(0.05)
+    e.settle()
+    assert sorted(e.cache.index.range()) == sorted(ks[1:])
+    assert e.cache.stats()["used_bytes"] == sum(e.files().values())
 
 
 def test_hung_operation_marks_dir_unhealthy(engines):

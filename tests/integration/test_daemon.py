@@ -430,5 +430,6 @@ def test_failing_dir_is_taken_out_then_returned(daemon):
     finally:
         blocks.unlink()
         away.rename(blocks)
-    daemon.wait_stats(lambda s: s["dirs"][0]["healthy"], timeout=20)
+    daemon.wait_stats(lambda s: s["dirs"][0]["healthy"] and s["rebuild"]["state"] == "done",
+                      timeout=20)
     assert c.lookup([key])[0] is not None

@@ -183,7 +183,8 @@ class BlockcacheFS(pyfuse3.Operations):
         self.max_buffered_blocks = max(2, BUFFER_BYTES_MAX // cfg.block_size)
         # parent dir -> its in-flight background listing
         self._listing_tasks: dict[str, asyncio.Task] = {}
-        # dirs listed recently whose listing could not be kept (too large)
+        # dirs listed in the background within their TTL: never listed again
+        # sooner, even when the listing was too large to keep or failed
         self._listed = TtlLru(4096)
 
     def close(self) -> None:

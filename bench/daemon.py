@@ -23,7 +23,6 @@ import argparse
 import multiprocessing
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 from blockcache_client import blockfile, layout
 from blockcache_client.client import Client
 from blockcache_client.keys import BlockKey
+from blockcached.store import MIN_BLOCK_FILE
 from tests.support.daemon import DaemonProcess
 
 VOLUME_KEY = bytes(32)
@@ -137,7 +137,7 @@ def bench_puts(d: DaemonProcess, base: Path) -> dict[str, float]:
 def populate(cache_dir: Path, n: int) -> None:
     """N minimal block files (header + tag) straight into the layout; the scan
     checks names, placement and sizes, not contents."""
-    payload = b"\0" * store_min_size()
+    payload = b"\0" * MIN_BLOCK_FILE
     made: set[str] = set()
     for i in range(n):
         k = _key(i, "rebuild")
@@ -151,10 +151,6 @@ def populate(cache_dir: Path, n: int) -> None:
         os.close(fd)
         if i % 50_000 == 0 and i:
             print(f"  populated {i} files", flush=True)
-
-
-def store_min_size() -> int:
-    return blockfile.HEADER_SIZE + blockfile.TAG_SIZE
 
 
 def bench_rebuild(base: Path, n: int) -> dict[str, float]:

@@ -31,7 +31,7 @@ from typing import Callable
 
 from blockcache_client import protocol
 from blockcache_client.errors import ProtocolError
-from blockcache_client.protocol import LENGTH, ErrorCode
+from blockcache_client.protocol import ErrorCode
 
 from .config import Config
 from .service import Peer, Service

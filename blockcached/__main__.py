@@ -168,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging(cfg)
     raise_fd_limit()
+    # Cache files and dirs must be readable by readers in other pods/users
+    # (0644/0755) whatever umask the service manager gave us.
+    os.umask(0o022)
     try:
         locks = take_locks(cfg)
     except BlockcacheError as exc:

@@ -64,6 +64,11 @@ _PREFETCH_PENDING = 256    # queued prefetch jobs before new ones are dropped
 _READ_AHEAD = 4            # blocks fetched in parallel ahead of a multi-block read
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOATIME", 0)
 
+# Bumped in every forked child, so the hot path can tell "new process" from an
+# attribute compare instead of a getpid() system call per read.
+_forks = [0]
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
 
 class Volume:
     """A named remote volume read through the host's shared, encrypted block cache.
@@ -104,6 +109,7 @@ class Volume:
 
     def _start_process(self) -> None:
         self._pid = os.getpid()
+        self._fork_gen = _forks[0]
         self._meta: dict[str, tuple[float, FileInfo]] = {}
         self._dirs: dict[str, tuple[float, list[FileInfo]]] = {}
         self._idents: dict[tuple[str, str], str] = {}
@@ -124,7 +130,7 @@ class Volume:
         self._prefetch_lock = threading.Lock()
 
     def _proc(self) -> None:
-        if self._pid != os.getpid():
+        if self._fork_gen != _forks[0]:
             log.debug("volume %s: new process %d, rebuilding per-process state",
                       self.name, os.getpid())
             self._start_process()
@@ -264,7 +270,7 @@ class Volume:
     def _read_pinned(self, rel: str, offset: int, size: int, info: FileInfo) -> bytes:
         """`read` after its checks: `rel` normalized, `info` its pinned version,
         offset and size valid (VolumeFile calls this directly)."""
-        if self._pid != os.getpid() or self._closed:
+        if self._fork_gen != _forks[0] or self._closed:
             self._proc()
         end = min(offset + size, info.size)
         if offset >= end:

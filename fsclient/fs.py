@@ -9,8 +9,9 @@ Design
   bounded by the kernel's own inode cache. Open files keep their path and
   FileInfo in their handle, so a forget never breaks an open file.
 - Metadata comes from `MetaCache` (per-prefix TTL) and otherwise from the
-  volume, asked with `max_age=TTL`. The same TTL is the kernel's entry/attr
-  timeout, and zero-TTL prefixes always ask.
+  volume, asked for a fresh answer (`max_age=0`: this cache is the one that
+  applies the TTL, so an entry is never older than its TTL). The same TTL is
+  the kernel's entry/attr timeout, and zero-TTL prefixes always ask.
 - `open` pins the FileInfo (the version) it saw; every read of that handle
   reads that version. `keep_cache` is set only when the prefix's TTL > 0 and
   the version equals the one seen at the previous open of the inode.
@@ -215,7 +216,7 @@ class BlockcacheFS(pyfuse3.Operations):
         if path:
             self._list_in_background(parent_of(path))
         try:
-            info = await self._call(self.volume.stat, path, max_age=self.meta.ttl(path))
+            info = await self._call(self.volume.stat, path, max_age=0)
         except FileNotFoundError:
             self.meta.put_negative(path)
             raise pyfuse3.FUSEError(errno.ENOENT) from None
@@ -237,7 +238,7 @@ class BlockcacheFS(pyfuse3.Operations):
         task.add_done_callback(lambda t: self._listing_done(parent, t))
 
     async def _list(self, path: str) -> None:
-        entries = await self._call(self.volume.listdir, path, max_age=self.meta.ttl(path))
+        entries = await self._call(self.volume.listdir, path, max_age=0)
         self.meta.put_listing(path, entries)
 
     def _listing_done(self, parent: str, task: "asyncio.Task") -> None:
@@ -342,8 +343,7 @@ class BlockcacheFS(pyfuse3.Operations):
         path = self._path(inode)
         listing = self.meta.listing(path)
         if listing is None:
-            entries = await self._call(self.volume.listdir, path,
-                                       max_age=self.meta.ttl(path))
+            entries = await self._call(self.volume.listdir, path, max_age=0)
             listing = self.meta.put_listing(path, entries)
         fh = next(self._fh)
         # A snapshot: readdir offsets index it, so paging a large directory

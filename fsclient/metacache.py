@@ -6,9 +6,9 @@ their path's directory prefix (`config.TtlPolicy`). A TTL of 0 means "never
 cached": the entry is not stored, so a zero-TTL prefix always asks the volume.
 
 Invariants:
-- No entry is served after its TTL; an entry is at most TTL old when served
-  (plus however old the volume's answer was, which is bounded by the same TTL
-  because the file system passes it as `max_age`).
+- No entry is served after its TTL: an entry is at most TTL old when served
+  (the file system asks the volume for fresh answers, `max_age=0`, so the
+  TTL is applied here and only here).
 - Memory is bounded: a listing weighs one unit per entry, so one huge
   directory cannot hide behind a small entry count.
 - The caches hold only what the volume said; nothing here is authoritative,

@@ -30,6 +30,10 @@ How it works, and what it promises
   (bytes and percent, by blocks present); `--evict` removes the blocks of
   those files (all versions) through the daemon.
 
+Metadata comes straight from the source (`volume.backend`), not through the
+reader's TTL cache: warmup wants the current version of each file, and a long
+list must not fill a cache it never reads again.
+
 Symbolic links are not followed (a link is listed as skipped), so a walk
 cannot loop or leave the volume.
 """
@@ -117,8 +121,11 @@ def targets(paths: Iterable[str], file_list: Iterable[str], mountpoint: str | No
         yield Target("/", "")
 
 
-def walk(volume: Any, info: FileInfo) -> Iterator[FileInfo]:
-    """Regular files at or beneath `info`, depth first, one listing at a time."""
+def walk(volume: Any, info: FileInfo,
+         on_error: Callable[[str, BaseException], None] | None = None) -> Iterator[FileInfo]:
+    """Regular files at or beneath `info`, depth first, one listing at a time.
+    A directory that cannot be listed goes to `on_error` (the walk goes on)
+    or, without one, raises."""
     if not info.is_dir:
         if not info.is_link:
             yield info
@@ -127,7 +134,14 @@ def walk(volume: Any, info: FileInfo) -> Iterator[FileInfo]:
     while stack:
         d = stack.pop()
         dirs = []
-        for entry in volume.listdir(d):
+        try:
+            entries = volume.backend.listdir(d)
+        except (OSError, BlockcacheError) as exc:
+            if on_error is None:
+                raise
+            on_error(d, exc)
+            continue
+        for entry in entries:
             if entry.is_link:
                 continue
             if entry.is_dir:
@@ -163,7 +177,7 @@ def resolved(volume: Any, pool: ThreadPoolExecutor, items: Iterable[Target],
              window: int) -> Iterator[tuple[Target, FileInfo | None]]:
     """(target, its FileInfo or None with target.error set), stat-ed in parallel, in order."""
     def stat(t: Target) -> FileInfo | None:
-        return None if t.error else volume.stat(t.rel)
+        return None if t.error else volume.backend.stat(t.rel)
 
     for t, fut in bounded_map(pool, stat, items, window):
         try:
@@ -312,7 +326,7 @@ class Warmup:
                     t.fail(target.given, target.error or "unknown error")
                     continue
                 try:
-                    for f in walk(self.volume, info):
+                    for f in walk(self.volume, info, lambda d, exc: t.fail(d, _reason(exc))):
                         self._file(f)
                     if info.is_link:
                         t.skipped_links += 1

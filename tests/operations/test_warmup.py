@@ -3,6 +3,8 @@ and a real blockcached."""
 
 from __future__ import annotations
 
+import os
+import pty
 import re
 import signal
 import subprocess
@@ -175,3 +177,37 @@ def test_interrupted_warmup_resumes_without_refetching(daemon, tree, key_file, t
     # every block was put exactly once over both runs: nothing was fetched twice
     assert s["puts"] == nblocks and s["put_results"] == {"queued": nblocks}
     assert len(volume_keys(daemon)) == nblocks
+
+
+def test_progress_bar_on_a_terminal(daemon, tree, key_file, tmp_path):
+    root, files = tree
+    config = tmp_path / "slow.toml"
+    config.write_text(f'volume = "{VOLUME}"\nsource = "latency::file://{root}"\n'
+                      f'key_file = "{key_file}"\nsocket = "{daemon.socket_path}"\n'
+                      f'block_size = {BLOCK}\n[storage_options]\nlatency = {{delay = 0.05}}\n')
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "fsclient.cli", "--log-level", "warning",
+                             "warmup", "--config", str(config), "-p", "1"],
+                            stdout=subprocess.PIPE, stderr=slave, env=env(), cwd=REPO,
+                            stdin=subprocess.DEVNULL)
+    os.close(slave)
+    tty = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            tty += chunk
+        out = proc.communicate(timeout=60)[0].decode()
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out + tty.decode(errors="replace")
+    assert b"\r\x1b[Kwarmup [" in tty  # redrawn in place
+    assert b"\n" not in tty.replace(b"\r\n", b"")  # no scrolling lines
+    assert "warmup done" in out and f"{len(files)} files" in out

@@ -68,13 +68,18 @@ def main(ctx: click.Context, log_level: str, log_format: str) -> None:
               help="Where the background process logs (default: nowhere).")
 @click.option("--metrics-addr", metavar="HOST:PORT",
               help="Serve Prometheus metrics of this mount there [default: off].")
+@click.option("--log-level", "mount_log_level", type=click.Choice(LEVELS, case_sensitive=False),
+              help="As `fsclient --log-level`, given after `mount`.")
+@click.option("--log-format", "mount_log_format", type=click.Choice(FORMATS),
+              help="As `fsclient --log-format`, given after `mount`.")
 @click.option("--ready-fd", type=int, hidden=True)
 @click.pass_context
 def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume: str | None,
           key_file: str | None, socket: str | None, config_file: str | None,
           block_size: str | None, meta_ttl: float | None, dir_ttl: tuple[str, ...],
           readahead_blocks: int | None, options: tuple[str, ...], foreground: bool,
-          log_file: str | None, metrics_addr: str | None, ready_fd: int | None) -> None:
+          log_file: str | None, metrics_addr: str | None, mount_log_level: str | None,
+          mount_log_format: str | None, ready_fd: int | None) -> None:
     """Mount SOURCE (a local path or fsspec URL) on MOUNTPOINT, read-only.
 
     Returns once the mount answers; with --foreground, serves until unmounted
@@ -83,6 +88,9 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
     """
     from . import mount as mounting
 
+    if mount_log_level or mount_log_format:
+        setup_logging(mount_log_level or ctx.obj["log_level"],
+                      mount_log_format or ctx.obj["log_format"])
     try:
         file_data: dict[str, Any] = load_toml(config_file) if config_file else {}
         cfg = build_config(

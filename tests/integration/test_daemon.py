@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -433,3 +434,33 @@ def test_failing_dir_is_taken_out_then_returned(daemon):
     daemon.wait_stats(lambda s: s["dirs"][0]["healthy"] and s["rebuild"]["state"] == "done",
                       timeout=20)
     assert c.lookup([key])[0] is not None
+
+
+def test_client_that_never_reads_replies_stalls_only_itself(daemon):
+    c = daemon.client()
+    key = make_key()
+    c.put(key, make_block(key))
+    daemon.wait_idle()
+    # each reply carries 4096 paths (~0.5 MB): a few fill every buffer on the way
+    frame = protocol.encode_frame({"id": 1, "op": "lookup", "keys": [key] * 4096})
+    hog = _raw(daemon.socket_path)
+    hog.setblocking(False)
+    sent = 0
+    try:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:  # pipeline requests and never read
+            try:
+                sent += hog.send(frame)
+            except BlockingIOError:
+                time.sleep(0.01)
+        hits = c.stats()["hits"]
+        for _ in range(20):
+            assert c.ping()["ok"]
+        assert c.lookup([key])[0] is not None
+        c.close()
+    finally:
+        hog.close()
+    assert sent > 4 * len(frame)
+    assert hits < sent // len(frame) * 4096  # the daemon stopped reading the hog
+    # only wait_stats' own connection is left: the hog's was noticed closed
+    daemon.wait_stats(lambda s: s["connections"] == 1)

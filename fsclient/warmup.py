@@ -10,8 +10,9 @@ as a fill. So the keys, the block size and the volume key are the mount's,
 and a later read of the same file version is a hit.
 
 How it works, and what it promises
-- Streaming: directories are walked one listing at a time and a file list is
-  read line by line; entries of a file list are stat-ed by a window of at most
+- Streaming: directories are walked depth first, with the listings of the
+  next few directories fetched in parallel, and a file list is read line by
+  line; entries of a file list are stat-ed by a window of at most
   `2 * parallel` threads (in order), and at most `2 * parallel` block fetches
   are in flight. So memory stays bounded by the window, not the number of
   files, and the first fetch starts at once.
@@ -63,6 +64,7 @@ DRAIN_TIMEOUT = 30.0       # seconds to hand in-flight fills to the daemon at th
 CONNECT_TIMEOUT = 10.0     # seconds to wait for the reader to reach blockcached
 FILL_HIGH = 0.5            # fraction of the reader's fill queue above which fetches wait
 MAX_LISTED_FAILURES = 50   # failures printed by name in the summary (all are counted)
+LIST_AHEAD = 8             # directory listings fetched ahead of the walk
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 
@@ -122,20 +124,32 @@ def targets(paths: Iterable[str], file_list: Iterable[str], mountpoint: str | No
 
 
 def walk(volume: Any, info: FileInfo,
-         on_error: Callable[[str, BaseException], None] | None = None) -> Iterator[FileInfo]:
-    """Regular files at or beneath `info`, depth first, one listing at a time.
-    A directory that cannot be listed goes to `on_error` (the walk goes on)
-    or, without one, raises."""
+         on_error: Callable[[str, BaseException], None] | None = None,
+         pool: ThreadPoolExecutor | None = None, ahead: int = LIST_AHEAD) -> Iterator[FileInfo]:
+    """Regular files at or beneath `info`, depth first.
+
+    With a `pool`, the listings of the next `ahead` directories to visit run
+    in parallel while this one's files are handed out (a remote listing is a
+    round trip; one at a time, a tree of many small dirs would be walked at
+    the speed of its latency). Outstanding listings stay bounded: at most
+    `ahead` per level of depth. A directory that cannot be listed goes to
+    `on_error` (the walk goes on) or, without one, raises."""
     if not info.is_dir:
         if not info.is_link:
             yield info
         return
     stack = [info.path]
+    listing: dict[str, Future] = {}
     while stack:
+        if pool is not None:
+            for p in stack[-ahead:]:
+                if p not in listing:
+                    listing[p] = pool.submit(volume.backend.listdir, p)
         d = stack.pop()
         dirs = []
         try:
-            entries = volume.backend.listdir(d)
+            fut = listing.pop(d, None)
+            entries = _result(fut) if fut is not None else volume.backend.listdir(d)
         except (OSError, BlockcacheError) as exc:
             if on_error is None:
                 raise
@@ -326,7 +340,8 @@ class Warmup:
                     t.fail(target.given, target.error or "unknown error")
                     continue
                 try:
-                    for f in walk(self.volume, info, lambda d, exc: t.fail(d, _reason(exc))):
+                    for f in walk(self.volume, info, lambda d, exc: t.fail(d, _reason(exc)),
+                                  self._stats_pool):
                         self._file(f)
                     if info.is_link:
                         t.skipped_links += 1
@@ -431,7 +446,7 @@ def inspect(volume: Any, pool: ThreadPoolExecutor, items: Iterable[Target], wind
             yield r
             continue
         try:
-            for f in walk(volume, info):
+            for f in walk(volume, info, pool=pool):
                 r.files += 1
                 r.size += f.size
                 if evict:

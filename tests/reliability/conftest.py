@@ -9,8 +9,6 @@ import os
 import pickle
 import pwd
 import random
-import shutil
-import tempfile
 import time
 import traceback
 from typing import Any, Callable
@@ -57,17 +55,6 @@ def key_file(tmp_path) -> str:
     path = str(tmp_path / "volume.key")
     generate_key_file(path)
     return path
-
-
-@pytest.fixture
-def shared_dir():
-    """A 0755 temp dir outside pytest's 0700 tree, so uid nobody can reach it."""
-    d = tempfile.mkdtemp(prefix="bc-rel-")
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def as_nobody(fn: Callable[..., Any], *args: Any, timeout: float = 30.0,

@@ -41,13 +41,17 @@ def _ping(path: str) -> bool:
         return c.ping()["ok"]
 
 
-def _evict_volume(path: str) -> str:
+def _admin_evictions(path: str) -> list[str]:
+    """Try to evict a volume and everything; the outcome of each."""
+    out = []
     with Client(path, timeout=5) as c:
-        try:
-            c.evict(volume="vol")
-            return "evicted"
-        except DaemonError as exc:
-            return exc.code
+        for kw in ({"volume": "vol"}, {"all_": True}):
+            try:
+                c.evict(**kw)
+                out.append("evicted")
+            except DaemonError as exc:
+                out.append(exc.code)
+    return out
 
 
 def _start(tmp_path, shared_dir, *extra: str) -> DaemonProcess:
@@ -70,9 +74,10 @@ def test_socket_mode_and_group_decide_who_connects(tmp_path, shared_dir):
         assert exc.value.kind == "DaemonUnavailable" and "Permission denied" in exc.value.message
         # uid nobody in the socket's group: may connect, but is no admin
         assert as_nobody(_ping, d.socket_path, gid=other)
-        assert as_nobody(_evict_volume, d.socket_path, gid=other) == ErrorCode.PERMISSION_DENIED
+        assert as_nobody(_admin_evictions, d.socket_path, gid=other) == \
+            [ErrorCode.PERMISSION_DENIED] * 2
         record("socket_access", refused_uid="nobody/nogroup", allowed="nobody in socket group",
-               non_admin_evict_volume="permission_denied")
+               non_admin_evict_volume_and_all="permission_denied")
     finally:
         d.stop()
 

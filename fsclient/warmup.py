@@ -125,7 +125,8 @@ def targets(paths: Iterable[str], file_list: Iterable[str], mountpoint: str | No
 
 def walk(volume: Any, info: FileInfo,
          on_error: Callable[[str, BaseException], None] | None = None,
-         pool: ThreadPoolExecutor | None = None, ahead: int = LIST_AHEAD) -> Iterator[FileInfo]:
+         pool: ThreadPoolExecutor | None = None, ahead: int = LIST_AHEAD,
+         on_link: Callable[[FileInfo], None] | None = None) -> Iterator[FileInfo]:
     """Regular files at or beneath `info`, depth first.
 
     With a `pool`, the listings of the next `ahead` directories to visit run
@@ -133,10 +134,14 @@ def walk(volume: Any, info: FileInfo,
     round trip; one at a time, a tree of many small dirs would be walked at
     the speed of its latency). Outstanding listings stay bounded: at most
     `ahead` per level of depth. A directory that cannot be listed goes to
-    `on_error` (the walk goes on) or, without one, raises."""
+    `on_error` (the walk goes on) or, without one, raises. Symbolic links
+    are not followed; `on_link` hears of each."""
+    if info.is_link:
+        if on_link is not None:
+            on_link(info)
+        return
     if not info.is_dir:
-        if not info.is_link:
-            yield info
+        yield info
         return
     stack = [info.path]
     listing: dict[str, Future] = {}
@@ -157,6 +162,8 @@ def walk(volume: Any, info: FileInfo,
             continue
         for entry in entries:
             if entry.is_link:
+                if on_link is not None:
+                    on_link(entry)
                 continue
             if entry.is_dir:
                 dirs.append(entry.path)
@@ -341,20 +348,23 @@ class Warmup:
                     continue
                 try:
                     for f in walk(self.volume, info, lambda d, exc: t.fail(d, _reason(exc)),
-                                  self._stats_pool):
+                                  self._stats_pool, on_link=self._link):
                         self._file(f)
-                    if info.is_link:
-                        t.skipped_links += 1
                 except (OSError, BlockcacheError) as exc:
                     t.fail(target.given, _reason(exc))
             t.listed_all = True
         except Interrupted as exc:
             self.interrupted = str(exc)
-            # a second Ctrl-C while in-flight work drains ends the process at once
+            # a second Ctrl-C (or SIGTERM) while in-flight work drains ends the process at once
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         finally:
             self._stats_pool.shutdown(wait=False, cancel_futures=True)
             self._finish()
+
+    def _link(self, info: FileInfo) -> None:
+        with self.tally.lock:
+            self.tally.skipped_links += 1
 
     def _file(self, info: FileInfo) -> None:
         t = self.tally

@@ -62,7 +62,7 @@ XATTR_STATS = b"user.blockcache.stats"
 XATTR_CONFIG = b"user.blockcache.config"
 # Reads this close to where the previous one ended still count as sequential:
 # the kernel issues its readahead requests concurrently, slightly out of order.
-SEQ_SLACK = 1 << 20
+SEQ_SLACK = 512 << 10
 # A file up to this size (and within one block) is read whole, starting at
 # open, and served from the handle: the read is under way while the open
 # answer travels back and the application asks for the bytes, and one volume

@@ -1,0 +1,100 @@
+"""BlockcacheFS handlers driven directly (no kernel), over a real Volume on a
+local source: inode lookup counts and forget, handle buffers, readahead."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+
+import pyfuse3
+import pytest
+
+from blockcache_client.volume import Volume
+from fsclient.config import build_config
+from fsclient.fs import ROOT_INODE, BlockcacheFS
+
+BS = 64 << 10
+
+
+@pytest.fixture
+def fs(tmp_path, key_file):
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "small").write_bytes(b"s" * 1000)
+    (src / "big").write_bytes(os.urandom(40 * BS + 5))
+    cfg = build_config(volume="v", source=str(src), mountpoint=str(tmp_path / "m"),
+                       key_file=str(key_file), socket=str(tmp_path / "no.sock"),
+                       block_size=str(BS), meta_ttl=60.0)
+    vol = Volume("v", str(src), str(key_file), socket_path=str(tmp_path / "no.sock"),
+                 block_size=BS)
+    f = BlockcacheFS(vol, cfg)
+    try:
+        yield f, src
+    finally:
+        f.close()
+        vol.close()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_lookup_counts_and_forget_keep_the_inode_table_bounded(fs):
+    f, _ = fs
+
+    async def go():
+        d = await f.lookup(ROOT_INODE, b"d")
+        await f.lookup(ROOT_INODE, b"d")
+        small = await f.lookup(d.st_ino, b"small")
+        assert f.nodes[d.st_ino].lookups == 2 and small.st_ino in f.nodes
+        await f.forget([(small.st_ino, 1), (d.st_ino, 1)])
+        assert small.st_ino not in f.nodes and f.nodes[d.st_ino].lookups == 1
+        await f.forget([(d.st_ino, 1), (ROOT_INODE, 5)])
+        assert set(f.nodes) == {ROOT_INODE}  # the root is never forgotten
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await f.getattr(d.st_ino)
+        assert exc.value.errno == errno.ESTALE
+        missing = await f.lookup(ROOT_INODE, b"nope")
+        assert missing.st_ino == 0 and missing.entry_timeout == 60  # cached negative entry
+    run(go())
+
+
+def test_sequential_reads_buffer_blocks_and_prefetch_random_reads_do_not(fs):
+    f, src = fs
+    data = (src / "big").read_bytes()
+
+    async def go():
+        big = await f.lookup(ROOT_INODE, b"big")
+        fi = await f.open(big.st_ino, os.O_RDONLY)
+        for off in (30 * BS, 15 * BS, 39 * BS, 0, 20 * BS):  # random: jumps > SEQ_SLACK
+            assert await f.read(fi.fh, off, 4096) == data[off:off + 4096]
+        assert f.prefetches == 0 and f.buffered_blocks == 0
+        out = b"".join([await f.read(fi.fh, off, 16 << 10)
+                        for off in range(0, len(data), 16 << 10)])
+        assert out == data
+        assert f.prefetches > 0
+        assert 0 < f.buffered_blocks <= 2
+        await f.release(fi.fh)
+        assert f.buffered_blocks == 0 and not f.handles
+    run(go())
+
+
+def test_small_files_are_read_whole_at_open(fs):
+    f, _ = fs
+
+    async def go():
+        d = await f.lookup(ROOT_INODE, b"d")
+        small = await f.lookup(d.st_ino, b"small")
+        fi = await f.open(small.st_ino, os.O_RDONLY)
+        h = f.handles[fi.fh]
+        assert h.pending is not None  # under way before the first read
+        assert await f.read(fi.fh, 10, 20) == b"s" * 20
+        assert h.data == b"s" * 1000 and h.pending is None
+        assert await f.read(fi.fh, 990, 100) == b"s" * 10
+        assert await f.read(fi.fh, 1000, 100) == b""
+        await f.release(fi.fh)
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await f.open(small.st_ino, os.O_RDWR)
+        assert exc.value.errno == errno.EROFS
+    run(go())

@@ -133,7 +133,7 @@ def keygen(file: str) -> None:
 
 
 @main.command(context_settings={"ignore_unknown_options": False})
-@click.argument("args", nargs=-1)
+@click.argument("args", nargs=-1, metavar="[SOURCE] [PATHS]...")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="Volume TOML file (as for mount).")
 @click.option("--mount", "mount_path", type=click.Path(file_okay=False),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import urllib.request
 
 import pytest
@@ -97,3 +98,34 @@ def test_warmup_through_the_mount_settings(mount, tree, daemon, key_file):
     s = mount.stats()
     assert s["misses"] == 0 and s["hits"] >= sum(blocks_of(files[p]) for p in files
                                                   if p.startswith("dir1/") and files[p])
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason="needs /usr/bin/python3")
+def test_config_xattr_hides_storage_options_from_other_users(tmp_path, tree, key_file, daemon,
+                                                             shared_dir):
+    root, _ = tree
+    toml = tmp_path / "vol.toml"
+    toml.write_text("[storage_options]\nauto_mkdir = false\n")
+    mnt = os.path.join(shared_dir, "mnt")  # reachable by uid nobody, unlike tmp_path
+    m = FsclientMount(root, mnt, key_file, daemon.socket_path, volume=VOLUME,
+                      args=["--block-size", str(BLOCK), "--config", str(toml), "-o", "allow_other"],
+                      log_path=str(tmp_path / "mnt.log"))
+    try:
+        m.start()
+        mine = json.loads(os.getxattr(mnt, "user.blockcache.config"))
+        assert mine["storage_options"] == {"auto_mkdir": False}
+        probe = ("import json, os, sys; "
+                 "print(os.getxattr(sys.argv[1], 'user.blockcache.config').decode())")
+        # the system interpreter: the venv's lives under /root, which nobody cannot enter
+        other = subprocess.run([SYSTEM_PYTHON, "-I", "-c", probe, mnt], capture_output=True,
+                               text=True, timeout=30, user=65534, group=65534, extra_groups=[],
+                               cwd="/")
+        assert other.returncode == 0, other.stderr
+        theirs = json.loads(other.stdout)
+    finally:
+        m.stop()
+    assert "storage_options" not in theirs and theirs["storage_options_hidden"] is True
+    assert theirs["volume"] == VOLUME and theirs["source"] == mine["source"]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from blockcache_client import blockfile
 from blockcache_client.keys import BlockKey
-from tests.operations.conftest import logged_port
+from tests.operations.conftest import logged_port, run_cli
 from tests.operations.test_mount_ops import scrape, value
 from tests.support.daemon import DaemonProcess
 
@@ -97,3 +99,17 @@ def test_capacity_evictions_show_in_metrics(tmp_path):
 
 def test_metrics_are_off_by_default(daemon):
     assert "serving metrics" not in daemon.stderr()
+
+
+def test_bad_metrics_addr_is_refused_at_start(tmp_path):
+    bad = run_cli("blockcached", "--socket", str(tmp_path / "s.sock"), "--cache-dir",
+                  f"{tmp_path / 'c'}:1G", "--metrics-addr", "localhost")
+    assert bad.returncode == 2 and "HOST:PORT" in bad.stderr, bad.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        busy = run_cli("blockcached", "--socket", str(tmp_path / "s.sock"), "--cache-dir",
+                       f"{tmp_path / 'c'}:1G", "--min-free-bytes", "0",
+                       "--metrics-addr", f"127.0.0.1:{port}")
+    assert busy.returncode == 1 and "cannot serve" in busy.stderr, busy.stderr

@@ -235,7 +235,10 @@ def main() -> None:
     line("RSS per index entry", f"{rb['rss_per_entry']:.0f} B", "<= 250 B",
          rb["rss_per_entry"] <= 250)
     print(f"(RSS {rb['rss_empty_mib']:.1f} MiB empty, {rb['rss_full_mib']:.1f} MiB with {n} entries;"
-          f" rebuild wall time {rb['wall_s']:.2f} s; machine: {os.cpu_count()} cpus)")
+          f" rebuild wall time {rb['wall_s']:.2f} s)")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"machine: {os.cpu_count()} cpus, load average {load} at the end (figures are "
+          f"only comparable on an otherwise idle machine)")
 
 
 if __name__ == "__main__":

@@ -101,3 +101,23 @@ def test_blockcached_over_latency_chain(local_source, key_file, daemon):
     s = fs.stats()
     assert s["backend_requests"] - s["version_checks"] == 2  # two 64 KiB blocks
     fs.volume.close()
+
+
+def test_shares_blocks_with_a_volume_of_the_same_root(s3_server, key_file, daemon):
+    from blockcache_client.volume import Volume
+    s3 = s3_server.filesystem()
+    data = random.Random(3).randbytes(150_000)
+    s3.pipe(f"{s3_server.bucket}/shared/x.bin", data)
+    with Volume("vol", s3_server.url("shared"), key_file, socket_path=daemon.socket_path,
+                block_size=64 << 10, **s3_server.storage_options) as vol:
+        assert vol.read("x.bin", 0, len(data)) == data
+        assert vol.wait_fills(10)
+    daemon.wait_idle()
+    fs = fsspec.filesystem("blockcached", target_protocol="s3",
+                           target_options=s3_server.storage_options,
+                           root=f"{s3_server.bucket}/shared",
+                           **opts(key_file, daemon.socket_path, memory_cache_bytes=0))
+    assert fs.cat(f"{s3_server.bucket}/shared/x.bin") == data
+    s = fs.stats()
+    assert s["misses"] == 0 and s["hits"] == 3  # every block came from the shared cache
+    fs.volume.close()

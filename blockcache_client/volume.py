@@ -156,20 +156,23 @@ class Volume:
 
     # -- metadata ----------------------------------------------------------------
 
-    def _cached_meta(self, cache: dict, path: str, max_age: float | None):
-        """(rel, the cached value if young enough else None, now)."""
-        self._proc()
-        rel = normalize(path)
+    def _fresh(self, cache: dict, rel: str, max_age: float | None):
+        """(the cached value if young enough else None, now)."""
         ttl = self.meta_ttl if max_age is None else max_age
         hit = cache.get(rel)
         now = time.monotonic()
         if hit is not None and ttl > 0 and now - hit[0] <= ttl:
-            return rel, hit[1], now
-        return rel, None, now
+            return hit[1], now
+        return None, now
 
     def stat(self, path: str, max_age: float | None = None) -> FileInfo:
         """Info of `path`, cached up to `meta_ttl` seconds (or `max_age`; 0 = fresh)."""
-        rel, hit, now = self._cached_meta(self._meta, path, max_age)
+        self._proc()
+        return self._stat_rel(normalize(path), max_age)
+
+    def _stat_rel(self, rel: str, max_age: float | None = None) -> FileInfo:
+        """`stat` of an already normalized path."""
+        hit, now = self._fresh(self._meta, rel, max_age)
         if hit is not None:
             return hit
         info = self.backend.stat(rel)
@@ -183,7 +186,9 @@ class Volume:
 
     def listdir(self, path: str, max_age: float | None = None) -> list[FileInfo]:
         """Entries of a directory (sorted by name); also fills the stat cache."""
-        rel, hit, now = self._cached_meta(self._dirs, path, max_age)
+        self._proc()
+        rel = normalize(path)
+        hit, now = self._fresh(self._dirs, rel, max_age)
         if hit is not None:
             return list(hit)
         infos = self.backend.listdir(rel)
@@ -239,7 +244,8 @@ class Volume:
     def _resolve(self, path: str, info: FileInfo | None) -> tuple[str, FileInfo]:
         rel = normalize(path)
         if info is None:
-            info = self.stat(rel)
+            self._proc()
+            info = self._stat_rel(rel)
         elif not isinstance(info, FileInfo) or info.path != rel:
             raise OSError(errno.EINVAL, f"read {path}: the pinned FileInfo is for "
                                         f"{getattr(info, 'path', info)!r}, not this path")
@@ -306,7 +312,7 @@ class Volume:
     def open(self, path: str):
         """A read-only binary file object (read, readinto, seek, tell) pinned
         to the version of `path` seen now."""
-        rel, info = self._resolve(path, None)  # stat() checks the process
+        rel, info = self._resolve(path, None)  # checks the process too
         return VolumeFile(self, rel, info)
 
     def _block_len(self, info: FileInfo, boff: int) -> int:

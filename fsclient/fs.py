@@ -411,8 +411,12 @@ class BlockcacheFS(pyfuse3.Operations):
             return b""
         size = min(size, avail)
         if h.data is None and h.pending is not None:
-            pending, h.pending = h.pending, None
-            h.data = await pending
+            pending = h.pending  # concurrent reads all wait for the one whole-file read
+            try:
+                h.data = await pending
+            finally:
+                if h.pending is pending:
+                    h.pending = None  # done (or failed: the next read tries again)
         if h.data is None and h.info.size <= self.whole_file_max:
             h.data = await self._call(self.volume.read, h.path, 0, h.info.size, info=h.info)
         if h.data is not None:

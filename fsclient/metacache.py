@@ -158,9 +158,11 @@ class MetaCache:
         """Record an open of `info`; True when the kernel may keep its page
         cache: the prefix caches metadata (TTL > 0) and the version is the one
         seen at the previous open, so the cached pages hold these bytes."""
-        previous = self.open_versions.get(inode)
-        self.open_versions.put(inode, info.version, float("inf"))
-        return previous == info.version and self.ttl(info.path) > 0
+        previous = self.open_versions.get(inode)  # (a hit also refreshes its LRU place)
+        if previous != info.version:
+            self.open_versions.put(inode, info.version, float("inf"))
+            return False
+        return self.ttl(info.path) > 0
 
     def stats(self) -> dict[str, int]:
         return {"attrs": len(self.attrs), "listings": len(self.listings),

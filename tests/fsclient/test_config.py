@@ -115,3 +115,17 @@ def test_config_is_frozen():
         cfg.volume = "other"
     with pytest.raises(TypeError):
         cfg.storage_options["x"] = 1
+
+
+def test_keygen_writes_a_private_key_and_never_overwrites(tmp_path):
+    from blockcache_client.keyfile import load_key_file
+    from tests.fsclient.mounting import fsclient
+
+    path = tmp_path / "v.key"
+    res = fsclient("keygen", str(path))
+    assert res.returncode == 0, res.stderr
+    assert (path.stat().st_mode & 0o777) == 0o400
+    key = load_key_file(str(path))
+    res = fsclient("keygen", str(path))
+    assert res.returncode == 1 and "already exists" in res.stderr
+    assert load_key_file(str(path)) == key

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import logging
 import os
 import platform
@@ -64,6 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="do not drop the page cache before cold epochs")
     p.add_argument("--publish", action="store_true",
                    help="copy plots to docs/img and the tables into docs/benchmarks.md")
+    p.add_argument("--from-json", metavar="FILE",
+                   help="run nothing: rebuild tables and plots (and --publish) from a results file")
     args = p.parse_args(argv)
     for w in args.workloads:
         if w not in WORKLOADS:
@@ -125,8 +128,16 @@ def main(argv: list[str] | None = None) -> int:
                         datefmt="%H:%M:%S")
     args = parse_args(argv)
     _ensure_matplotlib()
-    result = run(args)
-    stem = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    if args.from_json:
+        with open(args.from_json) as f:
+            result = json.load(f)
+        stem = os.path.splitext(os.path.basename(args.from_json))[0]
+    else:
+        result = run(args)
+        stem = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+        if args.workloads or set(args.systems) != {s.name for s in all_systems()}:
+            # A partial run never overwrites the day's full one.
+            stem += "-partial-" + "-".join(args.workloads or ["all"])
     paths = report.write(result, args.out, stem)
     if args.publish:
         report.publish(paths, os.path.join(ROOT, "docs"))

@@ -5,8 +5,8 @@ kind (`systems.REFERENCE`: in-process libraries against `Volume`, mounts and
 local disk against the FUSE mount), so "0.25x" reads "a quarter of ours".
 Warm epochs are the headline; cold epochs are shown beside them.
 
-`publish()` copies the plots to docs/img/ and replaces the generated block of
-docs/benchmarks.md (between the `results:begin`/`results:end` markers), so
+`publish()` copies the plots to docs/img/ and the JSON beside the page, and
+replaces the generated block of docs/benchmarks.md (between the `results:begin`/`results:end` markers), so
 the page always shows one run, reproducible from its JSON.
 """
 
@@ -76,11 +76,13 @@ def targets(result: dict) -> list[dict]:
         if r["workload"] == "shared" and r["system"] in ("volume", "fuse") and r["client"]:
             warm = _rate(idx.get(("shared", r["config"], r["system"], 2, 0)), "shared")
             ratio = _ratio(_rate(r, "shared"), warm)
+            hit = "–" if r["hit_ratio"] is None else f"{r['hit_ratio']:.2f}"
             out.append({"target": f"{r['system']} client {r['client']} first epoch at warm "
                                   f"speed (>= {WARM_SPEED:.0%} of client 0's warm epoch)",
                         "workload": "shared", "config": r["config"], "ours": r["system"],
                         "peer": f"{r['system']} client 0 warm", "ratio": ratio,
-                        "want": WARM_SPEED, "met": None if ratio is None else ratio >= WARM_SPEED})
+                        "want": WARM_SPEED, "met": None if ratio is None else ratio >= WARM_SPEED,
+                        "detail": f"hit ratio {hit}, {r['remote_requests']} remote requests"})
     return out
 
 
@@ -123,8 +125,9 @@ def markdown(result: dict, images: dict[str, str]) -> str:
               "|---|---|---|---|---|"]
     for t in result["targets"]:
         met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
-        lines.append(f"| {t['target']} | {t['workload']} | {t['config']} | {_x(t['ratio'])} "
-                     f"| {met} |")
+        detail = f" ({t['detail']})" if t.get("detail") else ""
+        lines.append(f"| {t['target']} | {t['workload']} | {t['config']} | {_x(t['ratio'])}"
+                     f"{detail} | {met} |")
     idx = _index(result["rows"])
     groups = defaultdict(list)
     for r in result["rows"]:
@@ -153,7 +156,7 @@ def markdown(result: dict, images: dict[str, str]) -> str:
                 f"| {_fmt(r['cache_bytes'] / 2**20)} |")
     if result["errors"]:
         lines += ["", "### Failures", ""]
-        lines += [f"- {e['workload']} {e['config']} on {e['system']}: {e['error'][:300]}"
+        lines += [f"- {e['workload']} {e['config']} on {e['system']}: `{_cause(e['error'])}`"
                   for e in result["errors"]]
     skipped = {n: s["unavailable"] for n, s in systems.items() if s["unavailable"]}
     lines += ["", "### Systems and versions", "", "| system | version | settings |",
@@ -164,6 +167,12 @@ def markdown(result: dict, images: dict[str, str]) -> str:
             settings = f"**skipped**: {skipped[name]}"
         lines.append(f"| {s['label']} | {s['version']} | {settings or '–'} |")
     return "\n".join(lines) + "\n"
+
+
+def _cause(error: str) -> str:
+    """The exception line at the bottom of a failure (a reader's traceback ends in it)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
 
 
 def plot(result: dict, out_dir: str, stem: str) -> dict[str, str]:
@@ -222,9 +231,11 @@ def _series(row: dict) -> str:
 
 
 def publish(paths: dict, docs_dir: str) -> None:
-    """Copy the plots to docs/img/ and put the Markdown into docs/benchmarks.md's block."""
+    """Copy the plots to docs/img/, the JSON to docs/benchmarks-results.json (bench/results
+    is not kept in git), and put the Markdown into docs/benchmarks.md's block."""
     img = os.path.join(docs_dir, "img")
     os.makedirs(img, exist_ok=True)
+    shutil.copy(paths["json"], os.path.join(docs_dir, "benchmarks-results.json"))
     for workload, p in paths["png"].items():
         shutil.copy(p, os.path.join(img, f"bench-{workload}.png"))
     with open(paths["md"]) as f:

@@ -142,6 +142,7 @@ class System:
     def __init__(self):
         self.ctx: Ctx | None = None
         self.dir = ""
+        self.clients = 1
 
     def unavailable(self) -> str | None:
         """Why this system cannot run here, or None."""
@@ -150,6 +151,7 @@ class System:
     def start(self, ctx: Ctx, tag: str) -> None:
         """Fresh, empty caches under a new directory for run `tag`."""
         self.ctx = ctx
+        self.clients = 1
         self.dir = os.path.join(ctx.workdir, f"{self.name}-{tag}")
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
@@ -174,7 +176,8 @@ class System:
 
     def add_client(self) -> int:
         """Another client of the same cache; returns its index for `reader_spec`."""
-        return 1
+        self.clients += 1
+        return self.clients - 1
 
     def server_pids(self) -> list[int]:
         return []

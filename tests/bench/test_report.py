@@ -74,3 +74,4 @@ def test_publish_replaces_only_the_generated_block(tmp_path):
     assert text.startswith("# Bench\nintro\n") and text.endswith("after\n")
     assert "STALE-TABLE" not in text and "(img/bench-small-files.png)" in text
     assert (docs / "img" / "bench-small-files.png").exists()
+    assert json.loads((docs / "benchmarks-results.json").read_text())["commit"] == "abc"

@@ -6,7 +6,7 @@ PYTHON  ?= python3
 VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-EXTRAS  := fuse,s3,metrics,test
+EXTRAS  := fuse,s3,metrics,test,bench
 # fuse3: fusermount3 + the kernel protocol helpers; libfuse3-dev + pkg-config:
 # to build pyfuse3 from source when no wheel fits.
 SYSPKGS := fuse3 libfuse3-dev pkg-config

@@ -7,7 +7,9 @@ mount propagation work with the real daemon and fsclient.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -27,11 +29,19 @@ pytestmark = [*unit_runner.fuse_marks(),
 def node():
     """What node_scenario observed, run in a mount namespace of its own."""
     with unit_runner.scratch_root() as root:
-        r = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
-                            "-m", "tests.deploy.node_scenario", str(root)],
-                           cwd=REPO, capture_output=True, text=True, timeout=110)
-        assert r.returncode == 0 and r.stdout.strip(), r.stderr
-        obs = json.loads(r.stdout.strip().splitlines()[-1])
+        # Its own process group: on a hang, every pod process goes with it.
+        p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", sys.executable,
+                              "-m", "tests.deploy.node_scenario", str(root)],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+        try:
+            out, err = p.communicate(timeout=110)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        assert p.returncode == 0 and out.strip(), err
+        obs = json.loads(out.strip().splitlines()[-1])
     logs = "\n".join(f"--- {name} ---\n{text}" for name, text in obs["logs"].items())
     assert "error" not in obs, f"{obs['error']}\n{logs}"
     obs["all_logs"] = logs

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -162,11 +163,34 @@ class DaemonService:
         raise AssertionError(f"the daemon did not log a metrics endpoint:\n{self.log()}")
 
     def stop(self) -> None:
-        """Make sure the process is gone (kill if still running)."""
+        """Make sure the daemon is gone (killed if still running), and with a
+        wrapper (strace) its tracees too, which outlive a killed tracer."""
         if self.proc.poll() is None:
+            for pid in descendants(self.proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             self.proc.kill()
             self.proc.wait()
         self.notify.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """Pids of every process below `pid` (from /proc/PID/task/*/children)."""
+    out: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            children = [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for child in children:
+            out += [child, *descendants(child)]
+    return out
 
 
 def start_daemon(inst: Installed, root: Path, wrap: tuple[str, ...] = (),

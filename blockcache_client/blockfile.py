@@ -183,6 +183,42 @@ class BlockCipher:
             index += 1
         return b"".join(out) if len(out) != 1 else out[0]
 
+    def read_range_into(self, offset: int, chunks: bytes | memoryview, out: memoryview) -> None:
+        """`read_range(offset, len(out), chunks)` stored in `out` (a writable
+        byte view): whole chunks decrypt straight into it, no intermediate
+        copies. IntegrityError as `open_chunks`; `out` is then zeroed (AES-GCM
+        writes plaintext before it checks the tag: none may stay there)."""
+        h = self.header
+        length = len(out)
+        first, end = h.chunk_span(offset, length)
+        start, stop = h.ciphertext_range(first, end)
+        view = memoryview(chunks)
+        if len(view) != stop - start:
+            raise IntegrityError(f"block ciphertext for chunks {first}..{end} is "
+                                 f"{len(view)} bytes, expected {stop - start} (truncated?)")
+        csize = h.chunk_size
+        step = csize + TAG_SIZE
+        last = h.nchunks - 1
+        pos = first * csize - offset  # where chunk `index` starts in `out` (may be < 0)
+        index = first
+        try:
+            for cpos in range(0, len(view), step):
+                piece = view[cpos:cpos + step]
+                nonce = _NONCE.pack(index, index == last)
+                plain_len = len(piece) - TAG_SIZE
+                if 0 <= pos and pos + plain_len <= length:
+                    self._aead.decrypt_into(nonce, piece, self._aad, out[pos:pos + plain_len])
+                else:  # a chunk cut by the range's ends: decrypt whole, keep the part
+                    plain = self._aead.decrypt(nonce, piece, self._aad)
+                    lo, hi = max(0, -pos), min(plain_len, length - pos)
+                    if lo < hi:
+                        out[pos + lo:pos + hi] = memoryview(plain)[lo:hi]
+                pos += csize
+                index += 1
+        except (InvalidTag, ValueError):  # ValueError: shorter than a tag
+            out[:] = bytes(length)
+            raise IntegrityError(f"block chunk {index} failed authentication") from None
+
     def read_range(self, offset: int, length: int, chunks: bytes | memoryview) -> bytes:
         """Plaintext [offset, offset+length) given the ciphertext of exactly the
         chunks `header.chunk_span(offset, length)` names."""

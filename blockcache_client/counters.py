@@ -30,6 +30,13 @@ class Counters:
             self._values[name] += 1
             self._values[bytes_name] += nbytes
 
+    def add3(self, name: str, bytes_name: str, nbytes: int, also: str) -> None:
+        """`add2`, plus one more event counted, still under one lock."""
+        with self._lock:
+            self._values[name] += 1
+            self._values[bytes_name] += nbytes
+            self._values[also] += 1
+
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._values)

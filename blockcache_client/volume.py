@@ -64,6 +64,41 @@ _PREFETCH_PENDING = 256    # queued prefetch jobs before new ones are dropped
 _READ_AHEAD = 4            # blocks fetched in parallel ahead of a multi-block read
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOATIME", 0)
 
+_SCRATCH_KEPT = 4           # idle ciphertext buffers kept for reuse
+
+
+class _Scratch:
+    """Reusable ciphertext buffers for cache-hit reads: a few kept, taken and
+    given back without a lock (list pop/append are atomic), so a hit costs no
+    fresh allocation and no page faults for its ciphertext."""
+
+    __slots__ = ("_free",)
+
+    def __init__(self) -> None:
+        self._free: list[memoryview] = []
+
+    def take(self, n: int) -> memoryview:
+        try:
+            buf = self._free.pop()
+        except IndexError:
+            buf = None
+        if buf is None or len(buf) < n:
+            buf = memoryview(bytearray(max(n, 64 << 10)))
+        return buf
+
+    def give(self, buf: memoryview) -> None:
+        if len(self._free) < _SCRATCH_KEPT:
+            self._free.append(buf)
+
+
+def _deliver(data: bytes, lo: int, hi: int, out: memoryview | None):
+    """data[lo:hi] as bytes, or stored in `out` and its length returned."""
+    if out is None:
+        return data[lo:hi]
+    out[:hi - lo] = memoryview(data)[lo:hi]
+    return hi - lo
+
+
 # Bumped in every forked child, so the hot path can tell "new process" from an
 # attribute compare instead of a getpid() system call per read.
 _forks = [0]
@@ -116,6 +151,7 @@ class Volume:
         self._ciphers: OrderedDict[tuple[str, bytes], BlockCipher] = OrderedDict()
         self._cipher_lock = threading.Lock()
         self._mem = BlockMemory(self._memory_cache_bytes)
+        self._scratch = _Scratch()
         self._flight = SingleFlight()
         self.counters = Counters()
         # the sealer must not reference self, or the link's threads would keep us alive
@@ -273,41 +309,53 @@ class Volume:
         rel, info = self._resolve(path, info)
         return self._read_pinned(rel, offset, size, info)
 
-    def _read_pinned(self, rel: str, offset: int, size: int, info: FileInfo) -> bytes:
+    def _read_pinned(self, rel: str, offset: int, size: int, info: FileInfo,
+                     out: memoryview | None = None):
         """`read` after its checks: `rel` normalized, `info` its pinned version,
-        offset and size valid (VolumeFile calls this directly)."""
+        offset and size valid (VolumeFile calls this directly). With `out` (a
+        writable byte view of `size` bytes) the bytes are stored there and
+        their count returned, with no intermediate copy."""
         if self._fork_gen != _forks[0] or self._closed:
             self._proc()
         end = min(offset + size, info.size)
         if offset >= end:
-            return b""
+            return b"" if out is None else 0
         bs = self.block_size
         first = offset // bs
         last = (end - 1) // bs
         prefix = self._key_prefix(rel, info.version)
         if first == last:
             boff = first * bs
-            return self._read_block(rel, info, prefix, boff, offset - boff, end - boff)
+            return self._read_block(rel, info, prefix, boff, offset - boff, end - boff, out)
         # a read over several blocks fetches the next few in parallel while it
         # works through them in order (only if the memory LRU can hold them)
         ahead = _READ_AHEAD if self._mem.capacity >= (_READ_AHEAD + 1) * bs else 0
         if ahead:
             self._prefetch_range(rel, (first + 1) * bs, min(ahead, last - first) * bs, info)
         parts = []
+        pos = 0
         for b in range(first, last + 1):
             boff = b * bs
             if ahead and b + ahead <= last and b > first:
                 self._prefetch_range(rel, (b + ahead) * bs, bs, info)
-            parts.append(self._read_block(rel, info, prefix, boff, max(offset, boff) - boff,
-                                          min(end, boff + bs) - boff))
-        return b"".join(parts)
+            lo, hi = max(offset, boff) - boff, min(end, boff + bs) - boff
+            if out is None:
+                parts.append(self._read_block(rel, info, prefix, boff, lo, hi))
+            else:
+                self._read_block(rel, info, prefix, boff, lo, hi, out[pos:pos + hi - lo])
+            pos += hi - lo
+        return b"".join(parts) if out is None else pos
 
     def readinto(self, path: str, offset: int, buffer, info: FileInfo | None = None) -> int:
-        """Read into a writable buffer; returns the number of bytes stored."""
+        """Read into a writable buffer; returns the number of bytes stored
+        (fewer than its length only at end of file). Cached blocks decrypt
+        straight into the buffer. If it raises, the buffer's contents are
+        undefined (but never unauthenticated cache bytes)."""
         view = memoryview(buffer).cast("B")
-        data = self.read(path, offset, len(view), info)
-        view[:len(data)] = data
-        return len(data)
+        self._proc()
+        self._check_range(path, offset, len(view))
+        rel, info = self._resolve(path, info)
+        return self._read_pinned(rel, offset, len(view), info, view)
 
     def open(self, path: str):
         """A read-only binary file object (read, readinto, seek, tell) pinned
@@ -319,29 +367,32 @@ class Volume:
         return min(self.block_size, info.size - boff)
 
     def _read_block(self, rel: str, info: FileInfo, prefix: str, boff: int,
-                    lo: int, hi: int) -> bytes:
-        """Plaintext [lo, hi) of the block at `boff`."""
+                    lo: int, hi: int, out: memoryview | None = None):
+        """Plaintext [lo, hi) of the block at `boff`: as bytes, or stored in
+        `out` (hi - lo bytes long) and its length returned."""
         key = prefix + format(boff, "016x")
         data = self._mem.get(key)
         if data is not None:
-            self.counters.add2("hits", "hit_bytes", hi - lo)
-            self.counters.add("memory_hits")
-            return data[lo:hi]
+            self.counters.add3("hits", "hit_bytes", hi - lo, "memory_hits")
+            return _deliver(data, lo, hi, out)
         layout = self._link.layout
         if layout is None:
             self.counters.add("daemon_unavailable")
         else:
-            out = self._read_cached(layout.path(key), key, self._block_len(info, boff), lo, hi)
-            if out is not None:
+            got = self._read_cached(layout.path(key), key, self._block_len(info, boff), lo, hi,
+                                    out)
+            if got is not None:
                 self.counters.add2("hits", "hit_bytes", hi - lo)
                 self._link.touch(key)
-                return out
+                return got
         data = self._fetch(rel, info, key, boff)
         self.counters.add2("misses", "miss_bytes", hi - lo)
-        return data[lo:hi]
+        return _deliver(data, lo, hi, out)
 
-    def _read_cached(self, path: str | None, key: str, blen: int, lo: int, hi: int) -> bytes | None:
-        """The range from the block file, or None for a miss (bad files are evicted)."""
+    def _read_cached(self, path: str | None, key: str, blen: int, lo: int, hi: int,
+                     out: memoryview | None = None):
+        """The range from the block file (bytes, or its length once stored in
+        `out`), or None for a miss (bad files are evicted)."""
         if path is None:  # its cache dir is unhealthy
             return None
         try:
@@ -351,6 +402,7 @@ class Volume:
         except OSError as exc:
             log.debug("cannot open cached block %s: %s", path, exc)
             return None
+        scratch = None
         try:
             # Where the chunks must be follows from the block length and this
             # volume's chunk size, so one pread usually gets header and chunks
@@ -365,11 +417,17 @@ class Volume:
             start = HEADER_SIZE + first * step
             stop = min(HEADER_SIZE + end * step, HEADER_SIZE + blen + nchunks * TAG_SIZE)
             want = stop - start + (end == nchunks)
+            # the ciphertext goes to a reused buffer: a fresh one per read
+            # costs an allocation and its page faults (4 MiB for a block)
+            scratch = self._scratch.take(HEADER_SIZE + want)
             if first == 0:
-                buf = os.pread(fd, HEADER_SIZE + want, 0)
-                head, body = buf[:HEADER_SIZE], memoryview(buf)[HEADER_SIZE:]
+                got = os.preadv(fd, [scratch[:HEADER_SIZE + want]], 0)
+                head = bytes(scratch[:min(got, HEADER_SIZE)])
+                body = scratch[HEADER_SIZE:max(got, HEADER_SIZE)]
             else:
-                head, body = os.pread(fd, HEADER_SIZE, 0), os.pread(fd, want, start)
+                head = os.pread(fd, HEADER_SIZE, 0)
+                got = os.preadv(fd, [scratch[:want]], start)
+                body = scratch[:got]
             cipher = self._cipher(key, head)
             header = cipher.header
             if header.plaintext_len != blen or header.chunk_size != chunk:
@@ -379,7 +437,10 @@ class Volume:
             if len(body) != stop - start:  # one byte over: longer; under: truncated
                 raise FormatError(f"block file is shorter or longer than its header says "
                                   f"({len(body)} bytes where {stop - start} belong)")
-            return cipher.read_range(lo, hi - lo, body)
+            if out is None:
+                return cipher.read_range(lo, hi - lo, body)
+            cipher.read_range_into(lo, body, out[:hi - lo])
+            return hi - lo
         except (FormatError, IntegrityError) as exc:
             self.counters.add("integrity_failures")
             log.warning("cached block %s is bad (%s); evicting it and reading the backend",
@@ -391,6 +452,8 @@ class Volume:
             return None
         finally:
             os.close(fd)
+            if scratch is not None:
+                self._scratch.give(scratch)
 
     def _fetch(self, rel: str, info: FileInfo, key: str, boff: int) -> bytes:
         """The whole block from the backend, once per key however many ask."""

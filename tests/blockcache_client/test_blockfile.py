@@ -38,6 +38,34 @@ def test_round_trip_random_ranges(n, chunk, seed, offset, length):
     assert unseal(KEY, blob, VK, offset, length) == plain[offset:end]
 
 
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 200_000), chunk=chunk_sizes, seed=st.integers(0, 2**32),
+       offset=st.integers(0, 200_000), length=st.integers(0, 210_000))
+def test_read_range_into_equals_read_range(n, chunk, seed, offset, length):
+    plain = data_of(n, seed)
+    blob = seal(KEY, plain, VK, chunk)
+    c = BlockCipher(BlockHeader.parse(blob), KEY, VK)
+    offset = min(offset, n)
+    length = min(length, n - offset)
+    start, stop = c.header.ciphertext_range(*c.header.chunk_span(offset, length))
+    out = bytearray(b"\xee" * (length + 3))  # bytes past the range stay untouched
+    c.read_range_into(offset, memoryview(blob)[start:stop], memoryview(out)[:length])
+    assert bytes(out[:length]) == plain[offset:offset + length] == \
+        c.read_range(offset, length, blob[start:stop])
+    assert out[length:] == b"\xee" * 3
+
+
+def test_read_range_into_tampered_leaves_no_plaintext():
+    plain = data_of(5 * MIN_CHUNK)
+    blob = bytearray(seal(KEY, plain, VK, MIN_CHUNK))
+    blob[-5] ^= 1  # the last chunk's tag: the chunks before it decrypt fine first
+    c = BlockCipher(BlockHeader.parse(blob), KEY, VK)
+    out = bytearray(len(plain))
+    with pytest.raises(IntegrityError):
+        c.read_range_into(0, memoryview(blob)[HEADER_SIZE:], memoryview(out))
+    assert out == bytes(len(plain))
+
+
 def test_whole_block_and_empty():
     plain = data_of(300_000)
     assert unseal(KEY, seal(KEY, plain, VK), VK) == plain

@@ -80,6 +80,32 @@ def test_random_reads_cold_and_warm(source, key_file, daemon):
     assert (after["hits"], after["misses"]) == (before["hits"], before["misses"])
 
 
+def test_touches_are_batched(local_source, key_file, daemon):
+    """Many reads of cached blocks: every block is reported to the daemon (LRU
+    order stays right) in a few batched touch requests, not one per read."""
+    files = {k: v for k, v in make_files(local_source).items() if v}
+    with volume(local_source, key_file, daemon) as cold:
+        wait_connected(cold)
+        for name, data in files.items():
+            assert cold.read(name, 0, len(data)) == data
+        settle(cold, daemon)
+    nblocks = sum(-(-len(d) // BS) for d in files.values())
+    with volume(local_source, key_file, daemon, memory_cache_bytes=0) as warm:
+        wait_connected(warm)
+        before = daemon.client().stats()
+        reads = 0
+        for _ in range(40):
+            for name, data in files.items():
+                assert warm.read(name, 0, len(data)) == data
+                reads += -(-len(data) // BS)
+        assert warm.stats()["hits"] == reads
+        wait_for(lambda: daemon.client().stats()["touches"] - before["touches"] >= nblocks,
+                 what="every block read reported in a touch")
+        after = daemon.client().stats()
+    sent = after["requests"].get("touch", 0) - before["requests"].get("touch", 0)
+    assert 1 <= sent <= reads // 20, (sent, reads)
+
+
 def test_read_path_forms(local_source, key_file, daemon):
     files = make_files(local_source)
     with volume(local_source, key_file, daemon) as vol:

@@ -464,3 +464,18 @@ def test_client_that_never_reads_replies_stalls_only_itself(daemon):
     assert hits < sent // len(frame) * 4096  # the daemon stopped reading the hog
     # only wait_stats' own connection is left: the hog's was noticed closed
     daemon.wait_stats(lambda s: s["connections"] == 1)
+
+
+def test_client_that_half_closes_still_gets_its_replies(daemon):
+    frames = b"".join(protocol.encode_frame({"id": i + 1, "op": "ping"}) for i in range(100))
+    s = _raw(daemon.socket_path)
+    try:
+        s.sendall(frames)
+        s.shutdown(socket.SHUT_WR)
+        ids = []
+        while (reply := _read_reply(s)) is not None:
+            ids.append(reply["id"])
+        assert ids == list(range(1, 101))  # all answered, in order, then closed
+    finally:
+        s.close()
+    daemon.wait_stats(lambda st: st["connections"] == 1)

@@ -25,11 +25,11 @@ sysdeps:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing </dev/null; \
 	fi
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@$(MAKE) --no-print-directory sysdeps
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip </dev/null
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]' </dev/null
+	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]' </dev/null
 	@touch $(STAMP)
 
 test: $(STAMP)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import multiprocessing
 import os
+import pickle
 import shutil
+import subprocess
+import sys
 from array import array
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -186,16 +186,53 @@ class Store:
         tops = [e.path for e in _subdirs(self.blocks)]
         if processes > 1 and _populated(tops):
             log.info("scanning %s with %d processes", self.path, processes)
-            ctx = multiprocessing.get_context("spawn")
             try:
-                with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
-                    parts = list(pool.map(_scan_tops, [tops[i::processes] for i in range(processes)],
-                                          [placement] * processes, [me] * processes))
-            except (OSError, BrokenProcessPool) as exc:
+                return ScanResult.merge(_scan_in_children(
+                    [(tops[i::processes], placement, me) for i in range(processes)]))
+            except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as exc:
                 log.warning("parallel scan of %s failed (%s); scanning in one thread", self.path, exc)
-            else:
-                return ScanResult.merge(parts)
         return _scan_tops(tops, placement, me)
+
+
+# A child imports only this module (not the daemon's __main__, as a
+# multiprocessing spawn would): its start-up is a fraction of the scan.
+_CHILD = "from blockcached.store import scan_child; scan_child()"
+
+
+def _scan_in_children(jobs: list[tuple[list[str], "Placement | None", int]]) -> list[ScanResult]:
+    """Run `_scan_tops` for each job in its own Python process, at once."""
+    procs = []
+    # the child must import the same blockcached as this process
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    try:
+        for job in jobs:
+            p = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, close_fds=True, env=env)
+            procs.append(p)
+            assert p.stdin is not None
+            p.stdin.write(pickle.dumps(job))
+            p.stdin.close()
+        results = []
+        for p in procs:  # each writes its whole result then exits; read them in turn
+            assert p.stdout is not None
+            data = p.stdout.read()
+            if p.wait() != 0:
+                raise RuntimeError(f"scan process exited with {p.returncode}")
+            results.append(pickle.loads(data))
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def scan_child() -> None:
+    """Entry of a scan process: a pickled job on stdin, its ScanResult on stdout."""
+    tops, placement, me = pickle.loads(sys.stdin.buffer.read())
+    sys.stdout.buffer.write(pickle.dumps(_scan_tops(tops, placement, me),
+                                         protocol=pickle.HIGHEST_PROTOCOL))
+    sys.stdout.flush()
 
 
 # The dirs' (path, weight) for rendezvous placement; None = one dir owns all.

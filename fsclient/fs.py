@@ -79,13 +79,22 @@ MAX_LISTING_TASKS = 16
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT
 
 
+# Errnos a volume error keeps through the mount: they say something true about
+# the file or the request. Anything else (a timeout, a refused connection, a
+# remote 5xx after the retry budget) is the remote failing: EIO, as a disk
+# error would be, with the real cause logged (issue 7).
+_KEPT_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
+                          errno.ESTALE, errno.EINVAL, errno.ENAMETOOLONG})
+
+
 def errno_of(exc: BaseException, gone: int = errno.ENOENT) -> int:
-    """The errno a volume exception maps to; `gone` for a missing file."""
+    """The errno a volume exception maps to; `gone` for a missing file,
+    EIO for every error that is not about the file itself."""
     if isinstance(exc, FileNotFoundError):
         return gone
     if isinstance(exc, PermissionError):
         return errno.EACCES
-    if isinstance(exc, OSError) and exc.errno:
+    if isinstance(exc, OSError) and exc.errno in _KEPT_ERRNOS:
         return exc.errno
     return errno.EIO
 
@@ -106,8 +115,12 @@ def fuse_op(gone: int = errno.ENOENT) -> Callable:
             except pyfuse3.FUSEError:
                 raise
             except OSError as exc:
-                log.debug("%s%r: %s", fn.__name__, args[:2], exc)
-                raise pyfuse3.FUSEError(errno_of(exc, gone)) from None
+                code = errno_of(exc, gone)
+                if code == errno.EIO:
+                    self._warn_eio(name, args, exc)
+                else:
+                    log.debug("%s%r: %s", name, args[:2], exc)
+                raise pyfuse3.FUSEError(code) from None
             except Exception:
                 log.exception("%s%r failed; answering EIO", fn.__name__, args[:2])
                 raise pyfuse3.FUSEError(errno.EIO) from None
@@ -146,7 +159,7 @@ class Handle:
         self.path = path
         self.info = info
         self.inode = inode
-        self.data: bytes | None = None  # the whole (small) file, once read
+        self.data: memoryview | None = None  # the whole (small) file, once read
         self.pending: asyncio.Future | None = None  # ... while it is being read
         self.blocks: dict[int, asyncio.Future] = {}  # block offset -> its bytes (sequential)
         self.next_off = -1
@@ -187,16 +200,57 @@ class BlockcacheFS(pyfuse3.Operations):
         # dirs listed in the background within their TTL: never listed again
         # sooner, even when the listing was too large to keep or failed
         self._listed = TtlLru(4096)
+        self._eio_logged: set[str] = set()  # files whose EIO cause was logged
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
+    def _warn_eio(self, op: str, args: tuple, exc: OSError) -> None:
+        """Log the real cause of an EIO answer, once per file (a failing remote
+        would otherwise log every 128 KiB read of every file)."""
+        first = args[0] if args else None
+        h = self.handles.get(first) if op == "read" else None
+        node = self.nodes.get(first) if h is None and isinstance(first, int) else None
+        path = h.path if h is not None else node.path if node is not None else repr(args[:2])
+        if path in self._eio_logged:
+            log.debug("%s %s: %s (answering EIO)", op, path, exc)
+            return
+        if len(self._eio_logged) >= 4096:
+            self._eio_logged.clear()  # bounded; a file may then be logged again
+        self._eio_logged.add(path)
+        log.warning("%s %s failed (%s); answering EIO", op, path or "/", exc)
+
     # helpers
 
     def _call(self, fn: Callable, *args: Any, **kwargs: Any) -> "asyncio.Future":
-        if kwargs:
-            fn = functools.partial(fn, **kwargs)
-        return asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        """Run a blocking call on the pool; its result as an asyncio future.
+        One hop there and one `call_soon_threadsafe` back, nothing else: no
+        concurrent Future chained to this one (run_in_executor's extra locks
+        and callbacks cost the read path a measurable share of its CPU)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def run() -> None:
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                loop.call_soon_threadsafe(_settle, fut, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, fut, result, None)
+        try:
+            self.pool.submit(run)
+        except RuntimeError as exc:  # the pool is shut down: the mount is closing
+            fut.set_exception(OSError(errno.EIO, f"file system is closing: {exc}"))
+        return fut
+
+    def _load(self, path: str, off: int, size: int, info: Any) -> memoryview:
+        """[off, off+size) of `path` (pinned to `info`) as a view of a fresh
+        buffer, on a pool thread: cached blocks decrypt straight into it, and
+        replies to the kernel are slices of it, so the bytes are copied once
+        from the cache file and once to the kernel, nothing more."""
+        buf = bytearray(size)
+        n = self.volume.readinto(path, off, buf, info=info)
+        return memoryview(buf)[:n]
 
     def _path(self, inode: int) -> str:
         node = self.nodes.get(inode)
@@ -397,12 +451,12 @@ class BlockcacheFS(pyfuse3.Operations):
         fh = next(self._fh)
         h = self.handles[fh] = Handle(path, info, inode)
         if 0 < info.size <= self.whole_file_max and not keep:
-            h.pending = self._call(self.volume.read, path, 0, info.size, info=info)
+            h.pending = self._call(self._load, path, 0, info.size, info)
             h.pending.add_done_callback(_retrieve)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     @fuse_op(gone=errno.ESTALE)
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         h = self.handles.get(fh)
         if h is None:
             raise pyfuse3.FUSEError(errno.EBADF)
@@ -418,16 +472,16 @@ class BlockcacheFS(pyfuse3.Operations):
                 if h.pending is pending:
                     h.pending = None  # done (or failed: the next read tries again)
         if h.data is None and h.info.size <= self.whole_file_max:
-            h.data = await self._call(self.volume.read, h.path, 0, h.info.size, info=h.info)
+            h.data = await self._call(self._load, h.path, 0, h.info.size, h.info)
         if h.data is not None:
             return h.data[off:off + size]
         sequential = self._follow(h, off, size)
         if (off - off % self.cfg.block_size) in h.blocks or (
                 sequential and self.buffered_blocks < self.max_buffered_blocks):
             return await self._read_blocks(h, off, size)
-        return await self._call(self.volume.read, h.path, off, size, info=h.info)
+        return await self._call(self._load, h.path, off, size, h.info)
 
-    async def _read_blocks(self, h: Handle, off: int, size: int) -> bytes:
+    async def _read_blocks(self, h: Handle, off: int, size: int) -> bytes | memoryview:
         """Serve [off, off+size) from whole blocks read into the handle."""
         bs = self.cfg.block_size
         out = []
@@ -435,8 +489,7 @@ class BlockcacheFS(pyfuse3.Operations):
             boff = off - off % bs
             fut = h.blocks.get(boff)
             if fut is None:
-                fut = self._call(self.volume.read, h.path, boff, min(bs, h.info.size - boff),
-                                 info=h.info)
+                fut = self._call(self._load, h.path, boff, min(bs, h.info.size - boff), h.info)
                 fut.add_done_callback(_retrieve)
                 h.blocks[boff] = fut
                 self.buffered_blocks += 1
@@ -576,6 +629,15 @@ class BlockcacheFS(pyfuse3.Operations):
 
     @_erofs
     async def removexattr(self, *args: Any): ...
+
+
+def _settle(fut: "asyncio.Future", result: Any, exc: BaseException | None) -> None:
+    if fut.cancelled():  # the handler waiting for it was cancelled (interrupt)
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
 
 
 def _retrieve(fut: "asyncio.Future") -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from blockcache_client.volume import Volume
 from fsclient.config import build_config
-from fsclient.fs import ROOT_INODE, BlockcacheFS
+from fsclient.fs import ROOT_INODE, BlockcacheFS, errno_of
 
 BS = 64 << 10
 
@@ -98,3 +98,21 @@ def test_small_files_are_read_whole_at_open(fs):
             await f.open(small.st_ino, os.O_RDWR)
         assert exc.value.errno == errno.EROFS
     run(go())
+
+
+@pytest.mark.parametrize("exc, want", [
+    (TimeoutError(errno.ETIMEDOUT, "s3: read timed out after 4 attempts"), errno.EIO),
+    (ConnectionRefusedError(errno.ECONNREFUSED, "refused"), errno.EIO),
+    (OSError(errno.ENETUNREACH, "no route"), errno.EIO),
+    (OSError("no errno at all"), errno.EIO),
+    (RuntimeError("botocore blew up"), errno.EIO),
+    (FileNotFoundError(errno.ENOENT, "gone"), errno.ESTALE),
+    (PermissionError(errno.EACCES, "denied"), errno.EACCES),
+    (OSError(errno.ESTALE, "changed while read"), errno.ESTALE),
+    (OSError(errno.EINVAL, "bad offset"), errno.EINVAL),
+    (IsADirectoryError(errno.EISDIR, "a dir"), errno.EISDIR),
+])
+def test_remote_failures_answer_eio_file_errors_keep_their_errno(exc, want):
+    # issue 7: a remote that is down must look like a failing disk (EIO), not
+    # ETIMEDOUT or ECONNREFUSED, which callers do not expect from a read
+    assert errno_of(exc, gone=errno.ESTALE) == want

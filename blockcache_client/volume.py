@@ -6,7 +6,9 @@ Read path for one block (key = vol_inode_extent_offset, see `keys`):
 2. cache disk: with the layout from the daemon's `hello`, open the block
    file read-only, check its header and length, read and decrypt only the
    chunks the range touches; report the access later in a batched `touch`.
-   No round trip to the daemon;
+   No round trip to the daemon. The ciphertext goes to a reused buffer;
+   `readinto` decrypts whole chunks straight into the caller's buffer (the
+   FUSE client's path: one copy from the file, one to the kernel);
 3. backend: fetch the whole block once (single-flight per key), keep it in
    the memory LRU, hand it to the fill queue (sealed and `put` in the
    background; a full queue drops and counts), return the requested bytes.

@@ -152,6 +152,9 @@ def test_daemon_killed_under_load(tmp_path, key_file):
         assert not tally.failed, tally.failed[:10]
         assert tally.wrong_bytes == 0
         assert tally.reads["fuse"] > 20 and tally.reads["volume"] > 20, tally.reads
+        # every reader gone (only our stats connection left): no put can land after
+        # the snapshot, so the cold-start scan below must find exactly the same
+        daemon.wait_stats(lambda s: s["connections"] <= 1, timeout=20)
         s = check_index_matches_disk(daemon, load_key_file(key_file))
         assert s["writes"] > 0  # the last daemon was filled, not just read
         peak = peak_rss_kib(daemon.proc.pid)  # the last run: under load, then idle

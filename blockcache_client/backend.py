@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import fsspec
-from fsspec.asyn import AsyncFileSystem
+from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.exceptions import FSTimeoutError
+from fsspec.implementations.local import LocalFileSystem
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,17 @@ class Backend:
                 raise ValueError(f"cannot open volume source {self.source!r}: {exc}") from None
         self.root = root.rstrip("/")
         self._async = isinstance(self.fs, AsyncFileSystem)
+        # how read_version proves a range is of one version: a conditional GET
+        # (an S3 API: s3fs), fstat around a pread (local files), else a stat
+        # after the read (one more round trip, any fsspec filesystem)
+        if self._async and hasattr(self.fs, "_call_s3"):
+            self._versioned = "s3"
+        elif isinstance(self.fs, LocalFileSystem):
+            self._versioned = "local"
+        else:
+            self._versioned = "stat"
+        # False when read_version pays a stat after its read (counted by Volume)
+        self.native_versioned_reads = self._versioned != "stat"
         self._pool = concurrent.futures.ThreadPoolExecutor(
             self._workers, thread_name_prefix="blockcache-backend")
         self._pid = os.getpid()
@@ -294,6 +306,51 @@ class Backend:
         return self._call("read", rel,
                           lambda **tkw: self.fs.cat_file(full, start=start, end=end, **tkw))
 
+    def read_version(self, rel: str, start: int, end: int, version: str) -> bytes:
+        """Bytes [start, end) of `version` of a file (fewer only at its end), or
+        OSError(ESTALE) naming the path if the file is no longer that version.
+
+        S3 (s3fs): one GetObject with Range and If-Match on the ETag, which S3
+        answers 412 if the object changed. Local files: fstat, pread, fstat on
+        one descriptor, the version (mtime_ns-size) the same both times. Any
+        other filesystem: a ranged read, then a stat (one more round trip).
+        """
+        full = self.full_path(rel)
+        if self._versioned == "s3":
+            data = self._call("read", rel, lambda **tkw: sync(
+                self.fs.loop, self._s3_read_if_match, full, start, end, version, **tkw))
+        elif self._versioned == "local":
+            data = self._call("read", rel, lambda **tkw: _local_read_if(full, start, end, version))
+        else:
+            data = self.read(rel, start, end)
+            fresh = self.stat(rel)
+            if fresh.version != version:
+                data = None
+        if data is None:
+            raise OSError(errno.ESTALE, f"read {rel} in {self.source}: the file is no longer "
+                                        f"version {version}; stat it again and retry")
+        return data
+
+    async def _s3_read_if_match(self, full: str, start: int, end: int, version: str):
+        """The range, or None when S3 says the ETag no longer matches (412)."""
+        if end <= start:
+            return b""
+        bucket, key, _ = self.fs.split_path(full)
+        try:
+            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key,
+                                          Range=f"bytes={start}-{end - 1}",
+                                          IfMatch=f'"{version}"')
+        except OSError as exc:
+            response = getattr(exc.__cause__, "response", None) or {}
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 412 or response.get("Error", {}).get("Code") == "PreconditionFailed":
+                return None
+            raise
+        try:
+            return await resp["Body"].read()
+        finally:
+            resp["Body"].close()
+
     def readlink(self, rel: str) -> str:
         """Target of a symbolic link, where the backend reports one."""
         full = self.full_path(rel)
@@ -305,6 +362,30 @@ class Backend:
             raise OSError(errno.EINVAL, f"readlink {rel}: {self.source} does not report "
                                         f"link targets")
         return dest
+
+
+def _local_read_if(full: str, start: int, end: int, version: str) -> bytes | None:
+    """Bytes [start, end) of a local file if it is `version` (as `file_info`
+    computes it from fsspec's float mtime) before and after the read, else None."""
+    def same(st: os.stat_result) -> bool:
+        return f"{_mtime_ns({'mtime': st.st_mtime})}-{st.st_size}" == version
+    fd = os.open(full, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not same(os.fstat(fd)):
+            return None
+        parts = []
+        pos = start
+        while pos < end:
+            got = os.pread(fd, end - pos, pos)
+            if not got:
+                break
+            parts.append(got)
+            pos += len(got)
+        if not same(os.fstat(fd)):
+            return None
+        return b"".join(parts)
+    finally:
+        os.close(fd)
 
 
 def _named(exc: BaseException, what: str, rel: str, source: str) -> OSError:

@@ -148,7 +148,10 @@ class Volume:
         self._pid = os.getpid()
         self._fork_gen = _forks[0]
         self._meta: dict[str, tuple[float, FileInfo]] = {}
-        self._dirs: dict[str, tuple[float, list[FileInfo]]] = {}
+        # paths the backend said do not exist (Python's import probes many)
+        self._missing: dict[str, tuple[float, str]] = {}
+        # (when, entries, their names) of each listed directory
+        self._dirs: dict[str, tuple[float, list[FileInfo], frozenset[str]]] = {}
         self._idents: dict[tuple[str, str], str] = {}
         self._ciphers: OrderedDict[tuple[str, bytes], BlockCipher] = OrderedDict()
         self._cipher_lock = threading.Lock()
@@ -209,11 +212,28 @@ class Volume:
         return self._stat_rel(normalize(path), max_age)
 
     def _stat_rel(self, rel: str, max_age: float | None = None) -> FileInfo:
-        """`stat` of an already normalized path."""
+        """`stat` of an already normalized path. A missing path is remembered
+        as missing for as long as a found one would be; a fresh listing of its
+        parent that does not name it answers too, without a backend call."""
         hit, now = self._fresh(self._meta, rel, max_age)
         if hit is not None:
             return hit
-        info = self.backend.stat(rel)
+        why, _ = self._fresh(self._missing, rel, max_age)
+        if why is None and rel:
+            parent, _, name = rel.rpartition("/")
+            listing = self._dirs.get(parent)
+            if (listing is not None and self._fresh(self._dirs, parent, max_age)[0] is not None
+                    and name not in listing[2]):
+                why = f"stat {rel} in {self.backend.source}: not in the listing of its directory"
+        if why is not None:
+            raise FileNotFoundError(errno.ENOENT, why)
+        try:
+            info = self.backend.stat(rel)
+        except FileNotFoundError as exc:
+            if len(self._missing) >= _META_LIMIT:
+                self._missing.clear()  # bounded like the positive cache
+            self._missing[rel] = (now, exc.strerror or str(exc))
+            raise
         self._remember(rel, info, now)
         return info
 
@@ -221,6 +241,7 @@ class Volume:
         if len(self._meta) >= _META_LIMIT:
             self._meta.clear()  # crude but bounded; entries refill on demand
         self._meta[rel] = (now, info)
+        self._missing.pop(rel, None)
 
     def listdir(self, path: str, max_age: float | None = None) -> list[FileInfo]:
         """Entries of a directory (sorted by name); also fills the stat cache."""
@@ -232,7 +253,7 @@ class Volume:
         infos = self.backend.listdir(rel)
         if len(self._dirs) >= _META_LIMIT // 64:
             self._dirs.clear()
-        self._dirs[rel] = (now, infos)
+        self._dirs[rel] = (now, infos, frozenset(info.name for info in infos))
         for info in infos:
             self._remember(info.path, info, now)
         return list(infos)

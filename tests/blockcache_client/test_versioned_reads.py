@@ -98,3 +98,4 @@ def test_single_block_file_is_one_plain_read(source, key_file):
         assert vol.read("one.bin", 0, 100) == b"z" * 100
         assert sorted(calls) == ["read", "stat"]
         assert vol.stats()["backend_requests"] == 1
+

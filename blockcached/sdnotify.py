@@ -34,7 +34,10 @@ class Notifier:
             return False
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-                s.sendto(state.encode(), self.address)
+                # Never block: this runs on the event loop, and a notify socket
+                # nobody reads fills after a few datagrams; a lost ping is better
+                # than a daemon stalled for every client.
+                s.sendto(state.encode(), socket.MSG_DONTWAIT, self.address)
             return True
         except OSError as exc:
             log.warning("cannot notify systemd at %r: %s", self.address, exc)

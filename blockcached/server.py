@@ -12,6 +12,9 @@ wait in its buffer. What keeps one client from hurting the others:
 - bodies over `SMALL_FRAME` are read only within a global byte budget
   (`READ_BUDGET`): a connection that cannot get budget stops reading until
   another frame releases some, so many big puts at once cannot exhaust memory;
+  a connection holding budget must finish its body within `BUDGETED_TIMEOUT`
+  (readers send a block in one write), so stalled peers cannot keep every
+  fill out for long;
 - replies beyond `WRITE_HIGH_WATER` unsent bytes pause reading from that
   client until it reads them, so a client that never reads stalls only itself;
 - a frame that cannot be parsed gets an error reply with id 0 and the
@@ -39,6 +42,7 @@ from .service import Peer, Service
 log = logging.getLogger(__name__)
 
 FRAME_TIMEOUT = 30.0
+BUDGETED_TIMEOUT = 5.0        # a body holding READ_BUDGET bytes must arrive this fast
 SMALL_FRAME = 64 << 10        # bodies up to this size skip the byte budget
 READ_BUDGET = 128 << 20       # bytes of large frame bodies being read at once
 WRITE_HIGH_WATER = 1 << 20    # stop reading a client with this much unsent reply data
@@ -180,7 +184,8 @@ class Connection(asyncio.Protocol):
             n = self.need
             if len(buf) < 4 + n:
                 if self.timer is None:
-                    self.timer = self.loop.call_later(FRAME_TIMEOUT, self._frame_timeout)
+                    timeout = BUDGETED_TIMEOUT if self.budgeted else FRAME_TIMEOUT
+                    self.timer = self.loop.call_later(timeout, self._frame_timeout)
                 return
             # unpack in place (no copy of a put's body); the view must be
             # released before the buffer can shrink
@@ -262,7 +267,7 @@ class Connection(asyncio.Protocol):
         self.timer = None
         self.svc.count_error(ErrorCode.BAD_FRAME)
         log.info("closing a connection (pid %d): frame not complete within %ss",
-                 self.peer.pid, FRAME_TIMEOUT)
+                 self.peer.pid, BUDGETED_TIMEOUT if self.budgeted else FRAME_TIMEOUT)
         self._close()
 
     def _fatal(self, exc: ProtocolError) -> None:

@@ -406,6 +406,29 @@ def test_big_stalled_frames_hold_only_the_read_budget(daemon):
     assert c.stats()["errors"][ErrorCode.BAD_FRAME] == 10
 
 
+def test_stalled_peers_cannot_keep_fills_out(daemon):
+    """Peers that take the whole read budget with half-sent frames and stall
+    are cut off after the short budgeted deadline, not the 30 s frame
+    deadline, so a real reader's put gets through within its own timeout."""
+    stalled = []
+    try:
+        for _ in range(8):  # 8 x 17 MiB: the whole 128 MiB budget
+            s = _raw(daemon.socket_path)
+            s.sendall(protocol.LENGTH.pack(protocol.MAX_FRAME) + b"\x82")
+            stalled.append(s)
+        time.sleep(0.2)  # let the daemon grant them the budget first
+        c = Client(daemon.socket_path, timeout=15.0)
+        big = make_key(inode=3)
+        assert c.put(big, make_block(big, 1 << 20)) == (True, "queued")
+        for s in stalled:  # each was closed by the daemon (a recv timeout fails)
+            s.settimeout(5.0)
+            while s.recv(1 << 16):
+                pass
+    finally:
+        for s in stalled:
+            s.close()
+
+
 def test_failing_dir_is_taken_out_then_returned(daemon):
     c = daemon.client()
     key = make_key()

@@ -30,6 +30,7 @@ whether an open may keep the kernel page cache (only when TTL > 0).
 from __future__ import annotations
 
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -246,7 +247,8 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         volume=volume,
         source=_str(data, "source", True),
         mountpoint=mountpoint,
-        key_file=_str(data, "key_file", True),
+        # absolute: the mount records it for `warmup --mount`, run from anywhere
+        key_file=os.path.abspath(_str(data, "key_file", True)),
         socket=_str(data, "socket", False),
         block_size=block_size,
         ttl=TtlPolicy.build(data.get("meta_ttl", DEFAULT_META_TTL), dir_ttl),

@@ -129,3 +129,11 @@ def test_keygen_writes_a_private_key_and_never_overwrites(tmp_path):
     res = fsclient("keygen", str(path))
     assert res.returncode == 1 and "already exists" in res.stderr
     assert load_key_file(str(path)) == key
+
+
+def test_a_relative_key_file_is_recorded_absolute(tmp_path, monkeypatch):
+    # the mount publishes its config for `fsclient warmup --mount`, which may
+    # run from any directory
+    monkeypatch.chdir(tmp_path)
+    cfg = build_config({**BASE, "key_file": "keys/vol.key"})
+    assert cfg.key_file == str(tmp_path / "keys" / "vol.key")

@@ -38,6 +38,8 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
+from tests.support.procs import stop_process
+
 log = logging.getLogger(__name__)
 
 ACCESS_KEY = "benchkey"
@@ -96,19 +98,8 @@ class MotoServer:
         return self
 
     def stop(self) -> None:
-        _stop(self.proc)
+        stop_process(self.proc)
         self.proc = None
-
-
-def _stop(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 # --- the latency proxy (runs in its own process: `python -m bench.remote proxy`) ---
@@ -245,7 +236,7 @@ class LatencyProxy:
             text=True)
         line = self.proc.stdout.readline()
         if not line.startswith("READY "):
-            _stop(self.proc)
+            stop_process(self.proc)
             raise RuntimeError(f"latency proxy did not start (said {line!r}); run "
                                f"`python -m bench.remote proxy --target ...` to see why")
         self.port, self.control_port = map(int, line.split()[1:3])
@@ -262,7 +253,7 @@ class LatencyProxy:
         return json.loads(data)
 
     def stop(self) -> None:
-        _stop(self.proc)
+        stop_process(self.proc)
         self.proc = None
 
 

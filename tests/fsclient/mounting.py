@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
+
+from tests.support.procs import stop_process
 
 REPO = str(Path(__file__).resolve().parents[2])
 READY_TIMEOUT = 60.0
@@ -124,16 +125,7 @@ class FsclientMount:
 
     def stop(self) -> int | None:
         """SIGTERM, wait, SIGKILL; then lazily unmount anything left. Never raises."""
-        code = None
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(10)
-            code = self.proc.returncode
+        code = stop_process(self.proc, 15)
         force_unmount(self.mountpoint)
         return code
 

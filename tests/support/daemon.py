@@ -14,7 +14,6 @@ answer within 10 s.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from typing import Sequence
 
 from blockcache_client.client import Client
 from blockcache_client.errors import BlockcacheError
+
+from tests.support.procs import stop_process
 
 START_TIMEOUT = 10.0
 REBUILD_TIMEOUT = 60.0
@@ -102,15 +103,9 @@ class DaemonProcess:
         self._close_clients()
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = stop_process(self.proc, STOP_TIMEOUT)
         self._log.close()
-        return self.proc.returncode
+        return code
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""

@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.support.procs import stop_process
+
 MODES = {"ok": signal.SIGHUP, "eio": signal.SIGUSR1, "hang": signal.SIGUSR2}
 START_TIMEOUT = 20.0
 
@@ -98,14 +100,7 @@ class FaultyMount:
                 break
             subprocess.run(["fusermount3", *args, self.mountpoint], capture_output=True,
                            timeout=30)
-        if proc is not None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+        stop_process(proc)
 
     def __enter__(self) -> "FaultyMount":
         return self.start()

@@ -21,6 +21,8 @@ import time
 import urllib.error
 import urllib.request
 
+from tests.support.procs import stop_process
+
 START_TIMEOUT = 30.0
 BUCKET = "data"
 
@@ -94,13 +96,7 @@ class S3Server:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         self._log.close()
 
     def log_text(self) -> str:

@@ -154,6 +154,22 @@ class Client(_Ops):
         del buf[:n]
         return out
 
+    def _read_reply(self, sock: socket.socket) -> dict[str, Any]:
+        """The next reply frame's body. A small reply mostly arrives whole in
+        one recv: decode it straight from that chunk, with no read-ahead
+        buffer and no copies of its prefix and body."""
+        if not self._rbuf:
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("daemon closed the connection")
+            if len(chunk) > LENGTH.size:
+                n = protocol.frame_length(chunk[:LENGTH.size])
+                if len(chunk) == LENGTH.size + n:
+                    return protocol.decode_body(memoryview(chunk)[LENGTH.size:])
+            self._rbuf += chunk
+        n = protocol.frame_length(self._recv_exact(sock, LENGTH.size))
+        return protocol.decode_body(self._recv_exact(sock, n))
+
     def _exchange(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Send all requests, then collect their replies (matched by id)."""
         if self._pid != os.getpid():
@@ -163,12 +179,13 @@ class Client(_Ops):
         with self._lock:
             try:
                 sock = self._connect()
-                frames = b"".join(protocol.encode_frame(r) for r in requests)
-                sock.sendall(frames)
+                if len(requests) == 1:
+                    sock.sendall(protocol.encode_frame(requests[0]))
+                else:
+                    sock.sendall(b"".join(protocol.encode_frame(r) for r in requests))
                 replies: dict[int, dict[str, Any]] = {}
                 while len(replies) < len(requests):
-                    n = protocol.frame_length(self._recv_exact(sock, LENGTH.size))
-                    body = protocol.decode_body(self._recv_exact(sock, n))
+                    body = self._read_reply(sock)
                     if body.get("id") == 0:  # the daemon rejected our framing
                         self.close()
                         return [body] * len(requests)

@@ -6,15 +6,26 @@ us allocate more than one frame's worth (msgpack's C unpacker also bounds
 nesting depth and raises for overly deep input).
 """
 
+import threading
 from typing import Any
 
 import msgpack
 
 from .errors import ProtocolError
 
+# One reusable Packer per thread: `msgpack.packb` builds (and frees) a Packer
+# with its buffer on every call, a third of the cost of packing a small
+# request. A Packer is not thread-safe, hence per thread; it resets its
+# buffer itself when packing fails.
+_local = threading.local()
+
 
 def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    try:
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(obj)
 
 
 def unpack(data: bytes | memoryview, max_size: int) -> Any:

@@ -2,7 +2,8 @@
 
 Built on `asyncio.Protocol` rather than streams: a request is parsed and
 answered inside `data_received`, with no coroutine, task or timer per
-request (this halves the daemon's CPU per lookup). Each connection answers its
+request (this halves the daemon's CPU per lookup), and a whole small frame
+arriving alone is answered straight from the bytes read. Each connection answers its
 requests in order, one at a time; a client that pipelines has its later frames
 wait in its buffer. What keeps one client from hurting the others:
 
@@ -150,6 +151,16 @@ class Connection(asyncio.Protocol):
         self.buf = bytearray()
 
     def data_received(self, data: bytes) -> None:
+        if not self.buf and not self.scheduled and not self.paused_for and not self.closed:
+            # The common case: one whole small frame in one read (a reader
+            # waiting for its reply). Answer it straight from `data`: no copy
+            # into the buffer, no framing loop. The prefix checks are the
+            # slow path's: 0 < n <= SMALL_FRAME is within MAX_FRAME and needs
+            # no read budget; anything else takes the slow path.
+            n = len(data) - 4
+            if 0 < n <= SMALL_FRAME and int.from_bytes(data[:4], "big") == n:
+                self._answer(memoryview(data)[4:])
+                return
         self.buf += data
         if not self.scheduled:
             self._process()
@@ -166,10 +177,9 @@ class Connection(asyncio.Protocol):
         """Answer complete frames in the buffer, at most FAIR_EVERY per turn."""
         self.scheduled = False
         buf = self.buf
-        handle, peer, svc = self.svc.handle, self.peer, self.svc
-        write = self.transport.write  # type: ignore[union-attr]
+        paused = self.paused_for
         for _ in range(FAIR_EVERY):
-            if self.closed or self.paused_for - {"turn"}:
+            if self.closed or (paused and (len(paused) > 1 or "turn" not in paused)):
                 return
             if not self.need:
                 if len(buf) < 4:
@@ -187,32 +197,40 @@ class Connection(asyncio.Protocol):
                     timeout = BUDGETED_TIMEOUT if self.budgeted else FRAME_TIMEOUT
                     self.timer = self.loop.call_later(timeout, self._frame_timeout)
                 return
-            # unpack in place (no copy of a put's body); the view must be
-            # released before the buffer can shrink
-            view = memoryview(buf)[4:4 + n]
-            try:
-                body = protocol.decode_body(view)
-                rid = protocol.request_id(body)
-            except ProtocolError as exc:
-                view.release()
-                del buf[:4 + n]
-                return self._fatal(exc)
-            view.release()
+            # unpack in place (no copy of a put's body); `_answer` releases
+            # the view before the buffer shrinks
+            answered = self._answer(memoryview(buf)[4:4 + n])
             del buf[:4 + n]
             self._drop_frame_state()
-            reply = handle(body, peer)
-            del body
-            try:
-                frame = protocol.encode_frame(reply)
-            except ProtocolError as exc:
-                svc.count_error(exc.code)
-                frame = protocol.encode_frame(protocol.error(rid, ErrorCode.INTERNAL, exc.message))
-            write(frame)
+            if not answered:
+                return
         if len(buf) >= 4 and not self.closed:
             # more is buffered: let other connections run first
             self._pause("turn")
             self.scheduled = True
             self.loop.call_soon(self._next_turn)
+
+    def _answer(self, view: memoryview) -> bool:
+        """Decode one frame body, handle it and write the reply. Releases
+        `view` once decoded. False if the frame could not be trusted (the
+        connection is then closing)."""
+        try:
+            body = protocol.decode_body(view)
+            rid = protocol.request_id(body)
+        except ProtocolError as exc:
+            view.release()
+            self._fatal(exc)
+            return False
+        view.release()
+        reply = self.svc.handle(body, self.peer)
+        del body
+        try:
+            frame = protocol.encode_frame(reply)
+        except ProtocolError as exc:
+            self.svc.count_error(exc.code)
+            frame = protocol.encode_frame(protocol.error(rid, ErrorCode.INTERNAL, exc.message))
+        self.transport.write(frame)  # type: ignore[union-attr]
+        return True
 
     def _next_turn(self) -> None:
         self.paused_for.discard("turn")

@@ -1,0 +1,86 @@
+"""A fresh mount over a warm shared cache: small files whose cache files are in
+the page cache are read on the event loop (no thread hop); the others, and
+everything while their pages are on disk only, through the pool, with the
+same bytes. The kernel sends one read request per small file."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from blockcache_client import nowait
+from fsclient.mount import KERNEL_READAHEAD_KB
+
+pytestmark = pytest.mark.fuse
+
+
+def _small_files(root) -> dict[str, str]:
+    """sha256 of every file under `root` that fits the whole-file read."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path) and 0 < os.path.getsize(path) <= 200 << 10:
+                with open(path, "rb") as f:
+                    out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def _read(mount, rels) -> dict[str, str]:
+    out = {}
+    for rel in rels:
+        with open(os.path.join(mount.mountpoint, rel), "rb") as f:
+            out[rel] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def _drop_cache_pages(cache_dirs) -> int:
+    n = 0
+    for top in cache_dirs:
+        for dirpath, _, files in os.walk(top):
+            for name in files:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    n += 1
+                finally:
+                    os.close(fd)
+    return n
+
+
+@pytest.mark.skipif(not nowait.SUPPORTED, reason="needs openat2 and RWF_NOWAIT")
+def test_fresh_mount_reads_warm_small_files_inline(tree, daemon, mounts):
+    want = _small_files(tree)
+    assert len(want) >= 5
+    first = mounts(tree, daemon.socket_path, name="first")
+    assert _read(first, want) == want
+    daemon.wait_idle()
+
+    # the cache files' pages are on disk only: served through the pool, same bytes
+    assert _drop_cache_pages(daemon.cache_dirs) >= len(want)
+    second = mounts(tree, daemon.socket_path, name="second")
+    assert _read(second, want) == want
+    s = second.stats()
+    assert s["misses"] == 0 and s["fsclient"]["inline_loads"] == 0, s
+
+    # now in the page cache: a third mount reads every one on the event loop
+    third = mounts(tree, daemon.socket_path, name="third")
+    assert _read(third, want) == want
+    s = third.stats()
+    assert s["misses"] == 0 and s["fsclient"]["inline_loads"] == len(want), s
+
+
+def test_one_kernel_read_per_small_file(tree, daemon, mounts):
+    m = mounts(tree, daemon.socket_path)
+    dev = os.stat(m.mountpoint).st_dev
+    with open(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb") as f:
+        assert int(f.read()) == KERNEL_READAHEAD_KB
+    path = os.path.join(m.mountpoint, "odd.bin")
+    with open(os.path.join(tree, "odd.bin"), "wb") as f:
+        f.write(os.urandom(200 << 10))  # more than the kernel's default 128 KiB window
+    before = m.stats()["fsclient"]["ops"].get("read", 0)
+    with open(path, "rb") as f:
+        assert len(f.read()) == 200 << 10
+    assert m.stats()["fsclient"]["ops"]["read"] - before == 1

@@ -8,7 +8,10 @@ Read path for one block (key = vol_inode_extent_offset, see `keys`):
    chunks the range touches; report the access later in a batched `touch`.
    No round trip to the daemon. The ciphertext goes to a reused buffer;
    `readinto` decrypts whole chunks straight into the caller's buffer (the
-   FUSE client's path: one copy from the file, one to the kernel);
+   FUSE client's path: one copy from the file, one to the kernel).
+   `readinto_nowait` does steps 1 and 2 only where the kernel answers from
+   memory (`nowait`: openat2 RESOLVE_CACHED, preadv2 RWF_NOWAIT), so an event
+   loop can serve a warm hit itself and never wait on a slow cache disk;
 3. backend: fetch the whole block once (single-flight per key), keep it in
    the memory LRU, hand it to the fill queue (sealed and `put` in the
    background; a full queue drops and counts), return the requested bytes.
@@ -42,13 +45,15 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
-from . import blockfile, protocol
+from . import blockfile, nowait, protocol
 from .backend import Backend, FileInfo, normalize
 from .blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, BlockHeader
 from .blockmem import BlockMemory
 from .counters import Counters
 from .daemonlink import DaemonLink
 from .errors import ConfigError, DaemonError, DaemonUnavailable, FormatError, IntegrityError
+from .nowait import Unsupported
+from .nowait import open_cached as nowait_open
 from .keyfile import load_key_file
 from .keys import check_volume_name, extent_for, inode_for_path
 from .singleflight import SingleFlight
@@ -190,6 +195,7 @@ class Volume:
         # a Volume dropped without close() must not leave its threads reconnecting forever
         weakref.finalize(self, self._link.close, 0.2)
         self._prefetch_pool: ThreadPoolExecutor | None = None
+        self._nowait = nowait.SUPPORTED  # cleared if the kernel or cache fs refuses it
         self._prefetch_pending = 0
         self._prefetch_lock = threading.Lock()
 
@@ -402,6 +408,41 @@ class Volume:
         rel, info = self._resolve(path, info)
         return self._read_pinned(rel, offset, len(view), info, view)
 
+    def readinto_nowait(self, path: str, offset: int, buffer, info: FileInfo) -> int | None:
+        """`readinto` of a range within one block, only if it needs no wait:
+        the block is in the memory LRU, or its cache file's path and bytes are
+        in the kernel's caches. None otherwise (a miss, pages not in memory, a
+        bad or short file, a second block, no kernel support): nothing is then
+        counted or evicted, and `readinto` on a thread does the real read and
+        decides. Never touches the backend, never blocks on a disk: an event
+        loop may call it."""
+        view = memoryview(buffer).cast("B")
+        self._proc()
+        self._check_range(path, offset, len(view))
+        rel, info = self._resolve(path, info)
+        end = min(offset + len(view), info.size)
+        if offset >= end:
+            return 0
+        bs = self.block_size
+        boff = offset - offset % bs
+        if end > boff + bs:
+            return None
+        key = self._key_prefix(rel, info.version) + format(boff, "016x")
+        lo, hi = offset - boff, end - boff
+        data = self._mem.get(key)
+        if data is not None:
+            self.counters.add3("hits", "hit_bytes", hi - lo, "memory_hits")
+            return _deliver(data, lo, hi, view)
+        layout = self._link.layout
+        if layout is None or not self._nowait:
+            return None
+        got = self._read_cached(layout.path(key), key, self._block_len(info, boff), lo, hi, view,
+                                nowait=True)
+        if got is not None:
+            self.counters.add2("hits", "hit_bytes", hi - lo)
+            self._link.touch(key)
+        return got
+
     def open(self, path: str):
         """A read-only binary file object (read, readinto, seek, tell) pinned
         to the version of `path` seen now."""
@@ -435,16 +476,20 @@ class Volume:
         return _deliver(data, lo, hi, out)
 
     def _read_cached(self, path: str | None, key: str, blen: int, lo: int, hi: int,
-                     out: memoryview | None = None):
+                     out: memoryview | None = None, nowait: bool = False):
         """The range from the block file (bytes, or its length once stored in
-        `out`), or None for a miss (bad files are evicted)."""
+        `out`), or None for a miss (bad files are evicted). `nowait`: only from
+        the kernel's caches; None where that is not enough (short reads are
+        then expected, so nothing is judged bad or evicted)."""
         if path is None:  # its cache dir is unhealthy
             return None
         try:
-            fd = os.open(path, _O_RDONLY)
+            fd = nowait_open(path, _O_RDONLY) if nowait else os.open(path, _O_RDONLY)
         except FileNotFoundError:
             return None
         except OSError as exc:
+            if isinstance(exc, Unsupported):
+                self._nowait_refused(exc)
             log.debug("cannot open cached block %s: %s", path, exc)
             return None
         scratch = None
@@ -465,7 +510,15 @@ class Volume:
             # the ciphertext goes to a reused buffer: a fresh one per read
             # costs an allocation and its page faults (4 MiB for a block)
             scratch = self._scratch.take(HEADER_SIZE + want)
-            if first == 0:
+            if nowait:
+                if first != 0:
+                    return None
+                got = os.preadv(fd, [scratch[:HEADER_SIZE + want]], 0, os.RWF_NOWAIT)
+                head = bytes(scratch[:min(got, HEADER_SIZE)])
+                body = scratch[HEADER_SIZE:max(got, HEADER_SIZE)]
+                if got != HEADER_SIZE + want - (end == nchunks):
+                    return None  # pages not all in memory: the blocking read decides
+            elif first == 0:
                 got = os.preadv(fd, [scratch[:HEADER_SIZE + want]], 0)
                 head = bytes(scratch[:min(got, HEADER_SIZE)])
                 body = scratch[HEADER_SIZE:max(got, HEADER_SIZE)]
@@ -487,18 +540,28 @@ class Volume:
             cipher.read_range_into(lo, body, out[:hi - lo])
             return hi - lo
         except (FormatError, IntegrityError) as exc:
+            if nowait:  # judged once, by the blocking read that follows
+                return None
             self.counters.add("integrity_failures")
             log.warning("cached block %s is bad (%s); evicting it and reading the backend",
                         key, exc)
             self._link.evict_later(key)
             return None
         except OSError as exc:  # a failing cache disk is a miss, never an error
+            if nowait and exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                self._nowait_refused(exc)
             log.debug("cannot read cached block %s: %s", path, exc)
             return None
         finally:
             os.close(fd)
             if scratch is not None:
                 self._scratch.give(scratch)
+
+    def _nowait_refused(self, exc: OSError) -> None:
+        if self._nowait:
+            self._nowait = False
+            log.info("volume %s: the cache dir cannot be read without blocking (%s); "
+                     "hits are read on threads", self.name, exc)
 
     def _fetch(self, rel: str, info: FileInfo, key: str, boff: int) -> bytes:
         """The whole block from the backend, once per key however many ask."""

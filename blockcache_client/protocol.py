@@ -79,11 +79,18 @@ def default_socket() -> str:
 
 def encode_frame(body: dict[str, Any]) -> bytes:
     """One frame: length prefix + msgpack body. ProtocolError if too large."""
+    prefix, data = frame_parts(body)
+    return prefix + data
+
+
+def frame_parts(body: dict[str, Any]) -> tuple[bytes, bytes]:
+    """`encode_frame` as (length prefix, body) for a gathering send, which
+    spares joining them: a put's frame is a block file (up to 16 MiB)."""
     data = wire.pack(body)
     if len(data) > MAX_FRAME:
         raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
                             f"message of {len(data)} bytes exceeds the {MAX_FRAME}-byte frame limit")
-    return LENGTH.pack(len(data)) + data
+    return LENGTH.pack(len(data)), data
 
 
 def frame_length(prefix: bytes) -> int:

@@ -192,6 +192,7 @@ class BlockcacheFS(pyfuse3.Operations):
         self.uid, self.gid = os.getuid(), os.getgid()
         self.prefetches = 0
         self.inline_loads = 0  # whole-file reads served on the loop (no thread hop)
+        self.kept_opens = 0  # opens that let the kernel keep its page cache
         self.ops: collections.Counter = collections.Counter()  # requests per operation
         # handling time per operation (a metrics.Histogram; set when metrics are on)
         self.op_latency: Any = None
@@ -470,6 +471,7 @@ class BlockcacheFS(pyfuse3.Operations):
         if info.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
         keep = self.meta.keep_cache(inode, info)
+        self.kept_opens += keep
         fh = next(self._fh)
         h = self.handles[fh] = Handle(path, info, inode)
         if 0 < info.size <= self.whole_file_max and not keep:
@@ -496,7 +498,10 @@ class BlockcacheFS(pyfuse3.Operations):
                 if h.pending is pending:
                     h.pending = None  # done (or failed: the next read tries again)
         if h.data is None and h.info.size <= self.whole_file_max:
-            h.data = await self._call(self._load, h.path, 0, h.info.size, h.info)
+            # a kept open whose pages the kernel partly lost: the same inline try
+            h.data = self._load_nowait(h.path, h.info)
+            if h.data is None:
+                h.data = await self._call(self._load, h.path, 0, h.info.size, h.info)
         if h.data is not None:
             return h.data[off:off + size]
         sequential = self._follow(h, off, size)
@@ -600,7 +605,7 @@ class BlockcacheFS(pyfuse3.Operations):
         stats = dict(await self._call(self.volume.stats))
         stats["fsclient"] = {**self.meta.stats(), "inodes": len(self.nodes),
                              "open_files": len(self.handles), "prefetches": self.prefetches,
-                             "inline_loads": self.inline_loads,
+                             "inline_loads": self.inline_loads, "kept_opens": self.kept_opens,
                              "ops": dict(self.ops)}
         return json.dumps(stats, sort_keys=True, default=str).encode()
 

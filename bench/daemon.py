@@ -15,6 +15,16 @@ Prints, measured in one run against a real daemon process on this machine:
 
 Targets: lookup p50 <= 80 us; batched >= 100k keys/s; put >= 50% of the
 direct rate; rebuild >= 100k entries/s; <= 250 B RSS per entry.
+
+Reading the figures on a small shared machine (2 cores): a lookup round
+trip is two process wake-ups plus some 20-40 us of CPU on each side (/proc
+user+sys time per request, loaded machine). The 1-connection p50 comes out
+either ~35-45 us or ~95-110 us from one run to the next at the same load
+(presumably where the scheduler places the two processes), and 4 client
+processes plus the daemon on 2 cores queue for CPU. The rebuild scan is
+CPU-bound over 2 processes, so it halves when something else holds a core,
+and reads from disk if the dentry/inode cache was dropped meanwhile (the
+workload benchmarks drop caches).
 """
 
 from __future__ import annotations

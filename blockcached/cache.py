@@ -330,6 +330,11 @@ class Cache:
         self.index.add(key, i, size, int(time.time()))
         self.counters["writes"] += 1
         self.counters["write_bytes"] += size
+        # Admission evicts only indexed blocks, so with many puts in flight a
+        # dir can end above its high watermark (never its limit) once they
+        # land; trim it now, not at the next statvfs tick, so a dir at rest
+        # is below its high watermark and a restart indexes what it left.
+        self._trim(i)
 
     # -- evictions ---------------------------------------------------------
 

@@ -46,10 +46,12 @@ from typing import Any, Callable
 import pyfuse3
 import pyfuse3.asyncio
 
+from . import fuseloop
 from .config import MountConfig
 from .metacache import NEGATIVE, MetaCache, TtlLru, parent_of
 
 pyfuse3.asyncio.enable()
+fuseloop.install()  # a request already queued is read without a loop round trip
 
 log = logging.getLogger(__name__)
 

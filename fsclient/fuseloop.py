@@ -17,10 +17,22 @@ most `FAST_STREAK` waits in a row take the shortcut; the next one goes through
 the stock wait, which runs one loop iteration. Anything but plain POLLIN
 (an error or hang-up as the mount goes away) also takes the stock path, which
 handles unmount and close exactly as before.
+
+The read lock: pyfuse3 keeps one more worker waiting for the read lock than
+is reading, so a handler that awaits the pool never stops request intake.
+With asyncio's fair Lock, a worker that answered a request inline and comes
+back for the next one must queue behind that idle worker: one loop round trip
+and two task switches per request just to pass the lock along. `BargingLock`
+lets the worker coming back take a free lock at once; the waiter it passed is
+woken once and waits again, and it gets the lock whenever the reading worker
+awaits something (a pool read) or stops. Nothing depends on the order in which
+pyfuse3's identical workers read.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import select
 from typing import Any, Callable
 
@@ -32,8 +44,60 @@ FAST_STREAK = 8
 _installed: Callable[..., Any] | None = None
 
 
+class BargingLock:
+    """An asyncio lock that a free-lock acquire takes at once, even ahead of
+    waiters (asyncio.Lock is FIFO-fair: its acquire yields to them first).
+    A release wakes the first waiter not yet woken; a woken waiter that finds
+    the lock taken again waits again; a woken waiter that is cancelled passes
+    its wake-up on, so a free lock never strands a waiter."""
+
+    __slots__ = ("_locked", "_waiters")
+
+    def __init__(self) -> None:
+        self._locked = False
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    def locked(self) -> bool:
+        return self._locked
+
+    async def acquire(self) -> bool:
+        while self._locked:
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            except BaseException:
+                if fut.done() and not fut.cancelled() and not self._locked:
+                    self._wake()  # woken, then cancelled: the next waiter takes it
+                raise
+            finally:
+                self._waiters.remove(fut)
+        self._locked = True
+        return True
+
+    def release(self) -> None:
+        if not self._locked:
+            raise RuntimeError("BargingLock.release: the lock is not held")
+        self._locked = False
+        self._wake()
+
+    def _wake(self) -> None:
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(True)
+                return
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.release()
+
+
 def install() -> None:
-    """Wrap pyfuse3's asyncio `wait_readable` (idempotent; process-wide)."""
+    """Wrap pyfuse3's asyncio `wait_readable` and give its workers' read lock
+    the BargingLock (idempotent; process-wide; before `pyfuse3.main`, which
+    makes the lock at its first wait)."""
     global _installed
     if _installed is not None:
         return
@@ -56,4 +120,5 @@ def install() -> None:
         await stock(fd)
 
     pyfuse3.asyncio.wait_readable = wait_readable
+    pyfuse3.asyncio.Lock = BargingLock
     _installed = wait_readable

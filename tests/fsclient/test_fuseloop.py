@@ -48,3 +48,37 @@ def test_install_is_idempotent():
     first = pyfuse3.asyncio.wait_readable
     fuseloop.install()
     assert pyfuse3.asyncio.wait_readable is first
+
+
+def test_read_lock_is_barging_and_never_strands_a_waiter():
+    assert pyfuse3.asyncio.Lock is fuseloop.BargingLock
+
+    async def main() -> list[str]:
+        lock = fuseloop.BargingLock()
+        order: list[str] = []
+
+        async def waiter(name: str) -> None:
+            async with lock:
+                order.append(name)
+
+        await lock.acquire()
+        b = asyncio.ensure_future(waiter("b"))
+        await asyncio.sleep(0)  # b now waits for the lock
+        lock.release()
+        await lock.acquire()  # free: taken at once, ahead of b (no yield)
+        order.append("a again")
+        lock.release()
+        await asyncio.wait_for(b, 10)  # b was woken, and gets it now
+
+        # a woken waiter that is cancelled passes its wake-up on
+        await lock.acquire()
+        c = asyncio.ensure_future(waiter("c"))
+        d = asyncio.ensure_future(waiter("d"))
+        await asyncio.sleep(0)
+        lock.release()  # wakes c ...
+        c.cancel()  # ... which is cancelled before it runs
+        await asyncio.wait_for(d, 10)
+        assert c.cancelled() and not lock.locked()
+        return order
+
+    assert asyncio.run(main()) == ["a again", "b", "d"]

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 
 import pytest
 
@@ -139,8 +140,13 @@ def test_xattrs_show_cache_state(tree, daemon, mounts):
     assert version.endswith(f"-{size}")  # local backend: mtime_ns-size
     with open(path, "rb") as f:
         assert len(f.read()) == size
-    daemon.wait_idle()
-    assert int(os.getxattr(path, "user.blockcache.cached_bytes")) == size
+    # the mount's fill thread sends its puts some time after the read (under
+    # load, after the daemon already looked idle): wait for both to drain
+    deadline = time.monotonic() + 20
+    while int(os.getxattr(path, "user.blockcache.cached_bytes")) != size:
+        assert time.monotonic() < deadline, "the read's blocks never became cached"
+        daemon.wait_idle()
+        time.sleep(0.05)
     other = os.path.join(m.mountpoint, "dir0", "sub0", "file1.bin")
     assert int(os.getxattr(other, "user.blockcache.cached_bytes")) == 0
     with pytest.raises(OSError) as exc:

@@ -4,6 +4,11 @@ The first caller (the leader) runs the function; callers arriving while it
 runs wait for its result or exception. Once the leader finishes, the key is
 forgotten, so a later call runs the work again (results are cached elsewhere,
 in `blockmem`). Not shared across fork: a child builds its own instance.
+
+A leader whose work also produces other keys' values (one ranged read that
+brings several blocks) `claim`s those keys first, so callers asking for them
+wait instead of fetching them again, and `settle`s each claim when done; a
+claim must always be settled (value or error), or its waiters wait forever.
 """
 
 from __future__ import annotations
@@ -50,3 +55,25 @@ class SingleFlight:
             with self._lock:
                 del self._calls[key]
             call.done.set()
+
+    def claim(self, key: str) -> _Call | None:
+        """Lead `key` by hand: a claim to `settle` later, or None if another
+        caller leads it already."""
+        with self._lock:
+            if key in self._calls:
+                return None
+            call = self._calls[key] = _Call()
+            return call
+
+    def settle(self, key: str, call: _Call, value: Any = None,
+               error: BaseException | None = None) -> None:
+        """End a claim: its waiters get `value` (or `error` raised), and the key
+        is forgotten."""
+        call.value, call.error = value, error
+        with self._lock:
+            del self._calls[key]
+        call.done.set()
+
+    def busy(self, key: str) -> bool:
+        """Whether someone leads `key` now (a hint: it may end at once)."""
+        return key in self._calls

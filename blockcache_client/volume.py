@@ -16,13 +16,34 @@ Read path for one block (key = vol_inode_extent_offset, see `keys`):
    the memory LRU, hand it to the fill queue (sealed and `put` in the
    background; a full queue drops and counts), return the requested bytes.
 
+Coalesced fetches. A sequential read of a multi-block file (tracked per
+file version: a read of 256 KiB or more at offset 0, or one starting within
+512 KiB, at most an eighth of a block, of where the previous read ended,
+the third such small read in a row or at once for 256 KiB and more) that
+misses fetches a window of `_window` blocks (32 MiB, at most half the memory
+LRU) with ONE ranged request: the missing block and the following ones
+nobody has (not in memory, not on the cache disk, not being fetched). Those
+are claimed in the single-flight table first, so a reader wanting one waits
+for this request; the run stops at the first block someone has, so it stays
+contiguous. Each block is split off and kept, sealed and put under its own
+key, exactly as if fetched alone. Half way through a window the next one is
+fetched in the background. A read spanning several blocks fetches its own
+blocks with one request; any other read (random 4 KiB) fetches its block
+only. `prefetch` coalesces the same way, one job per window.
+
 Invariants:
 - Never wrong bytes. Keys carry the file version, so a changed remote file
   gets new keys; every cached byte returned was authenticated under this
   volume's key and this exact key string; a backend answer of the wrong
   length for the version we hold, or (multi-block files, whose blocks are
-  separate ranged reads) a version that changed by the end of a block's
-  read, raises ESTALE instead of being served or cached.
+  separate ranged reads) a version that changed by the end of a ranged
+  read, raises ESTALE for every block of that read instead of any of them
+  being served or cached (one If-Match, or one version check, covers the
+  whole coalesced range).
+- Bounded memory: a coalesced request is at most `_window` blocks, and
+  `_window` is at most half the memory LRU, so a reader's current window and
+  the one fetched ahead of it both fit; the fill queue stays bounded (full:
+  drop and count).
 - A read never fails because of the cache: a missing, corrupt, truncated or
   foreign block file, an unhealthy dir, or an unreachable daemon is a miss
   (counted); a bad block is evicted through the daemon and refilled.
@@ -67,7 +88,14 @@ _IDENT_LIMIT = 1 << 18     # cached (path, version) -> key prefix entries
 _CIPHER_LIMIT = 4096       # derived per-block ciphers kept (saves an HKDF per hit)
 _PREFETCH_WORKERS = 4
 _PREFETCH_PENDING = 256    # queued prefetch jobs before new ones are dropped
-_READ_AHEAD = 4            # blocks fetched in parallel ahead of a multi-block read
+# Most bytes one sequential request asks the source for: each request to S3
+# costs tens of ms whatever its size (and moto copies the whole object per
+# ranged GET), so a sequential reader is served with few large requests.
+_COALESCE_BYTES = 32 << 20
+_SEQ_START = 256 << 10     # a read this large at offset 0 (or continuing one) is sequential
+_SEQ_SLACK = 512 << 10     # "continues the previous read": starts this close to its end
+                           # (and within an eighth of a block)
+_STREAMS_LIMIT = 4096      # per-file sequential-read states kept before starting over
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOATIME", 0)
 
 _SCRATCH_KEPT = 4           # idle ciphertext buffers kept for reuse
@@ -95,6 +123,20 @@ class _Scratch:
     def give(self, buf: memoryview) -> None:
         if len(self._free) < _SCRATCH_KEPT:
             self._free.append(buf)
+
+
+class _Stream:
+    """The read pattern of one file version in this process: where the last
+    read ended, how many reads in a row continued the one before, whether the
+    current read is sequential, and the first block no request covers yet."""
+
+    __slots__ = ("next_off", "streak", "streaming", "issued")
+
+    def __init__(self) -> None:
+        self.next_off = -1
+        self.streak = 0
+        self.streaming = False
+        self.issued = 0
 
 
 def _deliver(data: bytes, lo: int, hi: int, out: memoryview | None):
@@ -160,6 +202,11 @@ class Volume:
         self.socket_path = socket_path or protocol.default_socket()
         self._fill_queue_bytes = fill_queue_bytes
         self._memory_cache_bytes = memory_cache_bytes
+        # blocks one sequential request may bring: two windows (the one being
+        # read, the one fetched ahead) fit in the memory LRU; 1 = no coalescing
+        self._window = max(1, min(_COALESCE_BYTES // block_size,
+                                  max(0, memory_cache_bytes) // (2 * block_size)))
+        self._seq_slack = min(_SEQ_SLACK, block_size // 8)
         self.backend = Backend(source, **storage_options)
         root = self.backend.stat("")  # an unreadable source fails here, by name
         if not root.is_dir:
@@ -180,6 +227,7 @@ class Volume:
         # (when, entries, their names) of each listed directory
         self._dirs: dict[str, tuple[float, list[FileInfo], frozenset[str]]] = {}
         self._idents: dict[tuple[str, str], str] = {}
+        self._streams: dict[str, _Stream] = {}  # by key prefix (file version)
         self._ciphers: dict[tuple[str, bytes], BlockCipher] = {}
         self._cipher_lock = threading.Lock()
         self._mem = BlockMemory(self._memory_cache_bytes)
@@ -375,27 +423,77 @@ class Volume:
         first = offset // bs
         last = (end - 1) // bs
         prefix = self._key_prefix(rel, info.version)
-        if first == last:
+        st = None
+        if self._window > 1 and info.size > bs:
+            st = self._follow(prefix, offset, end, last > first)
+        if first == last and st is None:
             boff = first * bs
             return self._read_block(rel, info, prefix, boff, offset - boff, end - boff, out)
-        # a read over several blocks fetches the next few in parallel while it
-        # works through them in order (only if the memory LRU can hold them)
-        ahead = _READ_AHEAD if self._mem.capacity >= (_READ_AHEAD + 1) * bs else 0
-        if ahead:
-            self._prefetch_range(rel, (first + 1) * bs, min(ahead, last - first) * bs, info)
         parts = []
         pos = 0
         for b in range(first, last + 1):
             boff = b * bs
-            if ahead and b + ahead <= last and b > first:
-                self._prefetch_range(rel, (b + ahead) * bs, bs, info)
+            run = 1 if st is None else self._plan(st, rel, info, prefix, b, last)
             lo, hi = max(offset, boff) - boff, min(end, boff + bs) - boff
             if out is None:
-                parts.append(self._read_block(rel, info, prefix, boff, lo, hi))
+                parts.append(self._read_block(rel, info, prefix, boff, lo, hi, None, run))
             else:
-                self._read_block(rel, info, prefix, boff, lo, hi, out[pos:pos + hi - lo])
+                self._read_block(rel, info, prefix, boff, lo, hi, out[pos:pos + hi - lo], run)
             pos += hi - lo
         return b"".join(parts) if out is None else pos
+
+    def _follow(self, prefix: str, offset: int, end: int, multi: bool) -> _Stream | None:
+        """Track the read pattern of one file version; its `_Stream` if this
+        read may fetch more than the block it misses (a sequential read, or
+        one spanning several blocks), else None. Racing threads on one file
+        can only make the guess worse, never a read wrong."""
+        st = self._streams.get(prefix)
+        if st is None:
+            if len(self._streams) >= _STREAMS_LIMIT:
+                self._streams.clear()
+            st = self._streams[prefix] = _Stream()
+        big = end - offset >= _SEQ_START
+        if st.next_off >= 0 and abs(offset - st.next_off) <= self._seq_slack:
+            st.streak += 1
+            # a random small read may land next to the last one by chance:
+            # only a third one in a row (or a large one) makes it a stream
+            st.streaming = st.streak >= 2 or big
+        else:
+            st.streak = 0
+            st.streaming = offset == 0 and big
+            st.issued = offset // self.block_size  # a new run: nothing fetched for it yet
+        st.next_off = end
+        return st if st.streaming or multi else None
+
+    def _plan(self, st: _Stream, rel: str, info: FileInfo, prefix: str, b: int,
+              last: int) -> int:
+        """How many blocks from block `b` one request may fetch if `b` is a
+        miss. A sequential reader gets a window, and the next window is
+        fetched in the background once half of this one is read; a
+        non-sequential multi-block read gets just its own blocks."""
+        win = self._window
+        if not st.streaming:
+            return min(win, last + 1 - b)
+        bs = self.block_size
+        nblocks = -(-info.size // bs)
+        if b >= st.issued:
+            st.issued = min(nblocks, b + win)
+            key = prefix + format(b * bs, "016x")
+            if self._mem.get(key) is None and not self._is_cached(key):
+                return st.issued - b  # the miss brings the window
+            if st.issued > b + 1:  # a hit: the rest of the window in the background
+                self._submit(self._prefetch_run, rel, info, prefix, (b + 1) * bs,
+                             min(info.size, st.issued * bs))
+            return 1
+        if st.issued < nblocks and st.issued - b <= win // 2:
+            start = st.issued
+            st.issued = min(nblocks, start + win)
+            self._submit(self._prefetch_run, rel, info, prefix, start * bs,
+                         min(info.size, st.issued * bs))
+        # a miss here (the background job is still queued, or the block was
+        # evicted) brings the rest of its window; blocks that job already
+        # claimed stop the run, so nothing is fetched twice
+        return min(win, st.issued - b)
 
     def readinto(self, path: str, offset: int, buffer, info: FileInfo | None = None) -> int:
         """Read into a writable buffer; returns the number of bytes stored
@@ -453,9 +551,10 @@ class Volume:
         return min(self.block_size, info.size - boff)
 
     def _read_block(self, rel: str, info: FileInfo, prefix: str, boff: int,
-                    lo: int, hi: int, out: memoryview | None = None):
+                    lo: int, hi: int, out: memoryview | None = None, run: int = 1):
         """Plaintext [lo, hi) of the block at `boff`: as bytes, or stored in
-        `out` (hi - lo bytes long) and its length returned."""
+        `out` (hi - lo bytes long) and its length returned. A miss may fetch
+        up to `run` blocks from `boff` in one request."""
         key = prefix + format(boff, "016x")
         data = self._mem.get(key)
         if data is not None:
@@ -471,7 +570,7 @@ class Volume:
                 self.counters.add2("hits", "hit_bytes", hi - lo)
                 self._link.touch(key)
                 return got
-        data = self._fetch(rel, info, key, boff)
+        data = self._fetch(rel, info, key, boff, run)
         self.counters.add2("misses", "miss_bytes", hi - lo)
         return _deliver(data, lo, hi, out)
 
@@ -563,47 +662,92 @@ class Volume:
             log.info("volume %s: the cache dir cannot be read without blocking (%s); "
                      "hits are read on threads", self.name, exc)
 
-    def _fetch(self, rel: str, info: FileInfo, key: str, boff: int) -> bytes:
-        """The whole block from the backend, once per key however many ask."""
-        blen = self._block_len(info, boff)
-
-        def load() -> bytes:
-            data = self._mem.get(key)
-            if data is not None:  # a leader just before us finished between our checks
-                return data
-            backend = self.backend
-            if info.size <= self.block_size:  # one read of one version
-                data = backend.read(rel, boff, boff + blen)
-            else:
-                # The blocks of a multi-block file come from separate ranged
-                # reads: each must be of `info`'s version, or one key could
-                # name a block of another version and a pinned reader could
-                # mix versions. S3 and local files prove it within the read;
-                # other backends stat after it (counted as a version check).
-                try:
-                    data = backend.read_version(rel, boff, boff + blen, info.version)
-                except OSError as exc:
-                    if exc.errno != errno.ESTALE:
-                        raise
-                    data = None
-                if not backend.native_versioned_reads:
-                    self.counters.add2("backend_requests", "version_checks", 1)
-            got = -1 if data is None else len(data)
-            self.counters.add2("backend_requests", "backend_bytes", max(got, 0))
-            if got != blen:
-                self._meta.pop(rel, None)
-                raise OSError(errno.ESTALE, f"read {rel} in volume {self.name}: the file "
-                                            f"changed while being read (version {info.version}, "
-                                            f"{blen} bytes wanted at offset {boff}"
-                                            f"{'' if data is None else f', {got} read'}); "
-                                            f"stat it again and retry")
-            self._mem.put(key, data)
-            if self._link.connected:
-                self._link.offer_fill(key, data)
-            return data
-
-        data, _ = self._flight.do(key, load)
+    def _fetch(self, rel: str, info: FileInfo, key: str, boff: int, run: int = 1) -> bytes:
+        """The whole block from the backend, once per key however many ask;
+        the same request may bring up to `run` - 1 following blocks."""
+        data, _ = self._flight.do(key, lambda: self._load(rel, info, key, boff, run))
         return data
+
+    def _load(self, rel: str, info: FileInfo, key: str, boff: int, run: int) -> bytes:
+        """`_fetch`'s leader: claim the following blocks nobody has (up to
+        `run` in all, stopping at the first one in memory, on the cache disk or
+        being fetched: the range stays contiguous), read them all with one
+        request, then keep each block and hand it to its waiters. A failure
+        (ESTALE included) is every claimed block's: none is kept."""
+        data = self._mem.get(key)
+        if data is not None:  # a leader just before us finished between our checks
+            return data
+        bs = self.block_size
+        prefix = key[:-16]
+        claims = []
+        stop = boff + bs
+        while len(claims) + 1 < run and stop < info.size:
+            k = prefix + format(stop, "016x")
+            if self._mem.get(k) is not None or self._is_cached(k):
+                break
+            call = self._flight.claim(k)
+            if call is None:
+                break
+            landed = self._mem.get(k)
+            if landed is not None:  # landed between the check and the claim
+                self._flight.settle(k, call, landed)
+                break
+            claims.append((k, call))
+            stop += bs
+        try:
+            blocks = self._read_source(rel, info, boff, min(stop, info.size))
+        except BaseException as exc:
+            for k, call in claims:
+                self._flight.settle(k, call, error=exc)
+            raise
+        self._keep(key, blocks[0])
+        for (k, call), block in zip(claims, blocks[1:]):
+            self._keep(k, block)
+            self._flight.settle(k, call, block)
+        if claims:
+            self.counters.add("prefetches", len(claims))
+        return blocks[0]
+
+    def _keep(self, key: str, data: bytes) -> None:
+        self._mem.put(key, data)
+        if self._link.connected:
+            self._link.offer_fill(key, data)
+
+    def _read_source(self, rel: str, info: FileInfo, start: int, stop: int) -> list[bytes]:
+        """Bytes [start, stop) of `info`'s version, with one request, split
+        into blocks; ESTALE if the source no longer holds exactly that."""
+        want = stop - start
+        backend = self.backend
+        if info.size <= self.block_size:  # one read of one version
+            data = backend.read(rel, start, stop)
+        else:
+            # The blocks of a multi-block file come from separate ranged
+            # reads: each must be of `info`'s version, or one key could
+            # name a block of another version and a pinned reader could
+            # mix versions. S3 and local files prove it within the read;
+            # other backends stat after it (counted as a version check).
+            try:
+                data = backend.read_version(rel, start, stop, info.version)
+            except OSError as exc:
+                if exc.errno != errno.ESTALE:
+                    raise
+                data = None
+            if not backend.native_versioned_reads:
+                self.counters.add2("backend_requests", "version_checks", 1)
+        got = -1 if data is None else len(data)
+        self.counters.add2("backend_requests", "backend_bytes", max(got, 0))
+        if got != want:
+            self._meta.pop(rel, None)
+            raise OSError(errno.ESTALE, f"read {rel} in volume {self.name}: the file "
+                                        f"changed while being read (version {info.version}, "
+                                        f"{want} bytes wanted at offset {start}"
+                                        f"{'' if data is None else f', {got} read'}); "
+                                        f"stat it again and retry")
+        bs = self.block_size
+        if want <= bs:
+            return [data]
+        view = memoryview(data)
+        return [bytes(view[o:o + bs]) for o in range(0, want, bs)]
 
     # -- cache control -----------------------------------------------------------
 
@@ -618,8 +762,9 @@ class Volume:
 
     def prefetch(self, path: str, offset: int, length: int, info: FileInfo | None = None) -> None:
         """Fetch the blocks of [offset, offset+length) into the cache in the
-        background (readahead), one job per block so they arrive in parallel.
-        Never blocks on the backend, never raises for I/O."""
+        background (readahead): consecutive missing blocks in one request of
+        up to `_window` blocks, one job per window so windows arrive in
+        parallel. Never blocks on the backend, never raises for I/O."""
         self._proc()
         self._check_range(path, offset, length)
         rel = normalize(path)
@@ -630,19 +775,34 @@ class Volume:
 
     def _prefetch_range(self, rel: str, offset: int, length: int, info: FileInfo | None) -> None:
         try:
-            for rel, info, key, boff in self._blocks(rel, info, offset, length):
-                if self._mem.get(key) is None and not self._is_cached(key):
-                    if not self._submit(self._prefetch_block, rel, info, key, boff):
-                        return
+            rel, info = self._resolve(rel, info)
+            prefix = self._key_prefix(rel, info.version)
+            bs = self.block_size
+            end = min(info.size, offset + length)
+            step = self._window * bs
+            boff = offset - offset % bs
+            while boff < end:
+                if not self._submit(self._prefetch_run, rel, info, prefix, boff,
+                                    min(end, boff + step)):
+                    return
+                boff += step
         except Exception as exc:  # readahead is best effort; the real read reports errors
             log.debug("prefetch %s failed: %s", rel, exc)
 
-    def _prefetch_block(self, rel: str, info: FileInfo, key: str, boff: int) -> None:
+    def _prefetch_run(self, rel: str, info: FileInfo, prefix: str, start: int, end: int) -> None:
+        """Fetch the blocks of [start, end) (block-aligned `start`) that are
+        neither in memory, cached nor being fetched: each run of consecutive
+        missing ones with one request."""
+        bs = self.block_size
+        boff = start
         try:
-            if self._mem.get(key) is not None or self._is_cached(key):
-                return  # landed while this job waited
-            self._fetch(rel, info, key, boff)
-            self.counters.add("prefetches")
+            while boff < end:
+                key = prefix + format(boff, "016x")
+                if (self._mem.get(key) is None and not self._flight.busy(key)
+                        and not self._is_cached(key)):
+                    self._fetch(rel, info, key, boff, -(-(end - boff) // bs))
+                    self.counters.add("prefetches")
+                boff += bs
         except Exception as exc:
             log.debug("prefetch of %s at %d failed: %s", rel, boff, exc)
 

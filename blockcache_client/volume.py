@@ -718,8 +718,9 @@ class Volume:
         into blocks; ESTALE if the source no longer holds exactly that."""
         want = stop - start
         backend = self.backend
-        if info.size <= self.block_size:  # one read of one version
-            data = backend.read(rel, start, stop)
+        bs = self.block_size
+        if info.size <= bs:  # one read of one version
+            data = [backend.read(rel, start, stop)]
         else:
             # The blocks of a multi-block file come from separate ranged
             # reads: each must be of `info`'s version, or one key could
@@ -727,14 +728,14 @@ class Volume:
             # mix versions. S3 and local files prove it within the read;
             # other backends stat after it (counted as a version check).
             try:
-                data = backend.read_version(rel, start, stop, info.version)
+                data = backend.read_version(rel, start, stop, info.version, piece=bs)
             except OSError as exc:
                 if exc.errno != errno.ESTALE:
                     raise
                 data = None
             if not backend.native_versioned_reads:
                 self.counters.add2("backend_requests", "version_checks", 1)
-        got = -1 if data is None else len(data)
+        got = -1 if data is None else sum(map(len, data))
         self.counters.add2("backend_requests", "backend_bytes", max(got, 0))
         if got != want:
             self._meta.pop(rel, None)
@@ -743,11 +744,7 @@ class Volume:
                                         f"{want} bytes wanted at offset {start}"
                                         f"{'' if data is None else f', {got} read'}); "
                                         f"stat it again and retry")
-        bs = self.block_size
-        if want <= bs:
-            return [data]
-        view = memoryview(data)
-        return [bytes(view[o:o + bs]) for o in range(0, want, bs)]
+        return data
 
     # -- cache control -----------------------------------------------------------
 

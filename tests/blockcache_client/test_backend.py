@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import random
 import threading
 import time
 
@@ -10,6 +11,7 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
+import blockcache_client.latencyfs  # noqa: F401  (registers latency::)
 from blockcache_client.backend import Backend, FileInfo, normalize
 
 
@@ -195,3 +197,36 @@ def test_hung_s3_server_times_out():
             assert b.read("x.bin", 0, 3) == b"abc"
         finally:
             b.close()
+
+
+def test_read_version_in_parts(source):
+    """A coalesced read comes back as block-sized parts (S3: read off the
+    connection part by part; local: one pread each), and a changed file is
+    ESTALE however it is read."""
+    check_parts(source, native=True)
+
+
+def test_read_version_in_parts_through_the_stat_fallback(local_source):
+    """Any other filesystem (here latency::, no delay): read, stat, split."""
+    local_source.url = f"latency::file://{local_source.root}"
+    local_source.options = {"latency": {"delay": 0}}
+    check_parts(local_source, native=False)
+
+
+def check_parts(source, native: bool) -> None:
+    data = random.Random(7).randbytes(10 * 1000 + 17)
+    source.write("p.bin", data)
+    be = Backend(source.url, **source.options)
+    try:
+        assert be.native_versioned_reads == native
+        version = be.stat("p.bin").version
+        parts = be.read_version("p.bin", 1000, len(data), version, piece=3000)
+        assert [len(p) for p in parts] == [3000, 3000, 3000, 17]
+        assert b"".join(parts) == data[1000:]
+        assert be.read_version("p.bin", 0, 10, version) == data[:10]  # no piece: bytes
+        source.write("p.bin", random.Random(8).randbytes(len(data)))
+        with pytest.raises(OSError) as e:
+            be.read_version("p.bin", 0, len(data), version, piece=3000)
+        assert e.value.errno == errno.ESTALE and "p.bin" in str(e.value)
+    finally:
+        be.close()

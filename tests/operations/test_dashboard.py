@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 from pathlib import Path
 
@@ -51,17 +52,24 @@ def test_dashboard_queries_exported_metrics(tmp_path, tree, key_file):
     m = FsclientMount(root, tmp_path / "mnt", key_file, str(tmp_path / "blockcached.sock"),
                       volume=VOLUME, log_path=str(tmp_path / "mnt.log"),
                       args=["--block-size", str(BLOCK), "--metrics-addr", "127.0.0.1:0"])
+    used = set(re.findall(r"\b(?:blockcache|process)_[a-z_]+",
+                          " ".join(t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"]
+                                   for t in p.get("targets", []))))
     try:
         d.start()
         d.wait_rebuilt()
         m.start()
         with open(Path(m.mountpoint) / "dir0" / "f6.bin", "rb") as f:
             f.read()
-        names = exported(logged_port(d.stderr)) | exported(logged_port(m.log))
+        # the daemon's per-volume series appear with the volume's first put,
+        # which the mount sends in the background after the read returned
+        deadline = time.monotonic() + 10
+        while True:
+            names = exported(logged_port(d.stderr)) | exported(logged_port(m.log))
+            if not used - names or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
     finally:
         m.stop()
         d.stop()
-    used = set(re.findall(r"\b(?:blockcache|process)_[a-z_]+",
-                          " ".join(t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"]
-                                   for t in p.get("targets", []))))
     assert used and not used - names, sorted(used - names)

@@ -64,8 +64,11 @@ def test_mount_metrics_parse_and_move_with_reads(mount, tree, daemon):
         == sum(read.values())
     assert value(after, "blockcache_fuse_ops_total", volume=VOLUME, op="read") > 0
     assert value(after, "blockcache_fuse_op_seconds_count", volume=VOLUME, op="read") > 0
-    assert value(after, "blockcache_client_backend_request_seconds_count",
-                 volume=VOLUME, kind="read") >= nblocks
+    # at least one ranged read per non-empty file, at most one per block
+    # (sequential reads of a multi-block file bring several blocks per request)
+    reads = value(after, "blockcache_client_backend_request_seconds_count",
+                  volume=VOLUME, kind="read")
+    assert sum(1 for s in read.values() if s) <= reads <= nblocks
     assert value(after, "blockcache_client_daemon_connected", volume=VOLUME) == 1
     # the endpoint and the stats xattr read the same counters
     assert misses == mount.stats()["misses"]

@@ -226,6 +226,8 @@ class Volume:
         self._missing: dict[str, tuple[float, str]] = {}
         # (when, entries, their names) of each listed directory
         self._dirs: dict[str, tuple[float, list[FileInfo], frozenset[str]]] = {}
+        # backend stats per directory since its last listing, None = not listable
+        self._dir_misses: dict[str, int | None] = {}
         self._idents: dict[tuple[str, str], str] = {}
         self._streams: dict[str, _Stream] = {}  # by key prefix (file version)
         self._ciphers: dict[tuple[str, bytes], BlockCipher] = {}
@@ -302,17 +304,65 @@ class Volume:
             if (listing is not None and self._fresh(self._dirs, parent, max_age)[0] is not None
                     and name not in listing[2]):
                 why = f"stat {rel} in {self.backend.source}: not in the listing of its directory"
+            elif parent:
+                why, _ = self._fresh(self._missing, parent, max_age)  # under a missing dir
         if why is not None:
             raise FileNotFoundError(errno.ENOENT, why)
+        if rel and max_age != 0 and self._second_miss_in(rel.rpartition("/")[0]):
+            found = self._stat_by_listing(rel, now)
+            if found is not None:
+                return found
         try:
             info = self.backend.stat(rel)
         except FileNotFoundError as exc:
-            if len(self._missing) >= _META_LIMIT:
-                self._missing.clear()  # bounded like the positive cache
-            self._missing[rel] = (now, exc.strerror or str(exc))
+            self._remember_missing(rel, now, exc.strerror or str(exc))
             raise
         self._remember(rel, info, now)
         return info
+
+    def _second_miss_in(self, parent: str) -> bool:
+        """Count a backend stat in `parent`; True from the second one on while
+        no fresh listing of it is held. One stat in a directory costs one
+        request; a job that stats many (an epoch's first pass, a dataset
+        index) gets the whole directory from one listing instead of a
+        request per file, like fsclient's lookups."""
+        n = self._dir_misses.get(parent, 0)
+        if n is None:
+            return False  # it could not be listed: stat its paths one by one
+        if len(self._dir_misses) >= _META_LIMIT // 64:
+            self._dir_misses.clear()
+        self._dir_misses[parent] = n + 1
+        return n + 1 >= 2
+
+    def _stat_by_listing(self, rel: str, now: float) -> FileInfo | None:
+        """Answer a stat from a fresh listing of its parent: the entry, or
+        FileNotFoundError when the listing does not name it or the parent does
+        not exist (both remembered as missing); None when the parent cannot be
+        listed otherwise (not a directory, a backend that does not list), for
+        the caller to stat the path itself, as it then will for every path
+        in that parent."""
+        parent = rel.rpartition("/")[0]
+        try:
+            self._list_rel(parent)
+        except FileNotFoundError:
+            why = f"stat {rel} in {self.backend.source}: its directory {parent} does not exist"
+            self._remember_missing(parent, now, why)
+        except (OSError, ValueError) as exc:
+            log.debug("listing %r to answer a stat failed (%s); stat instead", parent, exc)
+            self._dir_misses[parent] = None
+            return None
+        else:
+            hit = self._meta.get(rel)
+            if hit is not None:
+                return hit[1]
+            why = f"stat {rel} in {self.backend.source}: not in the listing of its directory"
+        self._remember_missing(rel, now, why)
+        raise FileNotFoundError(errno.ENOENT, why)
+
+    def _remember_missing(self, rel: str, now: float, why: str) -> None:
+        if len(self._missing) >= _META_LIMIT:
+            self._missing.clear()  # bounded like the positive cache
+        self._missing[rel] = (now, why)
 
     def _remember(self, rel: str, info: FileInfo, now: float) -> None:
         if len(self._meta) >= _META_LIMIT:
@@ -323,17 +373,21 @@ class Volume:
     def listdir(self, path: str, max_age: float | None = None) -> list[FileInfo]:
         """Entries of a directory (sorted by name); also fills the stat cache."""
         self._proc()
-        rel = normalize(path)
+        return list(self._list_rel(normalize(path), max_age))
+
+    def _list_rel(self, rel: str, max_age: float | None = None) -> list[FileInfo]:
+        """`listdir` of an already normalized path (the cached list itself)."""
         hit, now = self._fresh(self._dirs, rel, max_age)
         if hit is not None:
-            return list(hit)
+            return hit
         infos = self.backend.listdir(rel)
         if len(self._dirs) >= _META_LIMIT // 64:
             self._dirs.clear()
         self._dirs[rel] = (now, infos, frozenset(info.name for info in infos))
         for info in infos:
             self._remember(info.path, info, now)
-        return list(infos)
+        self._dir_misses.pop(rel, None)
+        return infos
 
     def readlink(self, path: str) -> str:
         """Target of a symbolic link in the volume."""

@@ -61,3 +61,39 @@ def test_fresh_parent_listing_answers_missing_names(source, key_file):
         with pytest.raises(FileNotFoundError):  # max_age=0 always asks
             vol.stat("pkg/b.py", max_age=0)
         assert calls == ["stat", "stat"]
+
+
+def test_second_stat_in_a_directory_lists_it(source, key_file):
+    for i in range(20):
+        source.write(f"imgs/{i:02d}.jpg", bytes(i))
+    with volume(source, key_file, meta_ttl=3600) as vol:
+        calls = stat_calls(vol)
+        assert [vol.stat(f"imgs/{i:02d}.jpg").size for i in range(20)] == list(range(20))
+        with pytest.raises(FileNotFoundError) as e:
+            vol.stat("imgs/99.jpg")
+        assert "not in the listing" in str(e.value)
+        # one stat, then one listing answers the other 19 and the missing name
+        assert calls == ["stat", "list"]
+        assert vol.stat("imgs/05.jpg", max_age=0).size == 5  # a fresh ask still asks
+        assert calls == ["stat", "list", "stat"]
+
+
+def test_stats_under_a_missing_directory_stop_at_its_listing(source, key_file):
+    with volume(source, key_file, meta_ttl=3600) as vol:
+        calls = stat_calls(vol)
+        for name in ("a.py", "b.py", "c/__init__.py", "d.py", "e.py"):
+            with pytest.raises(FileNotFoundError):
+                vol.stat(f"gone/{name}")
+        # a stat, then the listing that finds the directory missing; "gone/c/..."
+        # is answered by the missing parent's entry, the rest by their own
+        assert calls[:2] == ["stat", "list"] and len(calls) <= 3, calls
+
+
+def test_a_file_as_parent_falls_back_to_stats(source, key_file):
+    source.write("blob", b"x")
+    with volume(source, key_file, meta_ttl=3600) as vol:
+        calls = stat_calls(vol)
+        for name in ("a", "b", "c"):
+            with pytest.raises(OSError):
+                vol.stat(f"blob/{name}")
+        assert "list" in calls and calls.count("list") == 1, calls

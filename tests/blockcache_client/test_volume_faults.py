@@ -32,6 +32,27 @@ def fill(vol, daemon, rel, data):
     settle(vol, daemon)
 
 
+def damage_block(path: str, where: str) -> None:
+    """Corrupt a cached block file in place, as a bad disk would: a flipped bit
+    in its `header` (the salt: wrong subkey), `body` or `tag`, or the file
+    `truncate`d or `extend`ed."""
+    blob = bytearray(open(path, "rb").read())
+    if where == "header":
+        blob[20] ^= 0x01
+    elif where == "body":
+        blob[HEADER_SIZE + 100] ^= 0x40
+    elif where == "tag":
+        blob[-3] ^= 0x80
+    elif where == "truncate":
+        blob = blob[:-100]
+    elif where == "extend":
+        blob += b"\0" * 16
+    else:
+        raise ValueError(f"damage_block: unknown place {where!r}")
+    with open(path, "r+b" if where != "truncate" else "wb") as f:
+        f.write(blob)
+
+
 def _read_via(vol, how, rel, size):
     if how == "read":
         return vol.read(rel, 0, size)
@@ -48,19 +69,7 @@ def test_corrupt_block_detected_evicted_and_refilled(local_source, key_file, dae
     with volume(local_source, key_file, daemon, memory_cache_bytes=0) as vol:
         fill(vol, daemon, "c.bin", data)
         key, path = cached_block_path(vol, daemon, "c.bin")
-        blob = bytearray(open(path, "rb").read())
-        if where == "header":
-            blob[20] ^= 0x01            # salt: wrong subkey
-        elif where == "body":
-            blob[HEADER_SIZE + 1000] ^= 0x40
-        elif where == "tag":
-            blob[-3] ^= 0x80
-        elif where == "truncate":
-            blob = blob[:-100]
-        else:
-            blob += b"\0" * 16
-        with open(path, "r+b" if where != "truncate" else "wb") as f:  # as a bad disk would
-            f.write(blob)
+        damage_block(path, where)
         assert _read_via(vol, how, "c.bin", len(data)) == data
         s = vol.stats()
         assert s["integrity_failures"] == 1 and s["misses"] == 3 and s["hits"] == 1

@@ -11,7 +11,7 @@ import pytest
 
 from blockcache_client import nowait
 from tests.blockcache_client.test_volume import BS, volume
-from tests.blockcache_client.test_volume_faults import cached_block_path, fill
+from tests.blockcache_client.test_volume_faults import cached_block_path, damage_block, fill
 
 pytestmark = pytest.mark.skipif(not nowait.SUPPORTED, reason="needs openat2 and RWF_NOWAIT")
 
@@ -92,13 +92,7 @@ def test_bad_block_is_left_to_the_blocking_read(local_source, key_file, daemon, 
     with volume(local_source, key_file, daemon, memory_cache_bytes=0) as vol:
         fill(vol, daemon, "c.bin", data)
         _, path = cached_block_path(vol, daemon, "c.bin")
-        blob = bytearray(open(path, "rb").read())
-        if where == "body":
-            blob[200] ^= 0x40
-        else:
-            blob = blob[:-100]
-        with open(path, "wb") as f:
-            f.write(blob)
+        damage_block(path, where)
         with open(path, "rb") as f:
             f.read()
         info = vol.stat("c.bin")

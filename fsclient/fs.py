@@ -249,24 +249,26 @@ class BlockcacheFS(pyfuse3.Operations):
             fut.set_exception(OSError(errno.EIO, f"file system is closing: {exc}"))
         return fut
 
-    def _load(self, path: str, off: int, size: int, info: Any) -> memoryview:
-        """[off, off+size) of `path` (pinned to `info`) as a view of a fresh
-        buffer, on a pool thread: cached blocks decrypt straight into it, and
-        replies to the kernel are slices of it, so the bytes are copied once
-        from the cache file and once to the kernel, nothing more."""
-        buf = bytearray(size)
+    def _load(self, path: str, off: int, size: int, info: Any,
+              buf: bytearray | None = None) -> memoryview:
+        """[off, off+size) of `path` (pinned to `info`) as a view of `buf` (a
+        fresh buffer if None), on a pool thread: cached blocks decrypt straight
+        into it, and replies to the kernel are slices of it, so the bytes are
+        copied once from the cache file and once to the kernel, nothing more."""
+        if buf is None:
+            buf = bytearray(size)
         n = self.volume.readinto(path, off, buf, info=info)
         return memoryview(buf)[:n]
 
-    def _load_nowait(self, path: str, info: Any) -> memoryview | None:
+    def _load_nowait(self, path: str, info: Any, buf: bytearray) -> memoryview | None:
         """The whole (small) file read here on the event loop, when the
         volume can do it without waiting: its block in the memory LRU, or its
         cache file's path and pages in the kernel's caches (`readinto_nowait`).
         A warm hit then costs no thread hop at all (two hops and the GIL
         handoffs around them cost several times the read itself); anything
         else returns None and goes to the pool, so a slow or hung cache disk
-        still never blocks the loop."""
-        buf = bytearray(info.size)
+        still never blocks the loop. `buf` (info.size bytes) is left for
+        the pool's read when this returns None."""
         try:
             n = self.volume.readinto_nowait(path, 0, buf, info=info)
         except Exception as exc:  # the pool's read reports real errors
@@ -477,9 +479,10 @@ class BlockcacheFS(pyfuse3.Operations):
         fh = next(self._fh)
         h = self.handles[fh] = Handle(path, info, inode)
         if 0 < info.size <= self.whole_file_max and not keep:
-            h.data = self._load_nowait(path, info)
+            buf = bytearray(info.size)  # one buffer, whichever read fills it
+            h.data = self._load_nowait(path, info, buf)
             if h.data is None:
-                h.pending = self._call(self._load, path, 0, info.size, info)
+                h.pending = self._call(self._load, path, 0, info.size, info, buf)
                 h.pending.add_done_callback(_retrieve)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
@@ -501,9 +504,10 @@ class BlockcacheFS(pyfuse3.Operations):
                     h.pending = None  # done (or failed: the next read tries again)
         if h.data is None and h.info.size <= self.whole_file_max:
             # a kept open whose pages the kernel partly lost: the same inline try
-            h.data = self._load_nowait(h.path, h.info)
+            buf = bytearray(h.info.size)
+            h.data = self._load_nowait(h.path, h.info, buf)
             if h.data is None:
-                h.data = await self._call(self._load, h.path, 0, h.info.size, h.info)
+                h.data = await self._call(self._load, h.path, 0, h.info.size, h.info, buf)
         if h.data is not None:
             return h.data[off:off + size]
         sequential = self._follow(h, off, size)

@@ -91,7 +91,6 @@ class Store:
     def __init__(self, path: str):
         self.path = path
         self.blocks = os.path.join(path, layout.BLOCKS_DIR)
-        self._blocks_prefix = self.blocks + "/"
         self.tmp = os.path.join(path, layout.TMP_DIR)
         self._names = itertools.count()
 
@@ -104,9 +103,9 @@ class Store:
         return os.path.join(self.path, layout.LOCK_FILE)
 
     def block_path(self, key: str) -> str:
-        """`<dir>/blocks/xx/yy/<key>` (`layout.block_relpath` under this dir),
-        built without os.path.join: it is on every lookup hit."""
-        return f"{self._blocks_prefix}{layout.fanout(key)}/{key}"
+        """`<dir>/blocks/xx/yy/<key>`, built without os.path.join: it is on
+        every lookup hit."""
+        return f"{self.path}/{layout.block_relpath(key)}"
 
     def write(self, key: str, data: bytes) -> None:
         """Write one block crash-safely: tmp file, fsync, rename into place."""
@@ -264,7 +263,6 @@ def _scan_tops(tops: list[str], placement: Placement | None, me: int) -> ScanRes
     mtimes = array("q")
     sizes = array("q")
     scanned = removed = 0
-    match = _KEY_RE.fullmatch
     fanout = layout.fanout
     owner = None
     if placement is not None:
@@ -277,10 +275,8 @@ def _scan_tops(tops: list[str], placement: Placement | None, me: int) -> ScanRes
                 for e in it:
                     scanned += 1
                     name = e.name
-                    # is_block_name, inlined: this loop runs once per file
-                    m = match(name)
-                    ok = (m is not None and (len(m[2]) < 19 or int(m[2]) <= MAX_INODE)
-                          and fanout(name) == where and (owner is None or owner(name) == me))
+                    ok = (is_block_name(name) and fanout(name) == where
+                          and (owner is None or owner(name) == me))
                     if ok:
                         st = e.stat(follow_symlinks=False)
                         ok = (e.is_file(follow_symlinks=False)

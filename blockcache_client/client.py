@@ -134,14 +134,14 @@ class Client(_Ops):
             # Blocking I/O with kernel timeouts rather than settimeout(), which
             # costs a poll() before every recv: a quarter of a lookup's round trip.
             sock.settimeout(None)
-            whole = int(self.timeout)
-            tv = struct.pack("ll", whole, int((self.timeout - whole) * 1e6))
+            usec = max(1, round(self.timeout * 1e6))  # a zero timeval waits forever
+            tv = struct.pack("ll", usec // 1_000_000, usec % 1_000_000)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
             self._sock, self._rbuf = sock, bytearray()
         return self._sock
 
-    def _recv_exact(self, sock: socket.socket, n: int) -> bytes:
+    def _recv_exact(self, sock: socket.socket, n: int) -> bytearray:
         """`n` bytes from the stream, reading ahead in large chunks so a small
         reply costs one recv, not one for its prefix and one for its body."""
         buf = self._rbuf
@@ -150,7 +150,7 @@ class Client(_Ops):
             if not chunk:
                 raise ConnectionError("daemon closed the connection")
             buf += chunk
-        out = bytes(buf[:n])
+        out = buf[:n]  # one copy; the decoders take a bytearray
         del buf[:n]
         return out
 

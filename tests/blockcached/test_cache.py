@@ -81,6 +81,8 @@ class CacheMachine(RuleBasedStateMachine):
             on_disk = self.e.files(i)
             assert sum(on_disk.values()) <= CAP
             assert on_disk == {k: v >> 32 for k, v in cache.index.dirs[i].lru.items()}
+            # at rest below the high watermark: a write landing above it trims
+            assert cache.caps[i].need_bytes(cache.index.dirs[i].used_bytes, 0) == 0
 
     # blocks of up to 9 KB in 48 KB dirs: a few bursts cross the watermarks
     @rule(puts=st.lists(st.tuples(st.sampled_from(VOLS), st.integers(1, 30),

@@ -19,6 +19,7 @@ from blockcache_client.client import Client
 from blockcache_client.errors import BlockcacheError, DaemonError
 from blockcache_client.keys import BlockKey
 from blockcache_client.protocol import ErrorCode
+from blockcached.server import BUDGETED_TIMEOUT
 from tests.support.daemon import DaemonProcess
 
 VOLUME_KEY = bytes(range(32))
@@ -420,8 +421,10 @@ def test_stalled_peers_cannot_keep_fills_out(daemon):
         c = Client(daemon.socket_path, timeout=15.0)
         big = make_key(inode=3)
         assert c.put(big, make_block(big, 1 << 20)) == (True, "queued")
-        for s in stalled:  # each was closed by the daemon (a recv timeout fails)
-            s.settimeout(5.0)
+        # each is closed by the daemon (a recv timeout fails); the last one
+        # queued behind the put for budget, so it may take two budgeted deadlines
+        for s in stalled:
+            s.settimeout(3 * BUDGETED_TIMEOUT)
             while s.recv(1 << 16):
                 pass
     finally:

@@ -108,6 +108,12 @@ def _mtime_ns(raw: dict) -> int:
     return 0
 
 
+def stat_version(mtime_ns: int, size: int) -> str:
+    """The version of a file without an ETag: what its block keys derive from,
+    and what a versioned local read checks the open file against."""
+    return f"{mtime_ns}-{size}"
+
+
 def _etag(raw: dict) -> str | None:
     for name in ("ETag", "etag", "e_tag", "md5Hash"):
         v = raw.get(name)
@@ -204,7 +210,7 @@ class Backend:
             is_dir=raw.get("type") == "directory",
             is_link=bool(raw.get("islink")),
             mtime_ns=mtime_ns,
-            version=_etag(raw) or f"{mtime_ns}-{size}",
+            version=_etag(raw) or stat_version(mtime_ns, size),
             mode=(int(mode) & 0o7777) if isinstance(mode, int) else None,
         )
 
@@ -406,7 +412,7 @@ def _local_read_if(full: str, start: int, end: int, version: str,
     `version` (as `file_info` computes it from fsspec's float mtime) before
     and after the read, else None."""
     def same(st: os.stat_result) -> bool:
-        return f"{_mtime_ns({'mtime': st.st_mtime})}-{st.st_size}" == version
+        return stat_version(_mtime_ns({'mtime': st.st_mtime}), st.st_size) == version
     fd = os.open(full, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         if not same(os.fstat(fd)):

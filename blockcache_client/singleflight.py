@@ -46,15 +46,12 @@ class SingleFlight:
                 raise call.error
             return call.value, False
         try:
-            call.value = fn()
-            return call.value, True
+            value = fn()
         except BaseException as exc:
-            call.error = exc
+            self.settle(key, call, error=exc)
             raise
-        finally:
-            with self._lock:
-                del self._calls[key]
-            call.done.set()
+        self.settle(key, call, value)
+        return value, True
 
     def claim(self, key: str) -> _Call | None:
         """Lead `key` by hand: a claim to `settle` later, or None if another

@@ -102,7 +102,9 @@ def test_file_changed_mid_sequential_read(source, key_file, daemon):
 
 def test_concurrent_sequential_readers_fetch_each_block_once(source, key_file, daemon):
     data = write_file(source, 5)
-    with small_window(source, key_file, daemon) as vol:
+    # the memory LRU holds the whole file (one window of NBLOCKS), so no block
+    # can leave memory before its fill lands: a second fetch is the claim failing
+    with volume(source, key_file, daemon, memory_cache_bytes=2 * NBLOCKS * BS) as vol:
         wait_connected(vol)
         info = vol.stat("f.bin")
         start = threading.Barrier(6)

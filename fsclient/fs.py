@@ -80,6 +80,8 @@ WHOLE_FILE_MAX = 1 << 20
 BUFFER_BYTES_MAX = 128 << 20
 # Directory listings fetched in the background at once, at most.
 MAX_LISTING_TASKS = 16
+# ops whose first argument is a file or dir handle, not an inode
+_HANDLE_OPS = frozenset({"read", "flush", "release", "readdir", "releasedir"})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT
 
 
@@ -215,8 +217,9 @@ class BlockcacheFS(pyfuse3.Operations):
         """Log the real cause of an EIO answer, once per file (a failing remote
         would otherwise log every 128 KiB read of every file)."""
         first = args[0] if args else None
-        h = self.handles.get(first) if op == "read" else None
-        node = self.nodes.get(first) if h is None and isinstance(first, int) else None
+        by_handle = op in _HANDLE_OPS
+        h = self.handles.get(first) if by_handle else None
+        node = self.nodes.get(first) if not by_handle and isinstance(first, int) else None
         path = h.path if h is not None else node.path if node is not None else repr(args[:2])
         if path in self._eio_logged:
             log.debug("%s %s: %s (answering EIO)", op, path, exc)

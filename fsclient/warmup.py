@@ -274,10 +274,15 @@ class Progress:
             self.out.flush()
 
     def _run(self) -> None:
+        if self.tty:  # a terminal shows the bar at once, then redraws it in place
+            self._draw()
         while not self._stop.wait(self.interval):
-            line = self.line()
-            self.out.write(f"\r\x1b[K{line}" if self.tty else line + "\n")
-            self.out.flush()
+            self._draw()
+
+    def _draw(self) -> None:
+        line = self.line()
+        self.out.write(f"\r\x1b[K{line}" if self.tty else line + "\n")
+        self.out.flush()
 
     def line(self) -> str:
         t = self.tally

@@ -5,9 +5,13 @@ that dir's worker thread (see `filler`), never on the event loop.
     <dir>/blocks/<xx>/<yy>/<key>  complete block files, 0644 (readers in pods)
     <dir>/tmp/<pid>.<n>         in-flight writes
 
-A block is written to tmp/, fsynced, then renamed to its final name, so a
-crash at any point leaves either no file or the complete file under the key;
-leftovers in tmp/ are deleted at start. Paths come only from
+A block is written to tmp/ and renamed to its final name, so a crash of the
+daemon at any point leaves either no file or the complete file under the key;
+leftovers in tmp/ are deleted at start. Blocks are not fsynced: this is a
+read cache, whose every byte can be fetched again, and readers authenticate
+every chunk, so what an OS crash or power loss can leave (a short, empty or
+torn file under a block name) is a miss, never wrong bytes (DESIGN.md,
+"Why blocks are not fsynced"). Paths come only from
 `blockcache_client.layout`, from keys that `BlockKey.parse` accepted.
 """
 
@@ -107,8 +111,9 @@ class Store:
         every lookup hit."""
         return f"{self.path}/{layout.block_relpath(key)}"
 
-    def write(self, key: str, data: bytes) -> None:
-        """Write one block crash-safely: tmp file, fsync, rename into place."""
+    def write(self, key: str, data: bytes | memoryview) -> None:
+        """Write one block: tmp file, then rename into place (no fsync: see
+        the module docstring)."""
         final = self.block_path(key)
         tmp = os.path.join(self.tmp, f"{os.getpid()}.{next(self._names)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
@@ -117,7 +122,6 @@ class Store:
             while view:
                 view = view[os.write(fd, view):]
             os.fchmod(fd, FILE_MODE)  # umask must not hide blocks from readers
-            os.fsync(fd)
         except BaseException:
             os.close(fd)
             _unlink(tmp)

@@ -136,7 +136,7 @@ def test_file_list_with_many_entries(daemon, tmp_path, key_file):
     assert f"{n} files" in r.stdout
     assert f"({n} blocks" in r.stdout
     assert "failed          1 path" in r.stdout and "d0/not-there: not found" in r.stdout
-    daemon.wait_idle(timeout=150)  # the daemon fsyncs every block file: slow on small disks
+    daemon.wait_idle(timeout=150)  # every block file is written before the check: slow on small disks
     assert len(volume_keys(daemon)) == n  # ... and every other entry is cached
 
 

@@ -83,6 +83,25 @@ def _run(reader, cmd: str, arg) -> dict:
     return {"lat": lat, "bytes": nbytes, "items": len(lat)}
 
 
+# BENCH_PROFILE=DIR: each worker writes a cProfile of every command it runs
+# to DIR/<pid>-<n>-<cmd>.pstats (read with `python -m pstats FILE`), to see
+# where one system's time goes inside the suite's own conditions.
+_PROFILE_DIR = os.environ.get("BENCH_PROFILE")
+_profiled_runs = [0]
+
+
+def _profiled(reader, cmd: str, arg) -> dict:
+    import cProfile
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(_run, reader, cmd, arg)
+    finally:
+        _profiled_runs[0] += 1
+        os.makedirs(_PROFILE_DIR, exist_ok=True)
+        prof.dump_stats(os.path.join(_PROFILE_DIR,
+                                     f"{os.getpid()}-{_profiled_runs[0]:03d}-{cmd}.pstats"))
+
+
 def worker_main(conn, spec: dict) -> None:
     """A worker's life: build the reader, answer commands until `quit`."""
     sys.dont_write_bytecode = True   # every import epoch compiles, on every system alike
@@ -100,7 +119,7 @@ def worker_main(conn, spec: dict) -> None:
                 break
             c0 = _cpu()
             try:
-                out = _run(reader, cmd, arg)
+                out = _profiled(reader, cmd, arg) if _PROFILE_DIR else _run(reader, cmd, arg)
             except BaseException:
                 conn.send(("error", traceback.format_exc()))
                 continue

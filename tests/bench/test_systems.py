@@ -41,3 +41,19 @@ def test_adapter_reads_correct_bytes(bench_ctx, name):
                 system.settle()
     finally:
         system.stop()
+
+
+def test_bench_profile_writes_a_profile_per_command(tmp_path, monkeypatch):
+    """BENCH_PROFILE=DIR: each worker command leaves a cProfile of itself."""
+    import pstats
+
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "a.bin").write_bytes(b"x" * 1000)
+    out = tmp_path / "prof"
+    monkeypatch.setenv("BENCH_PROFILE", str(out))
+    with Workers({"type": "posix", "root": str(root)}, 1, timeout=60) as w:
+        assert w.run_all("files", ["a.bin"])[1][0]["bytes"] == 1000
+    [prof] = out.glob("*-files.pstats")
+    funcs = {name for _, _, name in pstats.Stats(str(prof)).stats}
+    assert "read_file" in funcs

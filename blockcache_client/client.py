@@ -51,7 +51,8 @@ class _Ops:
 
     def put(self, key: Any, blob: bytes):
         """Hand a sealed block file to the daemon; returns (accepted, reason)."""
-        return self._call("put", {"key": str(key), "data": bytes(blob)}, "_put")
+        data = blob if isinstance(blob, (bytes, bytearray, memoryview)) else bytes(blob)
+        return self._call("put", {"key": str(key), "data": data}, "_put")
 
     def touch(self, keys: Iterable[Any]):
         """Report accesses (keeps LRU order right); returns the reply map."""
@@ -209,17 +210,19 @@ class Client(_Ops):
         return self._exchange(reqs) if reqs else []
 
 
-def _send_parts(sock: socket.socket, parts: tuple[bytes, bytes]) -> None:
-    """sendall of the parts joined, without joining them (one copy of a put's
-    block fewer). A blocking sendmsg sends everything unless SO_SNDTIMEO or
-    a signal cuts it short; then the rest goes by sendall."""
+def _send_parts(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
+    """sendall of the parts joined, without joining them (no copy of a put's
+    block). A blocking sendmsg sends everything unless SO_SNDTIMEO or a
+    signal cuts it short; then the rest goes by sendall."""
     sent = sock.sendmsg(parts)
-    head, body = parts
-    if sent < len(head) + len(body):
-        rest = memoryview(body)[max(0, sent - len(head)):]
-        if sent < len(head):
-            sock.sendall(head[sent:])
-        sock.sendall(rest)
+    if sent == sum(len(p) for p in parts):
+        return
+    for part in parts:
+        if sent >= len(part):
+            sent -= len(part)
+            continue
+        sock.sendall(memoryview(part)[sent:])
+        sent = 0
 
 
 def _connect_unix(sock: socket.socket, path: str, timeout: float) -> None:

@@ -48,6 +48,8 @@ LENGTH = struct.Struct(">I")
 # header and tags; the rest is headroom for the map around it.
 MAX_FRAME = 17 << 20
 MAX_BATCH = 4096  # keys in one lookup / touch
+# bin values this large (a put's block) are sent and received without copies
+VIEW_MIN = 64 << 10
 DEFAULT_SOCKET = "/run/blockcache/blockcached.sock"
 SOCKET_ENV = "BLOCKCACHE_SOCKET"
 
@@ -79,18 +81,24 @@ def default_socket() -> str:
 
 def encode_frame(body: dict[str, Any]) -> bytes:
     """One frame: length prefix + msgpack body. ProtocolError if too large."""
-    prefix, data = frame_parts(body)
-    return prefix + data
-
-
-def frame_parts(body: dict[str, Any]) -> tuple[bytes, bytes]:
-    """`encode_frame` as (length prefix, body) for a gathering send, which
-    spares joining them: a put's frame is a block file (up to 16 MiB)."""
     data = wire.pack(body)
-    if len(data) > MAX_FRAME:
+    return _prefix(len(data)) + data
+
+
+def frame_parts(body: dict[str, Any]) -> list[bytes | memoryview]:
+    """`encode_frame` as parts for a gathering send (their concatenation is
+    the frame): the length prefix, then the body with every bin value of
+    `VIEW_MIN` bytes or more a part of its own, not copied (a put's block is
+    up to 16 MiB)."""
+    parts = wire.pack_parts(body, VIEW_MIN)
+    return [_prefix(sum(len(p) for p in parts)), *parts]
+
+
+def _prefix(n: int) -> bytes:
+    if n > MAX_FRAME:
         raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
-                            f"message of {len(data)} bytes exceeds the {MAX_FRAME}-byte frame limit")
-    return LENGTH.pack(len(data)), data
+                            f"message of {n} bytes exceeds the {MAX_FRAME}-byte frame limit")
+    return LENGTH.pack(n)
 
 
 def frame_length(prefix: bytes) -> int:
@@ -104,9 +112,14 @@ def frame_length(prefix: bytes) -> int:
     return n
 
 
-def decode_body(data: bytes | memoryview) -> dict[str, Any]:
-    """Unpack a frame body; it must be a map with string keys."""
-    body = wire.unpack(data, MAX_FRAME)
+def decode_body(data: bytes | memoryview, views: bool = False) -> dict[str, Any]:
+    """Unpack a frame body; it must be a map with string keys. With `views`,
+    bin values of `VIEW_MIN` bytes or more in a flat map (every request's
+    shape) come back as memoryviews of `data`, not copies: `data` must then
+    stay unchanged while they are in use."""
+    body = wire.unpack_views(memoryview(data), MAX_FRAME, VIEW_MIN) if views else None
+    if body is None:
+        body = wire.unpack(data, MAX_FRAME)
     if not isinstance(body, dict):
         raise ProtocolError(ErrorCode.BAD_FRAME,
                             f"frame body must be a msgpack map, not {type(body).__name__}")

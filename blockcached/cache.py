@@ -220,7 +220,7 @@ class Cache:
 
     # -- puts --------------------------------------------------------------
 
-    def put(self, key: str, data: bytes) -> tuple[bool, str]:
+    def put(self, key: str, data: bytes | memoryview) -> tuple[bool, str]:
         """Admit a validated block for background writing; (accepted, reason)."""
         size = len(data)
         self.counters["puts"] += 1

@@ -58,6 +58,9 @@ class DirWorker:
             except BaseException as e:  # reported to the loop, never kills the worker
                 result, exc = None, e
             self.busy_since = 0.0
+            # drop the arguments now, not when the next job comes: a put's
+            # block is a view of a frame buffer the server reuses once free
+            job = fn = args = None
             try:
                 self._loop.call_soon_threadsafe(self._finish, done, result, exc)
             except RuntimeError:  # loop closed: the daemon is exiting

@@ -50,6 +50,8 @@ WRITE_HIGH_WATER = 1 << 20    # stop reading a client with this much unsent repl
 FAIR_EVERY = 32
 READ_SIZE = 256 << 10         # bytes read from a socket at once
 MAX_CONNECTIONS = 4096
+FRAME_POOL_BYTES = 32 << 20   # large-frame buffers kept for reuse
+FRAME_CLASS = 64 << 10        # their sizes are rounded up to a multiple of this
 _PEERCRED = struct.Struct("3i")
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
 
@@ -87,6 +89,58 @@ class ByteBudget:
             wake()
 
 
+class FramePool:
+    """Buffers for large frame bodies, reused once nothing refers to them.
+
+    A put's block is decoded as a view of its frame's buffer and written from
+    it by a dir worker, so the buffer stays in use until that write is done.
+    Allocating a fresh one per frame costs more than the transfer itself:
+    big allocations are mmapped (`__main__` pins glibc's mmap threshold), so
+    each 1 MiB frame faulted in 256 zeroed pages and was unmapped after its
+    write. Buffers of up to `FRAME_POOL_BYTES` in all are kept instead and
+    handed out again once no view of them is alive. That is checked, not
+    assumed: a bytearray with a live view cannot be resized, so `_unused`
+    shrinks it by a byte and grows it back (O(1), no copy), and BufferError
+    means a queued write (or anything else) still refers to it. A reused
+    buffer is thus never one something still reads.
+    """
+
+    def __init__(self, limit: int = FRAME_POOL_BYTES):
+        self.limit = limit
+        self.buffers: list[bytearray] = []
+        self.size = 0
+
+    def take(self, n: int) -> bytearray:
+        """A buffer of at least `n` bytes (at most `FRAME_CLASS` more) that
+        nothing else refers to."""
+        want = -(-n // FRAME_CLASS) * FRAME_CLASS
+        spare = None
+        for buf in self.buffers:
+            if _unused(buf):
+                if len(buf) == want:
+                    return buf
+                spare = buf
+        if spare is not None and self.size + want > self.limit:
+            # make room: frames of another size are being sent now
+            self.buffers.remove(spare)
+            self.size -= len(spare)
+        buf = bytearray(want)
+        if self.size + want <= self.limit:
+            self.buffers.append(buf)
+            self.size += want
+        return buf
+
+
+def _unused(buf: bytearray) -> bool:
+    """True if no view of `buf` is alive (resizing it would fail otherwise)."""
+    try:
+        del buf[-1:]
+    except BufferError:
+        return False
+    buf.append(0)
+    return True
+
+
 def peer_of(sock: socket.socket | None) -> Peer:
     """The peer's pid/uid/gid and supplementary groups, from the kernel."""
     if sock is None:
@@ -119,6 +173,12 @@ class Connection(asyncio.BufferedProtocol):
         self.peer = Peer(0, -1, -1)
         self.buf = bytearray()
         self.need = 0             # body length of the frame being read (0 = none)
+        # A large frame's body is read straight into a pooled buffer, not
+        # appended to `buf`: `frame` views its first `need` bytes, `filled` of
+        # them read so far. The live view is what keeps the pool from handing
+        # the buffer to another connection meanwhile.
+        self.frame: memoryview | None = None
+        self.filled = 0
         self.budgeted = 0         # bytes of READ_BUDGET this connection holds
         self.waiting_budget = False
         self.timer: asyncio.TimerHandle | None = None
@@ -148,7 +208,7 @@ class Connection(asyncio.BufferedProtocol):
             self._close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.buf and not self.closed:
+        if (self.buf or self.frame is not None) and not self.closed:
             self.svc.count_error(ErrorCode.BAD_FRAME)  # hung up mid-frame
         if self in self.server.connections:
             self.server.connections.discard(self)
@@ -158,9 +218,17 @@ class Connection(asyncio.BufferedProtocol):
         self.buf = bytearray()
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self.frame is not None:
+            # the rest of a large frame's body, and nothing after it
+            return self.frame[self.filled:]
         return self.server.read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self.frame is not None:
+            self.filled += nbytes
+            if self.filled == self.need and not self.scheduled:
+                self._process()
+            return
         data = self.server.read_buffer[:nbytes]
         if not self.buf and not self.scheduled and not self.paused_for and not self.closed:
             # The common case: one whole small frame in one read (a reader
@@ -204,15 +272,23 @@ class Connection(asyncio.BufferedProtocol):
                 if n > SMALL_FRAME and not self._get_budget(n):
                     return
             n = self.need
-            if len(buf) < 4 + n:
-                if self.timer is None:
-                    timeout = BUDGETED_TIMEOUT if self.budgeted else FRAME_TIMEOUT
-                    self.timer = self.loop.call_later(timeout, self._frame_timeout)
+            if n > SMALL_FRAME:
+                if self.frame is None:
+                    self._start_frame(n)
+                if self.filled < n:
+                    self._wait_body()
+                    return
+                frame, self.frame = self.frame, None
+                # its bin values (a put's block) stay views of `frame`
+                answered = self._answer(frame, views=True)
+            elif len(buf) < 4 + n:
+                self._wait_body()
                 return
-            # unpack in place (no copy of a put's body); `_answer` releases
-            # the view before the buffer shrinks
-            answered = self._answer(memoryview(buf)[4:4 + n])
-            del buf[:4 + n]
+            else:
+                # unpack in place; `_answer` releases the view before the
+                # buffer shrinks
+                answered = self._answer(memoryview(buf)[4:4 + n])
+                del buf[:4 + n]
             self._drop_frame_state()
             if not answered:
                 return
@@ -222,12 +298,28 @@ class Connection(asyncio.BufferedProtocol):
             self.scheduled = True
             self.loop.call_soon(self._next_turn)
 
-    def _answer(self, view: memoryview) -> bool:
+    def _start_frame(self, n: int) -> None:
+        """Give the large frame being read a buffer of its own, holding the
+        body bytes already read; the rest is read straight into it."""
+        frame = self.frame = memoryview(self.server.frames.take(n))[:n]
+        buf = self.buf
+        got = min(n, len(buf) - 4)
+        frame[:got] = memoryview(buf)[4:4 + got]
+        del buf[:4 + got]
+        self.filled = got
+
+    def _wait_body(self) -> None:
+        if self.timer is None:
+            timeout = BUDGETED_TIMEOUT if self.budgeted else FRAME_TIMEOUT
+            self.timer = self.loop.call_later(timeout, self._frame_timeout)
+
+    def _answer(self, view: memoryview, views: bool = False) -> bool:
         """Decode one frame body, handle it and write the reply. Releases
-        `view` once decoded. False if the frame could not be trusted (the
-        connection is then closing)."""
+        `view` once decoded (with `views`, big bin values stay views of its
+        buffer). False if the frame could not be trusted (the connection is
+        then closing)."""
         try:
-            body = protocol.decode_body(view)
+            body = protocol.decode_body(view, views)
             rid = protocol.request_id(body)
         except ProtocolError as exc:
             view.release()
@@ -270,6 +362,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def _drop_frame_state(self) -> None:
         self.need = 0
+        self.frame = None
+        self.filled = 0
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -324,6 +418,7 @@ class Server:
         self.service = service
         self.loop = asyncio.get_running_loop()
         self.budget = ByteBudget(READ_BUDGET)
+        self.frames = FramePool()
         # what every connection reads into (see `Connection`); the size of a
         # read, as asyncio's own default
         self.read_buffer = memoryview(bytearray(READ_SIZE))

@@ -118,7 +118,9 @@ class Service:
 
     def put(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         key = arg(body, "key", str)
-        data = arg(body, "data", bytes)
+        data = body.get("data")
+        if not isinstance(data, memoryview):  # a big block arrives as a view of its frame
+            data = arg(body, "data", bytes)
         BlockKey.parse(key)
         header = blockfile.BlockHeader.parse(data)
         header.check_file_size(len(data))

@@ -157,9 +157,12 @@ class BlockCipher:
         self._aead = AESGCM(subkey)
         self._aad = header.pack() + key.encode()
 
-    def seal_chunk(self, index: int, plaintext: bytes | memoryview) -> bytes:
+    def seal_chunk_into(self, index: int, plaintext: bytes | memoryview,
+                        out: memoryview) -> None:
+        """Encrypt chunk `index` into `out`: its ciphertext, then its tag
+        (exactly len(plaintext) + TAG_SIZE bytes)."""
         last = index == self.header.nchunks - 1
-        return self._aead.encrypt(_NONCE.pack(index, last), plaintext, self._aad)
+        self._aead.encrypt_into(_NONCE.pack(index, last), plaintext, self._aad, out)
 
     def open_chunks(self, first: int, end: int, data: bytes | memoryview) -> bytes:
         """Decrypt chunks [first, end) from exactly their ciphertext; IntegrityError
@@ -231,17 +234,39 @@ class BlockCipher:
 def seal(key: str, plaintext: bytes | memoryview, volume_key: bytes,
          chunk_size: int = DEFAULT_CHUNK) -> bytes:
     """Encrypt one block into the bytes of its block file."""
+    view, _ = seal_into(key, plaintext, volume_key, chunk_size)
+    return view.tobytes()
+
+
+def seal_into(key: str, plaintext: bytes | memoryview, volume_key: bytes,
+              chunk_size: int = DEFAULT_CHUNK, buf: bytearray | None = None
+              ) -> tuple[memoryview, BlockCipher]:
+    """`seal`, written into `buf` (or into a new buffer when it is None or
+    too short: the view's `.obj` is the buffer used, to keep for next time):
+    returns a view of the block file's bytes, and the block's cipher (which
+    reads the block back without another HKDF). Each chunk is encrypted in
+    place: no per-chunk objects, no join, and a reused buffer costs no page
+    faults (a fill thread seals every block it caches)."""
     length = len(plaintext)
     if length > MAX_PLAINTEXT:
         raise ValueError(f"block of {length} bytes exceeds the maximum {MAX_PLAINTEXT}")
     header = BlockHeader(key_id(volume_key), os.urandom(SALT_SIZE), length, chunk_size)
-    BlockHeader.parse(header.pack())  # validates chunk size
+    packed = header.pack()
+    BlockHeader.parse(packed)  # validates chunk size
     cipher = BlockCipher(header, str(key), volume_key)
-    view = memoryview(plaintext)
-    parts = [header.pack()]
+    size = header.file_size
+    if buf is None or len(buf) < size:
+        buf = bytearray(size)
+    out = memoryview(buf)[:size]
+    out[:HEADER_SIZE] = packed
+    src = memoryview(plaintext)
+    pos = HEADER_SIZE
     for i in range(header.nchunks):
-        parts.append(cipher.seal_chunk(i, view[i * chunk_size:(i + 1) * chunk_size]))
-    return b"".join(parts)
+        piece = src[i * chunk_size:(i + 1) * chunk_size]
+        end = pos + len(piece) + TAG_SIZE
+        cipher.seal_chunk_into(i, piece, out[pos:end])
+        pos = end
+    return out, cipher
 
 
 def unseal(key: str, blob: bytes | memoryview, volume_key: bytes,

@@ -58,7 +58,6 @@ same size within one mtime tick looks unchanged (version = mtime_ns-size).
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 import threading
@@ -157,17 +156,33 @@ def _keep_cipher(ciphers: dict, lock: threading.Lock, ck: tuple[str, bytes],
             del ciphers[next(iter(ciphers))]
 
 
-def _seal_and_keep(key: str, plaintext: bytes, *, volume_key: bytes, chunk_size: int,
-                   ciphers: dict, lock: threading.Lock) -> bytes:
-    """The fill thread's `blockfile.seal`, which also keeps the new block's
-    cipher, so this process reading the block back from the cache (the next
-    epoch) skips its HKDF. Keyed by the exact header bytes it wrote: if the
-    daemon keeps another writer's file instead, that header differs and this
-    entry is simply never used."""
-    blob = blockfile.seal(key, plaintext, volume_key, chunk_size)
-    head = bytes(blob[:HEADER_SIZE])
-    _keep_cipher(ciphers, lock, (key, head), BlockCipher(BlockHeader.parse(head), key, volume_key))
-    return blob
+class _Sealer:
+    """The fill thread's `blockfile.seal`. It seals into one buffer it reuses
+    (the link's put has sent the previous block before it asks for the next:
+    a fresh 4 MiB object per block cost a page fault per 4 KiB), and keeps the
+    new block's cipher, so this process reading the block back from the cache
+    (the next epoch) skips its HKDF. Keyed by the exact header bytes it wrote:
+    if the daemon keeps another writer's file instead, that header differs
+    and this entry is simply never used. Holds no reference to the Volume
+    (the link's threads would keep it alive)."""
+
+    __slots__ = ("_volume_key", "_chunk_size", "_ciphers", "_lock", "_buf")
+
+    def __init__(self, volume_key: bytes, chunk_size: int, ciphers: dict,
+                 lock: threading.Lock) -> None:
+        self._volume_key = volume_key
+        self._chunk_size = chunk_size
+        self._ciphers = ciphers
+        self._lock = lock
+        self._buf = bytearray()
+
+    def __call__(self, key: str, plaintext: bytes) -> memoryview:
+        """The block file's bytes: valid until the next call."""
+        blob, cipher = blockfile.seal_into(key, plaintext, self._volume_key, self._chunk_size,
+                                           self._buf)
+        self._buf = blob.obj  # the larger one, if it had to grow
+        _keep_cipher(self._ciphers, self._lock, (key, blob[:HEADER_SIZE].tobytes()), cipher)
+        return blob
 
 
 # Bumped in every forked child, so the hot path can tell "new process" from an
@@ -237,9 +252,7 @@ class Volume:
         self._flight = SingleFlight()
         self.counters = Counters()
         # the sealer must not reference self, or the link's threads would keep us alive
-        seal = functools.partial(_seal_and_keep, volume_key=self._volume_key,
-                                 chunk_size=self._chunk_size, ciphers=self._ciphers,
-                                 lock=self._cipher_lock)
+        seal = _Sealer(self._volume_key, self._chunk_size, self._ciphers, self._cipher_lock)
         self._link = DaemonLink(self.socket_path, self.counters, seal,
                                 self._fill_queue_bytes, client_name=f"volume:{self.name}")
         # a Volume dropped without close() must not leave its threads reconnecting forever

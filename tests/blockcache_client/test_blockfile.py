@@ -207,12 +207,16 @@ class CountingAESGCM:
     def __init__(self, key):
         self._real = blockfile.AESGCM.__wrapped_real__(key)
 
-    def encrypt(self, nonce, data, aad):
-        return self._real.encrypt(nonce, data, aad)
+    def encrypt_into(self, nonce, data, aad, buf):
+        return self._real.encrypt_into(nonce, data, aad, buf)
 
     def decrypt(self, nonce, data, aad):
         CountingAESGCM.decrypted += len(data)
         return self._real.decrypt(nonce, data, aad)
+
+    def decrypt_into(self, nonce, data, aad, buf):
+        CountingAESGCM.decrypted += len(data)
+        return self._real.decrypt_into(nonce, data, aad, buf)
 
 
 @pytest.fixture
@@ -251,3 +255,17 @@ def test_block_cipher_reads_only_given_chunks(counting):
     assert counting.decrypted == 2 * (MIN_CHUNK + TAG_SIZE)
     with pytest.raises(IntegrityError):
         c.open_chunks(first, end, blob[start:stop - 1])
+
+
+def test_seal_into_reuses_its_buffer_and_matches_seal_format():
+    """A fill thread seals into one buffer: each result unseals to its own
+    plaintext, a short buffer grows, and the returned cipher reads the block."""
+    buf = None
+    for n, grows in ((5000, True), (3 * MIN_CHUNK + 7, True), (10, False), (0, False)):
+        plain = data_of(n)
+        view, cipher = blockfile.seal_into(KEY, plain, VK, MIN_CHUNK, buf)
+        assert len(view) == HEADER_SIZE + n + max(1, -(-n // MIN_CHUNK)) * TAG_SIZE
+        assert (view.obj is not buf) == grows  # written in place unless too short
+        buf = view.obj
+        assert unseal(KEY, view.tobytes(), VK) == plain
+        assert cipher.read_range(0, n, view[HEADER_SIZE:]) == plain

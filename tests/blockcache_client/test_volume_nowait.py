@@ -17,9 +17,10 @@ pytestmark = pytest.mark.skipif(not nowait.SUPPORTED, reason="needs openat2 and 
 
 
 def _drop_pages(path: str) -> None:
-    """Evict a clean file's pages from the page cache, as memory pressure would."""
+    """Evict a file's pages from the page cache, as memory pressure would."""
     fd = os.open(path, os.O_RDONLY)
     try:
+        os.fdatasync(fd)  # the daemon does not fsync blocks, and dirty pages would stay
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import select
 import socket
 import struct
 import threading
@@ -30,6 +31,11 @@ from .errors import DaemonError, DaemonUnavailable, ProtocolError
 from .protocol import LENGTH
 
 DEFAULT_TIMEOUT = 5.0
+
+# Bumped in every forked child, so a client notices a fork by comparing an
+# int instead of making a getpid() system call per request.
+_forks = [0]
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
 class _Ops:
@@ -103,7 +109,8 @@ class Client(_Ops):
         self.timeout = timeout
         self._sock: socket.socket | None = None
         self._rbuf = bytearray()  # bytes read ahead of the reply being parsed
-        self._pid = os.getpid()
+        self._poll = select.poll()
+        self._fork = _forks[0]
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -133,20 +140,34 @@ class Client(_Ops):
                                         f"{exc.strerror or exc}; is the daemon running? "
                                         f"(set --socket or ${protocol.SOCKET_ENV})") from None
             # Blocking I/O with kernel timeouts rather than settimeout(), which
-            # costs a poll() before every recv: a quarter of a lookup's round trip.
+            # polls before every send as well as every recv: replies are waited
+            # for in `_wait_readable`, and sends go straight out.
             sock.settimeout(None)
             usec = max(1, round(self.timeout * 1e6))  # a zero timeval waits forever
             tv = struct.pack("ll", usec // 1_000_000, usec % 1_000_000)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+            self._poll = select.poll()
+            self._poll.register(sock, select.POLLIN)
             self._sock, self._rbuf = sock, bytearray()
         return self._sock
+
+    def _wait_readable(self) -> None:
+        """Wait for reply bytes in poll(2), not in a blocking recv. Consuming
+        a request signals write space on the sender's socket, which wakes
+        every task sleeping in recv on it; poll waits for input only. So a
+        client blocked in recv was woken for nothing (and slept again) each
+        time the daemon read its request: one cross-CPU wake-up per request
+        on each side, for the price of one poll call."""
+        if not self._poll.poll(max(1, round(self.timeout * 1000))):
+            raise TimeoutError
 
     def _recv_exact(self, sock: socket.socket, n: int) -> bytearray:
         """`n` bytes from the stream, reading ahead in large chunks so a small
         reply costs one recv, not one for its prefix and one for its body."""
         buf = self._rbuf
         while len(buf) < n:
+            self._wait_readable()
             chunk = sock.recv(max(n - len(buf), 1 << 16))
             if not chunk:
                 raise ConnectionError("daemon closed the connection")
@@ -160,6 +181,7 @@ class Client(_Ops):
         one recv: decode it straight from that chunk, with no read-ahead
         buffer and no copies of its prefix and body."""
         if not self._rbuf:
+            self._wait_readable()
             chunk = sock.recv(1 << 16)
             if not chunk:
                 raise ConnectionError("daemon closed the connection")
@@ -173,10 +195,10 @@ class Client(_Ops):
 
     def _exchange(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Send all requests, then collect their replies (matched by id)."""
-        if self._pid != os.getpid():
+        if self._fork != _forks[0]:
             # Forked (a DataLoader worker): never share the parent's stream, and
             # the parent's lock may have been held by a thread that is not here.
-            self._sock, self._pid, self._lock = None, os.getpid(), threading.Lock()
+            self._sock, self._fork, self._lock = None, _forks[0], threading.Lock()
         with self._lock:
             try:
                 sock = self._connect()
@@ -215,7 +237,7 @@ def _send_parts(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
     block). A blocking sendmsg sends everything unless SO_SNDTIMEO or a
     signal cuts it short; then the rest goes by sendall."""
     sent = sock.sendmsg(parts)
-    if sent == sum(len(p) for p in parts):
+    if sent == sum(map(len, parts)):
         return
     for part in parts:
         if sent >= len(part):

@@ -91,7 +91,7 @@ def frame_parts(body: dict[str, Any]) -> list[bytes | memoryview]:
     `VIEW_MIN` bytes or more a part of its own, not copied (a put's block is
     up to 16 MiB)."""
     parts = wire.pack_parts(body, VIEW_MIN)
-    return [_prefix(sum(len(p) for p in parts)), *parts]
+    return [_prefix(sum(map(len, parts))), *parts]
 
 
 def _prefix(n: int) -> bytes:

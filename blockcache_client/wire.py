@@ -75,6 +75,11 @@ def pack_parts(obj: dict[str, Any], min_view: int) -> list[bytes | memoryview]:
     """`pack(obj)` as a list of parts whose concatenation it is, with each bin
     value of at least `min_view` bytes a part of its own, not copied (for a
     gathering send). Other values are packed as `pack` packs them."""
+    for value in obj.values():
+        if isinstance(value, _BUFFERS) and len(value) >= min_view:
+            break
+    else:
+        return [pack(obj)]  # the common case: a small request, one part
     try:
         packer = _local.packer
     except AttributeError:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +18,7 @@ import pytest
 
 from blockcache_client import blockfile, cli, layout, protocol, wire
 from blockcache_client.client import Client
-from blockcache_client.errors import BlockcacheError, DaemonError
+from blockcache_client.errors import BlockcacheError, DaemonError, DaemonUnavailable
 from blockcache_client.keys import BlockKey
 from blockcache_client.protocol import ErrorCode
 from blockcached.server import (BUDGETED_TIMEOUT, FRAME_CLASS, FRAME_POOL_BYTES, READ_SIZE,
@@ -586,3 +588,41 @@ def test_clients_hanging_up_mid_large_frame_are_counted_and_leak_nothing(daemon)
     assert c.lookup([key])[0] is not None
     # the pool keeps at most FRAME_POOL_BYTES; 150 leaked frames would be 150 MiB
     assert _rss_bytes(daemon.proc.pid) - rss < FRAME_POOL_BYTES + (16 << 20)
+
+
+def test_client_times_out_on_a_stopped_daemon_then_reconnects(daemon):
+    c = Client(daemon.socket_path, timeout=0.3)
+    c.ping()
+    daemon.proc.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(DaemonUnavailable, match="timed out after 0.3s"):
+            c.lookup([make_key()])
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
+    assert c.ping()["ok"]
+    c.close()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_client_sleeps_once_per_request(daemon):
+    """A client waits for its reply in poll, which only input wakes. Blocked
+    in recv instead, it was also woken (for nothing) when the daemon consumed
+    its request, a write-space wake-up of every task sleeping on the socket:
+    with client and daemon on different CPUs, nearly every request slept twice."""
+    cpus = sorted(os.sched_getaffinity(0))
+    mine, daemons = os.sched_getaffinity(0), os.sched_getaffinity(daemon.proc.pid)
+    os.sched_setaffinity(0, {cpus[0]})
+    os.sched_setaffinity(daemon.proc.pid, {cpus[1]})
+    try:
+        c = Client(daemon.socket_path)
+        c.ping()
+        key, n = make_key(), 2000
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        for _ in range(n):
+            c.lookup([key])
+        sleeps = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
+        c.close()
+    finally:
+        os.sched_setaffinity(0, mine)
+        os.sched_setaffinity(daemon.proc.pid, daemons)
+    assert sleeps < 1.3 * n

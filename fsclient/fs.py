@@ -7,18 +7,22 @@ Design
   knows: an entry is added by a successful lookup or readdirplus entry and
   dropped when `forget` brings its lookup count to zero, so the table is
   bounded by the kernel's own inode cache. Open files keep their path and
-  FileInfo in their handle, so a forget never breaks an open file.
+  FileInfo in their handle, so a forget never breaks an open file (and the
+  node, whose open count guards the page-cache store, stays until release).
 - Metadata comes from `MetaCache` (per-prefix TTL) and otherwise from the
   volume, asked for a fresh answer (`max_age=0`: this cache is the one that
   applies the TTL, so an entry is never older than its TTL). The same TTL is
   the kernel's entry/attr timeout, and zero-TTL prefixes always ask.
 - `open` pins the FileInfo (the version) it saw; every read of that handle
   reads that version. `keep_cache` is set only when the prefix's TTL > 0 and
-  the version equals the one seen at the previous open of the inode.
+  the version equals the one seen at the previous open of the inode, or when
+  the open has put the whole file in the page cache itself (`_store`).
 - Volume calls block (remote I/O, cache files), so they run on a thread pool;
   the event loop only dispatches and answers from caches, including the
   kernel's: a small file whose cache file is in the page cache is read at
-  open on the loop (`Volume.readinto_nowait`, which cannot wait on a disk).
+  open on the loop (`Volume.readinto_nowait`, which cannot wait on a disk)
+  and, when no other handle of it is open, handed to the kernel's page cache
+  before the open answers (`_store`), so its reads need no request.
 - Sequential reads of a handle trigger `Volume.prefetch` of the next
   `readahead_blocks` blocks, issued once per block crossed; random reads reset
   the streak and prefetch nothing.
@@ -39,12 +43,15 @@ import json
 import logging
 import os
 import stat
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import pyfuse3
 import pyfuse3.asyncio
+
+from blockcache_client.keys import inode_for_path
 
 from . import fuseloop
 from .config import MountConfig
@@ -83,6 +90,8 @@ MAX_LISTING_TASKS = 16
 # ops whose first argument is a file or dir handle, not an inode
 _HANDLE_OPS = frozenset({"read", "flush", "release", "readdir", "releasedir"})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT
+# what os.fsdecode/os.fsencode use, for names converted on every lookup
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
 # Errnos a volume error keeps through the mount: they say something true about
@@ -146,35 +155,38 @@ def _erofs(fn: Callable) -> Callable:
 
 
 class Node:
-    """An inode the kernel knows: its path and kernel lookup count."""
+    """An inode the kernel knows: its path, kernel lookup count, the size the
+    kernel was last told (attributes of a lookup, getattr or readdirplus
+    reply) and how many handles of it are open."""
 
-    __slots__ = ("path", "lookups")
+    __slots__ = ("path", "lookups", "size", "opens")
 
     def __init__(self, path: str, lookups: int):
         self.path = path
         self.lookups = lookups
+        self.size = -1
+        self.opens = 0
 
 
 class Handle:
     """An open file: the pinned FileInfo and the sequential-read state."""
 
-    __slots__ = ("path", "info", "inode", "next_off", "streak", "prefetched_until", "data",
-                 "pending", "blocks")
+    __slots__ = ("path", "info", "node", "inode", "next_off", "streak", "prefetched_until",
+                 "data", "pending", "blocks")
 
-    def __init__(self, path: str, info: Any, inode: int):
+    def __init__(self, path: str, info: Any, inode: int, node: Node):
         self.path = path
         self.info = info
         self.inode = inode
+        self.node = node  # its open count includes this handle until release
         self.data: memoryview | None = None  # the whole (small) file, once read
         self.pending: asyncio.Future | None = None  # ... while it is being read
-        self.blocks: dict[int, asyncio.Future] = {}  # block offset -> its bytes (sequential)
+        # block offset -> its bytes, for a sequential reader (made at its first
+        # block: most handles are small files and never need one)
+        self.blocks: dict[int, asyncio.Future] | None = None
         self.next_off = -1
         self.streak = 0
         self.prefetched_until = 0
-
-
-def _join(parent: str, name: str) -> str:
-    return f"{parent}/{name}" if parent else name
 
 
 class BlockcacheFS(pyfuse3.Operations):
@@ -197,10 +209,19 @@ class BlockcacheFS(pyfuse3.Operations):
         self.prefetches = 0
         self.inline_loads = 0  # whole-file reads served on the loop (no thread hop)
         self.kept_opens = 0  # opens that let the kernel keep its page cache
+        self.stored_opens = 0  # opens that put the file's bytes in the page cache
+        # put small files' bytes in the kernel's page cache at open (`_store`);
+        # set by the mount once its FUSE session exists (never without one)
+        self.store_pages = False
         self.ops: collections.Counter = collections.Counter()  # requests per operation
         # handling time per operation (a metrics.Histogram; set when metrics are on)
         self.op_latency: Any = None
         self.whole_file_max = min(WHOLE_FILE_MAX, cfg.block_size)
+        # a small file put in the kernel's page cache at its open is read into
+        # this one buffer: its bytes are copied into the kernel before the open
+        # returns, and nothing keeps a view of it after (no fresh, zeroed
+        # buffer per file)
+        self._spare = memoryview(bytearray(self.whole_file_max))
         self.buffered_blocks = 0
         self.max_buffered_blocks = max(2, BUFFER_BYTES_MAX // cfg.block_size)
         # parent dir -> its in-flight background listing
@@ -263,7 +284,7 @@ class BlockcacheFS(pyfuse3.Operations):
         n = self.volume.readinto(path, off, buf, info=info)
         return memoryview(buf)[:n]
 
-    def _load_nowait(self, path: str, info: Any, buf: bytearray) -> memoryview | None:
+    def _load_nowait(self, path: str, info: Any, buf: bytearray | memoryview) -> memoryview | None:
         """The whole (small) file read here on the event loop, when the
         volume can do it without waiting: its block in the memory LRU, or its
         cache file's path and pages in the kernel's caches (`readinto_nowait`).
@@ -282,13 +303,16 @@ class BlockcacheFS(pyfuse3.Operations):
         self.inline_loads += 1
         return memoryview(buf)[:n]
 
-    def _path(self, inode: int) -> str:
+    def _node(self, inode: int) -> Node:
         node = self.nodes.get(inode)
         if node is None:
             # The kernel asked about an inode it forgot: never expected, but an
             # errno is better than a crash.
             raise pyfuse3.FUSEError(errno.ESTALE)
-        return node.path
+        return node
+
+    def _path(self, inode: int) -> str:
+        return self._node(inode).path
 
     async def _stat(self, path: str) -> Any:
         """FileInfo of `path` (cached by TTL); FUSEError(ENOENT) if missing."""
@@ -331,23 +355,20 @@ class BlockcacheFS(pyfuse3.Operations):
             log.debug("background listing of %r failed: %s", parent, task.exception())
 
     def _attrs(self, info: Any, inode: int) -> pyfuse3.EntryAttributes:
-        a = pyfuse3.EntryAttributes()
+        a = pyfuse3.EntryAttributes()  # (generation 0 and st_nlink 1 already)
         a.st_ino = inode
-        a.generation = 0
         ttl = self.meta.ttl(info.path)
         a.entry_timeout = ttl
         a.attr_timeout = ttl
         perm = (info.mode or 0) & 0o7777
         if info.is_dir:
+            # st_nlink stays 1 for directories too: "subdirectory count
+            # unknown", so find/fts do not skip subdirectories
             a.st_mode = stat.S_IFDIR | (perm or 0o755)
-            # 1 = "subdirectory count unknown": find/fts must not skip subdirs
-            a.st_nlink = 1
         elif info.is_link:
             a.st_mode = stat.S_IFLNK | 0o777
-            a.st_nlink = 1
         else:
             a.st_mode = stat.S_IFREG | (perm or 0o644)
-            a.st_nlink = 1
         size = info.size or 0
         a.st_size = size
         a.st_blksize = 128 << 10
@@ -360,19 +381,31 @@ class BlockcacheFS(pyfuse3.Operations):
         a.st_atime_ns = mtime
         return a
 
-    def _remember(self, path: str) -> int | None:
-        """Inode of `path`, with its kernel lookup count raised by one;
-        None on an inode-hash collision (the entry is then not shown)."""
-        inode = self.volume.inode(path)
+    def _inode(self, path: str) -> int:
+        """`Volume.inode(path)` of a path built here from normalized parts
+        (a known path and a name from the kernel or a listing): the same
+        number without normalizing the path again. A name normalize would
+        refuse still goes through it, and raises as before."""
+        if "\\" in path or "\0" in path:
+            return self.volume.inode(path)
+        return inode_for_path(path)
+
+    def _remember(self, path: str, size: int, inode: int | None = None) -> int | None:
+        """Inode of `path` (or `inode`, already computed), with its kernel
+        lookup count raised by one and `size` noted as the size the kernel
+        now has; None on an inode-hash collision (the entry is then not shown)."""
+        if inode is None:
+            inode = self._inode(path)
         node = self.nodes.get(inode)
         if node is None:
-            self.nodes[inode] = Node(path, 1)
+            node = self.nodes[inode] = Node(path, 1)
         elif node.path != path:
             log.error("inode collision: %r and %r both hash to inode %d; %r is hidden",
                       node.path, path, inode, path)
             return None
         else:
             node.lookups += 1
+        node.size = size
         return inode
 
     # metadata
@@ -380,24 +413,26 @@ class BlockcacheFS(pyfuse3.Operations):
     @fuse_op()
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None):
         parent = self._path(parent_inode)
-        sname = os.fsdecode(name)
+        sname = name.decode(_FS_ENCODING, _FS_ERRORS)  # os.fsdecode, minus its type checks
         if sname == ".":
             path = parent
         elif sname == "..":
             path = parent_of(parent)
         else:
-            path = _join(parent, sname)
-        try:
-            info = await self._stat(path)
-        except pyfuse3.FUSEError as exc:
-            ttl = self.meta.ttl(path)
-            if exc.errno != errno.ENOENT or ttl <= 0:
-                raise
-            negative = pyfuse3.EntryAttributes()
-            negative.st_ino = 0  # a negative entry the kernel caches for entry_timeout
-            negative.entry_timeout = ttl
-            return negative
-        inode = self._remember(path)
+            path = f"{parent}/{sname}" if parent else sname
+        info = self.meta.lookup(path)
+        if info is None or info is NEGATIVE:  # (a cached answer needs no _stat coroutine)
+            try:
+                info = await self._stat(path)
+            except pyfuse3.FUSEError as exc:
+                ttl = self.meta.ttl(path)
+                if exc.errno != errno.ENOENT or ttl <= 0:
+                    raise
+                negative = pyfuse3.EntryAttributes()
+                negative.st_ino = 0  # a negative entry the kernel caches for entry_timeout
+                negative.entry_timeout = ttl
+                return negative
+        inode = self._remember(path, info.size)
         if inode is None:
             raise pyfuse3.FUSEError(errno.EIO)
         return self._attrs(info, inode)
@@ -409,13 +444,17 @@ class BlockcacheFS(pyfuse3.Operations):
             if node is None or inode == ROOT_INODE:
                 continue
             node.lookups -= nlookup
-            if node.lookups <= 0:
+            if node.lookups <= 0 and node.opens <= 0:  # (an open node goes at its release)
                 del self.nodes[inode]
 
     @fuse_op()
     async def getattr(self, inode: int, ctx: Any = None):
-        path = self._path(inode)
-        return self._attrs(await self._stat(path), inode)
+        node = self._node(inode)
+        info = self.meta.lookup(node.path)
+        if info is None or info is NEGATIVE:
+            info = await self._stat(node.path)
+        node.size = info.size
+        return self._attrs(info, inode)
 
     @fuse_op()
     async def readlink(self, inode: int, ctx: Any = None):
@@ -442,7 +481,7 @@ class BlockcacheFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         for i in range(start_id, len(entries)):
             e = entries[i]
-            inode = self.volume.inode(e.path)
+            inode = self._inode(e.path)
             node = self.nodes.get(inode)
             if node is not None and node.path != e.path:
                 log.error("inode collision: %r and %r both hash to inode %d; %r is hidden",
@@ -451,7 +490,7 @@ class BlockcacheFS(pyfuse3.Operations):
             if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self._attrs(e, inode), i + 1):
                 break
             # readdirplus: every entry the kernel accepted counts as a lookup
-            self._remember(e.path)
+            self._remember(e.path, e.size, inode)
 
     async def releasedir(self, fh: int) -> None:
         self.dir_handles.pop(fh, None)
@@ -473,21 +512,60 @@ class BlockcacheFS(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: Any = None):
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
-        path = self._path(inode)
-        info = await self._stat(path)
+        node = self._node(inode)
+        path = node.path
+        info = self.meta.lookup(path)
+        if info is None or info is NEGATIVE:
+            info = await self._stat(path)
         if info.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
         keep = self.meta.keep_cache(inode, info)
         self.kept_opens += keep
         fh = next(self._fh)
-        h = self.handles[fh] = Handle(path, info, inode)
+        h = self.handles[fh] = Handle(path, info, inode, node)
+        node.opens += 1
         if 0 < info.size <= self.whole_file_max and not keep:
-            buf = bytearray(info.size)  # one buffer, whichever read fills it
-            h.data = self._load_nowait(path, info, buf)
-            if h.data is None:
+            # Safe to put in the page cache (see _store): read into the spare
+            # buffer, whose bytes the kernel copies before this call returns.
+            storable = self.store_pages and node.opens == 1 and node.size == info.size
+            buf = self._spare[:info.size] if storable else bytearray(info.size)
+            data = self._load_nowait(path, info, buf)
+            if data is None:
+                if storable:
+                    buf = bytearray(info.size)  # the pool's read outlives this call
                 h.pending = self._call(self._load, path, 0, info.size, info, buf)
                 h.pending.add_done_callback(_retrieve)
+            elif storable and self._store(inode, data):
+                keep = True  # (keep_cache=False would drop the pages just stored)
+            else:
+                h.data = memoryview(bytes(data)) if storable else data
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+
+    def _store(self, inode: int, data: memoryview) -> bool:
+        """Put a whole small file, read at its open, into the kernel's page
+        cache for `inode` (FUSE notify_store), so the reader's reads are
+        answered there, without a read request. True if stored: the open
+        must then answer keep_cache, or the kernel drops the pages.
+
+        The caller guarantees it is safe: no other handle of the inode is
+        open (the kernel locks a page while a read of it waits for this
+        process, and the store waits for that lock: a store during such a
+        read would never return), and the kernel's size of the inode is this
+        version's (every page it may serve, [0, size), now holds these
+        bytes, so keeping them serves this version and nothing else)."""
+        if not self.store_pages:
+            return False
+        try:
+            pyfuse3.notify_store(inode, 0, data)
+        except OSError as exc:
+            # not supported (ENOSYS), or failed part way: the open answers
+            # without keep_cache, so the kernel drops whatever was stored
+            self.store_pages = False
+            log.info("cannot put file data in the kernel's page cache (%s); small files "
+                     "are read through read requests", exc)
+            return False
+        self.stored_opens += 1
+        return True
 
     @fuse_op(gone=errno.ESTALE)
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
@@ -514,7 +592,7 @@ class BlockcacheFS(pyfuse3.Operations):
         if h.data is not None:
             return h.data[off:off + size]
         sequential = self._follow(h, off, size)
-        if (off - off % self.cfg.block_size) in h.blocks or (
+        if (h.blocks is not None and (off - off % self.cfg.block_size) in h.blocks) or (
                 sequential and self.buffered_blocks < self.max_buffered_blocks):
             return await self._read_blocks(h, off, size)
         return await self._call(self._load, h.path, off, size, h.info)
@@ -522,23 +600,26 @@ class BlockcacheFS(pyfuse3.Operations):
     async def _read_blocks(self, h: Handle, off: int, size: int) -> bytes | memoryview:
         """Serve [off, off+size) from whole blocks read into the handle."""
         bs = self.cfg.block_size
+        blocks = h.blocks
+        if blocks is None:
+            blocks = h.blocks = {}
         out = []
         while size > 0:
             boff = off - off % bs
-            fut = h.blocks.get(boff)
+            fut = blocks.get(boff)
             if fut is None:
                 fut = self._call(self._load, h.path, boff, min(bs, h.info.size - boff), h.info)
                 fut.add_done_callback(_retrieve)
-                h.blocks[boff] = fut
+                blocks[boff] = fut
                 self.buffered_blocks += 1
-                if len(h.blocks) > 2:
-                    del h.blocks[next(iter(h.blocks))]
+                if len(blocks) > 2:
+                    del blocks[next(iter(blocks))]
                     self.buffered_blocks -= 1
             try:
                 data = await fut
             except BaseException:
-                if h.blocks.get(boff) is fut:  # let the next read try again
-                    del h.blocks[boff]
+                if blocks.get(boff) is fut:  # let the next read try again
+                    del blocks[boff]
                     self.buffered_blocks -= 1
                 raise
             piece = data[off - boff:off - boff + size]
@@ -580,7 +661,12 @@ class BlockcacheFS(pyfuse3.Operations):
         self.ops["release"] += 1
         h = self.handles.pop(fh, None)
         if h is not None:
-            self.buffered_blocks -= len(h.blocks)
+            if h.blocks:
+                self.buffered_blocks -= len(h.blocks)
+            node = h.node
+            node.opens -= 1
+            if node.opens <= 0 and node.lookups <= 0 and self.nodes.get(h.inode) is node:
+                del self.nodes[h.inode]  # forgotten while open
 
     # extended attributes: per-file cache state, and the volume's stats on the root
 
@@ -615,6 +701,7 @@ class BlockcacheFS(pyfuse3.Operations):
         stats["fsclient"] = {**self.meta.stats(), "inodes": len(self.nodes),
                              "open_files": len(self.handles), "prefetches": self.prefetches,
                              "inline_loads": self.inline_loads, "kept_opens": self.kept_opens,
+                             "stored_opens": self.stored_opens,
                              "ops": dict(self.ops)}
         return json.dumps(stats, sort_keys=True, default=str).encode()
 

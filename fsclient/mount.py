@@ -21,6 +21,7 @@ on that mount point recovers it (`mountpoint.prepare`).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import select
@@ -50,6 +51,15 @@ READY_TIMEOUT = 90.0
 # two requests and a 4 MiB block 32. 1 MiB (the largest request libfuse
 # takes) serves a whole small file, or a quarter block, per request.
 KERNEL_READAHEAD_KB = 1024
+# Container allocations between two young-generation collections of the
+# cyclic garbage collector (Python's default: 700). A warm small file costs a
+# few allocations that outlive their request (inode table, open versions), so
+# at 700 the loop collected every ~250 files, and each collection also walked
+# the older generations now and then: 12-17 us of CPU per file in a measured
+# fresh-mount epoch. Garbage cycles are rare here (every request's objects
+# are freed by reference counting), so collecting less often costs little
+# memory.
+GC_YOUNG_THRESHOLD = 10_000
 
 
 class Readiness:
@@ -175,6 +185,7 @@ def run(cfg: MountConfig, readiness: Readiness) -> int:
             readiness.error(f"cannot mount {cfg.source} on {mountpoint}: {exc} (is /dev/fuse "
                             f"available, and are you root or is fusermount3 setuid?)")
             return 1
+        fs.store_pages = True  # a FUSE session exists now: notify_store has somewhere to go
         try:
             return asyncio.run(_serve(fs, mountpoint, readiness))
         finally:
@@ -185,6 +196,17 @@ def run(cfg: MountConfig, readiness: Readiness) -> int:
             metrics.close()
         fs.close()
         volume.close()
+
+
+def tune_gc() -> None:
+    """Collect once, move everything made while mounting (modules, the
+    volume, config) out of the collector's reach for good (gc.freeze: it
+    is never garbage, and every older-generation collection walked all of
+    it), and collect the young generation less often."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 def set_kernel_readahead(dev: int, kb: int) -> bool:
@@ -213,6 +235,7 @@ async def _serve(fs: Any, mountpoint: str, readiness: Readiness) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    tune_gc()
     main = asyncio.ensure_future(pyfuse3.main())
     # The mount is ready when a stat of the mount point, made by another thread,
     # is answered by this loop through the kernel: end to end, not just "mounted".

@@ -17,18 +17,22 @@ from fsclient.fs import ROOT_INODE, BlockcacheFS, errno_of
 BS = 64 << 10
 
 
-@pytest.fixture
-def fs(tmp_path, key_file):
+def _make_fs(tmp_path, key_file, meta_ttl: float):
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
     (src / "d" / "small").write_bytes(b"s" * 1000)
     (src / "big").write_bytes(os.urandom(40 * BS + 5))
     cfg = build_config(volume="v", source=str(src), mountpoint=str(tmp_path / "m"),
                        key_file=str(key_file), socket=str(tmp_path / "no.sock"),
-                       block_size=str(BS), meta_ttl=60.0)
+                       block_size=str(BS), meta_ttl=meta_ttl)
     vol = Volume("v", str(src), str(key_file), socket_path=str(tmp_path / "no.sock"),
                  block_size=BS)
-    f = BlockcacheFS(vol, cfg)
+    return BlockcacheFS(vol, cfg), vol, src
+
+
+@pytest.fixture
+def fs(tmp_path, key_file):
+    f, vol, src = _make_fs(tmp_path, key_file, 60.0)
     try:
         yield f, src
     finally:
@@ -38,6 +42,12 @@ def fs(tmp_path, key_file):
 
 def run(coro):
     return asyncio.run(coro)
+
+
+async def _small_inode(f: BlockcacheFS) -> int:
+    """d/small looked up as the kernel would: its inode."""
+    d = await f.lookup(ROOT_INODE, b"d")
+    return (await f.lookup(d.st_ino, b"small")).st_ino
 
 
 def test_lookup_counts_and_forget_keep_the_inode_table_bounded(fs):
@@ -84,9 +94,8 @@ def test_small_files_are_read_whole_at_open(fs):
     f, _ = fs
 
     async def go():
-        d = await f.lookup(ROOT_INODE, b"d")
-        small = await f.lookup(d.st_ino, b"small")
-        fi = await f.open(small.st_ino, os.O_RDONLY)
+        ino = await _small_inode(f)
+        fi = await f.open(ino, os.O_RDONLY)
         h = f.handles[fi.fh]
         assert h.pending is not None  # under way before the first read
         assert await f.read(fi.fh, 10, 20) == b"s" * 20
@@ -95,9 +104,67 @@ def test_small_files_are_read_whole_at_open(fs):
         assert await f.read(fi.fh, 1000, 100) == b""
         await f.release(fi.fh)
         with pytest.raises(pyfuse3.FUSEError) as exc:
-            await f.open(small.st_ino, os.O_RDWR)
+            await f.open(ino, os.O_RDWR)
         assert exc.value.errno == errno.EROFS
     run(go())
+
+
+def test_an_inode_forgotten_while_open_stays_until_its_release(fs):
+    # its open count guards the page-cache store (no store while another
+    # handle of the inode is open), so it must outlive a forget
+    f, _ = fs
+
+    async def go():
+        ino = await _small_inode(f)
+        fi = await f.open(ino, os.O_RDONLY)
+        await f.forget([(ino, 1)])
+        assert f.nodes[ino].opens == 1
+        assert await f.read(fi.fh, 0, 10) == b"s" * 10
+        await f.release(fi.fh)
+        assert ino not in f.nodes
+    run(go())
+
+
+def test_small_files_go_to_the_page_cache_only_when_that_is_safe(tmp_path, key_file,
+                                                                   monkeypatch):
+    # TTL 0: no open keeps the kernel's cache because of an earlier one, so
+    # every open of a small file decides whether to store it
+    f, vol, _ = _make_fs(tmp_path, key_file, 0.0)
+    stored: list[tuple[int, int, bytes]] = []
+    # the kernel's side of notify_store (there is no FUSE session here)
+    monkeypatch.setattr(pyfuse3, "notify_store",
+                        lambda inode, off, data: stored.append((inode, off, bytes(data))))
+    f.store_pages = True
+    want = b"s" * 1000
+
+    async def go():
+        ino = await _small_inode(f)
+        fi = await f.open(ino, os.O_RDONLY)  # a miss: read on the pool, after the open
+        assert not fi.keep_cache and await f.read(fi.fh, 0, 4096) == want
+        await f.release(fi.fh)
+        assert stored == []
+        first = await f.open(ino, os.O_RDONLY)  # now in memory: read at open, stored
+        assert stored == [(ino, 0, want)] and first.keep_cache
+        # a second handle while the first is open: never stored (the kernel
+        # could be waiting on this process for a read of the first)
+        second = await f.open(ino, os.O_RDONLY)
+        assert len(stored) == 1 and not second.keep_cache
+        assert await f.read(second.fh, 0, 4096) == want
+        # the kernel lost the first handle's pages: its read is served anew
+        assert await f.read(first.fh, 0, 4096) == want
+        await f.release(second.fh)
+        await f.release(first.fh)
+        # the kernel was told another size for the inode: not stored either
+        f.nodes[ino].size = 999
+        fi = await f.open(ino, os.O_RDONLY)
+        assert len(stored) == 1 and not fi.keep_cache and await f.read(fi.fh, 0, 4096) == want
+        await f.release(fi.fh)
+        assert f.stored_opens == 1
+    try:
+        run(go())
+    finally:
+        f.close()
+        vol.close()
 
 
 @pytest.mark.parametrize("exc, want", [

@@ -1,7 +1,8 @@
 """A fresh mount over a warm shared cache: small files whose cache files are in
-the page cache are read on the event loop (no thread hop); the others, and
-everything while their pages are on disk only, through the pool, with the
-same bytes. The kernel sends one read request per small file."""
+the page cache are read on the event loop (no thread hop) and put in the
+kernel's page cache at open, so their reads need no request at all; the
+others, and everything while their pages are on disk only, through the pool,
+with the same bytes and one read request per small file."""
 
 from __future__ import annotations
 
@@ -78,13 +79,17 @@ def test_fresh_mount_reads_warm_small_files_inline(tree, daemon, mounts):
     s = second.stats()
     assert s["misses"] == 0 and s["fsclient"]["inline_loads"] == 0, s
 
-    # now in the page cache: a third mount reads them on the event loop (this
+    # now in the page cache: a third mount reads them on the event loop and
+    # hands them to the kernel at open: no read requests for those (this
     # machine's kernel may still drop a page meanwhile: such a file takes the pool)
     third = mounts(tree, daemon.socket_path, name="third")
     _warm_cache_pages(daemon.cache_dirs)
     assert _read(third, want) == want
     s = third.stats()
-    assert s["misses"] == 0 and s["fsclient"]["inline_loads"] >= len(want) // 2, s
+    fs = s["fsclient"]
+    assert s["misses"] == 0 and fs["inline_loads"] >= len(want) // 2, s
+    assert fs["stored_opens"] == fs["inline_loads"], s
+    assert fs["ops"].get("read", 0) <= len(want) - fs["stored_opens"], s
 
 
 def test_one_kernel_read_per_small_file(tree, daemon, mounts):
@@ -99,6 +104,38 @@ def test_one_kernel_read_per_small_file(tree, daemon, mounts):
     with open(path, "rb") as f:
         assert len(f.read()) == 200 << 10
     assert m.stats()["fsclient"]["ops"]["read"] - before == 1
+
+
+@pytest.mark.skipif(not nowait.SUPPORTED, reason="needs openat2 and RWF_NOWAIT")
+def test_a_second_open_while_one_is_open_is_served_by_read_requests(tree, daemon, mounts):
+    # zero TTL: every open reads the file anew, and each would be stored, but
+    # not while another handle of it is open (the store would wait for the
+    # kernel, which may wait for this process to answer that handle's read)
+    m = mounts(tree, daemon.socket_path, args=["--dir-ttl", "dir0=0"])
+    rel = os.path.join("dir0", "sub1", "file1.bin")  # 100 KiB
+    with open(os.path.join(tree, rel), "rb") as f:
+        want = f.read()
+    path = os.path.join(m.mountpoint, rel)
+    with open(path, "rb") as f:  # a miss: fills the cache
+        assert f.read() == want
+    daemon.wait_idle()
+    _warm_cache_pages(daemon.cache_dirs)
+    s0 = m.stats()["fsclient"]
+    with open(path, "rb") as first:
+        s1 = m.stats()["fsclient"]
+        assert s1["stored_opens"] == s0["stored_opens"] + 1
+        with open(path, "rb") as second:
+            assert second.read() == want
+            s2 = m.stats()["fsclient"]
+            assert s2["stored_opens"] == s1["stored_opens"]
+            assert s2["ops"]["read"] > s1["ops"].get("read", 0)
+        assert first.read() == want
+    with open(path, "rb") as again:  # alone again: stored, read without a request
+        s3 = m.stats()["fsclient"]
+        assert again.read() == want
+    s4 = m.stats()["fsclient"]
+    assert s3["stored_opens"] == s2["stored_opens"] + 1
+    assert s4["ops"]["read"] == s3["ops"]["read"]
 
 
 @pytest.mark.skipif(not nowait.SUPPORTED, reason="needs openat2 and RWF_NOWAIT")

@@ -88,6 +88,9 @@ class BargingLock:
                 return
 
     async def __aenter__(self) -> None:
+        if not self._locked:  # the usual case (once per request): no acquire coroutine
+            self._locked = True
+            return
         await self.acquire()
 
     async def __aexit__(self, *exc: Any) -> None:

@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="seconds one epoch of one system may take before it is failed")
     p.add_argument("--no-drop-caches", action="store_true",
                    help="do not drop the page cache before cold epochs")
+    p.add_argument("--no-warm-host-cache", action="store_true",
+                   help="do not read each system's cache files (or local copy) into the "
+                        "page cache before its warm epochs")
     p.add_argument("--publish", action="store_true",
                    help="copy plots to docs/img and the tables into docs/benchmarks.md")
     p.add_argument("--from-json", metavar="FILE",
@@ -96,7 +99,8 @@ def run(args: argparse.Namespace) -> dict:
     with Remote(rtt_ms=args.rtt_ms, log_path=os.path.join(args.workdir, "moto.log")) as remote:
         data = datasets.upload(size, remote, local_root)
         runner = Runner(Ctx(remote, local_root, args.workdir, size),
-                        drop_caches=not args.no_drop_caches, timeout=args.timeout)
+                        drop_caches=not args.no_drop_caches,
+                        warm_host_cache=not args.no_warm_host_cache, timeout=args.timeout)
         for workload in args.workloads or list(WORKLOADS):
             log.info("workload %s", WORKLOADS[workload])
             for s in runnable:
@@ -109,6 +113,7 @@ def run(args: argparse.Namespace) -> dict:
         "dataset": data, "remote": remote_info, "systems": info, "workloads": WORKLOADS,
         "rows": runner.rows, "errors": runner.errors,
         "page_cache_dropped": bool(runner.dropped),
+        "host_cache_warmed": runner.warm_host_cache,
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                     "python": platform.python_version(), "platform": platform.platform()},
         "wall_s": time.monotonic() - t0,

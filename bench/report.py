@@ -120,7 +120,9 @@ def markdown(result: dict, images: dict[str, str]) -> str:
     lines = [f"Run of {result['date']} (commit {result['commit']}), size `{result['size']}`, "
              f"{result['machine']['cpus']} CPUs. Remote: {result['remote']['method']}; "
              f"{result['remote']['note']}. Page cache dropped before cold epochs: "
-             f"{result['page_cache_dropped']}. Suite wall time {result['wall_s']:.0f} s.", ""]
+             f"{result['page_cache_dropped']}. Cache files read into the page cache before "
+             f"warm epochs: {result.get('host_cache_warmed', False)}. Suite wall time "
+             f"{result['wall_s']:.0f} s.", ""]
     lines += ["### Targets", "", "| target | workload | config | measured | met |",
               "|---|---|---|---|---|"]
     for t in result["targets"]:

@@ -48,6 +48,22 @@ class Ctx:
     size: Size
 
 
+def read_into_page_cache(dirs: list[str], chunk: int = 1 << 20) -> int:
+    """Read every file under `dirs` once (so the host page cache holds them);
+    returns the bytes read. Files that vanish meanwhile are skipped."""
+    total = 0
+    for top in dirs:
+        for dirpath, _, files in os.walk(top):
+            for name in files:
+                try:
+                    with open(os.path.join(dirpath, name), "rb", buffering=0) as f:
+                        while data := f.read(chunk):
+                            total += len(data)
+                except OSError:  # evicted meanwhile, or not a regular file
+                    continue
+    return total
+
+
 def disk_bytes(paths: list[str]) -> int:
     """Bytes allocated on disk under `paths` (st_blocks, so sparse files count true)."""
     total = 0
@@ -184,6 +200,11 @@ class System:
 
     def cache_dirs(self) -> list[str]:
         return []
+
+    def backing_dirs(self) -> list[str]:
+        """Where this system's warm reads come from on the host: its cache
+        dirs (the local copy for local disk and the passthrough)."""
+        return self.cache_dirs()
 
     def settle(self) -> None:
         """Wait for background work that a pause between epochs would let finish."""
@@ -534,6 +555,9 @@ class PassthroughSystem(_MountSystem):
                             os.path.join(self.dir, f"passthrough{client}.log"),
                             env=dict(os.environ, PYTHONPATH=_project_root()))
 
+    def backing_dirs(self) -> list[str]:
+        return [self.ctx.local_root]
+
     def settings(self) -> dict:
         return {"ttl": "300 s kernel entry/attr timeout (bench.passthrough default)"}
 
@@ -552,6 +576,9 @@ class LocalSystem(System):
 
     def reader_spec(self, client: int = 0) -> dict:
         return {"type": "posix", "root": self.ctx.local_root}
+
+    def backing_dirs(self) -> list[str]:
+        return [self.ctx.local_root]
 
     def version(self) -> str:
         return f"Python {sys.version.split()[0]}"

@@ -38,3 +38,54 @@ def test_metadata_rows_count_modules_and_stats(bench_ctx):
     for r in runner.rows:
         want = modules if r["config"] == "import" else bench_ctx.size.files
         assert r["items"] == want, r
+
+
+def test_warm_epochs_start_with_the_backing_files_in_the_page_cache(bench_ctx, monkeypatch):
+    """Before each warm epoch (never a cold one) the runner reads the system's
+    backing files into the host page cache: the local copy for local disk."""
+    import bench.workloads as workloads
+
+    warmed = []
+    real = workloads.read_into_page_cache
+    monkeypatch.setattr(workloads, "read_into_page_cache",
+                        lambda dirs: warmed.append(list(dirs)) or real(dirs))
+    ctx = dataclasses.replace(bench_ctx, size=dataclasses.replace(bench_ctx.size, readers=(1,)))
+    runner = Runner(ctx, drop_caches=False, timeout=60)
+    runner.small_files(LocalSystem())
+    assert not runner.errors, runner.errors
+    assert [r["epoch"] for r in runner.rows] == [1, 2]
+    assert warmed == [[bench_ctx.local_root]]  # once: before epoch 2
+    runner = Runner(ctx, drop_caches=False, warm_host_cache=False, timeout=60)
+    warmed.clear()
+    runner.small_files(LocalSystem())
+    assert warmed == []
+
+
+def test_read_into_page_cache_brings_dropped_pages_back(tmp_path):
+    """The pages of a file the kernel dropped are in memory again afterwards
+    (a read with RWF_NOWAIT, which never waits on the disk, then succeeds)."""
+    import os
+
+    import pytest
+
+    from bench.systems import read_into_page_cache
+
+    path = tmp_path / "d" / "f.bin"
+    path.parent.mkdir()
+    path.write_bytes(os.urandom(1 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        buf = bytearray(1 << 20)
+        try:
+            os.preadv(fd, [buf], 0, os.RWF_NOWAIT)
+            pytest.skip("this file system serves RWF_NOWAIT reads without the page cache")
+        except BlockingIOError:
+            pass
+        except OSError:
+            pytest.skip("no RWF_NOWAIT reads on this file system")
+        assert read_into_page_cache([str(tmp_path)]) == 1 << 20
+        assert os.preadv(fd, [buf], 0, os.RWF_NOWAIT) == 1 << 20
+    finally:
+        os.close(fd)

@@ -3,7 +3,9 @@
 Built on `asyncio.Protocol` rather than streams: a request is parsed and
 answered as soon as it is read, with no coroutine, task or timer per
 request (this halves the daemon's CPU per lookup); a whole small frame
-arriving alone is answered straight from the shared read buffer. Each connection answers its
+arriving alone is answered straight from the shared read buffer, and a large
+one (a put's block) is read straight into a pooled buffer of its own and
+decoded with the block as a view of it (`FramePool`). Each connection answers its
 requests in order, one at a time; a client that pipelines has its later frames
 wait in its buffer. What keeps one client from hurting the others:
 
@@ -241,6 +243,17 @@ class Connection(asyncio.BufferedProtocol):
             if 0 < n <= SMALL_FRAME and int.from_bytes(data[:4], "big") == n:
                 self._answer(data[4:])
                 return
+            # The first read of a large frame (a put) with budget to spare:
+            # its body goes straight into the frame's own buffer, not through
+            # the connection's (which would be grown to 256 KiB, mmapped and
+            # faulted in, for every put).
+            n = int.from_bytes(data[:4], "big") if nbytes >= 4 else 0
+            if SMALL_FRAME < n <= protocol.MAX_FRAME and nbytes <= 4 + n \
+                    and self.server.budget.try_acquire(n):
+                self.need = self.budgeted = n
+                self._start_frame(n, data[4:])
+                self._process()
+                return
         self.buf += data
         if not self.scheduled:
             self._process()
@@ -274,7 +287,7 @@ class Connection(asyncio.BufferedProtocol):
             n = self.need
             if n > SMALL_FRAME:
                 if self.frame is None:
-                    self._start_frame(n)
+                    del buf[:4 + self._start_frame(n, memoryview(buf)[4:])]
                 if self.filled < n:
                     self._wait_body()
                     return
@@ -298,15 +311,16 @@ class Connection(asyncio.BufferedProtocol):
             self.scheduled = True
             self.loop.call_soon(self._next_turn)
 
-    def _start_frame(self, n: int) -> None:
+    def _start_frame(self, n: int, read: memoryview) -> int:
         """Give the large frame being read a buffer of its own, holding the
-        body bytes already read; the rest is read straight into it."""
+        body bytes already `read`; the rest is read straight into it. Returns
+        how many bytes of `read` it took."""
         frame = self.frame = memoryview(self.server.frames.take(n))[:n]
-        buf = self.buf
-        got = min(n, len(buf) - 4)
-        frame[:got] = memoryview(buf)[4:4 + got]
-        del buf[:4 + got]
+        got = min(n, len(read))
+        frame[:got] = read[:got]
+        read.release()
         self.filled = got
+        return got
 
     def _wait_body(self) -> None:
         if self.timer is None:

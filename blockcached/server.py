@@ -32,6 +32,7 @@ import os
 import socket
 import stat
 import struct
+import time
 from collections import deque
 from typing import Callable
 
@@ -52,7 +53,8 @@ WRITE_HIGH_WATER = 1 << 20    # stop reading a client with this much unsent repl
 FAIR_EVERY = 32
 READ_SIZE = 256 << 10         # bytes read from a socket at once
 MAX_CONNECTIONS = 4096
-FRAME_POOL_BYTES = 32 << 20   # large-frame buffers kept for reuse
+FRAME_POOL_BYTES = 128 << 20  # large-frame buffers kept for reuse (= READ_BUDGET)
+FRAME_POOL_IDLE = 10.0        # seconds without a large frame before the pool is emptied
 FRAME_CLASS = 64 << 10        # their sizes are rounded up to a multiple of this
 _PEERCRED = struct.Struct("3i")
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
@@ -100,7 +102,9 @@ class FramePool:
     big allocations are mmapped (`__main__` pins glibc's mmap threshold), so
     each 1 MiB frame faulted in 256 zeroed pages and was unmapped after its
     write. Buffers of up to `FRAME_POOL_BYTES` in all are kept instead and
-    handed out again once no view of them is alive. That is checked, not
+    handed out again once no view of them is alive (a burst of puts outruns
+    the disk by that much before it allocates afresh), and given back once
+    no large frame came for `FRAME_POOL_IDLE` seconds. That is checked, not
     assumed: a bytearray with a live view cannot be resized, so `_unused`
     shrinks it by a byte and grows it back (O(1), no copy), and BufferError
     means a queued write (or anything else) still refers to it. A reused
@@ -111,10 +115,18 @@ class FramePool:
         self.limit = limit
         self.buffers: list[bytearray] = []
         self.size = 0
+        self.last_take = 0.0  # time.monotonic() of the last `take`
+
+    def trim(self) -> None:
+        """Let go of every buffer nothing refers to (the others are kept, so
+        the pool still knows they are in use)."""
+        self.buffers = [b for b in self.buffers if not _unused(b)]
+        self.size = sum(map(len, self.buffers))
 
     def take(self, n: int) -> bytearray:
         """A buffer of at least `n` bytes (at most `FRAME_CLASS` more) that
         nothing else refers to."""
+        self.last_take = time.monotonic()
         want = -(-n // FRAME_CLASS) * FRAME_CLASS
         spare = None
         for buf in self.buffers:
@@ -315,7 +327,7 @@ class Connection(asyncio.BufferedProtocol):
         """Give the large frame being read a buffer of its own, holding the
         body bytes already `read`; the rest is read straight into it. Returns
         how many bytes of `read` it took."""
-        frame = self.frame = memoryview(self.server.frames.take(n))[:n]
+        frame = self.frame = memoryview(self.server.take_frame(n))[:n]
         got = min(n, len(read))
         frame[:got] = read[:got]
         read.release()
@@ -433,6 +445,7 @@ class Server:
         self.loop = asyncio.get_running_loop()
         self.budget = ByteBudget(READ_BUDGET)
         self.frames = FramePool()
+        self._trim_timer: asyncio.TimerHandle | None = None
         # what every connection reads into (see `Connection`); the size of a
         # read, as asyncio's own default
         self.read_buffer = memoryview(bytearray(READ_SIZE))
@@ -465,8 +478,25 @@ class Server:
         self._server = await self.loop.create_unix_server(lambda: Connection(self), sock=sock)
         log.info("serving on %s (mode %o)", path, self.cfg.socket_mode)
 
+    def take_frame(self, n: int) -> bytearray:
+        """A pooled buffer for a large frame of `n` bytes (see `FramePool`)."""
+        if self._trim_timer is None:
+            self._trim_timer = self.loop.call_later(FRAME_POOL_IDLE, self._trim_frames)
+        return self.frames.take(n)
+
+    def _trim_frames(self) -> None:
+        """Empty the frame pool once large frames have stopped coming."""
+        self._trim_timer = None
+        pool = self.frames
+        if time.monotonic() - pool.last_take >= FRAME_POOL_IDLE:
+            pool.trim()
+        if pool.buffers:
+            self._trim_timer = self.loop.call_later(FRAME_POOL_IDLE, self._trim_frames)
+
     async def close(self) -> None:
         """Stop accepting, close every connection, remove the socket."""
+        if self._trim_timer is not None:
+            self._trim_timer.cancel()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):

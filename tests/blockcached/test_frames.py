@@ -97,3 +97,15 @@ def test_pool_gives_way_to_a_new_size_and_stays_within_its_limit():
     c = pool.take(3 * FRAME_CLASS)          # no room: an unused buffer is dropped for it
     assert pool.size <= 4 * FRAME_CLASS and any(x is c for x in pool.buffers)
     assert pool.take(3 * FRAME_CLASS) is c
+
+
+def test_trim_lets_go_of_unused_buffers_only():
+    pool = FramePool(limit=8 * FRAME_CLASS)
+    held = pool.take(FRAME_CLASS)
+    block = memoryview(held)[:10]           # still queued for writing
+    pool.take(2 * FRAME_CLASS)
+    pool.trim()
+    assert [id(b) for b in pool.buffers] == [id(held)] and pool.size == FRAME_CLASS
+    del block
+    pool.trim()
+    assert pool.buffers == [] and pool.size == 0

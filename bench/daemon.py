@@ -19,14 +19,24 @@ Targets: lookup p50 <= 80 us; batched >= 100k keys/s; put >= 50% of the
 direct rate; rebuild >= 100k entries/s; <= 250 B RSS per entry.
 
 Reading the figures on a small shared machine (2 cores): a lookup round
-trip is two process wake-ups plus some 20-40 us of CPU on each side (/proc
-user+sys time per request, loaded machine). The 1-connection p50 comes out
-either ~35-45 us or ~95-110 us from one run to the next at the same load
-(presumably where the scheduler places the two processes), and 4 client
-processes plus the daemon on 2 cores queue for CPU. The rebuild scan is
-CPU-bound over 2 processes, so it halves when something else holds a core,
-and reads from disk if the dentry/inode cache was dropped meanwhile (the
-workload benchmarks drop caches).
+trip is two process wake-ups plus ~20 us of CPU on each side on a quiet
+machine (/proc user+sys time per request; 2-3x that when other work holds
+the cores). The largest single cost on the daemon's side is the `send` that
+wakes the client, on the client's the `sendmsg` that wakes the daemon. The
+1-connection p50 comes out either ~35-45 us (client and daemon take turns on
+one core) or ~95-120 us (each wake-up crosses to the other, halted, core)
+from one run to the next at the same load, with the same code. With 4 client
+processes the 2 cores are saturated, so the p50 is about the CPU per request
+of both sides times the queue: 100-120 us before the client waited in poll
+instead of recv (a recv sleeper was woken for nothing when the daemon read
+its request, 1.4-1.8 sleeps per lookup), 75-80 us after, on a quiet spell.
+A put (1 MiB, until written) moves the block through the socket into a
+pooled buffer and writes it from there: ~0.5-0.8 ms per put against ~0.4-0.5
+ms for the same direct write from memory; the ratio swings with what else
+writes to the disk. The rebuild scan is CPU-bound over 2 processes, so it
+halves when something else holds a core, and reads from disk if the
+dentry/inode cache was dropped meanwhile (the workload benchmarks drop
+caches).
 """
 
 from __future__ import annotations

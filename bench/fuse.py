@@ -18,8 +18,8 @@ remote `delay` seconds per request away (`latency::`). Measures:
 
 The host page cache under the cache dir and under the local files serves both
 sides alike: before every warm epoch, of either side, both are read once
-(`warm_host_cache`, not timed). This machine pages out page-cache pages idle
-for about 30 s (its kernel runs DAMON reclaim), and the run order left
+(`bench.systems.read_into_page_cache`, not timed). This machine pages out
+page-cache pages idle for about 30 s (its kernel runs DAMON reclaim), and the run order left
 fsclient's cache files idle longer than the passthrough's files, which every
 passthrough epoch (and fsclient's cold one) reads: without this, 5-25% of
 fsclient's "warm" files came from disk. fsclient's inline, stored and
@@ -38,7 +38,8 @@ import sys
 import time
 
 from fsclient import mountpoint as mp
-from fsclient.demo import CHUNK, Dataset, Demo, make_dataset, read_epoch, stop_mount
+from bench.systems import read_into_page_cache
+from fsclient.demo import Dataset, Demo, make_dataset, read_epoch, stop_mount
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 
@@ -69,20 +70,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def warm_host_cache(*dirs: str) -> None:
-    """Read every file under `dirs` once, so the host page cache holds them
-    (the warm epochs of both file systems start from the same state)."""
-    for top in dirs:
-        for dirpath, _, files in os.walk(top):
-            for name in files:
-                try:
-                    with open(os.path.join(dirpath, name), "rb", buffering=0) as f:
-                        while f.read(CHUNK):
-                            pass
-                except OSError:  # evicted meanwhile, or not a regular file
-                    continue
-
-
 def timed_epochs(pid: int, mount: str, sets: list[tuple[Dataset, str]],
                  between=lambda: None, warm=lambda: None,
                  cold_first: bool = False) -> list[tuple[float, float]]:
@@ -107,7 +94,7 @@ def subset(ds: Dataset, large: bool) -> Dataset:
 def warm_both(demo: Demo, source: str) -> None:
     """The host page cache warm under both sides' files: fsclient's cache dir
     and the passthrough's local files."""
-    warm_host_cache(os.path.join(demo.tmp, "cache"), source)
+    read_into_page_cache([os.path.join(demo.tmp, "cache"), source])
 
 
 def epochs_ours(demo: Demo, config: str, sets: list[tuple[Dataset, str]], source: str,

@@ -37,8 +37,8 @@ import subprocess
 import sys
 import time
 
-from fsclient import mountpoint as mp
 from bench.systems import read_into_page_cache
+from fsclient import mountpoint as mp
 from fsclient.demo import Dataset, Demo, make_dataset, read_epoch, stop_mount
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")

@@ -54,6 +54,21 @@ def test_nested_maps_fall_back_to_unpack(body):
     assert protocol.decode_body(frame[4:], views=True) == body
 
 
+def test_a_map_of_many_entries_is_left_to_unpack():
+    """A frame announcing millions of tiny entries must not be walked entry by
+    entry in Python on the event loop: the view decoder declines it, and the C
+    decoder answers (with a copy of the big bin, the only cost)."""
+    body = {f"k{i}": 0 for i in range(wire.VIEW_MAX_ENTRIES + 1)}
+    body["data"] = bytes(VIEW_MIN)
+    packed = msgpack.packb(body, use_bin_type=True)
+    assert wire.unpack_views(memoryview(packed), protocol.MAX_FRAME, VIEW_MIN) is None
+    assert protocol.decode_body(packed, views=True) == body
+    ok = dict(list(body.items())[-wire.VIEW_MAX_ENTRIES:])
+    got = wire.unpack_views(memoryview(msgpack.packb(ok, use_bin_type=True)),
+                            protocol.MAX_FRAME, VIEW_MIN)
+    assert isinstance(got["data"], memoryview)  # at the bound: still views
+
+
 big = msgpack.packb({"id": 1, "data": bytes(VIEW_MIN)}, use_bin_type=True)
 
 

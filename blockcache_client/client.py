@@ -28,18 +28,16 @@ from typing import Any, Iterable
 
 from . import protocol
 from .errors import DaemonError, DaemonUnavailable, ProtocolError
+from .forks import generation as _forks
 from .protocol import LENGTH
 
 DEFAULT_TIMEOUT = 5.0
-# Asked for the socket's send buffer (the kernel caps it at net.core.wmem_max):
-# room for a whole put, so its block goes out in one sendmsg and the daemon
-# takes it in one or two reads, not one wake-up per 200 KiB on each side.
+# Asked for the socket's send buffer: room for a whole put, so its block goes
+# out in one sendmsg and the daemon takes it in one or two reads, not one
+# wake-up per 200 KiB on each side. The kernel caps it at net.core.wmem_max,
+# 208 KiB on a stock kernel (docs/deploy.md, "Socket buffers"); smaller only
+# costs wake-ups.
 SEND_BUFFER = 4 << 20
-
-# Bumped in every forked child, so a client notices a fork by comparing an
-# int instead of making a getpid() system call per request.
-_forks = [0]
-os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
 class _Ops:

@@ -48,7 +48,8 @@ _ALREADY_CACHED = frozenset({"exists", "duplicate"})
 class DaemonLink:
     """Background connection of one volume in one process to the daemon."""
 
-    def __init__(self, socket_path: str, counters: Counters, seal: Callable[[str, bytes], bytes],
+    def __init__(self, socket_path: str, counters: Counters,
+                 seal: Callable[[str, bytes], bytes | memoryview],
                  fill_queue_bytes: int, touch_interval: float = 0.5, touch_batch: int = 1024,
                  client_name: str = "blockcache_client"):
         self.socket_path = socket_path
@@ -242,6 +243,8 @@ class DaemonLink:
             if op == "evict":
                 self._filler_client.evict(key)
                 return
+            # the sealer may reuse one buffer: this blob is overwritten by the
+            # next seal, so it is sent now (a synchronous put) and never kept
             blob = self._seal(key, data)
             accepted, reason = self._filler_client.put(key, blob)
         except (DaemonUnavailable, DaemonError) as exc:

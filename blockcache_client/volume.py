@@ -72,6 +72,7 @@ from .blockmem import BlockMemory
 from .counters import Counters
 from .daemonlink import DaemonLink
 from .errors import ConfigError, DaemonError, DaemonUnavailable, FormatError, IntegrityError
+from .forks import generation as _forks
 from .nowait import Unsupported
 from .nowait import open_cached as nowait_open
 from .keyfile import load_key_file
@@ -183,12 +184,6 @@ class _Sealer:
         self._buf = blob.obj  # the larger one, if it had to grow
         _keep_cipher(self._ciphers, self._lock, (key, blob[:HEADER_SIZE].tobytes()), cipher)
         return blob
-
-
-# Bumped in every forked child, so the hot path can tell "new process" from an
-# attribute compare instead of a getpid() system call per read.
-_forks = [0]
-os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
 class Volume:

@@ -558,11 +558,15 @@ class BlockcacheFS(pyfuse3.Operations):
         try:
             pyfuse3.notify_store(inode, 0, data)
         except OSError as exc:
-            # not supported (ENOSYS), or failed part way: the open answers
-            # without keep_cache, so the kernel drops whatever was stored
-            self.store_pages = False
-            log.info("cannot put file data in the kernel's page cache (%s); small files "
-                     "are read through read requests", exc)
+            # failed, perhaps part way: this open answers without keep_cache,
+            # so the kernel drops whatever was stored. Only a kernel without
+            # the call turns it off; anything else (ENOMEM) is this file's
+            if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP):
+                self.store_pages = False
+                log.info("cannot put file data in the kernel's page cache (%s); small files "
+                         "are read through read requests", exc)
+            else:
+                log.debug("notify_store of inode %d failed: %s", inode, exc)
             return False
         self.stored_opens += 1
         return True

@@ -167,6 +167,40 @@ def test_small_files_go_to_the_page_cache_only_when_that_is_safe(tmp_path, key_f
         vol.close()
 
 
+def test_a_failed_store_answers_without_keep_cache_and_only_enosys_stops_storing(
+        tmp_path, key_file, monkeypatch):
+    f, vol, _ = _make_fs(tmp_path, key_file, 0.0)
+    errors = [OSError(errno.ENOMEM, "no memory"), OSError(errno.ENOSYS, "not supported")]
+    stored: list[int] = []
+
+    def notify_store(inode, off, data):
+        if errors:
+            raise errors.pop(0)
+        stored.append(inode)
+    monkeypatch.setattr(pyfuse3, "notify_store", notify_store)
+    f.store_pages = True
+    want = b"s" * 1000
+
+    async def go():
+        ino = await _small_inode(f)
+        fi = await f.open(ino, os.O_RDONLY)  # a miss: fills the cache
+        assert await f.read(fi.fh, 0, 4096) == want
+        await f.release(fi.fh)
+        for stores_after in (True, False):  # ENOMEM: this file only; ENOSYS: the mount
+            fi = await f.open(ino, os.O_RDONLY)
+            assert not fi.keep_cache and await f.read(fi.fh, 0, 4096) == want
+            await f.release(fi.fh)
+            assert f.store_pages is stores_after
+        fi = await f.open(ino, os.O_RDONLY)  # no more tries once off
+        assert not fi.keep_cache and stored == [] and f.stored_opens == 0
+        await f.release(fi.fh)
+    try:
+        run(go())
+    finally:
+        f.close()
+        vol.close()
+
+
 @pytest.mark.parametrize("exc, want", [
     (TimeoutError(errno.ETIMEDOUT, "s3: read timed out after 4 attempts"), errno.EIO),
     (ConnectionRefusedError(errno.ECONNREFUSED, "refused"), errno.EIO),

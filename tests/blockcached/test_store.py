@@ -1,4 +1,4 @@
-"""The store on a real dir: crash-safe writes, modes, and the scan's verdicts."""
+"""The store on a real dir: writes (tmp + rename), modes, and the scan's verdicts."""
 
 from __future__ import annotations
 

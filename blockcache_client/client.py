@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import select
 import socket
 import struct

@@ -588,20 +588,8 @@ class Volume:
         if end > boff + bs:
             return None
         key = self._key_prefix(rel, info.version) + format(boff, "016x")
-        lo, hi = offset - boff, end - boff
-        data = self._mem.get(key)
-        if data is not None:
-            self.counters.add3("hits", "hit_bytes", hi - lo, "memory_hits")
-            return _deliver(data, lo, hi, view)
-        layout = self._link.layout
-        if layout is None or not self._nowait:
-            return None
-        got = self._read_cached(layout.path(key), key, self._block_len(info, boff), lo, hi, view,
-                                nowait=True)
-        if got is not None:
-            self.counters.add2("hits", "hit_bytes", hi - lo)
-            self._link.touch(key)
-        return got
+        return self._read_hit(key, self._block_len(info, boff), offset - boff, end - boff, view,
+                              nowait=True)
 
     def open(self, path: str):
         """A read-only binary file object (read, readinto, seek, tell) pinned
@@ -618,23 +606,35 @@ class Volume:
         `out` (hi - lo bytes long) and its length returned. A miss may fetch
         up to `run` blocks from `boff` in one request."""
         key = prefix + format(boff, "016x")
+        got = self._read_hit(key, self._block_len(info, boff), lo, hi, out)
+        if got is not None:
+            return got
+        data = self._fetch(rel, info, key, boff, run)
+        self.counters.add2("misses", "miss_bytes", hi - lo)
+        return _deliver(data, lo, hi, out)
+
+    def _read_hit(self, key: str, blen: int, lo: int, hi: int, out: memoryview | None,
+                  nowait: bool = False):
+        """Plaintext [lo, hi) of `key`'s block (`blen` bytes) from the memory
+        LRU or the cache disk, counted as a hit (bytes, or the length stored
+        in `out`); None for a miss. `nowait`: only what the kernel's caches
+        hold (see `readinto_nowait`), and a miss is neither counted nor judged."""
         data = self._mem.get(key)
         if data is not None:
             self.counters.add3("hits", "hit_bytes", hi - lo, "memory_hits")
             return _deliver(data, lo, hi, out)
         layout = self._link.layout
         if layout is None:
-            self.counters.add("daemon_unavailable")
-        else:
-            got = self._read_cached(layout.path(key), key, self._block_len(info, boff), lo, hi,
-                                    out)
-            if got is not None:
-                self.counters.add2("hits", "hit_bytes", hi - lo)
-                self._link.touch(key)
-                return got
-        data = self._fetch(rel, info, key, boff, run)
-        self.counters.add2("misses", "miss_bytes", hi - lo)
-        return _deliver(data, lo, hi, out)
+            if not nowait:
+                self.counters.add("daemon_unavailable")
+            return None
+        if nowait and not self._nowait:
+            return None
+        got = self._read_cached(layout.path(key), key, blen, lo, hi, out, nowait=nowait)
+        if got is not None:
+            self.counters.add2("hits", "hit_bytes", hi - lo)
+            self._link.touch(key)
+        return got
 
     def _read_cached(self, path: str | None, key: str, blen: int, lo: int, hi: int,
                      out: memoryview | None = None, nowait: bool = False):

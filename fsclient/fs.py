@@ -314,6 +314,13 @@ class BlockcacheFS(pyfuse3.Operations):
     def _path(self, inode: int) -> str:
         return self._node(inode).path
 
+    def _cached_info(self, path: str) -> Any:
+        """`path`'s FileInfo from the metadata cache, or None (not cached, or
+        cached as missing): `_stat` then answers. Handlers try this first, as
+        a cached answer needs no `_stat` coroutine."""
+        info = self.meta.lookup(path)
+        return None if info is NEGATIVE else info
+
     async def _stat(self, path: str) -> Any:
         """FileInfo of `path` (cached by TTL); FUSEError(ENOENT) if missing."""
         cached = self.meta.lookup(path)
@@ -420,8 +427,8 @@ class BlockcacheFS(pyfuse3.Operations):
             path = parent_of(parent)
         else:
             path = f"{parent}/{sname}" if parent else sname
-        info = self.meta.lookup(path)
-        if info is None or info is NEGATIVE:  # (a cached answer needs no _stat coroutine)
+        info = self._cached_info(path)
+        if info is None:
             try:
                 info = await self._stat(path)
             except pyfuse3.FUSEError as exc:
@@ -450,9 +457,7 @@ class BlockcacheFS(pyfuse3.Operations):
     @fuse_op()
     async def getattr(self, inode: int, ctx: Any = None):
         node = self._node(inode)
-        info = self.meta.lookup(node.path)
-        if info is None or info is NEGATIVE:
-            info = await self._stat(node.path)
+        info = self._cached_info(node.path) or await self._stat(node.path)
         node.size = info.size
         return self._attrs(info, inode)
 
@@ -514,9 +519,7 @@ class BlockcacheFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self._node(inode)
         path = node.path
-        info = self.meta.lookup(path)
-        if info is None or info is NEGATIVE:
-            info = await self._stat(path)
+        info = self._cached_info(path) or await self._stat(path)
         if info.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
         keep = self.meta.keep_cache(inode, info)

@@ -18,18 +18,17 @@ Prints, measured in one run against a real daemon process on this machine:
 Targets: lookup p50 <= 80 us; batched >= 100k keys/s; put >= 50% of the
 direct rate; rebuild >= 100k entries/s; <= 250 B RSS per entry.
 
-Reading the figures on a small shared machine (2 cores): a lookup round
-trip is two process wake-ups plus ~20 us of CPU on each side on a quiet
+Reading the figures on a small shared machine (2 cores, a VM): a lookup
+round trip is two process wake-ups plus ~20 us of CPU on each side on a quiet
 machine (/proc user+sys time per request; 2-3x that when other work holds
-the cores). The largest single cost on the daemon's side is the `send` that
-wakes the client, on the client's the `sendmsg` that wakes the daemon. The
-1-connection p50 comes out either ~35-45 us (client and daemon take turns on
-one core) or ~95-120 us (each wake-up crosses to the other, halted, core)
-from one run to the next at the same load, with the same code. With 4 client
-processes the 2 cores are saturated, so the p50 is about the CPU per request
-of both sides times the queue: 100-120 us before the client waited in poll
-instead of recv (a recv sleeper was woken for nothing when the daemon read
-its request, 1.4-1.8 sleeps per lookup), 75-80 us after, on a quiet spell.
+the cores). Waking a halted vCPU costs 40-60 us here (cpuidle haltpoll with
+no guest polling), so with client and daemon on different CPUs a client that
+slept in poll saw a p50 of 115-145 us, against 42-65 us with both pinned to
+one CPU. A single-threaded `Client` therefore polls for its reply (yielding
+the CPU) for up to 100 us before sleeping: p50 35-70 us on one connection,
+40-60 us on 4 (4 processes on 2 cores; their p99 grows, 450-1,200 us against
+300-400 us sleeping, as pollers yield to each other).
+
 A put (1 MiB, until written) moves the block through the socket into a
 pooled buffer and writes it from there: ~0.5-0.8 ms per put against ~0.4-0.5
 ms for the same direct write from memory; the ratio swings with what else

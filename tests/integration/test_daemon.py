@@ -603,26 +603,49 @@ def test_client_times_out_on_a_stopped_daemon_then_reconnects(daemon):
     c.close()
 
 
+def _sleeps_per_lookup(daemon, client: Client, n: int = 2000) -> float:
+    """Times the calling thread slept per 1-key lookup, with client and daemon
+    on different CPUs (each sleep is then a cross-CPU wake-up)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    mine, daemons = os.sched_getaffinity(0), os.sched_getaffinity(daemon.proc.pid)
+    os.sched_setaffinity(0, {cpus[0]})
+    os.sched_setaffinity(daemon.proc.pid, {cpus[1]})
+    try:
+        client.ping()
+        key = make_key()
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        for _ in range(n):
+            client.lookup([key])
+        sleeps = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
+        client.close()
+    finally:
+        os.sched_setaffinity(0, mine)
+        os.sched_setaffinity(daemon.proc.pid, daemons)
+    return sleeps / n
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_client_sleeps_once_per_request(daemon):
     """A client waits for its reply in poll, which only input wakes. Blocked
     in recv instead, it was also woken (for nothing) when the daemon consumed
     its request, a write-space wake-up of every task sleeping on the socket:
     with client and daemon on different CPUs, nearly every request slept twice."""
-    cpus = sorted(os.sched_getaffinity(0))
-    mine, daemons = os.sched_getaffinity(0), os.sched_getaffinity(daemon.proc.pid)
-    os.sched_setaffinity(0, {cpus[0]})
-    os.sched_setaffinity(daemon.proc.pid, {cpus[1]})
+    assert _sleeps_per_lookup(daemon, Client(daemon.socket_path, reply_spin=0)) < 1.3
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_single_threaded_client_polls_for_its_reply_before_sleeping(daemon):
+    """Alone in its process, a client polls (yielding the CPU) for a while
+    before it sleeps, so a prompt reply costs it no wake-up; with another
+    Python thread alive it sleeps at once rather than hold the GIL."""
+    patient = 0.05  # far longer than any lookup takes, so no request sleeps
+    assert threading.active_count() == 1
+    assert _sleeps_per_lookup(daemon, Client(daemon.socket_path, reply_spin=patient)) < 0.2
+    other = threading.Event()
+    thread = threading.Thread(target=other.wait)
+    thread.start()
     try:
-        c = Client(daemon.socket_path)
-        c.ping()
-        key, n = make_key(), 2000
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
-        for _ in range(n):
-            c.lookup([key])
-        sleeps = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
-        c.close()
+        assert _sleeps_per_lookup(daemon, Client(daemon.socket_path, reply_spin=patient)) > 0.5
     finally:
-        os.sched_setaffinity(0, mine)
-        os.sched_setaffinity(daemon.proc.pid, daemons)
-    assert sleeps < 1.3 * n
+        other.set()
+        thread.join()

@@ -35,7 +35,6 @@ Why this holds:
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 import struct
 from dataclasses import dataclass
@@ -68,16 +67,55 @@ def key_id(volume_key: bytes) -> bytes:
     return hashlib.sha256(b"blockcache key-id v1" + volume_key).digest()[:8]
 
 
+_SHA256 = hashlib.sha256
+_IPAD = bytes(b ^ 0x36 for b in range(256))  # bytes.translate tables: key XOR pad
+_OPAD = bytes(b ^ 0x5C for b in range(256))
+
+
+def _hmac_sha256(key: bytes, msg: bytes) -> bytes:
+    """HMAC-SHA256 (RFC 2104) written out with hashlib: the stdlib's
+    `hmac.digest` goes through OpenSSL 3's HMAC object (a provider fetch and
+    context per call), twice as slow for the short keys and messages of HKDF."""
+    if len(key) > 64:
+        key = _SHA256(key).digest()
+    key = key.ljust(64, b"\0")
+    return _SHA256(key.translate(_OPAD) + _SHA256(key.translate(_IPAD) + msg).digest()).digest()
+
+
 def hkdf_sha256(ikm: bytes, salt: bytes, info: bytes) -> bytes:
     """HKDF-SHA256 (RFC 5869) of one 32-byte block: extract, then one expand
-    step, as two one-shot HMACs (a new process derives one per block it
-    reads; tests check it equals `cryptography`'s HKDF)."""
-    return hmac.digest(hmac.digest(salt, ikm, "sha256"), info + b"\x01", "sha256")
+    step, as two HMACs (a new process derives one per block it reads: ~2 us
+    here; tests check it equals `cryptography`'s HKDF)."""
+    return _hmac_sha256(_hmac_sha256(salt, bytes(ikm)), info + b"\x01")
 
 
 def _check_volume_key(volume_key: bytes) -> None:
     if not isinstance(volume_key, (bytes, bytearray)) or len(volume_key) != KEY_SIZE:
         raise ValueError(f"volume key must be {KEY_SIZE} bytes")
+
+
+def _header_fields(data: bytes | memoryview) -> tuple[bytes, bytes, int, int]:
+    """(key id, salt, plaintext length, chunk size) of a valid header (format
+    version and cipher id are the only ones there are); FormatError otherwise."""
+    if len(data) < HEADER_SIZE:
+        raise FormatError(f"block file is {len(data)} bytes, shorter than its "
+                          f"{HEADER_SIZE}-byte header")
+    magic, version, cipher, flags, kid, salt, length, chunk = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise FormatError(f"not a block file: magic {bytes(magic)!r}, expected {MAGIC!r}")
+    if version != FORMAT_VERSION:
+        raise FormatError(f"block file format version {version} is not supported "
+                          f"(this build reads version {FORMAT_VERSION})")
+    if cipher != CIPHER_AES256GCM_HKDF:
+        raise FormatError(f"block file cipher id {cipher} is not supported")
+    if flags != 0 or data[44:48] != b"\0\0\0\0":
+        raise FormatError("block file header has reserved bits set")
+    if length > MAX_PLAINTEXT:
+        raise FormatError(f"block length {length} exceeds the maximum {MAX_PLAINTEXT}")
+    if not MIN_CHUNK <= chunk <= MAX_CHUNK or chunk & (chunk - 1):
+        raise FormatError(f"chunk size {chunk} is not a power of two in "
+                          f"{MIN_CHUNK}..{MAX_CHUNK}")
+    return kid, salt, length, chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,25 +142,7 @@ class BlockHeader:
     @classmethod
     def parse(cls, data: bytes | memoryview) -> "BlockHeader":
         """Validate and parse a header without any key. Raises FormatError."""
-        if len(data) < HEADER_SIZE:
-            raise FormatError(f"block file is {len(data)} bytes, shorter than its "
-                              f"{HEADER_SIZE}-byte header")
-        magic, version, cipher, flags, kid, salt, length, chunk = HEADER.unpack_from(data)
-        if magic != MAGIC:
-            raise FormatError(f"not a block file: magic {bytes(magic)!r}, expected {MAGIC!r}")
-        if version != FORMAT_VERSION:
-            raise FormatError(f"block file format version {version} is not supported "
-                              f"(this build reads version {FORMAT_VERSION})")
-        if cipher != CIPHER_AES256GCM_HKDF:
-            raise FormatError(f"block file cipher id {cipher} is not supported")
-        if flags != 0 or bytes(data[44:48]) != b"\0\0\0\0":
-            raise FormatError("block file header has reserved bits set")
-        if length > MAX_PLAINTEXT:
-            raise FormatError(f"block length {length} exceeds the maximum {MAX_PLAINTEXT}")
-        if not MIN_CHUNK <= chunk <= MAX_CHUNK or chunk & (chunk - 1):
-            raise FormatError(f"chunk size {chunk} is not a power of two in "
-                              f"{MIN_CHUNK}..{MAX_CHUNK}")
-        return cls(bytes(kid), bytes(salt), length, chunk, version, cipher)
+        return cls(*_header_fields(data))
 
     def check_file_size(self, size: int) -> None:
         """FormatError unless a file of `size` bytes is exactly this block's length."""
@@ -148,65 +168,119 @@ class BlockHeader:
 
 
 class BlockCipher:
-    """The per-block AEAD state: derived once, used for each chunk touched."""
+    """The per-block AEAD state: derived once, used for each chunk touched.
+    Read-only after construction (threads share one)."""
 
-    __slots__ = ("header", "_aead", "_aad")
+    __slots__ = ("plaintext_len", "chunk_size", "_aead", "_aad", "_last", "_header")
 
     def __init__(self, header: BlockHeader, key: str, volume_key: bytes):
         _check_volume_key(volume_key)
-        if header.key_id != key_id(volume_key):
-            raise IntegrityError(f"block {key} was sealed with key id {header.key_id.hex()}, "
-                                 f"not this volume's key ({key_id(volume_key).hex()})")
-        subkey = hkdf_sha256(bytes(volume_key), header.salt, _HKDF_INFO)
-        self.header = header
-        self._aead = AESGCM(subkey)
-        self._aad = header.pack() + key.encode()
+        self._header = header
+        self._derive(header.key_id, header.salt, header.plaintext_len, header.chunk_size,
+                     header.pack(), key, volume_key, key_id(volume_key))
+
+    @classmethod
+    def from_head(cls, head: bytes | memoryview, key: str, volume_key: bytes,
+                  kid: bytes) -> "BlockCipher":
+        """The cipher of a block file whose first HEADER_SIZE bytes are `head`,
+        for a volume key whose `key_id` the caller computed once (a new reader
+        derives one cipher per block it reads, so this skips what it can: no
+        BlockHeader object, no key id, no re-packed header). FormatError for
+        a bad header, IntegrityError for another key's block."""
+        head = bytes(head[:HEADER_SIZE])
+        block_kid, salt, length, chunk = _header_fields(head)
+        cipher = cls.__new__(cls)
+        cipher._header = None
+        # a valid header packs back to exactly these bytes (the reserved
+        # fields are zero), so they are the aad's header part as they are
+        cipher._derive(block_kid, salt, length, chunk, head, key, volume_key, kid)
+        return cipher
+
+    def _derive(self, block_kid: bytes, salt: bytes, length: int, chunk: int, packed: bytes,
+                key: str, volume_key: bytes, kid: bytes) -> None:
+        if block_kid != kid:
+            raise IntegrityError(f"block {key} was sealed with key id {block_kid.hex()}, "
+                                 f"not this volume's key ({kid.hex()})")
+        self.plaintext_len = length
+        self.chunk_size = chunk
+        self._aead = AESGCM(hkdf_sha256(volume_key, salt, _HKDF_INFO))
+        self._aad = packed + key.encode()
+        self._last = max(1, -(-length // chunk)) - 1
+
+    @property
+    def header(self) -> BlockHeader:
+        """The block's parsed header."""
+        h = self._header
+        if h is None:
+            h = self._header = BlockHeader.parse(self._aad)
+        return h
 
     def seal_chunk_into(self, index: int, plaintext: bytes | memoryview,
                         out: memoryview) -> None:
         """Encrypt chunk `index` into `out`: its ciphertext, then its tag
         (exactly len(plaintext) + TAG_SIZE bytes)."""
-        last = index == self.header.nchunks - 1
-        self._aead.encrypt_into(_NONCE.pack(index, last), plaintext, self._aad, out)
+        self._aead.encrypt_into(_NONCE.pack(index, index == self._last), plaintext, self._aad,
+                                out)
+
+    def _check_span(self, first: int, end: int, got: int) -> None:
+        """IntegrityError unless `got` bytes are exactly chunks [first, end)'s ciphertext."""
+        step = self.chunk_size + TAG_SIZE
+        stop = (min(end * step, self.plaintext_len + (self._last + 1) * TAG_SIZE)
+                - first * step)
+        if got != stop:
+            raise IntegrityError(f"block ciphertext for chunks {first}..{end} is "
+                                 f"{got} bytes, expected {stop} (truncated?)")
 
     def open_chunks(self, first: int, end: int, data: bytes | memoryview) -> bytes:
         """Decrypt chunks [first, end) from exactly their ciphertext; IntegrityError
         if the data is short (a truncated file) or any chunk fails."""
-        h = self.header
-        step = h.chunk_size + TAG_SIZE
         view = memoryview(data)
-        start, stop = h.ciphertext_range(first, end)
-        if len(view) != stop - start:
-            raise IntegrityError(f"block ciphertext for chunks {first}..{end} is "
-                                 f"{len(view)} bytes, expected {stop - start} (truncated?)")
-        out = []
+        self._check_span(first, end, len(view))
+        decrypt, aad, last, nonce = self._aead.decrypt, self._aad, self._last, _NONCE.pack
         index = first
-        for pos in range(0, len(view), step):
-            piece = view[pos:pos + step]
-            try:
-                out.append(self._aead.decrypt(_NONCE.pack(index, index == h.nchunks - 1),
-                                              piece, self._aad))
-            except (InvalidTag, ValueError):  # ValueError: shorter than a tag
-                raise IntegrityError(f"block chunk {index} failed authentication") from None
-            index += 1
-        return b"".join(out) if len(out) != 1 else out[0]
+        try:
+            if end - first == 1:
+                return decrypt(nonce(index, index == last), view, aad)
+            step = self.chunk_size + TAG_SIZE
+            out = []
+            for pos in range(0, len(view), step):
+                out.append(decrypt(nonce(index, index == last), view[pos:pos + step], aad))
+                index += 1
+        except (InvalidTag, ValueError):  # ValueError: shorter than a tag
+            raise IntegrityError(f"block chunk {index} failed authentication") from None
+        return b"".join(out)
+
+    def span(self, offset: int, length: int) -> tuple[int, int]:
+        """Chunks [first, end) that plaintext bytes [offset, offset+length) touch
+        (`BlockHeader.chunk_span`, without building the header)."""
+        if offset < 0 or length < 0:
+            raise ValueError("offset and length must not be negative")
+        size, csize = self.plaintext_len, self.chunk_size
+        if offset > size:
+            offset = size
+        stop = offset + length
+        if stop > size:
+            stop = size
+        first = offset // csize
+        end = -(-stop // csize)
+        if end <= first:
+            end = first + 1
+        last = self._last
+        return (first if first <= last else last), (end if end <= last else last + 1)
 
     def read_range_into(self, offset: int, chunks: bytes | memoryview, out: memoryview) -> None:
         """`read_range(offset, len(out), chunks)` stored in `out` (a writable
         byte view): whole chunks decrypt straight into it, no intermediate
         copies. IntegrityError as `open_chunks`; `out` is then zeroed (AES-GCM
         writes plaintext before it checks the tag: none may stay there)."""
-        h = self.header
         length = len(out)
-        first, end = h.chunk_span(offset, length)
-        start, stop = h.ciphertext_range(first, end)
+        first, end = self.span(offset, length)
         view = memoryview(chunks)
-        if len(view) != stop - start:
-            raise IntegrityError(f"block ciphertext for chunks {first}..{end} is "
-                                 f"{len(view)} bytes, expected {stop - start} (truncated?)")
-        csize = h.chunk_size
+        self._check_span(first, end, len(view))
+        csize = self.chunk_size
         step = csize + TAG_SIZE
-        last = h.nchunks - 1
+        last = self._last
+        aead, aad = self._aead, self._aad
         pos = first * csize - offset  # where chunk `index` starts in `out` (may be < 0)
         index = first
         try:
@@ -215,9 +289,9 @@ class BlockCipher:
                 nonce = _NONCE.pack(index, index == last)
                 plain_len = len(piece) - TAG_SIZE
                 if 0 <= pos and pos + plain_len <= length:
-                    self._aead.decrypt_into(nonce, piece, self._aad, out[pos:pos + plain_len])
+                    aead.decrypt_into(nonce, piece, aad, out[pos:pos + plain_len])
                 else:  # a chunk cut by the range's ends: decrypt whole, keep the part
-                    plain = self._aead.decrypt(nonce, piece, self._aad)
+                    plain = aead.decrypt(nonce, piece, aad)
                     lo, hi = max(0, -pos), min(plain_len, length - pos)
                     if lo < hi:
                         out[pos + lo:pos + hi] = memoryview(plain)[lo:hi]
@@ -229,10 +303,12 @@ class BlockCipher:
 
     def read_range(self, offset: int, length: int, chunks: bytes | memoryview) -> bytes:
         """Plaintext [offset, offset+length) given the ciphertext of exactly the
-        chunks `header.chunk_span(offset, length)` names."""
-        first, end = self.header.chunk_span(offset, length)
+        chunks `span(offset, length)` names."""
+        if offset == 0 and length >= self.plaintext_len:  # the whole block (a small file)
+            return self.open_chunks(0, self._last + 1, chunks)
+        first, end = self.span(offset, length)
         plain = self.open_chunks(first, end, chunks)
-        skip = offset - first * self.header.chunk_size
+        skip = offset - first * self.chunk_size
         return plain[skip:skip + length] if (skip or len(plain) > length) else plain
 
 

@@ -66,12 +66,14 @@ class CacheDir:
 class Layout:
     """The set of cache dirs and the key -> file mapping over them."""
 
-    __slots__ = ("dirs",)
+    __slots__ = ("dirs", "_blocks")
 
     def __init__(self, dirs: list[CacheDir]):
         if not dirs:
             raise ValueError("a layout needs at least one cache dir")
         self.dirs = tuple(dirs)
+        # "<dir>/blocks/" of each dir: a reader builds a path per block it reads
+        self._blocks = tuple(os.path.join(d.path, BLOCKS_DIR, "") for d in self.dirs)
 
     def dir_index(self, key: str) -> int:
         """Index of the dir that owns `key` (health does not move keys)."""
@@ -87,10 +89,10 @@ class Layout:
     def path(self, key: str) -> str | None:
         """Absolute path of `key`'s block file, or None if its dir is unhealthy
         (an unhealthy dir's keys are misses: reading it could hang or fail)."""
-        d = self.dirs[self.dir_index(key)]
-        if not d.healthy:
+        i = self.dir_index(key) if len(self.dirs) > 1 else 0
+        if not self.dirs[i].healthy:
             return None
-        return os.path.join(d.path, block_relpath(key))
+        return f"{self._blocks[i]}{fanout(key)}/{key}"
 
     def to_wire(self) -> dict:
         return {"dirs": [{"path": d.path, "weight": d.weight, "healthy": d.healthy}

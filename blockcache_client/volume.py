@@ -67,7 +67,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import blockfile, nowait, protocol
 from .backend import Backend, FileInfo, normalize
-from .blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, BlockHeader
+from .blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher
 from .blockmem import BlockMemory
 from .counters import Counters
 from .daemonlink import DaemonLink
@@ -208,6 +208,7 @@ class Volume:
         self.block_size = block_size
         self.meta_ttl = float(meta_ttl)
         self._volume_key = load_key_file(key_file)
+        self._key_id = blockfile.key_id(self._volume_key)
         self._chunk_size = min(blockfile.DEFAULT_CHUNK, 1 << (block_size.bit_length() - 1))
         self.socket_path = socket_path or protocol.default_socket()
         self._fill_queue_bytes = fill_queue_bytes
@@ -425,14 +426,14 @@ class Volume:
             self._idents[ident] = prefix
         return prefix
 
-    def _cipher(self, key: str, head: bytes) -> BlockCipher:
+    def _cipher(self, key: str, head: bytes | memoryview) -> BlockCipher:
         """The block's cipher, by key and exact header bytes (FormatError for a
         bad header, IntegrityError for a foreign key). Cached: a header seen
         before was validated then, and its HKDF subkey is derived once."""
-        ck = (key, head)
+        ck = (key, bytes(head))
         cipher = self._ciphers.get(ck)  # a dict get is atomic: no lock on the hit path
         if cipher is None:
-            cipher = BlockCipher(BlockHeader.parse(head), key, self._volume_key)
+            cipher = BlockCipher.from_head(head, key, self._volume_key, self._key_id)
             _keep_cipher(self._ciphers, self._cipher_lock, ck, cipher)
         return cipher
 
@@ -661,37 +662,45 @@ class Volume:
             # reaches the last chunk asks for one byte more to catch a file
             # that is longer or shorter than its header says.
             chunk = self._chunk_size
-            nchunks = max(1, -(-blen // chunk))
-            first = min(lo // chunk, nchunks - 1)
-            end = min(max(first + 1, -(-hi // chunk)), nchunks)
+            last = (blen - 1) // chunk if blen > chunk else 0  # the last chunk's index
+            first = lo // chunk
+            if first > last:
+                first = last
+            end = -(-hi // chunk)
+            if end <= first:
+                end = first + 1
+            elif end > last:
+                end = last + 1
             step = chunk + TAG_SIZE
             start = HEADER_SIZE + first * step
-            stop = min(HEADER_SIZE + end * step, HEADER_SIZE + blen + nchunks * TAG_SIZE)
-            want = stop - start + (end == nchunks)
+            if end > last:  # through the last chunk: to the end of the file, and one over
+                stop = HEADER_SIZE + blen + (last + 1) * TAG_SIZE
+                want = stop - start + 1
+            else:
+                stop = HEADER_SIZE + end * step
+                want = stop - start
             # the ciphertext goes to a reused buffer: a fresh one per read
             # costs an allocation and its page faults (4 MiB for a block)
             scratch = self._scratch.take(HEADER_SIZE + want)
-            if nowait:
-                if first != 0:
-                    return None
-                got = os.preadv(fd, [scratch[:HEADER_SIZE + want]], 0, os.RWF_NOWAIT)
-                head = bytes(scratch[:min(got, HEADER_SIZE)])
-                body = scratch[HEADER_SIZE:max(got, HEADER_SIZE)]
-                if got != HEADER_SIZE + want - (end == nchunks):
-                    return None  # pages not all in memory: the blocking read decides
-            elif first == 0:
-                got = os.preadv(fd, [scratch[:HEADER_SIZE + want]], 0)
-                head = bytes(scratch[:min(got, HEADER_SIZE)])
-                body = scratch[HEADER_SIZE:max(got, HEADER_SIZE)]
+            if first == 0:
+                whole = scratch[:HEADER_SIZE + want]
+                if nowait:
+                    got = os.preadv(fd, [whole], 0, os.RWF_NOWAIT)
+                    if got != HEADER_SIZE + stop - start:
+                        return None  # pages not all in memory: the blocking read decides
+                else:
+                    got = os.preadv(fd, [whole], 0)
+                head = scratch[:HEADER_SIZE if got > HEADER_SIZE else got]
+                body = scratch[HEADER_SIZE:got if got > HEADER_SIZE else HEADER_SIZE]
+            elif nowait:
+                return None
             else:
                 head = os.pread(fd, HEADER_SIZE, 0)
-                got = os.preadv(fd, [scratch[:want]], start)
-                body = scratch[:got]
+                body = scratch[:os.preadv(fd, [scratch[:want]], start)]
             cipher = self._cipher(key, head)
-            header = cipher.header
-            if header.plaintext_len != blen or header.chunk_size != chunk:
-                raise FormatError(f"block holds {header.plaintext_len} bytes in chunks of "
-                                  f"{header.chunk_size}; this file version needs {blen} in "
+            if cipher.plaintext_len != blen or cipher.chunk_size != chunk:
+                raise FormatError(f"block holds {cipher.plaintext_len} bytes in chunks of "
+                                  f"{cipher.chunk_size}; this file version needs {blen} in "
                                   f"chunks of {chunk}")
             if len(body) != stop - start:  # one byte over: longer; under: truncated
                 raise FormatError(f"block file is shorter or longer than its header says "

@@ -12,7 +12,10 @@ Design
 - Metadata comes from `MetaCache` (per-prefix TTL) and otherwise from the
   volume, asked for a fresh answer (`max_age=0`: this cache is the one that
   applies the TTL, so an entry is never older than its TTL). The same TTL is
-  the kernel's entry/attr timeout, and zero-TTL prefixes always ask.
+  the kernel's entry/attr timeout, and zero-TTL prefixes always ask. A
+  lookup that misses lists its directory in the background, and so does one
+  that finds a directory; lookups there that come while the listing is in
+  flight wait for it (at most LISTING_WAIT) instead of a remote stat each.
 - `open` pins the FileInfo (the version) it saw; every read of that handle
   reads that version. `keep_cache` is set only when the prefix's TTL > 0 and
   the version equals the one seen at the previous open of the inode, or when
@@ -87,6 +90,12 @@ WHOLE_FILE_MAX = 1 << 20
 BUFFER_BYTES_MAX = 128 << 20
 # Directory listings fetched in the background at once, at most.
 MAX_LISTING_TASKS = 16
+# A lookup that misses while its directory is being listed waits for that
+# listing instead of asking the source about the one name, for at most this
+# long after the listing started: a small directory's listing costs about
+# one remote round trip, like the stat it saves, and a huge one's (many
+# pages) soon stops holding lookups up.
+LISTING_WAIT = 0.1
 # ops whose first argument is a file or dir handle, not an inode
 _HANDLE_OPS = frozenset({"read", "flush", "release", "readdir", "releasedir"})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT
@@ -224,8 +233,9 @@ class BlockcacheFS(pyfuse3.Operations):
         self._spare = memoryview(bytearray(self.whole_file_max))
         self.buffered_blocks = 0
         self.max_buffered_blocks = max(2, BUFFER_BYTES_MAX // cfg.block_size)
-        # parent dir -> its in-flight background listing
-        self._listing_tasks: dict[str, asyncio.Task] = {}
+        # parent dir -> its in-flight background listing, and until when a
+        # lookup there may wait for it (`_await_listing`)
+        self._listing_tasks: dict[str, tuple[asyncio.Task, float]] = {}
         # dirs listed in the background within their TTL: never listed again
         # sooner, even when the listing was too large to keep or failed
         self._listed = TtlLru(4096)
@@ -329,7 +339,18 @@ class BlockcacheFS(pyfuse3.Operations):
         if cached is not None:
             return cached
         if path:
-            self._list_in_background(parent_of(path))
+            parent = parent_of(path)
+            running = self._listing_tasks.get(parent)
+            if running is None:
+                # this lookup starts the listing and does not wait for it (a
+                # huge directory's takes many requests): one stat, as before
+                self._list_in_background(parent)
+            elif await self._await_listing(*running):
+                cached = self.meta.lookup(path)
+                if cached is NEGATIVE:
+                    raise pyfuse3.FUSEError(errno.ENOENT)
+                if cached is not None:
+                    return cached
         try:
             info = await self._call(self.volume.stat, path, max_age=0)
         except FileNotFoundError:
@@ -339,18 +360,37 @@ class BlockcacheFS(pyfuse3.Operations):
         return info
 
     def _list_in_background(self, parent: str) -> None:
-        """A lookup missed: list its directory in the background, so the next
-        lookups there are answered from the listing instead of one remote stat
-        each (a training job opens every file of a directory, in any order).
-        This lookup does not wait for it: in a huge directory, listing is slow."""
+        """A lookup missed in `parent`, or found it to be a directory: list it
+        in the background (unless it is listed or being listed, its TTL is
+        zero, or too many listings run), so the next lookups there are
+        answered from the listing instead of one remote stat each (a training
+        job opens every file of a directory, in any order)."""
         ttl = self.meta.ttl(parent)
         if (ttl <= 0 or parent in self._listing_tasks or len(self._listing_tasks) >= MAX_LISTING_TASKS
                 or self._listed.get(parent) is not None or self.meta.listing(parent) is not None):
             return
         self._listed.put(parent, True, ttl)
         task = asyncio.ensure_future(self._list(parent))
-        self._listing_tasks[parent] = task
+        # waiting is bounded by the TTL too: the listing's answer may be as
+        # old as its start, and no answer may be older than the TTL
+        wait_until = time.monotonic() + min(LISTING_WAIT, ttl)
+        self._listing_tasks[parent] = (task, wait_until)
         task.add_done_callback(lambda t: self._listing_done(parent, t))
+
+    async def _await_listing(self, task: "asyncio.Task", wait_until: float) -> bool:
+        """Wait for a listing in flight until `wait_until` (LISTING_WAIT, or
+        the directory's TTL if shorter, after it started); True if it
+        finished (answered or failed: the caller looks in the cache either
+        way, and asks the source if the listing did not say). A lookup that
+        came while the listing was under way thus costs no remote request of
+        its own; the listing asked the source (max_age=0) after the lookup's
+        time minus that bound, so its answer is never older than the TTL."""
+        if not task.done():
+            left = wait_until - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.wait((task,), timeout=left)
+        return task.done()
 
     async def _list(self, path: str) -> None:
         entries = await self._call(self.volume.listdir, path, max_age=0)
@@ -442,6 +482,10 @@ class BlockcacheFS(pyfuse3.Operations):
         inode = self._remember(path, info.size)
         if inode is None:
             raise pyfuse3.FUSEError(errno.EIO)
+        if info.is_dir:
+            # the next lookups will most likely be in it: its listing starts
+            # now, and they wait for it instead of a remote stat each
+            self._list_in_background(path)
         return self._attrs(info, inode)
 
     async def forget(self, inode_list) -> None:

@@ -217,3 +217,53 @@ def test_remote_failures_answer_eio_file_errors_keep_their_errno(exc, want):
     # issue 7: a remote that is down must look like a failing disk (EIO), not
     # ETIMEDOUT or ECONNREFUSED, which callers do not expect from a read
     assert errno_of(exc, gone=errno.ESTALE) == want
+
+
+def _counting(monkeypatch, vol, name: str) -> list[str]:
+    """Record the paths `vol.<name>` is called with (the real call still runs)."""
+    calls: list[str] = []
+    real = getattr(vol, name)
+
+    def counted(path, *args, **kwargs):
+        calls.append(path)
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(vol, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("ttl", [60.0, 0.0])
+def test_lookups_during_a_listing_wait_for_it_instead_of_a_stat_each(tmp_path, key_file,
+                                                                     monkeypatch, ttl):
+    # a fresh mount: the lookup of a directory starts its listing, and the
+    # lookups of its files that arrive meanwhile are answered by it (no remote
+    # stat each); a zero-TTL prefix lists nothing and asks for every name
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    names = [f"f{i}" for i in range(8)]
+    for n in names:
+        (src / "d" / n).write_bytes(n.encode())
+    source, sock = f"latency::file://{src}", str(tmp_path / "no.sock")
+    cfg = build_config(volume="v", source=source, mountpoint=str(tmp_path / "m"),
+                       key_file=str(key_file), socket=sock, block_size=str(BS), meta_ttl=ttl)
+    vol = Volume("v", source, str(key_file), socket_path=sock, block_size=BS,
+                 latency={"delay": 0.02})
+    f = BlockcacheFS(vol, cfg)
+    stats, listings = _counting(monkeypatch, vol, "stat"), _counting(monkeypatch, vol, "listdir")
+
+    async def go():
+        d = await f.lookup(ROOT_INODE, b"d")
+        return await asyncio.gather(*(f.lookup(d.st_ino, n.encode()) for n in [*names, "no"]),
+                                    return_exceptions=True)
+    try:
+        found = run(go())
+        assert [a.st_size for a in found[:-1]] == [len(n) for n in names]
+        if ttl:
+            assert found[-1].st_ino == 0  # a negative entry, from the listing too
+            assert stats == ["d"] and "d" in listings  # "d" itself: its parent was not listed
+        else:
+            assert found[-1].errno == errno.ENOENT  # (not cached)
+            assert listings == [] and sorted(stats) == ["d", *(f"d/{n}" for n in sorted(names)),
+                                                        "d/no"]
+    finally:
+        f.close()
+        vol.close()

@@ -58,7 +58,7 @@ from blockcache_client.keys import inode_for_path
 
 from . import fuseloop
 from .config import MountConfig
-from .metacache import NEGATIVE, MetaCache, TtlLru, parent_of
+from .metacache import NEGATIVE, DirListing, MetaCache, TtlLru, parent_of
 
 pyfuse3.asyncio.enable()
 fuseloop.install()  # a request already queued is read without a loop round trip
@@ -392,9 +392,9 @@ class BlockcacheFS(pyfuse3.Operations):
             await asyncio.wait((task,), timeout=left)
         return task.done()
 
-    async def _list(self, path: str) -> None:
+    async def _list(self, path: str) -> DirListing:
         entries = await self._call(self.volume.listdir, path, max_age=0)
-        self.meta.put_listing(path, entries)
+        return self.meta.put_listing(path, entries)
 
     def _listing_done(self, parent: str, task: "asyncio.Task") -> None:
         self._listing_tasks.pop(parent, None)
@@ -514,9 +514,16 @@ class BlockcacheFS(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: Any = None):
         path = self._path(inode)
         listing = self.meta.listing(path)
+        running = self._listing_tasks.get(path) if listing is None else None
+        if running is not None and time.monotonic() <= running[1]:
+            # being listed (its lookup started it): that answer, not a second
+            # listing; it is as fresh as a lookup waiting for it would get
+            try:
+                listing = await asyncio.shield(running[0])
+            except Exception:  # (logged by _listing_done): list it here
+                listing = None
         if listing is None:
-            entries = await self._call(self.volume.listdir, path, max_age=0)
-            listing = self.meta.put_listing(path, entries)
+            listing = await self._list(path)
         fh = next(self._fh)
         # A snapshot: readdir offsets index it, so paging a large directory
         # never repeats or skips an entry even if the listing changes meanwhile.

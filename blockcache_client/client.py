@@ -122,9 +122,12 @@ class Client(_Ops):
         self._fork = _forks[0]
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._posted = 0  # posted requests whose replies have not been read
+        self._early: list[dict[str, Any]] = []  # their replies, read by another call
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
+        self._posted, self._early = 0, []
         if sock is not None:
             sock.close()
 
@@ -218,12 +221,24 @@ class Client(_Ops):
         n = protocol.frame_length(self._recv_exact(sock, LENGTH.size))
         return protocol.decode_body(self._recv_exact(sock, n))
 
-    def _exchange(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Send all requests, then collect their replies (matched by id)."""
+    def _after_fork(self) -> None:
         if self._fork != _forks[0]:
             # Forked (a DataLoader worker): never share the parent's stream, and
             # the parent's lock may have been held by a thread that is not here.
             self._sock, self._fork, self._lock = None, _forks[0], threading.Lock()
+            self._posted, self._early = 0, []
+
+    def _unavailable(self, exc: BaseException) -> DaemonUnavailable:
+        """Drop the connection after `exc`; the error to raise, naming why."""
+        self.close()
+        # EAGAIN from a blocking socket = SO_RCVTIMEO/SO_SNDTIMEO expired
+        timed_out = isinstance(exc, (TimeoutError, BlockingIOError))
+        what = f"timed out after {self.timeout:g}s" if timed_out else str(exc)
+        return DaemonUnavailable(f"blockcached at {self.socket_path}: {what}")
+
+    def _exchange(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Send all requests, then collect their replies (matched by id)."""
+        self._after_fork()
         with self._lock:
             try:
                 sock = self._connect()
@@ -232,23 +247,89 @@ class Client(_Ops):
                 else:
                     sock.sendall(b"".join(protocol.encode_frame(r) for r in requests))
                 replies: dict[int, dict[str, Any]] = {}
+                wanted = {r["id"] for r in requests}
                 while len(replies) < len(requests):
                     body = self._read_reply(sock)
                     if body.get("id") == 0:  # the daemon rejected our framing
                         self.close()
                         return [body] * len(requests)
-                    replies[body.get("id")] = body
+                    if body.get("id") in wanted:
+                        replies[body.get("id")] = body
+                    elif self._posted:  # answers come in order: earlier posts first
+                        self._posted -= 1
+                        self._early.append(body)
                 return [replies[r["id"]] for r in requests]
             except (OSError, ProtocolError, KeyError) as exc:
-                self.close()
-                # EAGAIN from a blocking socket = SO_RCVTIMEO/SO_SNDTIMEO expired
-                timed_out = isinstance(exc, (TimeoutError, BlockingIOError))
-                what = f"timed out after {self.timeout:g}s" if timed_out else str(exc)
-                raise DaemonUnavailable(f"blockcached at {self.socket_path}: {what}") from None
+                raise self._unavailable(exc) from None
 
     def _call(self, op: str, args: dict[str, Any], pick: str | None = None) -> Any:
         reply = self._exchange([{"id": self._next_id(), "op": op, **args}])[0]
         return _result(reply, pick)
+
+    # -- posted requests: sent now, answered later -------------------------------
+
+    @property
+    def posted(self) -> int:
+        """Posted requests whose replies `collect` has not returned yet."""
+        return self._posted + len(self._early)
+
+    def post(self, op: str, args: dict[str, Any]) -> memoryview | None:
+        """Send one request without waiting for its reply (a fill's put: the
+        sender has nothing to wait for); `collect` returns the reply later.
+
+        Never blocks: returns the tail of the frame the socket had no room
+        for, or None when all of it went. A tail must go out through
+        `finish_post` before this client sends anything else, and it views
+        the caller's buffers: copy it if they are about to change.
+        DaemonUnavailable if the connection is (or goes) down."""
+        self._after_fork()
+        with self._lock:
+            try:
+                parts = protocol.frame_parts({"id": self._next_id(), "op": op, **args})
+                sock = self._connect()
+                try:
+                    sent = sock.sendmsg(parts, [], socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+            except (OSError, ProtocolError) as exc:
+                raise self._unavailable(exc) from None
+            self._posted += 1
+            total = sum(map(len, parts))
+            if sent == total:
+                return None
+            return memoryview(b"".join(parts))[sent:]
+
+    def finish_post(self, tail: bytes | memoryview) -> None:
+        """Send the tail `post` returned, waiting for room as long as the
+        timeout allows."""
+        with self._lock:
+            try:
+                self._connect_existing().sendall(tail)
+            except OSError as exc:
+                raise self._unavailable(exc) from None
+
+    def collect(self, wait: bool = False) -> list[dict[str, Any]]:
+        """Replies to posted requests, in posting order: those that have
+        arrived, or with `wait` all of them (each within the timeout)."""
+        self._after_fork()
+        with self._lock:
+            out, self._early = self._early, []
+            try:
+                while self._posted and (wait or self._rbuf or self._poll.poll(0)):
+                    body = self._read_reply(self._connect_existing())
+                    if body.get("id") == 0:  # the daemon rejected our framing
+                        self.close()
+                        break
+                    self._posted -= 1
+                    out.append(body)
+            except (OSError, ProtocolError) as exc:
+                raise self._unavailable(exc) from None
+            return out
+
+    def _connect_existing(self) -> socket.socket:
+        if self._sock is None:
+            raise ConnectionError("the connection of the posted requests was closed")
+        return self._sock
 
     def pipeline(self, calls: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         """Send several (op, args) requests in one write; return their reply maps

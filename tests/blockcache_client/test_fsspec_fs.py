@@ -51,6 +51,7 @@ def test_chained_s3_open_cat_ls(s3_server, key_file, daemon):
     # the volume behind it filled the daemon's cache
     vol = fs.volume
     wait_for(lambda: vol.cached_bytes("fsx/dir/a.bin") == len(data), what="the fill")
+    assert vol.wait_fills(10)  # puts' replies are counted once read
     assert fs.stats()["fills_sent"] >= 4
     fs.volume.close()
 

@@ -603,25 +603,40 @@ def test_client_times_out_on_a_stopped_daemon_then_reconnects(daemon):
     c.close()
 
 
-def _sleeps_per_lookup(daemon, client: Client, n: int = 2000) -> float:
-    """Times the calling thread slept per 1-key lookup, with client and daemon
+# Run in a new process: how many threads the test process has left running
+# (other tests' volumes, servers) must not decide whether the client spins.
+_SLEEPS_PER_LOOKUP = """
+import os, resource, sys, threading
+from blockcache_client.client import Client
+sock, spin, cpu, extra_thread = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+os.sched_setaffinity(0, {cpu})
+if extra_thread:
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+client, n = Client(sock, reply_spin=spin), 2000
+client.ping()
+key = sys.argv[5]
+before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+for _ in range(n):
+    client.lookup([key])
+print((resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before) / n)
+"""
+
+
+def _sleeps_per_lookup(daemon, reply_spin: float, extra_thread: bool = False) -> float:
+    """Times a client thread slept per 1-key lookup, with client and daemon
     on different CPUs (each sleep is then a cross-CPU wake-up)."""
     cpus = sorted(os.sched_getaffinity(0))
-    mine, daemons = os.sched_getaffinity(0), os.sched_getaffinity(daemon.proc.pid)
-    os.sched_setaffinity(0, {cpus[0]})
+    daemons = os.sched_getaffinity(daemon.proc.pid)
     os.sched_setaffinity(daemon.proc.pid, {cpus[1]})
     try:
-        client.ping()
-        key = make_key()
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
-        for _ in range(n):
-            client.lookup([key])
-        sleeps = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
-        client.close()
+        out = subprocess.run([sys.executable, "-c", _SLEEPS_PER_LOOKUP, daemon.socket_path,
+                              str(reply_spin), str(cpus[0]), "1" if extra_thread else "0",
+                              make_key()], capture_output=True, text=True, timeout=60,
+                             cwd=str(Path(__file__).parents[2]))
     finally:
-        os.sched_setaffinity(0, mine)
         os.sched_setaffinity(daemon.proc.pid, daemons)
-    return sleeps / n
+    assert out.returncode == 0, out.stderr
+    return float(out.stdout)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
@@ -630,7 +645,7 @@ def test_client_sleeps_once_per_request(daemon):
     in recv instead, it was also woken (for nothing) when the daemon consumed
     its request, a write-space wake-up of every task sleeping on the socket:
     with client and daemon on different CPUs, nearly every request slept twice."""
-    assert _sleeps_per_lookup(daemon, Client(daemon.socket_path, reply_spin=0)) < 1.3
+    assert _sleeps_per_lookup(daemon, reply_spin=0) < 1.3
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
@@ -639,13 +654,48 @@ def test_single_threaded_client_polls_for_its_reply_before_sleeping(daemon):
     before it sleeps, so a prompt reply costs it no wake-up; with another
     Python thread alive it sleeps at once rather than hold the GIL."""
     patient = 0.05  # far longer than any lookup takes, so no request sleeps
-    assert threading.active_count() == 1
-    assert _sleeps_per_lookup(daemon, Client(daemon.socket_path, reply_spin=patient)) < 0.2
-    other = threading.Event()
-    thread = threading.Thread(target=other.wait)
-    thread.start()
+    assert _sleeps_per_lookup(daemon, reply_spin=patient) < 0.2
+    assert _sleeps_per_lookup(daemon, reply_spin=patient, extra_thread=True) > 0.5
+
+
+def test_posted_puts_are_answered_in_order_and_survive_other_calls(daemon):
+    """`post` sends without waiting; a plain call in between keeps the posted
+    replies for `collect`, which returns them in posting order."""
+    c = Client(daemon.socket_path)
+    keys = [make_key(inode=i + 1) for i in range(5)]
+    for k in keys[:3]:
+        assert c.post("put", {"key": k, "data": make_block(k)}) is None
+    assert c.ping()["ok"]  # reads past the three put replies
+    for k in keys[3:]:
+        assert c.post("put", {"key": k, "data": make_block(k)}) is None
+    assert c.posted == 5
+    replies = c.collect(wait=True)
+    assert [r["accepted"] for r in replies] == [True] * 5
+    assert [r["id"] for r in replies] == sorted(r["id"] for r in replies)
+    assert c.posted == 0 and c.collect() == []
+    daemon.wait_idle()
+    assert all(c.lookup(keys))
+    c.close()
+
+
+def test_a_post_the_socket_cannot_take_leaves_its_tail_to_send(daemon):
+    """With the daemon not reading, `post` returns at once with the part of
+    the frame that did not fit; `finish_post` sends it and the block lands
+    whole."""
+    c = Client(daemon.socket_path, timeout=10)
+    c.ping()
+    key = make_key(inode=77)
+    block = make_block(key, 12 << 20)  # more than the socket buffers hold
+    daemon.proc.send_signal(signal.SIGSTOP)
     try:
-        assert _sleeps_per_lookup(daemon, Client(daemon.socket_path, reply_spin=patient)) > 0.5
+        tail = c.post("put", {"key": key, "data": block})
     finally:
-        other.set()
-        thread.join()
+        daemon.proc.send_signal(signal.SIGCONT)
+    assert tail is not None and 0 < len(tail) < len(block)
+    c.finish_post(tail)
+    assert c.collect(wait=True)[0]["accepted"]
+    daemon.wait_idle()
+    path = c.lookup([key])[0]
+    with open(path, "rb") as f:
+        assert f.read() == block
+    c.close()

@@ -1,0 +1,84 @@
+"""DaemonLink's fill path against a real daemon: small fills go out on the
+reader's thread, posted (no wait for the reply); big ones and anything behind
+a queued job go through the filler thread, in order."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from blockcache_client import blockfile
+from blockcache_client.counters import Counters
+from blockcache_client.daemonlink import INLINE_FILL_MAX, DaemonLink
+from blockcache_client.keys import BlockKey
+from tests.blockcache_client.conftest import wait_for
+
+VOLUME_KEY = bytes(32)
+
+
+class SealRecorder:
+    """The link's seal function, noting which thread sealed each key."""
+
+    def __init__(self):
+        self.threads: dict[str, str] = {}
+
+    def __call__(self, key: str, plaintext: bytes) -> bytes:
+        self.threads[key] = threading.current_thread().name
+        return blockfile.seal(key, plaintext, VOLUME_KEY)
+
+
+def _key(i: int) -> str:
+    return str(BlockKey("vol", i + 1, 0xabc, 0))
+
+
+def _link(daemon, seal) -> DaemonLink:
+    link = DaemonLink(daemon.socket_path, Counters(), seal, fill_queue_bytes=64 << 20)
+    wait_for(lambda: link.connected, what="the link to connect")
+    return link
+
+
+def test_small_fills_are_sent_from_the_readers_thread_and_counted(daemon):
+    seal = SealRecorder()
+    link = _link(daemon, seal)
+    try:
+        small = [_key(i) for i in range(20)]
+        for k in small:
+            assert link.offer_fill(k, os.urandom(100 << 10))
+        big = _key(99)
+        assert link.offer_fill(big, os.urandom(INLINE_FILL_MAX + 1))
+        assert link.wait_idle(10)
+        me = threading.current_thread().name
+        assert all(seal.threads[k] == me for k in small)
+        assert seal.threads[big] == "blockcache-filler"
+        # posted puts' replies were read and counted
+        assert link._counters.snapshot()["fills_sent"] == 21
+        assert link._filler_client.posted == 0
+        daemon.wait_idle()
+        paths = daemon.client().lookup(small + [big])
+        assert all(paths)
+    finally:
+        link.close()
+
+
+def test_an_eviction_and_the_refill_behind_it_stay_in_order(daemon):
+    """An integrity eviction and the refill of the same key reach the daemon
+    in order, whichever way each goes (queued, or sent from the reader's
+    thread): the daemon ends up with the new block, not with none."""
+    link = _link(daemon, SealRecorder())
+    try:
+        for round_ in range(20):
+            k = _key(round_)
+            assert link.offer_fill(k, os.urandom(4096))
+            assert link.wait_idle(10)
+            daemon.wait_idle()
+            new = os.urandom(4096)
+            link.evict_later(k)
+            assert link.offer_fill(k, new)
+            assert link.wait_idle(10)
+            daemon.wait_idle()
+            path = daemon.client().lookup([k])[0]
+            assert path is not None, f"round {round_}: the refill was lost"
+            with open(path, "rb") as f:
+                assert blockfile.unseal(k, f.read(), VOLUME_KEY) == new
+    finally:
+        link.close()

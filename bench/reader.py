@@ -10,11 +10,14 @@ Prints, measured in one run on this machine:
    the backend directly, fsspec `simplecache`, fsspec `blockcache`, and
    `Volume` with a real `blockcached`. Every reader opens each file, reads it
    whole and checks its length; plus plain local-disk reads of the same
-   files (page cache warm) as the ceiling. Warm epochs are measured twice
-   for `Volume`: the long-lived instance of the cold epoch (its memory LRU
-   and its derived per-block ciphers carry over from round to round), and
-   "Volume (new proc)", a new instance each round, as a new reader process
-   (a DataLoader worker) on a warm shared cache starts: nothing carried over.
+   files (page cache warm) as the ceiling. Before the warm epochs every
+   system's files are read into the page cache, untimed. Warm epochs are
+   measured twice for `Volume`: the long-lived instance of the cold epoch
+   (its memory LRU and its derived per-block ciphers carry over from round
+   to round), and "Volume (new proc)", a new instance each round, as a new
+   reader process (a DataLoader worker) on a warm shared cache starts:
+   nothing carried over; "simplecache (new proc)" is the same for
+   simplecache (which keeps nothing per file in memory: it should match).
 2. Hit-path throughput for 128 KiB and 4 MiB blocks: `Volume.read` of cached
    blocks (memory LRU off, so every read opens, reads and decrypts a block
    file) against raw open + read + AES-GCM decrypt of the same block files
@@ -39,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import fsspec
 
+from bench.systems import read_into_page_cache
 from blockcache_client import blockfile
 from blockcache_client.blockfile import HEADER_SIZE, TAG_SIZE, BlockHeader
 from blockcache_client.keyfile import generate_key_file, load_key_file
@@ -141,9 +145,12 @@ def bench_epochs(args, work: str) -> dict[str, tuple[float, float]]:
             check(rel, f.read(), size)
     readers["backend"] = direct
 
+    def cache_fs(kind):
+        return fsspec.filesystem(kind, fs=remote(), cache_storage=os.path.join(work, kind),
+                                 skip_instance_cache=True)
+
     for kind in ("simplecache", "blockcache"):
-        cfs = fsspec.filesystem(kind, fs=remote(), cache_storage=os.path.join(work, kind),
-                                skip_instance_cache=True)
+        cfs = cache_fs(kind)
 
         def cached(it, cfs=cfs):
             rel, size = it
@@ -167,7 +174,7 @@ def bench_epochs(args, work: str) -> dict[str, tuple[float, float]]:
         cold = {}
         for name, read_one in readers.items():
             cold[name] = run_epoch(read_one, items, args.threads)
-            print(f"  {name:<16} cold {cold[name]:9.0f} files/s", flush=True)
+            print(f"  {name:<22} cold {cold[name]:9.0f} files/s", flush=True)
         vol.wait_fills(120)
         d.wait_idle(120)
         # the same cache without the in-process memory LRU: every hit is a
@@ -183,16 +190,27 @@ def bench_epochs(args, work: str) -> dict[str, tuple[float, float]]:
         for top in disk.listdir(""):  # a new reader lists first: metadata is warm too
             disk.listdir(top.path)
         cold["Volume (no mem)"] = cold["Volume"]
-        fresh = FreshVolume(lambda: Volume("bench", f"latency::file://{src}", key_file,
-                                           socket_path=d.socket_path,
-                                           latency={"delay": args.delay}))
+        fresh = fresh_volume(lambda: Volume("bench", f"latency::file://{src}", key_file,
+                                            socket_path=d.socket_path,
+                                            latency={"delay": args.delay}))
         readers["Volume (new proc)"] = fresh
         cold["Volume (new proc)"] = cold["Volume"]
+        # the same for simplecache: a new instance each round on its warm cache dir
+        # (it keeps no per-file state in memory, so this should match its row)
+        fresh_simple = FreshReader(lambda: cache_fs("simplecache"),
+                                   lambda cfs, rel: cfs.open(f"{src}/{rel}", "rb"))
+        readers["simplecache (new proc)"] = fresh_simple
+        cold["simplecache (new proc)"] = cold["simplecache"]
+        # every system's files into the page cache, untimed, as the suite does:
+        # this VM pages out page-cache pages idle ~30 s (DAMON), and the cold
+        # epochs left some systems' files idle longer than others'
+        read_into_page_cache([src, os.path.join(work, "simplecache"),
+                              os.path.join(work, "blockcache"), os.path.join(work, "cache1")])
         warm = {"backend": run_epoch(direct, items, args.threads)}  # no cache: as cold
         cached_readers = {k: v for k, v in readers.items() if k != "backend"}
         warm.update(interleaved_epochs(cached_readers, items, args.rounds))
         for name in readers:
-            print(f"  {name:<16} warm {warm[name]:9.0f} files/s")
+            print(f"  {name:<22} warm {warm[name]:9.0f} files/s")
         if args.parallel > 1:
             # what one fsspec cache cannot do (blockcache breaks under threads):
             # a cold epoch by many threads, under another volume name (cold keys)
@@ -215,36 +233,50 @@ def bench_epochs(args, work: str) -> dict[str, tuple[float, float]]:
         print(f"  Volume (no mem) stats: hits {ds['hits']} misses {ds['misses']}")
         disk.close()
         fresh.close()
+        fresh_simple.close()
         vol.close()
     return {name: (cold[name], warm[name]) for name in readers}
 
 
-class FreshVolume:
-    """Reads through a new `Volume` every warm round: what a new reader process
-    (a DataLoader worker) on a warm shared cache sees. Its memory LRU is empty
-    and no block's cipher has been derived yet in it, where the long-lived
-    `Volume` keeps both from earlier rounds (up to 64 MiB of blocks and 4096
-    ciphers, so with this data set only its first round pays for them)."""
+class FreshReader:
+    """Reads through a new reader every warm round: what a new reader process
+    (a DataLoader worker) on a warm shared cache sees. `make()` builds the
+    reader (untimed, in `start_round`), `open_file(reader, rel)` opens a file
+    through it. For `Volume`: its memory LRU is empty and no block's cipher
+    has been derived yet in it, where the long-lived `Volume` keeps both from
+    earlier rounds (up to 64 MiB of blocks and 4096 ciphers, so with this
+    data set only its first round pays for them)."""
 
-    def __init__(self, make):
+    def __init__(self, make, open_file):
         self.make = make
-        self.vol = None
+        self.open_file = open_file
+        self.reader = None
 
     def start_round(self) -> None:
         self.close()
-        self.vol = self.make()
-        for top in self.vol.listdir(""):  # a Dataset lists before its first epoch
-            self.vol.listdir(top.path)
+        self.reader = self.make()
 
     def __call__(self, it) -> None:
         rel, size = it
-        with self.vol.open(rel) as f:
+        with self.open_file(self.reader, rel) as f:
             check(rel, f.read(), size)
 
     def close(self) -> None:
-        if self.vol is not None:
-            self.vol.close()
-            self.vol = None
+        close = getattr(self.reader, "close", None)
+        if close is not None:
+            close()
+        self.reader = None
+
+
+def fresh_volume(make) -> FreshReader:
+    """A `FreshReader` of new `Volume`s, each listing the volume first (a
+    Dataset lists before its first epoch)."""
+    def listed():
+        vol = make()
+        for top in vol.listdir(""):
+            vol.listdir(top.path)
+        return vol
+    return FreshReader(listed, lambda vol, rel: vol.open(rel))
 
 
 def bench_hit_path(args, work: str) -> dict[int, tuple[float, float]]:
@@ -381,6 +413,8 @@ def main() -> None:
                  / r["simplecache"][1], 1.0),
                 ("warm Volume (new proc) / local-disk", r["Volume (new proc)"][1]
                  / r["local-disk"][1], 0.5),
+                ("warm Volume (new proc) / simplecache (new proc)", r["Volume (new proc)"][1]
+                 / r["simplecache (new proc)"][1], None),
                 ("cold Volume / backend", vc / r["backend"][0], None),
             ]
         h = None
@@ -393,10 +427,10 @@ def main() -> None:
         for name, value, target in ratios:
             verdict = "" if target is None else ("  ok" if value >= target else
                                                  f"  MISSED (target >= {target:g})")
-            print(f"  {name:<36} {value:6.2f}x{verdict}")
+            print(f"  {name:<46} {value:6.2f}x{verdict}")
         if h is not None:
             limit = 64 * KIB + TAG_SIZE
-            print(f"  {'4 KiB read decrypts':<36} {h['decrypt4k']:6d} B"
+            print(f"  {'4 KiB read decrypts':<46} {h['decrypt4k']:6d} B"
                   f"{'  ok' if h['decrypt4k'] <= limit else '  MISSED (target <= 64 KiB)'}")
     finally:
         if args.dir is None:

@@ -1,6 +1,6 @@
 """Benchmark of the read-through reader (`Volume`) against fsspec's caches.
 
-    python -m bench.reader [--files 3000] [--dirs 30] [--delay 0.002] [--threads 1]
+    python -m bench.reader [--files 3000] [--dirs 30] [--delay 0.002] [--threads 1] [--rounds 5]
 
 Prints, measured in one run on this machine:
 
@@ -386,7 +386,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="reader threads per epoch")
     ap.add_argument("--parallel", type=int, default=16,
                     help="threads for an extra cold Volume epoch (0: skip)")
-    ap.add_argument("--rounds", type=int, default=3, help="warm epochs per system")
+    # 5: the median of 3 moved 20-40% between rows of one run at load 2-3
+    ap.add_argument("--rounds", type=int, default=5, help="warm epochs per system")
     ap.add_argument("--dir", default=None, help="work dir (default: a temp dir, removed)")
     ap.add_argument("--skip-epochs", action="store_true")
     ap.add_argument("--skip-hit", action="store_true")

@@ -26,8 +26,10 @@ no guest polling), so with client and daemon on different CPUs a client that
 slept in poll saw a p50 of 115-145 us, against 42-65 us with both pinned to
 one CPU. A single-threaded `Client` therefore polls for its reply (yielding
 the CPU) for up to 100 us before sleeping: p50 35-70 us on one connection,
-40-60 us on 4 (4 processes on 2 cores; their p99 grows, 450-1,200 us against
-300-400 us sleeping, as pollers yield to each other).
+40-60 us on 4 (4 processes on 2 cores). A client whose reply came later than
+that sleeps at once for the next 1, 2, 4 ... 64 requests: with 4 processes
+on 2 cores, pollers otherwise held the CPU the daemon needed (p99 780-1,530
+us, against 240-630 us backing off and 300-400 us never polling).
 
 A put (1 MiB, until written) moves the block through the socket into a
 pooled buffer and writes it from there: ~0.5-0.8 ms per put against ~0.4-0.5

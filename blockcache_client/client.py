@@ -116,6 +116,7 @@ class Client(_Ops):
         self.socket_path = socket_path or protocol.default_socket()
         self.timeout = timeout
         self.reply_spin = reply_spin
+        self._spin_skip = self._spin_backoff = 0
         self._sock: socket.socket | None = None
         self._rbuf = bytearray()  # bytes read ahead of the reply being parsed
         self._poll = select.poll()
@@ -177,16 +178,26 @@ class Client(_Ops):
         yielding the CPU between polls to anything runnable (the daemon, on a
         busy core). Only in a process with one Python thread: the spin holds
         the GIL between polls, and another thread waiting for it would lose
-        more than this one gains; blocked in poll, the GIL is free."""
+        more than this one gains; blocked in poll, the GIL is free. A reply
+        later than the spin means the daemon is short of CPU, which pollers
+        only take from it: then the next 1, 2, 4 ... 64 waits skip the spin."""
         poll = self._poll.poll
         if self.reply_spin > 0 and threading.active_count() == 1:
-            deadline = time.perf_counter() + self.reply_spin
-            while not poll(0):
-                if time.perf_counter() >= deadline:
-                    break
-                os.sched_yield()
-            else:  # the reply is in
-                return
+            if self._spin_skip:
+                self._spin_skip -= 1
+            else:
+                deadline = time.perf_counter() + self.reply_spin
+                while not poll(0):
+                    if time.perf_counter() >= deadline:
+                        # the daemon is not getting a CPU in time: spinning
+                        # only takes one from it; sleep for the next few
+                        self._spin_backoff = min(64, self._spin_backoff * 2 or 1)
+                        self._spin_skip = self._spin_backoff
+                        break
+                    os.sched_yield()
+                else:  # the reply is in
+                    self._spin_backoff = 0
+                    return
         if not poll(max(1, round(self.timeout * 1000))):
             raise TimeoutError
 

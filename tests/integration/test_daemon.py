@@ -699,3 +699,22 @@ def test_a_post_the_socket_cannot_take_leaves_its_tail_to_send(daemon):
     with open(path, "rb") as f:
         assert f.read() == block
     c.close()
+
+
+def test_a_client_whose_replies_come_late_stops_spinning_for_a_while(daemon, monkeypatch):
+    """Replies later than the spin (a daemon short of CPU) make the client
+    sleep at once for the next requests, more of them each time, rather than
+    take CPU the daemon needs; a prompt reply makes it spin again."""
+    monkeypatch.setattr(threading, "active_count", lambda: 1)  # as if alone
+    late = Client(daemon.socket_path, reply_spin=1e-7)  # every reply is late
+    batch = [make_key(inode=i + 1) for i in range(protocol.MAX_BATCH)]  # ms to answer
+    for _ in range(150):
+        late.lookup(batch)
+    assert late._spin_backoff == 64  # doubled up to its cap, skipping more each time
+    patient = Client(daemon.socket_path, reply_spin=0.05)
+    patient._spin_backoff = 8
+    patient.lookup([make_key()])  # (skips the spin: 0 to skip yet)
+    patient.lookup([make_key()])
+    assert patient._spin_backoff == 0
+    late.close()
+    patient.close()

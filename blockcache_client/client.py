@@ -125,12 +125,20 @@ class Client(_Ops):
         self._lock = threading.Lock()
         self._posted = 0  # posted requests whose replies have not been read
         self._early: list[dict[str, Any]] = []  # their replies, read by another call
+        self._lost_posts = 0  # posted requests whose connection closed unanswered
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
-        self._posted, self._early = 0, []
+        # replies already read stay for `collect`; the others never come
+        self._lost_posts += self._posted
+        self._posted = 0
         if sock is not None:
             sock.close()
+
+    @property
+    def connected(self) -> bool:
+        """Whether this process has a connection open (calls may still fail)."""
+        return self._sock is not None and self._fork == _forks[0]
 
     def __enter__(self) -> "Client":
         return self
@@ -237,7 +245,7 @@ class Client(_Ops):
             # Forked (a DataLoader worker): never share the parent's stream, and
             # the parent's lock may have been held by a thread that is not here.
             self._sock, self._fork, self._lock = None, _forks[0], threading.Lock()
-            self._posted, self._early = 0, []
+            self._posted, self._early, self._lost_posts = 0, [], 0
 
     def _unavailable(self, exc: BaseException) -> DaemonUnavailable:
         """Drop the connection after `exc`; the error to raise, naming why."""
@@ -284,15 +292,22 @@ class Client(_Ops):
         """Posted requests whose replies `collect` has not returned yet."""
         return self._posted + len(self._early)
 
-    def post(self, op: str, args: dict[str, Any]) -> memoryview | None:
+    def take_lost(self) -> int:
+        """How many posted requests lost their connection before their reply
+        was read (since the last call): they may or may not have been done."""
+        n, self._lost_posts = self._lost_posts, 0
+        return n
+
+    def post(self, op: str, args: dict[str, Any]) -> bytes | None:
         """Send one request without waiting for its reply (a fill's put: the
         sender has nothing to wait for); `collect` returns the reply later.
 
-        Never blocks: returns the tail of the frame the socket had no room
-        for, or None when all of it went. A tail must go out through
-        `finish_post` before this client sends anything else, and it views
-        the caller's buffers: copy it if they are about to change.
-        DaemonUnavailable if the connection is (or goes) down."""
+        Never blocks: returns a copy of the tail of the frame the socket had
+        no room for, or None when all of it went. A tail must go out through
+        `finish_post` before this client sends anything else. Connects if
+        not connected (that may wait for the daemon's accept backlog: check
+        `connected` first where that matters). DaemonUnavailable if the
+        connection is (or goes) down; this request is then not posted."""
         self._after_fork()
         with self._lock:
             try:
@@ -305,14 +320,22 @@ class Client(_Ops):
             except (OSError, ProtocolError) as exc:
                 raise self._unavailable(exc) from None
             self._posted += 1
-            total = sum(map(len, parts))
-            if sent == total:
+            if sent == sum(map(len, parts)):
                 return None
-            return memoryview(b"".join(parts))[sent:]
+            tail = []
+            for part in parts:  # copy only what is left, not the whole frame
+                if sent >= len(part):
+                    sent -= len(part)
+                else:
+                    tail.append(memoryview(part)[sent:])
+                    sent = 0
+            return b"".join(tail)
 
-    def finish_post(self, tail: bytes | memoryview) -> None:
+    def finish_post(self, tail: bytes) -> None:
         """Send the tail `post` returned, waiting for room as long as the
-        timeout allows."""
+        timeout allows. DaemonUnavailable if the connection goes down (the
+        request is then counted by `take_lost`)."""
+        self._after_fork()
         with self._lock:
             try:
                 self._connect_existing().sendall(tail)
@@ -321,7 +344,9 @@ class Client(_Ops):
 
     def collect(self, wait: bool = False) -> list[dict[str, Any]]:
         """Replies to posted requests, in posting order: those that have
-        arrived, or with `wait` all of them (each within the timeout)."""
+        arrived, or with `wait` all of them (each within the timeout). Never
+        raises: if the connection fails meanwhile, the replies read so far
+        are returned and the rest are counted by `take_lost`."""
         self._after_fork()
         with self._lock:
             out, self._early = self._early, []
@@ -333,8 +358,8 @@ class Client(_Ops):
                         break
                     self._posted -= 1
                     out.append(body)
-            except (OSError, ProtocolError) as exc:
-                raise self._unavailable(exc) from None
+            except (OSError, ProtocolError):
+                self.close()
             return out
 
     def _connect_existing(self) -> socket.socket:

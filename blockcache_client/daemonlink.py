@@ -15,17 +15,19 @@ Readers never wait on this module. It owns two threads per process:
   ordered queue means the daemon sees the evict before the new put and does
   not discard the put as a duplicate of the bad file.
 
-A small fill (up to `INLINE_FILL_MAX`) offered while the queue is empty and
-the filler idle is sealed and sent on the reader's thread instead, without
-waiting: the socket takes it or the rest is left to the filler. Handing it
-to the filler cost more than sealing it: a thread wake-up, GIL hand-offs and
-a wait for the reply, ~4-5 sleeps and ~0.3-0.9 ms of CPU per fill of a small
-file on a 2-CPU VM. Puts are posted (`Client.post`): their replies are read
-when they have arrived, before the next put and at least every
-`REPLY_POLL` seconds while some are unread, never waited for one by one.
+A small fill (up to `INLINE_FILL_MAX`) offered while the queue is empty, the
+filler idle and the fill connection open is sealed and sent on the reader's
+thread instead, without waiting: the socket takes it or the rest is left to
+the filler. Handing it to the filler cost more than sealing it: a thread
+wake-up, GIL hand-offs and a wait for the reply, ~4-5 sleeps and ~0.3-0.9 ms
+of CPU per fill of a small file on a 2-CPU VM. Puts are posted
+(`Client.post`), never waited for one by one: their replies are read when
+they have arrived before the next put, by the filler when the control thread
+nudges it (every `touch_interval` while some are unread), and by `wait_idle`.
+Puts whose connection closed before their reply was read count as dropped.
 Exactly one party uses the fill connection at a time: whoever set `_busy`
-under `_fill_cv` (the filler for a job, a reader for an inline put,
-`wait_idle` to read the last replies).
+under `_fill_cv` (the filler for a job or to connect, a reader for an inline
+put, `wait_idle` to read the last replies).
 
 Invariants: `offer_fill` never blocks (a full queue drops and counts; an
 inline put sends only what the socket takes at once); a job whose put fails
@@ -41,7 +43,6 @@ import logging
 import os
 import random
 import threading
-import time
 from typing import Callable
 
 from .client import Client
@@ -61,8 +62,6 @@ _ALREADY_CACHED = frozenset({"exists", "duplicate"})
 # small file's block: sealing 256 KiB takes ~60 us); bigger ones are sealed
 # by the filler while the reader goes on
 INLINE_FILL_MAX = 256 << 10
-# how often the filler reads the replies of posted puts while some are unread
-REPLY_POLL = 0.05
 
 
 class DaemonLink:
@@ -98,7 +97,8 @@ class DaemonLink:
         fill_lock = threading.Lock()
         self._fill_cv = threading.Condition(fill_lock)  # the filler waits here for work
         self._idle_cv = threading.Condition(fill_lock)  # and wait_idle here
-        self._collected_at = 0.0
+        self._replies_wanted = False  # the control thread asked the filler to read replies
+        self._closing = False  # close() began: no new fills
         try:  # connect now, so the first reads can already use the cache
             self._connect()
         except (DaemonUnavailable, DaemonError, ValueError, KeyError) as exc:
@@ -131,10 +131,12 @@ class DaemonLink:
         with self._fill_cv:
             if key in self._queued:
                 return True
-            if self._fill_bytes + len(plaintext) > self._fill_cap or self._closed.is_set():
+            if self._fill_bytes + len(plaintext) > self._fill_cap or self._closing:
                 self._counters.add("fills_dropped")
                 return False
+            # connected: a reader must not wait in connect(2) for a full backlog
             inline = (len(plaintext) <= INLINE_FILL_MAX and self.layout is not None
+                      and self._filler_client.connected
                       and not self._fills and not self._busy and self._tail is None)
             if not inline:
                 self._fills.append(("put", key, plaintext))
@@ -186,6 +188,8 @@ class DaemonLink:
             # in a forked child this link's threads do not exist and its locks
             # may be held forever by them: touch nothing
             return
+        with self._fill_cv:  # fills offered from now on are dropped, not sent
+            self._closing = True
         self.wait_idle(timeout)
         self._closed.set()
         self._wake.set()
@@ -262,11 +266,10 @@ class DaemonLink:
     def _filler_loop(self) -> None:
         while True:
             with self._fill_cv:
-                while not self._closed.is_set():
-                    due = self._replies_due()
-                    if not self._busy and (self._fills or self._tail is not None or due == 0):
-                        break
-                    self._fill_cv.wait(REPLY_POLL if self._busy and due is not None else due)
+                while not self._closed.is_set() and (self._busy or not (
+                        self._fills or self._tail is not None or self._replies_wanted)):
+                    self._fill_cv.wait()
+                self._replies_wanted = False
                 if self._closed.is_set():
                     self._fills.clear()
                     self._queued.clear()
@@ -292,19 +295,13 @@ class DaemonLink:
                         self._fill_bytes -= len(job[2])
                     self._idle_cv.notify_all()
 
-    def _replies_due(self) -> float | None:
-        """Seconds until the filler should read replies: None when none are
-        unread, 0 when it is time."""
-        if not self._filler_client.posted:
-            return None
-        return max(0.0, self._collected_at + REPLY_POLL - time.monotonic())
-
     def _nudge_filler(self) -> None:
         """Have the filler read replies left unread by the last inline puts
         (so the counters catch up), at the control thread's pace rather than
         with a wake-up after every put."""
         with self._fill_cv:
             if self._filler_client.posted and not self._busy:
+                self._replies_wanted = True
                 self._fill_cv.notify()
 
     def _release(self) -> None:
@@ -328,54 +325,55 @@ class DaemonLink:
             self._filler_client.evict(key)
         except (DaemonUnavailable, DaemonError) as exc:
             log.debug("evict %s not delivered: %s", key, exc)
+        self._count_lost()
 
     def _put(self, key: str, data: bytes, inline: bool) -> None:
         """Seal and post one block (the caller holds `_busy`). Inline, the
         part of the frame the socket could not take is left to the filler."""
         client = self._filler_client
         self._collect(wait=False)
-        unread = client.posted
         try:
             # the sealer may reuse one buffer: the blob is overwritten by the
-            # next seal, so it is sent now, and a tail left for later is a copy
-            rest = client.post("put", {"key": key, "data": self._seal(key, data)})
-            if rest is not None:
-                if inline:
-                    with self._fill_cv:
-                        self._tail = bytes(rest)
-                else:
-                    client.finish_post(rest)
+            # next seal, so it is sent now (a tail left for later is a copy)
+            tail = client.post("put", {"key": key, "data": self._seal(key, data)})
         except DaemonUnavailable as exc:
-            self._lost(unread + 1, exc)
+            log.debug("put %s not delivered: %s", key, exc)
             self._counters.add("fills_dropped")
+            tail = None
+        if tail is not None and inline:
+            with self._fill_cv:
+                self._tail = tail
+        elif tail is not None:
+            try:
+                client.finish_post(tail)
+            except DaemonUnavailable as exc:
+                log.debug("rest of put %s not delivered: %s", key, exc)
+        self._count_lost()
 
     def _finish_tail(self) -> None:
-        unread = self._filler_client.posted  # the tail's put among them
         try:
             self._filler_client.finish_post(self._tail)
         except DaemonUnavailable as exc:
-            self._lost(unread, exc)
+            log.debug("rest of a put not delivered: %s", exc)
         finally:
             with self._fill_cv:
                 self._tail = None
+        self._count_lost()
 
-    def _lost(self, puts: int, why: DaemonUnavailable) -> None:
-        """Count puts whose delivery or answer went with the connection."""
-        log.debug("%d put(s) not delivered or not answered: %s", puts, why)
-        self._counters.add("fills_dropped", puts)
+    def _count_lost(self) -> None:
+        """Count puts whose connection closed before their reply was read."""
+        lost = self._filler_client.take_lost()
+        if lost:
+            log.debug("%d put(s) lost with the connection to blockcached", lost)
+            self._counters.add("fills_dropped", lost)
 
     def _collect(self, wait: bool) -> None:
         """Count the replies of posted puts that have arrived (all, with `wait`)."""
         client = self._filler_client
         if not client.posted:
             return
-        unread = client.posted
-        self._collected_at = time.monotonic()
-        try:
-            replies = client.collect(wait)
-        except DaemonUnavailable as exc:
-            self._lost(unread, exc)
-            return
+        replies = client.collect(wait)
+        self._count_lost()
         for reply in replies:
             if not reply.get("ok"):
                 log.debug("daemon refused a put: %s", reply.get("message"))

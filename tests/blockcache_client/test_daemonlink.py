@@ -41,6 +41,12 @@ def test_small_fills_are_sent_from_the_readers_thread_and_counted(daemon):
     seal = SealRecorder()
     link = _link(daemon, seal)
     try:
+        # the fill connection is opened by the filler, never by a reader
+        # (connect(2) can wait for a full accept backlog)
+        first = _key(100)
+        assert link.offer_fill(first, os.urandom(4096))
+        assert link.wait_idle(10)
+        assert seal.threads[first] == "blockcache-filler"
         small = [_key(i) for i in range(20)]
         for k in small:
             assert link.offer_fill(k, os.urandom(100 << 10))
@@ -51,7 +57,7 @@ def test_small_fills_are_sent_from_the_readers_thread_and_counted(daemon):
         assert all(seal.threads[k] == me for k in small)
         assert seal.threads[big] == "blockcache-filler"
         # posted puts' replies were read and counted
-        assert link._counters.snapshot()["fills_sent"] == 21
+        assert link._counters.snapshot()["fills_sent"] == 22
         assert link._filler_client.posted == 0
         daemon.wait_idle()
         paths = daemon.client().lookup(small + [big])
@@ -80,5 +86,22 @@ def test_an_eviction_and_the_refill_behind_it_stay_in_order(daemon):
             assert path is not None, f"round {round_}: the refill was lost"
             with open(path, "rb") as f:
                 assert blockfile.unseal(k, f.read(), VOLUME_KEY) == new
+    finally:
+        link.close()
+
+
+def test_a_fill_to_a_daemon_that_died_is_counted_dropped_once(daemon):
+    link = _link(daemon, SealRecorder())
+    try:
+        assert link.offer_fill(_key(1), os.urandom(4096))  # opens the fill connection
+        assert link.wait_idle(10)
+        daemon.proc.kill()
+        daemon.proc.wait()
+        before = link._counters.snapshot()
+        assert link.offer_fill(_key(2), os.urandom(4096))  # inline: the socket is dead
+        assert link.wait_idle(10)
+        after = link._counters.snapshot()
+        assert after["fills_dropped"] - before["fills_dropped"] == 1
+        assert after["fills_sent"] == before["fills_sent"]
     finally:
         link.close()

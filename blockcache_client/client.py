@@ -322,14 +322,7 @@ class Client(_Ops):
             self._posted += 1
             if sent == sum(map(len, parts)):
                 return None
-            tail = []
-            for part in parts:  # copy only what is left, not the whole frame
-                if sent >= len(part):
-                    sent -= len(part)
-                else:
-                    tail.append(memoryview(part)[sent:])
-                    sent = 0
-            return b"".join(tail)
+            return b"".join(_unsent(parts, sent))  # a copy of what is left only
 
     def finish_post(self, tail: bytes) -> None:
         """Send the tail `post` returned, waiting for room as long as the
@@ -381,12 +374,20 @@ def _send_parts(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
     sent = sock.sendmsg(parts)
     if sent == sum(map(len, parts)):
         return
+    for rest in _unsent(parts, sent):
+        sock.sendall(rest)
+
+
+def _unsent(parts: list[bytes | memoryview], sent: int) -> list[memoryview]:
+    """What is left of `parts` after their first `sent` bytes went out."""
+    rest = []
     for part in parts:
         if sent >= len(part):
             sent -= len(part)
-            continue
-        sock.sendall(memoryview(part)[sent:])
-        sent = 0
+        else:
+            rest.append(memoryview(part)[sent:])
+            sent = 0
+    return rest
 
 
 def _connect_unix(sock: socket.socket, path: str, timeout: float) -> None:

@@ -324,20 +324,22 @@ class BlockcacheFS(pyfuse3.Operations):
     def _path(self, inode: int) -> str:
         return self._node(inode).path
 
-    def _cached_info(self, path: str) -> Any:
-        """`path`'s FileInfo from the metadata cache, or None (not cached, or
-        cached as missing): `_stat` then answers. Handlers try this first, as
-        a cached answer needs no `_stat` coroutine."""
+    def _from_cache(self, path: str) -> Any:
+        """`path`'s FileInfo from the metadata cache, or None if not cached;
+        FUSEError(ENOENT) if cached as missing. Handlers try this first, as
+        a cached answer needs no coroutine (`_stat_source`)."""
         info = self.meta.lookup(path)
-        return None if info is NEGATIVE else info
+        if info is NEGATIVE:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return info
 
     async def _stat(self, path: str) -> Any:
         """FileInfo of `path` (cached by TTL); FUSEError(ENOENT) if missing."""
-        cached = self.meta.lookup(path)
-        if cached is NEGATIVE:
-            raise pyfuse3.FUSEError(errno.ENOENT)
-        if cached is not None:
-            return cached
+        return self._from_cache(path) or await self._stat_source(path)
+
+    async def _stat_source(self, path: str) -> Any:
+        """`_stat` for a path not in the metadata cache: from its directory's
+        listing if one is in flight, else from the source."""
         if path:
             parent = parent_of(path)
             running = self._listing_tasks.get(parent)
@@ -346,9 +348,7 @@ class BlockcacheFS(pyfuse3.Operations):
                 # huge directory's takes many requests): one stat, as before
                 self._list_in_background(parent)
             elif await self._await_listing(*running):
-                cached = self.meta.lookup(path)
-                if cached is NEGATIVE:
-                    raise pyfuse3.FUSEError(errno.ENOENT)
+                cached = self._from_cache(path)
                 if cached is not None:
                     return cached
         try:
@@ -467,18 +467,16 @@ class BlockcacheFS(pyfuse3.Operations):
             path = parent_of(parent)
         else:
             path = f"{parent}/{sname}" if parent else sname
-        info = self._cached_info(path)
-        if info is None:
-            try:
-                info = await self._stat(path)
-            except pyfuse3.FUSEError as exc:
-                ttl = self.meta.ttl(path)
-                if exc.errno != errno.ENOENT or ttl <= 0:
-                    raise
-                negative = pyfuse3.EntryAttributes()
-                negative.st_ino = 0  # a negative entry the kernel caches for entry_timeout
-                negative.entry_timeout = ttl
-                return negative
+        try:
+            info = self._from_cache(path) or await self._stat_source(path)
+        except pyfuse3.FUSEError as exc:
+            ttl = self.meta.ttl(path)
+            if exc.errno != errno.ENOENT or ttl <= 0:
+                raise
+            negative = pyfuse3.EntryAttributes()
+            negative.st_ino = 0  # a negative entry the kernel caches for entry_timeout
+            negative.entry_timeout = ttl
+            return negative
         inode = self._remember(path, info.size)
         if inode is None:
             raise pyfuse3.FUSEError(errno.EIO)
@@ -501,7 +499,7 @@ class BlockcacheFS(pyfuse3.Operations):
     @fuse_op()
     async def getattr(self, inode: int, ctx: Any = None):
         node = self._node(inode)
-        info = self._cached_info(node.path) or await self._stat(node.path)
+        info = self._from_cache(node.path) or await self._stat_source(node.path)
         node.size = info.size
         return self._attrs(info, inode)
 
@@ -570,7 +568,7 @@ class BlockcacheFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self._node(inode)
         path = node.path
-        info = self._cached_info(path) or await self._stat(path)
+        info = self._from_cache(path) or await self._stat_source(path)
         if info.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
         keep = self.meta.keep_cache(inode, info)
@@ -606,9 +604,8 @@ class BlockcacheFS(pyfuse3.Operations):
         process, and the store waits for that lock: a store during such a
         read would never return), and the kernel's size of the inode is this
         version's (every page it may serve, [0, size), now holds these
-        bytes, so keeping them serves this version and nothing else)."""
-        if not self.store_pages:
-            return False
+        bytes, so keeping them serves this version and nothing else); and
+        that `store_pages` is still on."""
         try:
             pyfuse3.notify_store(inode, 0, data)
         except OSError as exc:

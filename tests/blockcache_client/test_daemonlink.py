@@ -48,8 +48,9 @@ def test_small_fills_are_sent_from_the_readers_thread_and_counted(daemon):
         assert link.wait_idle(10)
         assert seal.threads[first] == "blockcache-filler"
         small = [_key(i) for i in range(20)]
-        for k in small:
+        for k in small:  # each alone: a tail the socket had no room for goes to the filler
             assert link.offer_fill(k, os.urandom(100 << 10))
+            assert link.wait_idle(10)
         big = _key(99)
         assert link.offer_fill(big, os.urandom(INLINE_FILL_MAX + 1))
         assert link.wait_idle(10)

@@ -10,6 +10,7 @@ import os
 import pyfuse3
 import pytest
 
+import fsclient.fs
 from blockcache_client.volume import Volume
 from fsclient.config import build_config
 from fsclient.fs import ROOT_INODE, BlockcacheFS, errno_of
@@ -245,6 +246,9 @@ def test_lookups_during_a_listing_wait_for_it_instead_of_a_stat_each(tmp_path, k
     (src / "e").mkdir()
     (src / "e" / "x").write_bytes(b"x")
     source, sock = f"latency::file://{src}", str(tmp_path / "no.sock")
+    # the wait's bound is not under test: a loaded machine must not make the
+    # 20 ms listing outlast it (the TTL still bounds it)
+    monkeypatch.setattr(fsclient.fs, "LISTING_WAIT", 30.0)
     cfg = build_config(volume="v", source=source, mountpoint=str(tmp_path / "m"),
                        key_file=str(key_file), socket=sock, block_size=str(BS), meta_ttl=ttl)
     vol = Volume("v", source, str(key_file), socket_path=sock, block_size=BS,

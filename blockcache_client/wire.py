@@ -20,12 +20,17 @@ from .errors import ProtocolError
 _local = threading.local()
 
 
-def pack(obj: Any) -> bytes:
+def _packer() -> msgpack.Packer:
+    """This thread's packer (a Packer is not thread-safe)."""
     try:
-        packer = _local.packer
+        return _local.packer
     except AttributeError:
         packer = _local.packer = msgpack.Packer(use_bin_type=True)
-    return packer.pack(obj)
+        return packer
+
+
+def pack(obj: Any) -> bytes:
+    return _packer().pack(obj)
 
 
 def unpack(data: bytes | memoryview, max_size: int) -> Any:
@@ -80,10 +85,7 @@ def pack_parts(obj: dict[str, Any], min_view: int) -> list[bytes | memoryview]:
             break
     else:
         return [pack(obj)]  # the common case: a small request, one part
-    try:
-        packer = _local.packer
-    except AttributeError:
-        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    packer = _packer()
     parts: list[bytes | memoryview] = []
     head = [packer.pack_map_header(len(obj))]
     for key, value in obj.items():

@@ -150,19 +150,17 @@ def _puts_until_written(d: DaemonProcess, c: Client, blobs: list[tuple[str, byte
             if ok or reason != "queue_full":
                 break
             time.sleep(0.001)
-    # Until written: poll finely (wait_stats' 20 ms steps were a tenth of
-    # the whole measurement at this rate), on the connection already open.
-    deadline = time.monotonic() + 300
-    while c.stats()["queue"]["entries"]:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the daemon did not write the queued puts within 300 s")
-        time.sleep(0.0005)
+    # Until written: poll finely (20 ms steps would be a tenth of the whole
+    # measurement at this rate), on the connection already open.
+    d.wait_stats(lambda s: not s["queue"]["entries"], 300, interval=0.0005, client=c)
     seconds = time.perf_counter() - t
     c.evict(volume="puts")
     # the evicted files are unlinked by the daemon's disk worker: let that
     # finish (and the written blocks reach the disk)
-    while any(name.startswith("puts_") for cache in d.cache_dirs
-              for _, _, names in os.walk(cache) for name in names):
+    files = [os.path.join(cache, layout.block_relpath(k)) for cache in d.cache_dirs
+             for k, _ in blobs]
+    deadline = time.monotonic() + 300
+    while any(map(os.path.lexists, files)):
         if time.monotonic() > deadline:
             raise TimeoutError("the daemon did not unlink the evicted puts within 300 s")
         time.sleep(0.01)

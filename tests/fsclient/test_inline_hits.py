@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from bench.systems import read_into_page_cache
 from blockcache_client import nowait
 from fsclient.mount import KERNEL_READAHEAD_KB
 
@@ -52,11 +53,6 @@ def _drop_cache_pages(cache_dirs) -> int:
     return n
 
 
-def _warm_cache_pages(cache_dirs) -> None:
-    from bench.systems import read_into_page_cache
-    read_into_page_cache(cache_dirs)  # skips a temp file renamed meanwhile
-
-
 @pytest.mark.skipif(not nowait.SUPPORTED, reason="needs openat2 and RWF_NOWAIT")
 def test_fresh_mount_reads_warm_small_files_inline(tree, daemon, mounts):
     want = _small_files(tree)
@@ -84,7 +80,7 @@ def test_fresh_mount_reads_warm_small_files_inline(tree, daemon, mounts):
     # hands them to the kernel at open: no read requests for those (this
     # machine's kernel may still drop a page meanwhile: such a file takes the pool)
     third = mounts(tree, daemon.socket_path, name="third")
-    _warm_cache_pages(daemon.cache_dirs)
+    read_into_page_cache(daemon.cache_dirs)
     assert _read(third, want) == want
     s = third.stats()
     fs = s["fsclient"]
@@ -120,7 +116,7 @@ def test_a_second_open_while_one_is_open_is_served_by_read_requests(tree, daemon
     with open(path, "rb") as f:  # a miss: fills the cache
         assert f.read() == want
     daemon.wait_idle()
-    _warm_cache_pages(daemon.cache_dirs)
+    read_into_page_cache(daemon.cache_dirs)
     s0 = m.stats()["fsclient"]
     with open(path, "rb") as first:
         s1 = m.stats()["fsclient"]
@@ -150,7 +146,7 @@ def test_kept_open_refills_pages_the_kernel_dropped_inline(tree, daemon, mounts)
     with open(path, "rb") as f:
         assert f.read() == want
     daemon.wait_idle()
-    _warm_cache_pages(daemon.cache_dirs)
+    read_into_page_cache(daemon.cache_dirs)
     s0 = m.stats()["fsclient"]
     with open(path, "rb") as f:  # same version: the kernel keeps and serves its pages
         assert f.read() == want
@@ -162,7 +158,7 @@ def test_kept_open_refills_pages_the_kernel_dropped_inline(tree, daemon, mounts)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        _warm_cache_pages(daemon.cache_dirs)
+        read_into_page_cache(daemon.cache_dirs)
         assert os.pread(fd, len(want) + 1, 0) == want
     finally:
         os.close(fd)

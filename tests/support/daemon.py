@@ -135,8 +135,11 @@ class DaemonProcess:
         return self.wait_stats(lambda s: s["rebuild"]["state"] == "done"
                                and s["queue"]["entries"] == 0, timeout)
 
-    def wait_stats(self, cond, timeout: float = 10.0) -> dict:
-        c = Client(self.socket_path)
+    def wait_stats(self, cond, timeout: float = 10.0, interval: float = 0.02,
+                   client: Client | None = None) -> dict:
+        """Poll `stats` every `interval` s until `cond(stats)`; on `client`'s
+        connection if given (kept open), else on a new one."""
+        c = client or Client(self.socket_path)
         try:
             deadline = time.monotonic() + timeout
             while True:
@@ -145,9 +148,10 @@ class DaemonProcess:
                     return s
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"daemon stats never matched: {s}")
-                time.sleep(0.02)
+                time.sleep(interval)
         finally:
-            c.close()
+            if client is None:
+                c.close()
 
     def __enter__(self) -> "DaemonProcess":
         return self.start()

@@ -331,10 +331,12 @@ def seal_into(key: str, plaintext: bytes | memoryview, volume_key: bytes,
     length = len(plaintext)
     if length > MAX_PLAINTEXT:
         raise ValueError(f"block of {length} bytes exceeds the maximum {MAX_PLAINTEXT}")
+    _check_volume_key(volume_key)
     header = BlockHeader(key_id(volume_key), os.urandom(SALT_SIZE), length, chunk_size)
     packed = header.pack()
-    BlockHeader.parse(packed)  # validates chunk size
-    cipher = BlockCipher(header, str(key), volume_key)
+    # validates the header (chunk size) and derives the cipher, hashing the
+    # volume key and packing the header once
+    cipher = BlockCipher.from_head(packed, str(key), volume_key, header.key_id)
     size = header.file_size
     if buf is None or len(buf) < size:
         buf = bytearray(size)

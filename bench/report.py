@@ -74,15 +74,23 @@ def targets(result: dict) -> list[dict]:
             add(f"cold FUSE >= 1.0x {peer}", "small-files", config, "fuse", peer, 1, 1.0)
     for r in result["rows"]:
         if r["workload"] == "shared" and r["system"] in ("volume", "fuse") and r["client"]:
-            warm = _rate(idx.get(("shared", r["config"], r["system"], 2, 0)), "shared")
-            ratio = _ratio(_rate(r, "shared"), warm)
+            # Warm speed: client 0 restarted (epoch 3), reading the cache it
+            # filled with no memory of its own, as a new client starts. Its
+            # epoch 2 is shown beside: served from that memory (a mount's page
+            # cache, a Volume's LRU), which no other client can share.
+            restarted = _rate(idx.get(("shared", r["config"], r["system"], 3, 0)), "shared")
+            in_memory = _rate(idx.get(("shared", r["config"], r["system"], 2, 0)), "shared")
+            ratio = _ratio(_rate(r, "shared"), restarted)
             hit = "–" if r["hit_ratio"] is None else f"{r['hit_ratio']:.2f}"
             out.append({"target": f"{r['system']} client {r['client']} first epoch at warm "
-                                  f"speed (>= {WARM_SPEED:.0%} of client 0's warm epoch)",
+                                  f"speed (>= {WARM_SPEED:.0%} of client 0's warm epoch "
+                                  f"after a restart)",
                         "workload": "shared", "config": r["config"], "ours": r["system"],
-                        "peer": f"{r['system']} client 0 warm", "ratio": ratio,
+                        "peer": f"{r['system']} client 0 warm, restarted", "ratio": ratio,
                         "want": WARM_SPEED, "met": None if ratio is None else ratio >= WARM_SPEED,
-                        "detail": f"hit ratio {hit}, {r['remote_requests']} remote requests"})
+                        "detail": f"hit ratio {hit}, {r['remote_requests']} remote requests; "
+                                  f"{_x(_ratio(_rate(r, 'shared'), in_memory))} of client 0's "
+                                  f"epoch 2, from its own memory"})
     return out
 
 
@@ -229,7 +237,7 @@ def plot(result: dict, out_dir: str, stem: str) -> dict[str, str]:
 def _series(row: dict) -> str:
     if row.get("client"):
         return "new client, first epoch"
-    return "cold" if row["epoch"] == 1 else "warm"
+    return row["phase"]
 
 
 def publish(paths: dict, docs_dir: str) -> None:

@@ -11,7 +11,8 @@ Kinds (they decide which of this project's systems a figure is compared to):
 `start(ctx)` gives a fresh, empty cache; `stop()` removes every process and
 mount it made, even after a failure. `add_client()` makes one more client of
 the same cache (workload 5): another mount, or for in-process systems simply
-another reader process over the same cache directory or daemon.
+another reader process over the same cache directory or daemon;
+`restart_client()` starts one anew over the cache it has (a remount).
 `server_pids()` are the processes whose CPU time counts toward the system
 besides the readers (FUSE servers, the blockcached daemon).
 """
@@ -195,6 +196,10 @@ class System:
         self.clients += 1
         return self.clients - 1
 
+    def restart_client(self, client: int) -> None:
+        """Start `client` anew over the cache it has: nothing to do for an
+        in-process system, whose next workers are new processes anyway."""
+
     def server_pids(self) -> list[int]:
         return []
 
@@ -377,6 +382,12 @@ class _MountSystem(System):
     def add_client(self) -> int:
         self.mounts.append(self._mount(len(self.mounts)).start())
         return len(self.mounts) - 1
+
+    def restart_client(self, client: int) -> None:
+        """Unmount `client` and mount it again over the same cache dir: its
+        kernel page cache and its server's memory are gone, the cache stays."""
+        self.mounts[client].stop()
+        self.mounts[client] = self._mount(client).start()
 
     def _stop(self) -> None:
         for m in self.mounts:

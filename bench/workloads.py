@@ -12,8 +12,13 @@ A failure is recorded as an error row and the suite goes on.
    shards (the same offsets both epochs), separately for each size.
 4. metadata: `stat` of every small file; importing every module of the
    package tree (fresh `sys.modules` each epoch).
-5. shared cache: one client reads a subset cold and warm, then each further
-   client (a new mount, or a new process) reads it for its first time.
+5. shared cache: one client reads a subset cold and warm, is restarted (a
+   new process, or remounted over its cache) and reads it warm again; then
+   each further client (a new mount, or a new process) reads it for its first
+   time. The restarted client's epoch is the warm speed a new client is held
+   to: like a new client it starts with no memory of its own, and unlike a
+   new client it reads a cache it filled itself, so the two differ only by
+   whether the cache is shared.
 
 Each row: items and bytes, wall seconds, items/s and MB/s, p50/p99 latency per
 item, CPU seconds of readers plus the system's server processes (and per GB
@@ -119,21 +124,24 @@ class Runner:
         return row
 
     def _epochs(self, system: System, n_readers: int, workload: str, parts: list,
-                epochs: int = 2, client: int = 0, listing: list[str] | None = None) -> None:
-        """Start `n_readers` workers and run `epochs` epochs of every part.
+                epochs: int = 2, client: int = 0, listing: list[str] | None = None,
+                first_epoch: int = 1) -> None:
+        """Start `n_readers` workers and run `epochs` epochs of every part,
+        numbered from `first_epoch` (epoch 1 is cold, later ones warm).
 
         `parts` is a list of (config, command, epoch -> per-worker args); parts
         that touch disjoint data share one system start (each still has its
         own cold and warm epoch). `listing`: directories every worker lists
-        before epoch 1, untimed, as a Dataset does when it is built (ImageFolder
-        scans its class directories), so file metadata comes from listings.
+        before its first epoch, untimed, as a Dataset does when it is built
+        (ImageFolder scans its class directories), so file metadata comes from
+        listings.
         """
         workers = Workers(system.reader_spec(client), n_readers, timeout=self.timeout)
         try:
-            for e in range(1, epochs + 1):
+            for e in range(first_epoch, first_epoch + epochs):
                 if e == 1 and client == 0:
                     self._drop_page_cache()
-                if e == 1 and listing:
+                if e == first_epoch and listing:
                     workers.run_all("list", listing)
                 for config, cmd, epoch_args in parts:
                     self._measure(system, workers, cmd, epoch_args(e),
@@ -206,9 +214,12 @@ class Runner:
         dirs = datasets.small_dirs(size)
 
         def body():
-            self._epochs(system, 1, "shared", [
-                (config, "files", lambda e: [datasets.shuffled(files, e, "shared")])],
-                listing=dirs)
+            part = (config, "files", lambda e: [datasets.shuffled(files, e, "shared")])
+            self._epochs(system, 1, "shared", [part], listing=dirs)
+            # Client 0 again, with only the cache to go on: its warm speed.
+            system.restart_client(0)
+            self._epochs(system, 1, "shared", [part], epochs=1, first_epoch=3, listing=dirs)
+            self.rows[-1].update(phase="warm, restarted")
             for k in range(1, size.clients):
                 idx = system.add_client()
                 self._epochs(system, 1, "shared", [

@@ -30,7 +30,8 @@ def _result():
             _row("fsspec-simplecache", 1, 50), _row("fsspec-simplecache", 2, 1000),
             _row("fuse", 1, 40), _row("fuse", 2, 900), _row("rclone", 1, 45),
             _row("rclone", 2, 450), _row("fuse", 1, 40, "shared", "2 clients"),
-            _row("fuse", 2, 1000, "shared", "2 clients"),
+            _row("fuse", 2, 2000, "shared", "2 clients"),
+            dict(_row("fuse", 3, 1000, "shared", "2 clients"), phase="warm, restarted"),
             _row("fuse", 1, 900, "shared", "2 clients", client=1)]
     return {"date": "2026-01-01 00:00 UTC", "commit": "abc", "size": "tiny",
             "machine": {"cpus": 2}, "remote": {"method": "latency proxy", "note": "n"},
@@ -45,14 +46,17 @@ def test_targets_compare_like_with_like():
     rclone = t[("warm FUSE >= 3x rclone vfs full", "1 reader")]
     assert rclone["ratio"] == 2.0 and rclone["met"] is False
     assert t[("warm FUSE >= 10x s3fs-fuse use_cache", "1 reader")]["met"] is None
+    # A new client is held to client 0's speed after a restart (from the
+    # shared cache alone), not to its epoch 2 from memory of its own.
     shared = next(x for x in t.values() if x["workload"] == "shared")
     assert shared["ratio"] == 0.9 and shared["met"] is True
+    assert "0.45x of client 0's epoch 2" in shared["detail"]
 
 
 def test_write_produces_json_png_and_markdown(tmp_path):
     paths = report.write(_result(), str(tmp_path), "run")
     data = json.loads(open(paths["json"]).read())
-    assert len(data["rows"]) == 11 and data["targets"]
+    assert len(data["rows"]) == 12 and data["targets"]
     for png in paths["png"].values():
         assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert set(paths["png"]) == {"small-files", "shared"}

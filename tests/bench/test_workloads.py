@@ -1,8 +1,13 @@
 """A workload run yields cold and warm rows whose counters tell a cache from no cache."""
 
 import dataclasses
+import os
 
-from bench.systems import FsspecCache, LocalSystem, S3fsDirect
+import pytest
+
+from bench import datasets
+
+from bench.systems import FsspecCache, LocalSystem, PassthroughSystem, S3fsDirect
 from bench.workloads import Runner
 
 
@@ -33,7 +38,6 @@ def test_metadata_rows_count_modules_and_stats(bench_ctx):
     runner.metadata(FsspecCache("simplecache"))
     runner.metadata(LocalSystem())
     assert not runner.errors, runner.errors
-    from bench import datasets
     modules = len(datasets.module_names(bench_ctx.size))
     for r in runner.rows:
         want = modules if r["config"] == "import" else bench_ctx.size.files
@@ -64,10 +68,6 @@ def test_warm_epochs_start_with_the_backing_files_in_the_page_cache(bench_ctx, m
 def test_read_into_page_cache_brings_dropped_pages_back(tmp_path):
     """The pages of a file the kernel dropped are in memory again afterwards
     (a read with RWF_NOWAIT, which never waits on the disk, then succeeds)."""
-    import os
-
-    import pytest
-
     from bench.systems import read_into_page_cache
 
     path = tmp_path / "d" / "f.bin"
@@ -89,3 +89,35 @@ def test_read_into_page_cache_brings_dropped_pages_back(tmp_path):
         assert os.preadv(fd, [buf], 0, os.RWF_NOWAIT) == 1 << 20
     finally:
         os.close(fd)
+
+
+def test_shared_rows_hold_new_clients_to_a_restarted_clients_warm_epoch(bench_ctx):
+    """Workload 5: client 0 cold, warm, then warm again after a restart (from the
+    cache alone, no remote requests); then each new client's first epoch."""
+    runner = Runner(bench_ctx, drop_caches=False, timeout=60)
+    runner.shared(FsspecCache("simplecache"))
+    assert not runner.errors, runner.errors
+    got = [(r["epoch"], r["client"], r["phase"]) for r in runner.rows]
+    assert got == [(1, 0, "cold"), (2, 0, "warm"), (3, 0, "warm, restarted"),
+                   (1, 1, "first epoch, new client")]
+    files = bench_ctx.size.shared_files
+    assert runner.rows[0]["remote_requests"] >= files
+    for r in runner.rows[1:]:
+        assert r["items"] == files and r["remote_requests"] == 0, r
+
+
+def test_restart_client_remounts_over_the_same_files(bench_ctx):
+    """A restarted mount is a new FUSE server on the same mountpoint, reading the same files."""
+    system = PassthroughSystem()
+    if system.unavailable():
+        pytest.skip(system.unavailable())
+    system.start(bench_ctx, "restart")
+    try:
+        path = os.path.join(system.mounts[0].mountpoint, datasets.small_files(bench_ctx.size)[0])
+        before = open(path, "rb").read()
+        pid = system.mounts[0].proc.pid
+        system.restart_client(0)
+        assert system.mounts[0].proc.pid != pid and len(system.mounts) == 1
+        assert open(path, "rb").read() == before and before
+    finally:
+        system.stop()

@@ -354,14 +354,15 @@ def best_rate(fn, rounds: int, nbytes: int) -> float:
 
 
 def decrypted_by_4k_reads(vol, rels, infos) -> int:
-    """Largest ciphertext decrypted by one 4 KiB random read of a cached 4 MiB block."""
-    real = blockfile.BlockCipher.open_chunks
+    """Largest ciphertext decrypted by one 4 KiB random read of a cached 4 MiB block
+    (what `Volume` hands `BlockCipher.read_range_into`, its only decryption on a hit)."""
+    real = blockfile.BlockCipher.read_range_into
     seen = []
 
-    def counting(self, first, end, data):
-        seen.append(len(data))
-        return real(self, first, end, data)
-    blockfile.BlockCipher.open_chunks = counting
+    def counting(self, offset, chunks, out):
+        seen.append(len(chunks))
+        return real(self, offset, chunks, out)
+    blockfile.BlockCipher.read_range_into = counting
     try:
         rng = random.Random(4)
         for _ in range(200):
@@ -369,7 +370,7 @@ def decrypted_by_4k_reads(vol, rels, infos) -> int:
             off = rng.randrange(0, 4 * MIB - 4 * KIB, 4 * KIB)
             vol.read(rel, off, 4 * KIB, infos[rel])
     finally:
-        blockfile.BlockCipher.open_chunks = real
+        blockfile.BlockCipher.read_range_into = real
     worst = max(seen)
     print(f"  4 KiB random read of a cached 4 MiB block decrypts at most {worst} bytes "
           f"({(worst - TAG_SIZE) // KIB} KiB + tag) over {len(seen)} reads", flush=True)

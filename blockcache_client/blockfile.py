@@ -57,6 +57,11 @@ MAX_CHUNK = 1 << 20
 DEFAULT_CHUNK = 64 << 10
 MAX_PLAINTEXT = 16 << 20  # the largest block size a volume may use
 _NONCE = struct.Struct(">QB3x")
+# what every valid header holds at 0..8 (magic, version, cipher id, no flags)
+# and at 44..48 (reserved): checked at once on the read path
+_FIXED_HEAD = MAGIC + bytes((FORMAT_VERSION, CIPHER_AES256GCM_HKDF, 0, 0))
+_RESERVED = bytes(4)
+_VARYING = struct.Struct(">8s16sQI")  # key id, salt, length, chunk size at offset 8
 _HKDF_INFO = b"blockcache block v1"
 
 
@@ -72,21 +77,20 @@ _IPAD = bytes(b ^ 0x36 for b in range(256))  # bytes.translate tables: key XOR p
 _OPAD = bytes(b ^ 0x5C for b in range(256))
 
 
-def _hmac_sha256(key: bytes, msg: bytes) -> bytes:
-    """HMAC-SHA256 (RFC 2104) written out with hashlib: the stdlib's
-    `hmac.digest` goes through OpenSSL 3's HMAC object (a provider fetch and
-    context per call), twice as slow for the short keys and messages of HKDF."""
-    if len(key) > 64:
-        key = _SHA256(key).digest()
-    key = key.ljust(64, b"\0")
-    return _SHA256(key.translate(_OPAD) + _SHA256(key.translate(_IPAD) + msg).digest()).digest()
-
-
 def hkdf_sha256(ikm: bytes, salt: bytes, info: bytes) -> bytes:
     """HKDF-SHA256 (RFC 5869) of one 32-byte block: extract, then one expand
-    step, as two HMACs (a new process derives one per block it reads: ~2 us
-    here; tests check it equals `cryptography`'s HKDF)."""
-    return _hmac_sha256(_hmac_sha256(salt, bytes(ikm)), info + b"\x01")
+    step, as two HMAC-SHA256s (RFC 2104) written out with hashlib, in one
+    function (a new process derives one per block it reads: ~2 us here;
+    tests check it equals `cryptography`'s HKDF). Not the stdlib's
+    `hmac.digest`: it goes through OpenSSL 3's HMAC object (a provider fetch
+    and a context per call), slower for HKDF's short keys and messages."""
+    if len(salt) > 64:
+        salt = _SHA256(salt).digest()
+    key = salt.ljust(64, b"\0")  # extract: PRK = HMAC(salt, ikm)
+    prk = _SHA256(key.translate(_OPAD) + _SHA256(key.translate(_IPAD) + ikm).digest()).digest()
+    key = prk.ljust(64, b"\0")  # expand: T(1) = HMAC(PRK, info || 0x01)
+    return _SHA256(key.translate(_OPAD)
+                   + _SHA256(key.translate(_IPAD) + info + b"\x01").digest()).digest()
 
 
 def _check_volume_key(volume_key: bytes) -> None:
@@ -116,6 +120,27 @@ def _header_fields(data: bytes | memoryview) -> tuple[bytes, bytes, int, int]:
         raise FormatError(f"chunk size {chunk} is not a power of two in "
                           f"{MIN_CHUNK}..{MAX_CHUNK}")
     return kid, salt, length, chunk
+
+
+def chunk_span(plaintext_len: int, chunk_size: int, offset: int, length: int
+               ) -> tuple[int, int]:
+    """Chunks [first, end) of a block of `plaintext_len` bytes that plaintext
+    bytes [offset, offset+length) touch: at least one chunk (an empty range,
+    or one at or past the end, names the chunk it is in or the last one, so
+    even a read of nothing authenticates something)."""
+    if offset < 0 or length < 0:
+        raise ValueError("offset and length must not be negative")
+    if offset > plaintext_len:
+        offset = plaintext_len
+    stop = offset + length
+    if stop > plaintext_len:
+        stop = plaintext_len
+    first = offset // chunk_size
+    end = -(-stop // chunk_size)
+    if end <= first:
+        end = first + 1
+    last = (plaintext_len - 1) // chunk_size if plaintext_len > chunk_size else 0
+    return (first if first <= last else last), (end if end <= last else last + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,13 +176,7 @@ class BlockHeader:
 
     def chunk_span(self, offset: int, length: int) -> tuple[int, int]:
         """Chunks [first, end) that plaintext bytes [offset, offset+length) touch."""
-        if offset < 0 or length < 0:
-            raise ValueError("offset and length must not be negative")
-        offset = min(offset, self.plaintext_len)
-        stop = min(offset + length, self.plaintext_len)
-        first = offset // self.chunk_size
-        end = max(first + 1, -(-stop // self.chunk_size))
-        return min(first, self.nchunks - 1), min(end, self.nchunks)
+        return chunk_span(self.plaintext_len, self.chunk_size, offset, length)
 
     def ciphertext_range(self, first: int, end: int) -> tuple[int, int]:
         """File byte range [start, stop) holding chunks [first, end)."""
@@ -188,7 +207,12 @@ class BlockCipher:
         BlockHeader object, no key id, no re-packed header). FormatError for
         a bad header, IntegrityError for another key's block."""
         head = bytes(head[:HEADER_SIZE])
-        block_kid, salt, length, chunk = _header_fields(head)
+        if head[:8] == _FIXED_HEAD and head[44:] == _RESERVED:
+            block_kid, salt, length, chunk = _VARYING.unpack_from(head, 8)
+            if length > MAX_PLAINTEXT or not MIN_CHUNK <= chunk <= MAX_CHUNK or chunk & (chunk - 1):
+                _header_fields(head)  # raises, naming the field
+        else:
+            block_kid, salt, length, chunk = _header_fields(head)  # raises (or: short)
         cipher = cls.__new__(cls)
         cipher._header = None
         # a valid header packs back to exactly these bytes (the reserved
@@ -252,21 +276,8 @@ class BlockCipher:
 
     def span(self, offset: int, length: int) -> tuple[int, int]:
         """Chunks [first, end) that plaintext bytes [offset, offset+length) touch
-        (`BlockHeader.chunk_span`, without building the header)."""
-        if offset < 0 or length < 0:
-            raise ValueError("offset and length must not be negative")
-        size, csize = self.plaintext_len, self.chunk_size
-        if offset > size:
-            offset = size
-        stop = offset + length
-        if stop > size:
-            stop = size
-        first = offset // csize
-        end = -(-stop // csize)
-        if end <= first:
-            end = first + 1
-        last = self._last
-        return (first if first <= last else last), (end if end <= last else last + 1)
+        (`chunk_span`, without building the header)."""
+        return chunk_span(self.plaintext_len, self.chunk_size, offset, length)
 
     def read_range_into(self, offset: int, chunks: bytes | memoryview, out: memoryview) -> None:
         """`read_range(offset, len(out), chunks)` stored in `out` (a writable
@@ -274,24 +285,39 @@ class BlockCipher:
         copies. IntegrityError as `open_chunks`; `out` is then zeroed (AES-GCM
         writes plaintext before it checks the tag: none may stay there)."""
         length = len(out)
-        first, end = self.span(offset, length)
         view = memoryview(chunks)
-        self._check_span(first, end, len(view))
         csize = self.chunk_size
         step = csize + TAG_SIZE
         last = self._last
-        aead, aad = self._aead, self._aad
-        pos = first * csize - offset  # where chunk `index` starts in `out` (may be < 0)
+        whole = offset == 0 and length == self.plaintext_len  # a small file's every read
+        if whole:
+            first = 0
+            if len(view) != length + (last + 1) * TAG_SIZE:
+                self._check_span(0, last + 1, len(view))  # raises
+        else:
+            first, end = chunk_span(self.plaintext_len, csize, offset, length)
+            self._check_span(first, end, len(view))
+        decrypt_into, aad, nonce = self._aead.decrypt_into, self._aad, _NONCE.pack
         index = first
         try:
+            if whole:  # each chunk decrypts whole into its place, the last one shorter
+                cpos = pos = 0
+                for index in range(last + 1):
+                    decrypt_into(nonce(index, index == last), view[cpos:cpos + step], aad,
+                                 out[pos:pos + csize])
+                    cpos += step
+                    pos += csize
+                return
+            decrypt = self._aead.decrypt
+            pos = first * csize - offset  # where chunk `index` starts in `out` (may be < 0)
             for cpos in range(0, len(view), step):
                 piece = view[cpos:cpos + step]
-                nonce = _NONCE.pack(index, index == last)
                 plain_len = len(piece) - TAG_SIZE
                 if 0 <= pos and pos + plain_len <= length:
-                    aead.decrypt_into(nonce, piece, aad, out[pos:pos + plain_len])
+                    decrypt_into(nonce(index, index == last), piece, aad,
+                                 out[pos:pos + plain_len])
                 else:  # a chunk cut by the range's ends: decrypt whole, keep the part
-                    plain = aead.decrypt(nonce, piece, aad)
+                    plain = decrypt(nonce(index, index == last), piece, aad)
                     lo, hi = max(0, -pos), min(plain_len, length - pos)
                     if lo < hi:
                         out[pos + lo:pos + hi] = memoryview(plain)[lo:hi]

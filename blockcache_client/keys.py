@@ -93,12 +93,24 @@ def key_prefix(vol: str, inode: int | None = None) -> str:
     return f"{vol}_{check_inode(inode)}_"
 
 
-def _digest64(*parts: bytes) -> int:
+# Both ids are 64-bit BLAKE2b digests (person "blockcache-id") of a label and
+# then the id's parts, each part preceded by its length as 4 big-endian bytes:
+#   inode  = H(b"inode", path) & (2**63 - 1)       (moved off 0 and ROOT_INODE)
+#   extent = H(b"extent", path, version, str(block_size))
+# Every host must compute the same ids forever (tests pin known values).
+
+
+def _seeded(label: bytes):
+    """The hash state after the label part: copied per call, so a new reader
+    process (which derives both ids of every file it opens) hashes only the
+    parts that vary, with one update each."""
     h = hashlib.blake2b(digest_size=8, person=b"blockcache-id")
-    for p in parts:
-        h.update(len(p).to_bytes(4, "big"))
-        h.update(p)
-    return int.from_bytes(h.digest(), "big")
+    h.update(len(label).to_bytes(4, "big") + label)
+    return h
+
+
+_INODE_SEED = _seeded(b"inode")
+_EXTENT_SEED = _seeded(b"extent")
 
 
 def _path_bytes(path: str) -> bytes:
@@ -106,13 +118,27 @@ def _path_bytes(path: str) -> bytes:
     return path.strip("/").encode("utf-8", "surrogateescape")
 
 
-def inode_for_path(path: str) -> int:
-    """Stable inode of a path inside a volume: the same on every host, every restart."""
-    p = _path_bytes(path)
+def _inode(p: bytes) -> int:
     if not p:
         return ROOT_INODE
-    ino = _digest64(b"inode", p) & MAX_INODE
+    h = _INODE_SEED.copy()
+    h.update(len(p).to_bytes(4, "big") + p)
+    ino = int.from_bytes(h.digest(), "big") & MAX_INODE
     return ino if ino > ROOT_INODE else ino + 2
+
+
+def _extent(p: bytes, version: str, block_size: int) -> int:
+    v = version.encode("utf-8", "surrogateescape")
+    b = str(block_size).encode()
+    h = _EXTENT_SEED.copy()
+    h.update(b"".join((len(p).to_bytes(4, "big"), p, len(v).to_bytes(4, "big"), v,
+                       len(b).to_bytes(4, "big"), b)))
+    return int.from_bytes(h.digest(), "big")
+
+
+def inode_for_path(path: str) -> int:
+    """Stable inode of a path inside a volume: the same on every host, every restart."""
+    return _inode(_path_bytes(path))
 
 
 def extent_for(path: str, version: str, block_size: int) -> int:
@@ -122,5 +148,11 @@ def extent_for(path: str, version: str, block_size: int) -> int:
     version (ETag, or mtime_ns + size), the volume's block size, and the path
     (so even an inode-hash collision cannot alias two files' blocks).
     """
-    return _digest64(b"extent", _path_bytes(path), version.encode("utf-8", "surrogateescape"),
-                     str(block_size).encode())
+    return _extent(_path_bytes(path), version, block_size)
+
+
+def file_ids(path: str, version: str, block_size: int) -> tuple[int, int]:
+    """(`inode_for_path(path)`, `extent_for(path, version, block_size)`),
+    encoding the path once."""
+    p = path.strip("/").encode("utf-8", "surrogateescape")  # `_path_bytes`
+    return _inode(p), _extent(p, version, block_size)

@@ -35,9 +35,13 @@ def _h64(*parts: bytes) -> int:
     return int.from_bytes(h.digest(), "big")
 
 
+_FAN_PERSON = b"blockcache-fan"
+_blake2b = hashlib.blake2b
+
+
 def fanout(key: str) -> str:
     """`xx/yy` for a key: stable across hosts, versions and restarts."""
-    d = hashlib.blake2b(key.encode(), digest_size=2, person=b"blockcache-fan").hexdigest()
+    d = _blake2b(key.encode(), digest_size=2, person=_FAN_PERSON).hexdigest()
     return f"{d[:2]}/{d[2:]}"
 
 
@@ -66,7 +70,7 @@ class CacheDir:
 class Layout:
     """The set of cache dirs and the key -> file mapping over them."""
 
-    __slots__ = ("dirs", "_blocks")
+    __slots__ = ("dirs", "_blocks", "_only")
 
     def __init__(self, dirs: list[CacheDir]):
         if not dirs:
@@ -74,6 +78,8 @@ class Layout:
         self.dirs = tuple(dirs)
         # "<dir>/blocks/" of each dir: a reader builds a path per block it reads
         self._blocks = tuple(os.path.join(d.path, BLOCKS_DIR, "") for d in self.dirs)
+        # the usual host: one healthy dir, whose paths `path` builds directly
+        self._only = self._blocks[0] if len(self.dirs) == 1 and self.dirs[0].healthy else None
 
     def dir_index(self, key: str) -> int:
         """Index of the dir that owns `key` (health does not move keys)."""
@@ -89,6 +95,9 @@ class Layout:
     def path(self, key: str) -> str | None:
         """Absolute path of `key`'s block file, or None if its dir is unhealthy
         (an unhealthy dir's keys are misses: reading it could hang or fail)."""
+        if self._only is not None:  # `fanout`, inline: a reader builds a path per block
+            d = _blake2b(key.encode(), digest_size=2, person=_FAN_PERSON).hexdigest()
+            return f"{self._only}{d[:2]}/{d[2:]}/{key}"
         i = self.dir_index(key) if len(self.dirs) > 1 else 0
         if not self.dirs[i].healthy:
             return None

@@ -8,7 +8,8 @@ Read path for one block (key = vol_inode_extent_offset, see `keys`):
    chunks the range touches; report the access later in a batched `touch`.
    No round trip to the daemon. The ciphertext goes to a reused buffer;
    `readinto` decrypts whole chunks straight into the caller's buffer (the
-   FUSE client's path: one copy from the file, one to the kernel).
+   FUSE client's path: one copy from the file, one to the kernel), `read`
+   into the same reused buffer, copied out once into the bytes it returns.
    `readinto_nowait` does steps 1 and 2 only where the kernel answers from
    memory (`nowait`: openat2 RESOLVE_CACHED, preadv2 RWF_NOWAIT), so an event
    loop can serve a warm hit itself and never wait on a slow cache disk;
@@ -67,7 +68,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import blockfile, nowait, protocol
 from .backend import Backend, FileInfo, normalize
-from .blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher
+from .blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
 from .blockmem import BlockMemory
 from .counters import Counters
 from .daemonlink import DaemonLink
@@ -76,7 +77,7 @@ from .forks import generation as _forks
 from .nowait import Unsupported
 from .nowait import open_cached as nowait_open
 from .keyfile import load_key_file
-from .keys import check_volume_name, extent_for, inode_for_path
+from .keys import check_volume_name, file_ids, inode_for_path
 from .singleflight import SingleFlight
 from .volumefile import VolumeFile
 
@@ -98,31 +99,12 @@ _SEQ_SLACK = 512 << 10     # "continues the previous read": starts this close to
 _STREAMS_LIMIT = 4096      # per-file sequential-read states kept before starting over
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOATIME", 0)
 
-_SCRATCH_KEPT = 4           # idle ciphertext buffers kept for reuse
-
-
-class _Scratch:
-    """Reusable ciphertext buffers for cache-hit reads: a few kept, taken and
-    given back without a lock (list pop/append are atomic), so a hit costs no
-    fresh allocation and no page faults for its ciphertext."""
-
-    __slots__ = ("_free",)
-
-    def __init__(self) -> None:
-        self._free: list[memoryview] = []
-
-    def take(self, n: int) -> memoryview:
-        try:
-            buf = self._free.pop()
-        except IndexError:
-            buf = None
-        if buf is None or len(buf) < n:
-            buf = memoryview(bytearray(max(n, 64 << 10)))
-        return buf
-
-    def give(self, buf: memoryview) -> None:
-        if len(self._free) < _SCRATCH_KEPT:
-            self._free.append(buf)
+# Cache-hit reads go through reusable buffers (the ciphertext, and the
+# plaintext when the caller wants bytes): a few idle ones are kept in a list,
+# taken and given back without a lock (list pop/append are atomic), so a hit
+# costs no fresh allocation, zeroing or page faults (4 MiB for a block).
+_SCRATCH_KEPT = 4           # idle buffers kept for reuse
+_SCRATCH_MIN = 64 << 10
 
 
 class _Stream:
@@ -244,7 +226,7 @@ class Volume:
         self._ciphers: dict[tuple[str, bytes], BlockCipher] = {}
         self._cipher_lock = threading.Lock()
         self._mem = BlockMemory(self._memory_cache_bytes)
-        self._scratch = _Scratch()
+        self._scratch: list[memoryview] = []  # idle hit buffers (see _SCRATCH_KEPT)
         self._flight = SingleFlight()
         self.counters = Counters()
         # the sealer must not reference self, or the link's threads would keep us alive
@@ -393,8 +375,14 @@ class Volume:
         if len(self._dirs) >= _META_LIMIT // 64:
             self._dirs.clear()
         self._dirs[rel] = (now, infos, frozenset(info.name for info in infos))
+        base = rel + "/" if rel else ""
         for info in infos:
-            self._remember(info.path, info, now)
+            # only canonical paths are remembered (`open` relies on it); an
+            # entry a backend names oddly could not be looked up by one anyway
+            name = info.name
+            if (info.path == base + name and name and name != "." and name != ".."
+                    and "/" not in name and "\\" not in name and "\0" not in name):
+                self._remember(info.path, info, now)
         self._dir_misses.pop(rel, None)
         return infos
 
@@ -419,22 +407,20 @@ class Volume:
             # extent are 63/64-bit hashes), and a new process computes this for
             # every file it opens, so the dataclass's checks (~3 us) are skipped
             # (tests/blockcache_client compares it with str(BlockKey(...))).
-            prefix = (f"{self.name}_{inode_for_path(rel)}_"
-                      f"{extent_for(rel, version, self.block_size):016x}_")
+            ino, ext = file_ids(rel, version, self.block_size)
+            prefix = f"{self.name}_{ino}_{ext:016x}_"
             if len(self._idents) >= _IDENT_LIMIT:
                 self._idents.clear()
             self._idents[ident] = prefix
         return prefix
 
-    def _cipher(self, key: str, head: bytes | memoryview) -> BlockCipher:
-        """The block's cipher, by key and exact header bytes (FormatError for a
-        bad header, IntegrityError for a foreign key). Cached: a header seen
-        before was validated then, and its HKDF subkey is derived once."""
-        ck = (key, bytes(head))
-        cipher = self._ciphers.get(ck)  # a dict get is atomic: no lock on the hit path
-        if cipher is None:
-            cipher = BlockCipher.from_head(head, key, self._volume_key, self._key_id)
-            _keep_cipher(self._ciphers, self._cipher_lock, ck, cipher)
+    def _new_cipher(self, ck: tuple[str, bytes]) -> BlockCipher:
+        """The cipher of block `ck[0]` whose header bytes are `ck[1]` (FormatError
+        for a bad header, IntegrityError for a foreign key), kept in `_ciphers`:
+        a header seen before was validated then, and its HKDF subkey is derived
+        once (`_read_cached` looks there first)."""
+        cipher = BlockCipher.from_head(ck[1], ck[0], self._volume_key, self._key_id)
+        _keep_cipher(self._ciphers, self._cipher_lock, ck, cipher)
         return cipher
 
     # -- reads -------------------------------------------------------------------
@@ -595,6 +581,14 @@ class Volume:
     def open(self, path: str):
         """A read-only binary file object (read, readinto, seek, tell) pinned
         to the version of `path` seen now."""
+        # A path the metadata cache holds fresh is canonical (only normalized
+        # paths are remembered: `_stat_rel` and `_list_rel`), so a dataset
+        # opening the paths it listed skips `normalize` and `_resolve`.
+        hit = self._meta.get(path) if type(path) is str else None
+        if hit is not None and self._fork_gen == _forks[0] and not self._closed:
+            ttl = self.meta_ttl
+            if ttl > 0 and time.monotonic() - hit[0] <= ttl and not hit[1].is_dir:
+                return VolumeFile(self, path, hit[1])
         rel, info = self._resolve(path, None)  # checks the process too
         return VolumeFile(self, rel, info)
 
@@ -607,7 +601,9 @@ class Volume:
         `out` (hi - lo bytes long) and its length returned. A miss may fetch
         up to `run` blocks from `boff` in one request."""
         key = prefix + format(boff, "016x")
-        got = self._read_hit(key, self._block_len(info, boff), lo, hi, out)
+        blen = info.size - boff  # `_block_len`, inline: the hit path's every call counts
+        got = self._read_hit(key, blen if blen < self.block_size else self.block_size, lo, hi,
+                             out)
         if got is not None:
             return got
         data = self._fetch(rel, info, key, boff, run)
@@ -662,28 +658,31 @@ class Volume:
             # reaches the last chunk asks for one byte more to catch a file
             # that is longer or shorter than its header says.
             chunk = self._chunk_size
-            last = (blen - 1) // chunk if blen > chunk else 0  # the last chunk's index
-            first = lo // chunk
-            if first > last:
-                first = last
-            end = -(-hi // chunk)
-            if end <= first:
-                end = first + 1
-            elif end > last:
-                end = last + 1
-            step = chunk + TAG_SIZE
-            start = HEADER_SIZE + first * step
-            if end > last:  # through the last chunk: to the end of the file, and one over
-                stop = HEADER_SIZE + blen + (last + 1) * TAG_SIZE
+            n = hi - lo
+            if n == blen:  # the whole block (a small file's every read)
+                first, end = 0, -(-blen // chunk) or 1
+            else:
+                first, end = chunk_span(blen, chunk, lo, n)
+            start = HEADER_SIZE + first * (chunk + TAG_SIZE)
+            if end * chunk >= blen:  # through the last chunk: to the end of the file, and one over
+                stop = HEADER_SIZE + blen + end * TAG_SIZE
                 want = stop - start + 1
             else:
-                stop = HEADER_SIZE + end * step
+                stop = HEADER_SIZE + end * (chunk + TAG_SIZE)
                 want = stop - start
-            # the ciphertext goes to a reused buffer: a fresh one per read
-            # costs an allocation and its page faults (4 MiB for a block)
-            scratch = self._scratch.take(HEADER_SIZE + want)
+            # the ciphertext, then (when the caller wants bytes) the plaintext,
+            # copied out once: decrypting chunk by chunk into new objects
+            # would cost their zeroing and a join
+            plain_at = HEADER_SIZE + want
+            need = plain_at + n if out is None else plain_at
+            try:
+                scratch = self._scratch.pop()
+            except IndexError:  # none idle
+                pass
+            if scratch is None or len(scratch) < need:
+                scratch = memoryview(bytearray(need if need > _SCRATCH_MIN else _SCRATCH_MIN))
             if first == 0:
-                whole = scratch[:HEADER_SIZE + want]
+                whole = scratch[:plain_at]
                 if nowait:
                     got = os.preadv(fd, [whole], 0, os.RWF_NOWAIT)
                     if got != HEADER_SIZE + stop - start:
@@ -697,7 +696,10 @@ class Volume:
             else:
                 head = os.pread(fd, HEADER_SIZE, 0)
                 body = scratch[:os.preadv(fd, [scratch[:want]], start)]
-            cipher = self._cipher(key, head)
+            ck = (key, bytes(head))
+            cipher = self._ciphers.get(ck)  # a dict get is atomic: no lock on the hit path
+            if cipher is None:
+                cipher = self._new_cipher(ck)
             if cipher.plaintext_len != blen or cipher.chunk_size != chunk:
                 raise FormatError(f"block holds {cipher.plaintext_len} bytes in chunks of "
                                   f"{cipher.chunk_size}; this file version needs {blen} in "
@@ -706,9 +708,11 @@ class Volume:
                 raise FormatError(f"block file is shorter or longer than its header says "
                                   f"({len(body)} bytes where {stop - start} belong)")
             if out is None:
-                return cipher.read_range(lo, hi - lo, body)
-            cipher.read_range_into(lo, body, out[:hi - lo])
-            return hi - lo
+                plain = scratch[plain_at:plain_at + n]
+                cipher.read_range_into(lo, body, plain)
+                return plain.tobytes()
+            cipher.read_range_into(lo, body, out[:n])
+            return n
         except (FormatError, IntegrityError) as exc:
             if nowait:  # judged once, by the blocking read that follows
                 return None
@@ -724,8 +728,8 @@ class Volume:
             return None
         finally:
             os.close(fd)
-            if scratch is not None:
-                self._scratch.give(scratch)
+            if scratch is not None and len(self._scratch) < _SCRATCH_KEPT:
+                self._scratch.append(scratch)
 
     def _nowait_refused(self, exc: OSError) -> None:
         if self._nowait:

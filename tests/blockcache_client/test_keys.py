@@ -113,3 +113,44 @@ def test_volume_name_rejected(bad):
     from blockcache_client.keys import check_volume_name
     with pytest.raises(InvalidKey):
         check_volume_name(bad)
+
+
+def _spec_digest64(*parts: bytes) -> int:
+    """The ids' definition, written out (keys.py computes it from seeded states)."""
+    import hashlib
+    h = hashlib.blake2b(digest_size=8, person=b"blockcache-id")
+    for p in parts:
+        h.update(len(p).to_bytes(4, "big") + p)
+    return int.from_bytes(h.digest(), "big")
+
+
+# Every host and every release must name the same bytes with the same keys:
+# these values were computed when the ids were defined and must never change.
+KNOWN_IDS = [
+    ("a/b.jpg", "etag1", 4 << 20, 5958730413287404911, 0x36e1772beff215b1),
+    ("class001/img000123.jpg", "1700000000000000000-112640", 128 << 10,
+     1629414760746584073, 0xe9fd59b2ab1d94fe),
+    ("d\udcff/x", "etag1", 4 << 20, 4206050401478940688, 0x57084711cdd482af),
+    ("é/ü.bin", "1700000000000000000-112640", 128 << 10, 6271433460338643723,
+     0x107c9fd198878d32),
+]
+
+
+@pytest.mark.parametrize("path, version, block_size, inode, extent", KNOWN_IDS)
+def test_ids_keep_their_known_values(path, version, block_size, inode, extent):
+    from blockcache_client.keys import file_ids
+    assert inode_for_path(path) == inode == inode_for_path(f"/{path}/")
+    assert extent_for(path, version, block_size) == extent
+    assert file_ids(path, version, block_size) == (inode, extent)
+
+
+@given(st.text(max_size=40), st.text(max_size=30), st.integers(1, 2**40))
+def test_ids_follow_their_definition(path, version, block_size):
+    from blockcache_client.keys import file_ids
+    p = path.strip("/").encode("utf-8", "surrogateescape")
+    ino = _spec_digest64(b"inode", p) & MAX_INODE
+    want_ino = ROOT_INODE if not p else (ino if ino > ROOT_INODE else ino + 2)
+    want_ext = _spec_digest64(b"extent", p, version.encode("utf-8", "surrogateescape"),
+                              str(block_size).encode())
+    assert file_ids(path, version, block_size) == (want_ino, want_ext)
+    assert (inode_for_path(path), extent_for(path, version, block_size)) == (want_ino, want_ext)

@@ -87,3 +87,39 @@ def test_filled_blocks_read_back_with_the_cipher_their_fill_sealed(local_source,
         s = vol.stats()
         assert s["hits"] == len(heads) and s["memory_hits"] == 0
         assert all(vol._ciphers[h] is kept[h] for h in heads)  # used, not derived again
+
+
+def test_open_of_listed_paths(local_source, key_file, daemon):
+    """A dataset opens the paths it listed: `open` takes them from the metadata
+    cache without normalizing, which holds only canonical paths. Other forms
+    of a path still name the same file, a name `normalize` refuses is still
+    refused, and an entry older than the TTL is stat-ed again."""
+    import errno
+    import time
+
+    import pytest
+
+    data = random.Random(5).randbytes(BS + 3)
+    local_source.write("d/f.bin", data)
+    local_source.write("d/odd\\name.bin", b"z" * 10)  # a backslash: not a volume path
+    with volume(local_source, key_file, daemon, meta_ttl=0.5) as vol:
+        wait_connected(vol)
+        names = {e.name for e in vol.listdir("d")}
+        assert names == {"f.bin", "odd\\name.bin"}
+        for form in ("d/f.bin", "/d/f.bin", "d//f.bin/"):
+            with vol.open(form) as f:
+                assert f.name == "d/f.bin"
+                assert f.read() == data
+        with pytest.raises(OSError) as exc:
+            vol.open("d/odd\\name.bin")
+        assert exc.value.errno == errno.EINVAL
+        with pytest.raises(IsADirectoryError):
+            vol.open("d")
+        new = random.Random(6).randbytes(BS + 3)  # same size: only the version differs
+        local_source.write("d/f.bin", new)
+        time.sleep(0.6)
+        with vol.open("d/f.bin") as f:
+            assert f.read() == new
+        vol.close()
+        with pytest.raises(ValueError):
+            vol.open("d/f.bin")

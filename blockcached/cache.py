@@ -220,6 +220,11 @@ class Cache:
 
     # -- puts --------------------------------------------------------------
 
+    def finish_writes(self) -> None:
+        """Account for the writes done since the last request (see `DirWorker`'s lazy jobs)."""
+        for w in self.workers:
+            w.drain()
+
     def put(self, key: str, data: bytes | memoryview) -> tuple[bool, str]:
         """Admit a validated block for background writing; (accepted, reason)."""
         size = len(data)
@@ -236,7 +241,7 @@ class Cache:
         i = self.layout.dir_index(key)
         self.caps[i].reserve(size)
         self.workers[i].submit(self.stores[i].write, key, data,
-                               done=partial(self._written, i, key, size))
+                               done=partial(self._written, i, key, size), lazy=True)
         return True, reason
 
     def _admit(self, key: str, size: int) -> str:

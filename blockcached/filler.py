@@ -7,6 +7,11 @@ the disk, and the other dirs keep going. FIFO order is what keeps the hard
 size limit true on disk too: the unlinks of the blocks evicted to make room
 for a put are queued before that put's write.
 
+A finished job's `done` runs on the loop in submission order. A put's write
+is submitted `lazy`: its end does not wake the loop (a wake-up per put cost
+more than the bookkeeping it runs); the next request, the next eager job or
+a timer runs it, within `LAZY_DELAY`.
+
 `FillQueue` bounds the bytes of puts accepted but not yet written. A put over
 the bound is dropped and counted (fills are best effort: the reader already
 has its bytes). A key already queued is not queued again.
@@ -15,6 +20,7 @@ has its bytes). A key already queued is not queued again.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
@@ -25,6 +31,7 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 
 Done = Callable[[Any, BaseException | None], None]
+LAZY_DELAY = 0.02  # seconds: the latest a lazy job's `done` runs once it finished
 
 
 class DirWorker:
@@ -36,22 +43,42 @@ class DirWorker:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self.busy_since = 0.0  # time.monotonic() when the running job started; 0 = idle
         self.backlog = 0       # jobs submitted and not finished (read on the loop)
+        self._finished: collections.deque = collections.deque()  # (done, result, exc), in order
+        self._lazy_timer: asyncio.TimerHandle | None = None
         self._thread = threading.Thread(target=self._run, name=f"dir-{name}", daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any, done: Done | None = None,
-               timed: bool = True) -> None:
+               timed: bool = True, lazy: bool = False) -> None:
         """Run `fn(*args)` on the worker; then `done(result, exc)` on the loop.
-        Untimed jobs (the rebuild scan) are never reported as hung."""
+        Untimed jobs (the rebuild scan) are never reported as hung. A lazy
+        job's `done` does not wake the loop: it runs at the next `drain`
+        (the daemon drains before each request it answers), after the next
+        eager job, or within `LAZY_DELAY`, always in submission order."""
         self.backlog += 1
-        self._q.put((fn, args, done, timed))
+        self._q.put((fn, args, done, timed, lazy))
+        if lazy and self._lazy_timer is None:
+            self._lazy_timer = self._loop.call_later(LAZY_DELAY, self._lazy_due)
+
+    def drain(self) -> None:
+        """Run the `done` of every finished job, in submission order (on the
+        loop, at a point where no other callback is half done)."""
+        finished = self._finished
+        while finished:
+            self._finish(*finished.popleft())
+
+    def _lazy_due(self) -> None:
+        self._lazy_timer = None
+        self.drain()
+        if self.backlog:
+            self._lazy_timer = self._loop.call_later(LAZY_DELAY, self._lazy_due)
 
     def _run(self) -> None:
         while True:
             job = self._q.get()
             if job is None:
                 return
-            fn, args, done, timed = job
+            fn, args, done, timed, lazy = job
             self.busy_since = time.monotonic() if timed else 0.0
             try:
                 result, exc = fn(*args), None
@@ -61,8 +88,12 @@ class DirWorker:
             # drop the arguments now, not when the next job comes: a put's
             # block is a view of a frame buffer the server reuses once free
             job = fn = args = None
+            self._finished.append((done, result, exc))
+            done = result = exc = None
+            if lazy:
+                continue
             try:
-                self._loop.call_soon_threadsafe(self._finish, done, result, exc)
+                self._loop.call_soon_threadsafe(self.drain)
             except RuntimeError:  # loop closed: the daemon is exiting
                 return
 

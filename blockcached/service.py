@@ -60,6 +60,7 @@ class Service:
 
     def handle(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         """Answer one request whose id is already known to be valid."""
+        self.cache.finish_writes()
         latency = self.latency
         if latency is None:
             return self._handle(body, peer)

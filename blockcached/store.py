@@ -97,6 +97,10 @@ class Store:
         self.blocks = os.path.join(path, layout.BLOCKS_DIR)
         self.tmp = os.path.join(path, layout.TMP_DIR)
         self._names = itertools.count()
+        # fan-out leaf dirs (by their 16-bit index) this process made or found:
+        # a put into one of them renames at once; into another it makes the
+        # dir first, instead of failing a rename and an mkdir of the top dir
+        self._leaves = bytearray(1 << 16)
 
     def prepare(self) -> None:
         """Create the dir skeleton (0755) if missing."""
@@ -114,8 +118,9 @@ class Store:
     def write(self, key: str, data: bytes | memoryview) -> None:
         """Write one block: tmp file, then rename into place (no fsync: see
         the module docstring)."""
-        final = self.block_path(key)
-        tmp = os.path.join(self.tmp, f"{os.getpid()}.{next(self._names)}")
+        fan = layout.fanout(key)
+        final = f"{self.blocks}/{fan}/{key}"
+        tmp = f"{self.tmp}/{os.getpid()}.{next(self._names)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
         try:
             view = memoryview(data)
@@ -127,13 +132,15 @@ class Store:
             _unlink(tmp)
             raise
         os.close(fd)
+        leaf = int(fan[:2] + fan[3:], 16)
         try:
+            if not self._leaves[leaf]:
+                _makedir(f"{self.blocks}/{fan}")
+                self._leaves[leaf] = 1
             try:
                 os.rename(tmp, final)
-            except FileNotFoundError:
-                leaf = os.path.dirname(final)
-                _makedir(os.path.dirname(leaf))
-                _makedir(leaf)
+            except FileNotFoundError:  # removed behind our back: make it again
+                _makedir(f"{self.blocks}/{fan}")
                 os.rename(tmp, final)
         except BaseException:
             _unlink(tmp)
@@ -319,13 +326,21 @@ def _subdirs(path: str):
 
 
 def _makedir(path: str) -> None:
-    """mkdir -p one level, 0755 whatever the umask (readers in pods list it)."""
+    """mkdir -p, every dir it makes 0755 whatever the umask (readers in pods
+    list them)."""
     try:
         os.mkdir(path, DIR_MODE)
     except FileExistsError:
         return
     except FileNotFoundError:
-        os.makedirs(path, DIR_MODE, exist_ok=True)
+        parent = os.path.dirname(path)
+        if not parent or parent == path:
+            raise
+        _makedir(parent)
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:
+            return
     os.chmod(path, DIR_MODE)
 
 

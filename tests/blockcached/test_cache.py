@@ -336,3 +336,35 @@ def test_touches_persist_recency_in_mtimes(engines, monkeypatch):
     e.settle()
     mtimes = [os.stat(e.cache.stores[0].block_path(k)).st_mtime for k in ks]
     assert mtimes[0] > time.time() - 60 and mtimes[1:] == [1000, 1000]
+
+
+def test_lazy_jobs_finish_in_order_with_eager_ones(tmp_path):
+    """A lazy job's `done` waits for a drain, a timer or an eager job, but
+    every `done` still runs in submission order."""
+    import asyncio
+    import threading
+
+    from blockcached.filler import DirWorker
+
+    loop = asyncio.new_event_loop()
+    worker = DirWorker("t", loop)
+    ran: list[str] = []
+    gate = threading.Event()
+    try:
+        def record(name):
+            return lambda result, exc: ran.append(name)
+        worker.submit(gate.wait, 10, done=record("lazy1"), lazy=True)
+        worker.submit(lambda: None, done=record("lazy2"), lazy=True)
+        worker.submit(lambda: None, done=record("eager"))
+        worker.submit(lambda: None, done=record("lazy3"), lazy=True)
+        gate.set()
+
+        async def until_idle():
+            while worker.backlog:
+                await asyncio.sleep(0.001)
+        loop.run_until_complete(asyncio.wait_for(until_idle(), 10))
+        assert ran == ["lazy1", "lazy2", "eager", "lazy3"]
+    finally:
+        worker.stop()
+        worker.join(5)
+        loop.close()

@@ -35,6 +35,29 @@ def test_write_is_complete_0644_and_leaves_no_temp(tmp_path):
     assert os.listdir(s.tmp) == []
 
 
+def test_write_remakes_fanout_dirs_removed_behind_its_back(tmp_path):
+    # the store remembers leaf dirs it made; one removed since (by a person,
+    # fsck, a health probe's new disk) must be made again, top dir included
+    s = Store(str(tmp_path / "c"))
+    s.prepare()
+    k = key()
+    s.write(k, block(k))
+    top = os.path.join(s.blocks, layout.fanout(k).split("/")[0])
+    for root, dirs, files in os.walk(top, topdown=False):
+        for f in files:
+            os.unlink(os.path.join(root, f))
+        os.rmdir(root)
+    k2 = key(offset=1 << 22)
+    blobs = {k: block(k), k2: block(k2)}
+    for kk, data in blobs.items():
+        s.write(kk, data)
+    for kk, data in blobs.items():
+        p = s.block_path(kk)
+        assert open(p, "rb").read() == data
+        assert os.stat(os.path.dirname(p)).st_mode & 0o777 == 0o755
+    assert os.listdir(s.tmp) == []
+
+
 def _fill(s: Store, n: int) -> list[str]:
     keys = [key(inode=i + 1, offset=(i % 7) << 20) for i in range(n)]
     for k in keys:

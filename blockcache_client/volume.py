@@ -102,7 +102,9 @@ _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOATIME",
 # Cache-hit reads go through reusable buffers (the ciphertext, and the
 # plaintext when the caller wants bytes): a few idle ones are kept in a list,
 # taken and given back without a lock (list pop/append are atomic), so a hit
-# costs no fresh allocation, zeroing or page faults (4 MiB for a block).
+# costs no fresh allocation, zeroing or page faults (4 MiB for a block). One
+# holds up to twice the largest block read whole, so at most _SCRATCH_KEPT
+# such buffers (4 x ~8 MiB with 4 MiB blocks) stay per process and volume.
 _SCRATCH_KEPT = 4           # idle buffers kept for reuse
 _SCRATCH_MIN = 64 << 10
 

@@ -194,9 +194,10 @@ class BlockCipher:
 
     def __init__(self, header: BlockHeader, key: str, volume_key: bytes):
         _check_volume_key(volume_key)
+        made = BlockCipher.from_head(header.pack(), key, volume_key, key_id(volume_key))
+        self.plaintext_len, self.chunk_size = made.plaintext_len, made.chunk_size
+        self._aead, self._aad, self._last = made._aead, made._aad, made._last
         self._header = header
-        self._derive(header.key_id, header.salt, header.plaintext_len, header.chunk_size,
-                     header.pack(), key, volume_key, key_id(volume_key))
 
     @classmethod
     def from_head(cls, head: bytes | memoryview, key: str, volume_key: bytes,
@@ -213,23 +214,19 @@ class BlockCipher:
                 _header_fields(head)  # raises, naming the field
         else:
             block_kid, salt, length, chunk = _header_fields(head)  # raises (or: short)
-        cipher = cls.__new__(cls)
-        cipher._header = None
-        # a valid header packs back to exactly these bytes (the reserved
-        # fields are zero), so they are the aad's header part as they are
-        cipher._derive(block_kid, salt, length, chunk, head, key, volume_key, kid)
-        return cipher
-
-    def _derive(self, block_kid: bytes, salt: bytes, length: int, chunk: int, packed: bytes,
-                key: str, volume_key: bytes, kid: bytes) -> None:
         if block_kid != kid:
             raise IntegrityError(f"block {key} was sealed with key id {block_kid.hex()}, "
                                  f"not this volume's key ({kid.hex()})")
-        self.plaintext_len = length
-        self.chunk_size = chunk
-        self._aead = AESGCM(hkdf_sha256(volume_key, salt, _HKDF_INFO))
-        self._aad = packed + key.encode()
-        self._last = max(1, -(-length // chunk)) - 1
+        cipher = cls.__new__(cls)
+        cipher._header = None
+        cipher.plaintext_len = length
+        cipher.chunk_size = chunk
+        cipher._aead = AESGCM(hkdf_sha256(volume_key, salt, _HKDF_INFO))
+        # a valid header packs back to exactly these bytes (the reserved
+        # fields are zero), so they are the aad's header part as they are
+        cipher._aad = head + key.encode()
+        cipher._last = (length - 1) // chunk if length > chunk else 0
+        return cipher
 
     @property
     def header(self) -> BlockHeader:

@@ -21,9 +21,10 @@ thread instead, without waiting: the socket takes it or the rest is left to
 the filler. Handing it to the filler cost more than sealing it: a thread
 wake-up, GIL hand-offs and a wait for the reply, ~4-5 sleeps and ~0.3-0.9 ms
 of CPU per fill of a small file on a 2-CPU VM. Puts are posted
-(`Client.post`), never waited for one by one: their replies are read when
-they have arrived before the next put, by the filler when the control thread
-nudges it (every `touch_interval` while some are unread), and by `wait_idle`.
+(`Client.post`), never waited for one by one: their replies are read in
+batches, by a put once `COLLECT_AFTER` are unread (those that have arrived),
+by the filler when the control thread nudges it (every `touch_interval` while
+some are unread), and by `wait_idle`.
 Puts whose connection closed before their reply was read count as dropped.
 Exactly one party uses the fill connection at a time: whoever set `_busy`
 under `_fill_cv` (the filler for a job or to connect, a reader for an inline
@@ -62,6 +63,11 @@ _ALREADY_CACHED = frozenset({"exists", "duplicate"})
 # small file's block: sealing 256 KiB takes ~60 us); bigger ones are sealed
 # by the filler while the reader goes on
 INLINE_FILL_MAX = 256 << 10
+# posted puts whose replies a put leaves unread before it reads those that
+# have arrived: reading them one put at a time cost a poll and a recv per put
+# (~40 us of the reader's thread on a 2-CPU VM); 64 replies are ~4 KiB of
+# socket buffer, and the control thread has the rest read every interval
+COLLECT_AFTER = 64
 
 
 class DaemonLink:
@@ -331,7 +337,8 @@ class DaemonLink:
         """Seal and post one block (the caller holds `_busy`). Inline, the
         part of the frame the socket could not take is left to the filler."""
         client = self._filler_client
-        self._collect(wait=False)
+        if client.posted >= COLLECT_AFTER:
+            self._collect(wait=False)
         try:
             # the sealer may reuse one buffer: the blob is overwritten by the
             # next seal, so it is sent now (a tail left for later is a copy)

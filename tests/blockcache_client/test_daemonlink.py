@@ -9,7 +9,7 @@ import threading
 
 from blockcache_client import blockfile
 from blockcache_client.counters import Counters
-from blockcache_client.daemonlink import INLINE_FILL_MAX, DaemonLink
+from blockcache_client.daemonlink import COLLECT_AFTER, INLINE_FILL_MAX, DaemonLink
 from blockcache_client.keys import BlockKey
 from tests.blockcache_client.conftest import wait_for
 
@@ -31,8 +31,8 @@ def _key(i: int) -> str:
     return str(BlockKey("vol", i + 1, 0xabc, 0))
 
 
-def _link(daemon, seal) -> DaemonLink:
-    link = DaemonLink(daemon.socket_path, Counters(), seal, fill_queue_bytes=64 << 20)
+def _link(daemon, seal, **kw) -> DaemonLink:
+    link = DaemonLink(daemon.socket_path, Counters(), seal, fill_queue_bytes=64 << 20, **kw)
     wait_for(lambda: link.connected, what="the link to connect")
     return link
 
@@ -63,6 +63,32 @@ def test_small_fills_are_sent_from_the_readers_thread_and_counted(daemon):
         daemon.wait_idle()
         paths = daemon.client().lookup(small + [big])
         assert all(paths)
+    finally:
+        link.close()
+
+
+def test_inline_puts_read_their_replies_in_batches(daemon):
+    # the control thread's nudge (every touch_interval) is kept out of the way
+    seal = SealRecorder()
+    link = _link(daemon, seal, touch_interval=600)
+    try:
+        assert link.offer_fill(_key(200), os.urandom(4096))  # opens the fill connection
+        assert link.wait_idle(10)
+        keys = [_key(i) for i in range(COLLECT_AFTER)]
+        for k in keys:
+            assert link.offer_fill(k, os.urandom(8 << 10))
+            wait_for(lambda: link._tail is None and not link._busy, what="the put to go out")
+        me = threading.current_thread().name
+        assert all(seal.threads[k] == me for k in keys)
+        # no put read a reply: each would have cost a poll and a recv
+        assert link._filler_client.posted == COLLECT_AFTER
+        assert link._counters.snapshot()["fills_sent"] == 1
+        daemon.wait_idle()
+        assert link.offer_fill(_key(300), os.urandom(8 << 10))  # reads those that arrived
+        assert link._filler_client.posted == 1
+        assert link._counters.snapshot()["fills_sent"] == 1 + COLLECT_AFTER
+        assert link.wait_idle(10)
+        assert link._counters.snapshot()["fills_sent"] == 2 + COLLECT_AFTER
     finally:
         link.close()
 

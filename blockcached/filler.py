@@ -43,7 +43,9 @@ class DirWorker:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self.busy_since = 0.0  # time.monotonic() when the running job started; 0 = idle
         self.backlog = 0       # jobs submitted and not finished (read on the loop)
-        self._finished: collections.deque = collections.deque()  # (done, result, exc), in order
+        self._lazy_out = 0     # lazy jobs submitted and not finished: the timer runs while > 0
+        # (done, result, exc, lazy) of finished jobs, in submission order
+        self._finished: collections.deque = collections.deque()
         self._lazy_timer: asyncio.TimerHandle | None = None
         self._thread = threading.Thread(target=self._run, name=f"dir-{name}", daemon=True)
         self._thread.start()
@@ -57,20 +59,26 @@ class DirWorker:
         eager job, or within `LAZY_DELAY`, always in submission order."""
         self.backlog += 1
         self._q.put((fn, args, done, timed, lazy))
-        if lazy and self._lazy_timer is None:
-            self._lazy_timer = self._loop.call_later(LAZY_DELAY, self._lazy_due)
+        if lazy:
+            self._lazy_out += 1
+            if self._lazy_timer is None:
+                self._lazy_timer = self._loop.call_later(LAZY_DELAY, self._lazy_due)
 
     def drain(self) -> None:
         """Run the `done` of every finished job, in submission order (on the
         loop, at a point where no other callback is half done)."""
         finished = self._finished
         while finished:
-            self._finish(*finished.popleft())
+            done, result, exc, lazy = finished.popleft()
+            self._lazy_out -= lazy
+            self._finish(done, result, exc)
 
     def _lazy_due(self) -> None:
         self._lazy_timer = None
         self.drain()
-        if self.backlog:
+        # only lazy jobs need the timer: an eager one wakes the loop itself
+        # (a long rebuild scan must not keep it ticking every LAZY_DELAY)
+        if self._lazy_out:
             self._lazy_timer = self._loop.call_later(LAZY_DELAY, self._lazy_due)
 
     def _run(self) -> None:
@@ -88,7 +96,7 @@ class DirWorker:
             # drop the arguments now, not when the next job comes: a put's
             # block is a view of a frame buffer the server reuses once free
             job = fn = args = None
-            self._finished.append((done, result, exc))
+            self._finished.append((done, result, exc, lazy))
             done = result = exc = None
             if lazy:
                 continue
@@ -100,7 +108,13 @@ class DirWorker:
     def _finish(self, done: Done | None, result: Any, exc: BaseException | None) -> None:
         self.backlog -= 1
         if done is not None:
-            done(result, exc)
+            # drain runs inside an unrelated request's handling: a bug in one
+            # job's bookkeeping must cost that job, not that request or the
+            # jobs queued behind it
+            try:
+                done(result, exc)
+            except Exception:
+                log.exception("dir %s: a background job's bookkeeping failed", self.name)
         elif exc is not None:
             log.warning("dir %s: background job failed: %s", self.name, exc)
 

@@ -230,6 +230,7 @@ def start(addr: str, loop: asyncio.AbstractEventLoop, service: Any) -> MetricsSe
     latency = service.latency = Histogram()
 
     def take() -> Snapshot:
+        service.cache.finish_writes()  # as a request would: writes done so far count
         return service.stats({}, None), latency.snapshot()
 
     registry = CollectorRegistry(auto_describe=False)

@@ -368,3 +368,53 @@ def test_lazy_jobs_finish_in_order_with_eager_ones(tmp_path):
         worker.stop()
         worker.join(5)
         loop.close()
+
+
+def test_a_failing_jobs_bookkeeping_costs_only_that_job(tmp_path):
+    """A `done` that raises is logged; the jobs behind it still finish and the
+    lazy timer keeps going (a drain runs inside some unrelated request)."""
+    import asyncio
+
+    from blockcached.filler import DirWorker
+
+    loop = asyncio.new_event_loop()
+    worker = DirWorker("t", loop)
+    ran: list[str] = []
+
+    def broken(result, exc):
+        raise RuntimeError("bookkeeping bug")
+    try:
+        worker.submit(lambda: None, done=broken, lazy=True)
+        worker.submit(lambda: None, done=lambda r, e: ran.append("lazy"), lazy=True)
+
+        async def until_idle():
+            while worker.backlog:
+                await asyncio.sleep(0.001)
+        loop.run_until_complete(asyncio.wait_for(until_idle(), 10))
+        assert ran == ["lazy"]
+        assert worker._lazy_timer is None  # nothing lazy left: the timer stopped
+    finally:
+        worker.stop()
+        worker.join(5)
+        loop.close()
+
+
+def test_a_request_first_accounts_for_finished_writes(engines, monkeypatch):
+    """A put's write does not wake the loop; the next request runs its
+    bookkeeping before answering, so a lookup right after the write hits."""
+    from blockcached import filler
+    from blockcached.service import Peer, Service
+
+    monkeypatch.setattr(filler, "LAZY_DELAY", 60.0)  # no timer within the test
+    e = engines([1 << 20])
+    svc = Service(e.cfg, e.cache)
+    k = key(inode=7)
+    assert e.cache.put(k, block(k, 4000)) == (True, "queued")
+    deadline = time.monotonic() + 10
+    while k not in e.files():          # written by the dir's thread, loop not run
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    time.sleep(0.05)                   # past the rename: the job is finished
+    reply = svc.handle({"op": "lookup", "id": 1, "keys": [k]}, Peer(os.getpid(), 0, 0))
+    assert reply["paths"][0], reply
+    assert e.cache.workers[0].backlog == 0

@@ -1,8 +1,9 @@
 """The five workloads, each run on every system in turn, producing result rows.
 
 Every (workload, configuration, system) starts from a fresh system with empty
-caches, runs epoch 1 (cold) and epoch 2 (warm; for workload 5 also the first
-epoch of each further client), and stops the system again, whatever happens.
+caches, runs epoch 1 (cold) and epoch 2 (warm; for workload 5 also a warm
+epoch 3 of client 0 restarted and the first epoch of each further client),
+and stops the system again, whatever happens.
 A failure is recorded as an error row and the suite goes on.
 
 1. small files: the ImageNet-like set, shuffled anew each epoch, split

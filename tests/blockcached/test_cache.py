@@ -408,13 +408,18 @@ def test_a_request_first_accounts_for_finished_writes(engines, monkeypatch):
     monkeypatch.setattr(filler, "LAZY_DELAY", 60.0)  # no timer within the test
     e = engines([1 << 20])
     svc = Service(e.cfg, e.cache)
+    worker = e.cache.workers[0]
+    wakeups = []
+    real_wake = worker._loop.call_soon_threadsafe
+    monkeypatch.setattr(worker._loop, "call_soon_threadsafe",
+                        lambda *a: wakeups.append(a) or real_wake(*a))
     k = key(inode=7)
     assert e.cache.put(k, block(k, 4000)) == (True, "queued")
     deadline = time.monotonic() + 10
-    while k not in e.files():          # written by the dir's thread, loop not run
+    while not worker._finished:        # written by the dir's thread, loop not run
         assert time.monotonic() < deadline
         time.sleep(0.002)
-    time.sleep(0.05)                   # past the rename: the job is finished
+    assert k in e.files() and wakeups == []  # the write's end did not wake the loop
     reply = svc.handle({"op": "lookup", "id": 1, "keys": [k]}, Peer(os.getpid(), 0, 0))
     assert reply["paths"][0], reply
     assert e.cache.workers[0].backlog == 0

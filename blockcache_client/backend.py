@@ -88,6 +88,14 @@ def normalize(path: str) -> str:
     return "/".join(parts)
 
 
+def is_canonical_name(name: str) -> bool:
+    """True if `name` is one path component `normalize` keeps exactly as it is
+    (not empty, no '/', NUL or backslash, not '.' or '..'): a listing's entries
+    that pass are remembered under paths no lookup needs to normalize."""
+    return (bool(name) and name != "." and name != ".." and "/" not in name
+            and "\\" not in name and "\0" not in name)
+
+
 def _mtime_ns(raw: dict) -> int:
     for name in ("mtime", "LastModified", "last_modified", "modified", "updated", "created",
                  "timeCreated"):

@@ -67,7 +67,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from . import blockfile, nowait, protocol
-from .backend import Backend, FileInfo, normalize
+from .backend import Backend, FileInfo, is_canonical_name, normalize
 from .blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
 from .blockmem import BlockMemory
 from .counters import Counters
@@ -381,9 +381,7 @@ class Volume:
         for info in infos:
             # only canonical paths are remembered (`open` relies on it); an
             # entry a backend names oddly could not be looked up by one anyway
-            name = info.name
-            if (info.path == base + name and name and name != "." and name != ".."
-                    and "/" not in name and "\\" not in name and "\0" not in name):
+            if info.path == base + info.name and is_canonical_name(info.name):
                 self._remember(info.path, info, now)
         self._dir_misses.pop(rel, None)
         return infos
@@ -586,11 +584,10 @@ class Volume:
         # A path the metadata cache holds fresh is canonical (only normalized
         # paths are remembered: `_stat_rel` and `_list_rel`), so a dataset
         # opening the paths it listed skips `normalize` and `_resolve`.
-        hit = self._meta.get(path) if type(path) is str else None
-        if hit is not None and self._fork_gen == _forks[0] and not self._closed:
-            ttl = self.meta_ttl
-            if ttl > 0 and time.monotonic() - hit[0] <= ttl and not hit[1].is_dir:
-                return VolumeFile(self, path, hit[1])
+        if type(path) is str and self._fork_gen == _forks[0] and not self._closed:
+            info, _ = self._fresh(self._meta, path, None)
+            if info is not None and not info.is_dir:
+                return VolumeFile(self, path, info)
         rel, info = self._resolve(path, None)  # checks the process too
         return VolumeFile(self, rel, info)
 

@@ -9,10 +9,11 @@ import time
 
 import fsspec
 import pytest
+from hypothesis import given, strategies as st
 from fsspec.implementations.memory import MemoryFileSystem
 
 import blockcache_client.latencyfs  # noqa: F401  (registers latency::)
-from blockcache_client.backend import Backend, FileInfo, normalize
+from blockcache_client.backend import Backend, FileInfo, is_canonical_name, normalize
 
 
 @pytest.mark.parametrize("path,want", [("", ""), ("/", ""), ("a", "a"), ("/a/b/", "a/b"),
@@ -27,6 +28,15 @@ def test_normalize_refuses_escapes(path):
     with pytest.raises(OSError) as e:
         normalize(path)
     assert e.value.errno == errno.EINVAL
+
+
+@given(st.text(alphabet="ab./\\\0", max_size=6))
+def test_a_canonical_name_is_one_component_normalize_keeps(name):
+    try:
+        kept = normalize(name) == name and "/" not in name and name != ""
+    except OSError:
+        kept = False
+    assert is_canonical_name(name) == kept
 
 
 def test_normalize_type():

@@ -17,10 +17,12 @@ import json
 import logging
 import os
 import sys
+import time
 
 log = logging.getLogger(__name__)
 
 SEQ_CHUNK = 1 << 20
+SETTLE_TIMEOUT = 60.0  # seconds a FUSE server's queued fills may take to leave it
 
 
 class Reader:
@@ -109,6 +111,16 @@ class PosixReader(Reader):
         except OSError as exc:
             log.warning("cannot read %s on %s: %s", self.xattr_stats, self.root, exc)
             return {}
+
+    def settle(self) -> None:
+        """Until the FUSE server's own fill queue is empty (its stats say how
+        full it is): its fills must reach the daemon before the next epoch, as
+        an in-process reader's do in `VolumeReader.settle`."""
+        if not self.xattr_stats:
+            return
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while self.stats().get("fill_queue_bytes") and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def close(self) -> None:
         for fd in self._fds.values():

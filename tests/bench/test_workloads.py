@@ -121,3 +121,26 @@ def test_restart_client_remounts_over_the_same_files(bench_ctx):
         assert open(path, "rb").read() == before and before
     finally:
         system.stop()
+
+
+def test_posix_settle_waits_for_the_fuse_servers_fill_queue(tmp_path):
+    """A mount's reader waits between epochs until the server's stats (an
+    xattr on the mount's root) show no queued fill bytes."""
+    import json
+    import threading
+    import time
+
+    from bench.readers import PosixReader
+
+    name = "user.blockcache.stats"
+    os.setxattr(tmp_path, name, json.dumps({"fill_queue_bytes": 4 << 20}).encode())
+    drained = threading.Timer(0.3, lambda: os.setxattr(
+        tmp_path, name, json.dumps({"fill_queue_bytes": 0}).encode()))
+    drained.start()
+    try:
+        t0 = time.monotonic()
+        PosixReader(str(tmp_path), xattr_stats=name).settle()
+        assert time.monotonic() - t0 >= 0.25
+    finally:
+        drained.cancel()
+    PosixReader(str(tmp_path)).settle()  # no stats (local disk): nothing to wait for

@@ -271,11 +271,6 @@ class BlockCipher:
             raise IntegrityError(f"block chunk {index} failed authentication") from None
         return b"".join(out)
 
-    def span(self, offset: int, length: int) -> tuple[int, int]:
-        """Chunks [first, end) that plaintext bytes [offset, offset+length) touch
-        (`chunk_span`, without building the header)."""
-        return chunk_span(self.plaintext_len, self.chunk_size, offset, length)
-
     def read_range_into(self, offset: int, chunks: bytes | memoryview, out: memoryview) -> None:
         """`read_range(offset, len(out), chunks)` stored in `out` (a writable
         byte view): whole chunks decrypt straight into it, no intermediate
@@ -326,10 +321,10 @@ class BlockCipher:
 
     def read_range(self, offset: int, length: int, chunks: bytes | memoryview) -> bytes:
         """Plaintext [offset, offset+length) given the ciphertext of exactly the
-        chunks `span(offset, length)` names."""
+        chunks `chunk_span(plaintext_len, chunk_size, offset, length)` names."""
         if offset == 0 and length >= self.plaintext_len:  # the whole block (a small file)
             return self.open_chunks(0, self._last + 1, chunks)
-        first, end = self.span(offset, length)
+        first, end = chunk_span(self.plaintext_len, self.chunk_size, offset, length)
         plain = self.open_chunks(first, end, chunks)
         skip = offset - first * self.chunk_size
         return plain[skip:skip + length] if (skip or len(plain) > length) else plain

@@ -154,5 +154,5 @@ def extent_for(path: str, version: str, block_size: int) -> int:
 def file_ids(path: str, version: str, block_size: int) -> tuple[int, int]:
     """(`inode_for_path(path)`, `extent_for(path, version, block_size)`),
     encoding the path once."""
-    p = path.strip("/").encode("utf-8", "surrogateescape")  # `_path_bytes`
+    p = _path_bytes(path)
     return _inode(p), _extent(p, version, block_size)

@@ -4,6 +4,9 @@ A source is any fsspec URL: a local path or `file://`, `s3://bucket/prefix`
 (storage options such as `endpoint_url`, `key`, `secret`, `client_kwargs`),
 or a chained URL (`latency::file:///data`). Nothing here knows a protocol by
 name; fsspec resolves the URL and this module only normalizes what comes back.
+Two kinds of filesystem get more than the generic calls: S3 (s3fs), whose
+ranged reads are conditional GETs sent on the caller's thread (s3direct.py),
+and local files, read with fstat/pread on one descriptor.
 
 Every call is bounded by `timeout` (on a worker thread, or by fsspec's own
 loop for async filesystems); temporary
@@ -35,6 +38,9 @@ import fsspec
 from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
+
+from .parts import read_parts
+from .s3direct import Declined, DirectS3, bucket_and_key, direct_reader
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +156,7 @@ class Backend:
         # retries ("stat", "list", "read", "readlink"); fsclient's metrics set it
         self.observe: Callable[[str, float, BaseException | None], None] | None = None
         self._pid = -1
+        self._direct: DirectS3 | None = None
         self._setup()
 
     def _setup(self) -> None:
@@ -176,6 +183,12 @@ class Backend:
             self._versioned = "stat"
         # False when read_version pays a stat after its read (counted by Volume)
         self.native_versioned_reads = self._versioned != "stat"
+        # S3 GETs signed and sent on the reader's thread (s3direct.py); a
+        # forked child keeps the parent's botocore client, not its sockets
+        if self._direct is not None:  # set up again: this is a forked child
+            self._direct = self._direct.for_child()
+        elif self._versioned == "s3" and os.environ.get("BLOCKCACHE_S3_DIRECT", "1") != "0":
+            self._direct = direct_reader(self.fs, self.timeout, self._workers)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             self._workers, thread_name_prefix="blockcache-backend")
         self._pid = os.getpid()
@@ -317,6 +330,9 @@ class Backend:
     def read(self, rel: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a file (fewer only at the end of the file)."""
         full = self.full_path(rel)
+        if self._direct is not None:
+            return b"".join(self._call("read", rel, lambda **tkw: self._s3_read(
+                full, start, end, None, max(1, end - start), **tkw)))
         # keywords: some implementations (s3fs) take other positional arguments first
         return self._call("read", rel,
                           lambda **tkw: self.fs.cat_file(full, start=start, end=end, **tkw))
@@ -337,8 +353,8 @@ class Backend:
         full = self.full_path(rel)
         step = piece if piece > 0 else max(1, end - start)
         if self._versioned == "s3":
-            data = self._call("read", rel, lambda **tkw: sync(
-                self.fs.loop, self._s3_read_if_match, full, start, end, version, step, **tkw))
+            data = self._call("read", rel, lambda **tkw: self._s3_read(
+                full, start, end, version, step, **tkw))
         elif self._versioned == "local":
             data = self._call("read", rel,
                               lambda **tkw: _local_read_if(full, start, end, version, step))
@@ -353,6 +369,26 @@ class Backend:
             raise OSError(errno.ESTALE, f"read {rel} in {self.source}: the file is no longer "
                                         f"version {version}; stat it again and retry")
         return data if piece > 0 else b"".join(data)
+
+    def _s3_read(self, full: str, start: int, end: int, version: str | None, piece: int,
+                 **tkw) -> list[bytes] | None:
+        """One ranged GET (conditional on `version` unless None) in `piece`-byte
+        parts, or None when S3 says the ETag no longer matches: sent directly
+        (s3direct.py), or through s3fs where the direct path declines."""
+        direct = self._direct
+        if direct is not None:
+            bucket, key = bucket_and_key(full)
+            try:
+                return direct.get(bucket, key, start, end, version, piece)
+            except Declined as exc:
+                if exc.permanent and self._direct is direct:
+                    self._direct = None
+                    log.warning("S3 GETs of %s go through s3fs from now on: %s",
+                                self.source, exc)
+        if version is None:
+            return _split(self.fs.cat_file(full, start=start, end=end, **tkw), piece)
+        return sync(self.fs.loop, self._s3_read_if_match, full, start, end, version, piece,
+                    **tkw)
 
     async def _s3_read_if_match(self, full: str, start: int, end: int, version: str,
                                 piece: int):
@@ -425,22 +461,7 @@ def _local_read_if(full: str, start: int, end: int, version: str,
     try:
         if not same(os.fstat(fd)):
             return None
-        parts = []
-        pos = start
-        while pos < end:
-            want = min(piece, end - pos)
-            got = os.pread(fd, want, pos)
-            while got and len(got) < want:  # a short read inside the file: finish the part
-                more = os.pread(fd, want - len(got), pos + len(got))
-                if not more:
-                    break
-                got += more
-            if not got:
-                break
-            parts.append(got)
-            pos += len(got)
-            if len(got) < want:
-                break
+        parts = read_parts(lambda n, pos: os.pread(fd, n, pos), start, end, piece)
         if not same(os.fstat(fd)):
             return None
         return parts

@@ -1,0 +1,242 @@
+"""Ranged S3 GETs on the calling thread, without aiobotocore.
+
+A cold read of a small file is one GetObject. Through s3fs that GET costs
+3-4 ms of CPU per request on this kind of machine (aiobotocore's request
+pipeline on fsspec's event-loop thread, plus the hand-off to and from that
+thread); signed here with botocore's SigV4 and sent with urllib3 it costs
+1.3-1.5 ms. On a host whose cores also decode and augment the samples, that
+CPU is what a cold epoch waits for (docs/benchmarks.md).
+
+What it takes from the s3fs filesystem: its options only (key, secret,
+token, anon, endpoint_url, client_kwargs, config_kwargs, session kwargs such
+as a profile). From them it builds a plain botocore client, used for three
+things and never for a request: the credentials (botocore refreshes
+temporary ones as they near expiry), the signing region, and each bucket's
+URL (resolved once per bucket by presigning a probe key, so addressing
+style, region endpoints and custom endpoints follow botocore's own rules).
+Every GET is then one urllib3 request with Range (and If-Match for a
+versioned read), signed with SigV4.
+
+It stays out of the way where s3fs does more than a plain GET: version-aware
+filesystems, requester-pays, extra request arguments (SSE-C keys), HTTP
+proxies, and a client botocore cannot build from the options. Those volumes
+use s3fs for every request. An answer it does not expect comes back as
+`Declined`: the caller repeats the request through s3fs, which gives the
+error (or the redirect handling) s3fs users know; a redirect or a 400 (a
+bucket in another region than the client's) also switches it off for good.
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import logging
+import threading
+import urllib.request
+from urllib.parse import quote
+
+from .parts import read_parts
+
+log = logging.getLogger(__name__)
+
+_PROBE_KEY = "blockcache-probe"
+USER_AGENT = "blockcache-s3direct"  # how S3 access logs tell these GETs apart
+# answers that say "asking again later may work"
+_TEMPORARY = frozenset({429, 500, 502, 503, 504})
+
+
+class Declined(Exception):
+    """The direct path will not answer this request: repeat it through s3fs.
+    `permanent`: it will not answer any other request of this volume either."""
+
+    def __init__(self, why: str, permanent: bool):
+        super().__init__(why)
+        self.permanent = permanent
+
+
+class TemporaryS3Error(OSError):
+    """S3 answered a status worth retrying (throttling, 5xx)."""
+
+
+def direct_reader(fs, timeout: float, pool_size: int) -> "DirectS3 | None":
+    """A `DirectS3` for this s3fs filesystem, or None where it must not (or
+    cannot) stand in for s3fs's own GET (see the module docstring)."""
+    why = _ineligible(fs)
+    if why is None:
+        try:
+            return DirectS3(fs, timeout, pool_size)
+        except Exception as exc:  # noqa: BLE001 - any failure: s3fs does the GETs
+            why = f"cannot build a botocore client from its options ({exc})"
+    log.info("s3 GETs of this volume go through s3fs: %s", why)
+    return None
+
+
+def _ineligible(fs) -> str | None:
+    if getattr(fs, "version_aware", False):
+        return "the filesystem is version-aware"
+    if getattr(fs, "req_kw", None):
+        return "requester-pays requests"
+    if getattr(fs, "s3_additional_kwargs", None):
+        return "extra request arguments (s3_additional_kwargs)"
+    if (getattr(fs, "config_kwargs", None) or {}).get("proxies"):
+        return "an HTTP proxy in config_kwargs"
+    if any(k in urllib.request.getproxies() for k in ("http", "https")):
+        return "an HTTP proxy in the environment"
+    return None
+
+
+class DirectS3:
+    """Signs and sends ranged GetObject requests for one s3fs filesystem's
+    options. Thread-safe; one per process (rebuilt after fork by its owner)."""
+
+    def __init__(self, fs, timeout: float, pool_size: int):
+        import botocore.session
+        import urllib3
+        from botocore import UNSIGNED
+        from botocore.config import Config
+        from botocore.credentials import Credentials
+
+        client_kwargs = dict(fs.client_kwargs)
+        config_kwargs = dict(fs.config_kwargs)
+        init = {"aws_access_key_id": fs.key, "aws_secret_access_key": fs.secret,
+                "aws_session_token": fs.token, "endpoint_url": fs.endpoint_url}
+        init = {k: v for k, v in init.items() if v is not None and k not in client_kwargs}
+        if fs.anon:
+            for name in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token"):
+                init.pop(name, None)
+                client_kwargs.pop(name, None)
+            config_kwargs["signature_version"] = UNSIGNED
+        if "use_ssl" not in client_kwargs:
+            init["use_ssl"] = fs.use_ssl
+        session = botocore.session.Session(**fs.kwargs)
+        client = session.create_client("s3", config=Config(**config_kwargs), **init,
+                                       **client_kwargs)
+        self._client = client
+        self._region = client.meta.region_name or "us-east-1"
+        if fs.anon:
+            self._credentials = None
+        else:
+            key = client_kwargs.get("aws_access_key_id", fs.key)
+            secret = client_kwargs.get("aws_secret_access_key", fs.secret)
+            token = client_kwargs.get("aws_session_token", fs.token)
+            self._credentials = (Credentials(key, secret, token) if key and secret
+                                 else session.get_credentials())
+            if self._credentials is None:
+                raise ValueError("no credentials found (and the filesystem is not anon)")
+        verify = client_kwargs.get("verify")
+        if verify is None:
+            verify = session.get_config_variable("ca_bundle") or True
+        if verify is False:
+            tls = {"cert_reqs": "CERT_NONE"}
+        else:
+            from botocore.httpsession import get_cert_path
+            tls = {"cert_reqs": "CERT_REQUIRED", "ca_certs": get_cert_path(verify)}
+        self._pool_args = dict(num_pools=16, maxsize=max(1, pool_size), **tls)
+        self._http = urllib3.PoolManager(**self._pool_args)
+        self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
+        self._timeout_error = urllib3.exceptions.TimeoutError
+        self._bases: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def for_child(self) -> "DirectS3":
+        """This reader for a forked child: the same botocore client and
+        credentials (no sockets in them), its own connections."""
+        import urllib3
+        child = copy.copy(self)
+        child._http = urllib3.PoolManager(**self._pool_args)
+        child._bases = dict(self._bases)
+        child._lock = threading.Lock()
+        return child
+
+    def _base(self, bucket: str) -> str:
+        """The URL a key of `bucket` is appended to, as botocore would address it."""
+        base = self._bases.get(bucket)
+        if base is None:
+            url = self._client.generate_presigned_url(
+                "get_object", Params={"Bucket": bucket, "Key": _PROBE_KEY}, ExpiresIn=60)
+            path_end = url.split("?", 1)[0]
+            if not path_end.endswith("/" + _PROBE_KEY):
+                raise Declined(f"botocore addresses keys of {bucket} as {url!r}", True)
+            base = path_end[:-len(_PROBE_KEY)]
+            with self._lock:
+                self._bases[bucket] = base
+        return base
+
+    def get(self, bucket: str, key: str, start: int, end: int, if_match: str | None,
+            piece: int) -> list[bytes] | None:
+        """Bytes [start, end) of s3://bucket/key (fewer only at the end of the
+        object) in `piece`-byte parts; None if `if_match` is given and the
+        object's ETag is no longer it (412)."""
+        if end <= start:
+            return []
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        url = self._base(bucket) + quote(key, safe="/~")
+        headers = {"Range": f"bytes={start}-{end - 1}", "User-Agent": USER_AGENT}
+        if if_match is not None:
+            headers["If-Match"] = f'"{if_match}"'
+        if self._credentials is not None:
+            request = AWSRequest(method="GET", url=url, headers=headers)
+            S3SigV4Auth(self._credentials.get_frozen_credentials(), "s3",
+                        self._region).add_auth(request)
+            headers = dict(request.headers.items())
+        try:
+            return self._send(url, headers, bucket, key, start, end, if_match, piece)
+        except self._timeout_error as exc:  # the caller's retry loop knows this one
+            raise TimeoutError(errno.ETIMEDOUT, f"GET s3://{bucket}/{key}: {exc}") from None
+
+    def _send(self, url: str, headers: dict, bucket: str, key: str, start: int, end: int,
+              if_match: str | None, piece: int) -> list[bytes] | None:
+        resp = self._http.urlopen("GET", url, headers=headers, retries=False, redirect=False,
+                                  preload_content=False, decode_content=False,
+                                  timeout=self._timeout)
+        body_read = False  # True once the whole body is off the connection
+        try:
+            status = resp.status
+            if status == 206 or (status == 200 and start == 0
+                                 and int(resp.headers.get("Content-Length", -1)) <= end):
+                if status == 206:
+                    first = (resp.headers.get("Content-Range") or "").partition("-")[0]
+                    if first != f"bytes {start}":
+                        raise Declined(f"a 206 for bytes={start}- came with Content-Range "
+                                       f"{resp.headers.get('Content-Range')!r}", True)
+                # a 200 is the whole object, no longer than asked
+                parts = _read_parts(resp, end - start, piece)
+                body_read = True
+                return parts
+            resp.drain_conn()  # an error's body is a short XML document
+            body_read = True
+            if status == 412 and if_match is not None:
+                return None
+            if status == 404:
+                raise FileNotFoundError(f"no such key (HTTP 404): s3://{bucket}/{key}")
+            if status == 403:
+                raise PermissionError(f"access denied (HTTP 403): s3://{bucket}/{key}")
+            if status in _TEMPORARY:
+                raise TemporaryS3Error(f"S3 answered HTTP {status} for s3://{bucket}/{key}")
+            # a redirect or a 400: another region or addressing than the client's,
+            # which s3fs's own client follows; a 416 or anything else: s3fs's
+            # error for it is the one to raise
+            raise Declined(f"HTTP {status} for a GET of s3://{bucket}/{key}",
+                           permanent=300 <= status < 400 or status == 400)
+        finally:
+            if not body_read:  # part of a body is still on the connection
+                resp.close()
+            resp.release_conn()
+
+
+def _read_parts(resp, want: int, piece: int) -> list[bytes]:
+    """Up to `want` body bytes in `piece`-byte parts (fewer only where the
+    body ends); Declined if the body holds more than `want`."""
+    parts = read_parts(lambda n, _pos: resp.read(n, decode_content=False), 0, want, piece)
+    if sum(map(len, parts)) == want and resp.read(1, decode_content=False):
+        raise Declined(f"the answer holds more than the {want} bytes asked for", True)
+    return parts
+
+
+def bucket_and_key(full: str) -> tuple[str, str]:
+    """("bucket", "key/in/it") of an s3fs path without its protocol."""
+    bucket, _, key = full.partition("/")
+    return bucket, key
+

@@ -1,0 +1,98 @@
+"""An HTTP front on loopback before a real S3 server: forwards every request,
+records what it saw, and answers chosen GETs with a chosen status instead.
+
+    with S3Front(s3_server.endpoint_url) as front:
+        front.fail_gets(503, times=2)       # the next two GETs get a 503
+        opts = dict(s3_server.storage_options, endpoint_url=front.url)
+        ...
+        front.gets                          # [(path, user agent), ...]
+
+Lets tests see which client sent a GET and how a reader meets throttling,
+refusals and redirects, with the real server answering everything else.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection"}
+
+
+class S3Front:
+    def __init__(self, upstream: str):
+        self.upstream = urlsplit(upstream)
+        self.gets: list[tuple[str, str]] = []
+        self._faults: list[tuple[int, dict]] = []
+        self._lock = threading.Lock()
+        front = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _any(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if self.command == "GET":
+                    fault = front._next_fault(self.path, self.headers.get("User-Agent", ""))
+                    if fault is not None:
+                        status, headers = fault
+                        payload = (f"<Error><Code>Injected{status}</Code>"
+                                   f"<Message>injected by S3Front</Message></Error>").encode()
+                        self.send_response(status)
+                        for k, v in headers.items():
+                            self.send_header(k, v)
+                        self.send_header("Content-Type", "application/xml")
+                        self.send_header("Content-Length", str(len(payload)))
+                        self.end_headers()
+                        self.wfile.write(payload)
+                        return
+                conn = http.client.HTTPConnection(front.upstream.hostname, front.upstream.port,
+                                                  timeout=30)
+                try:
+                    headers = {k: v for k, v in self.headers.items()
+                               if k.lower() not in _HOP_BY_HOP}
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    self.send_response(resp.status, resp.reason)
+                    for k, v in resp.getheaders():
+                        if k.lower() not in _HOP_BY_HOP and k.lower() != "content-length":
+                            self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                finally:
+                    conn.close()
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _any
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def fail_gets(self, status: int, times: int = 1, headers: dict | None = None) -> None:
+        """Answer the next `times` GETs with `status` (and `headers`)."""
+        with self._lock:
+            self._faults.extend([(status, dict(headers or {}))] * times)
+
+    def _next_fault(self, path: str, agent: str):
+        with self._lock:
+            self.gets.append((path, agent))
+            return self._faults.pop(0) if self._faults else None
+
+    def __enter__(self) -> "S3Front":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)

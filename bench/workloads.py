@@ -98,17 +98,18 @@ class Runner:
         srv0 = {pid: proc_cpu(pid) for pid in pids}
         stats0 = _merge_stats(workers.run_all("stats", None)[1])
         wall, answers = workers.run(cmd, args)
-        srv_cpu = sum(proc_cpu(pid) - c for pid, c in srv0.items())
         stats1 = _merge_stats(workers.run_all("stats", None)[1])
         remote1 = self.ctx.remote.counters()
         # A pause between epochs lets background fills land, in the readers
-        # and then in the daemon; the next epoch should not race them.
-        workers.run_all("settle", None)
+        # and then in the daemon; the next epoch should not race them. Their
+        # CPU is the epoch's: it is counted, though not in the epoch's time.
+        settled = workers.run_all("settle", None)[1]
         system.settle()
+        srv_cpu = sum(proc_cpu(pid) - c for pid, c in srv0.items())
         lat = sorted(x for a in answers for x in a["lat"])
         items = sum(a["items"] for a in answers)
         nbytes = sum(a["bytes"] for a in answers)
-        cpu = sum(a["cpu"] for a in answers) + srv_cpu
+        cpu = sum(a["cpu"] for a in answers + settled) + srv_cpu
         row = dict(base, system=system.name, items=items, bytes=nbytes, seconds=wall,
                    items_per_s=items / wall if wall else None,
                    mb_per_s=nbytes / wall / 1e6 if wall else None,

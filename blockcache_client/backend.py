@@ -40,7 +40,7 @@ from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
 
 from .parts import read_parts
-from .s3direct import Declined, DirectS3, bucket_and_key, direct_reader
+from .s3direct import Declined, DirectS3, direct_reader
 
 log = logging.getLogger(__name__)
 
@@ -377,7 +377,7 @@ class Backend:
         (s3direct.py), or through s3fs where the direct path declines."""
         direct = self._direct
         if direct is not None:
-            bucket, key = bucket_and_key(full)
+            bucket, key, _ = self.fs.split_path(full)  # s3fs's rules (access point ARNs)
             try:
                 return direct.get(bucket, key, start, end, version, piece)
             except Declined as exc:

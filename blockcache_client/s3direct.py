@@ -234,9 +234,3 @@ def _read_parts(resp, want: int, piece: int) -> list[bytes]:
         raise Declined(f"the answer holds more than the {want} bytes asked for", True)
     return parts
 
-
-def bucket_and_key(full: str) -> tuple[str, str]:
-    """("bucket", "key/in/it") of an s3fs path without its protocol."""
-    bucket, _, key = full.partition("/")
-    return bucket, key
-

@@ -111,34 +111,42 @@ def _seeded(label: bytes):
 
 _INODE_SEED = _seeded(b"inode")
 _EXTENT_SEED = _seeded(b"extent")
+_SIZE_PARTS: dict[int, bytes] = {}  # block size -> its length-prefixed part
 
 
-def _path_bytes(path: str) -> bytes:
-    # surrogateescape keeps odd (non-UTF-8) names distinct and stable
-    return path.strip("/").encode("utf-8", "surrogateescape")
+def _path_part(path: str) -> bytes:
+    """The path's part of both ids: its length, then its bytes (surrogateescape
+    keeps odd, non-UTF-8 names distinct and stable)."""
+    p = path.strip("/").encode("utf-8", "surrogateescape")
+    return len(p).to_bytes(4, "big") + p
 
 
-def _inode(p: bytes) -> int:
-    if not p:
+def _inode(part: bytes) -> int:
+    if len(part) == 4:  # the root: an empty path
         return ROOT_INODE
     h = _INODE_SEED.copy()
-    h.update(len(p).to_bytes(4, "big") + p)
+    h.update(part)
     ino = int.from_bytes(h.digest(), "big") & MAX_INODE
     return ino if ino > ROOT_INODE else ino + 2
 
 
-def _extent(p: bytes, version: str, block_size: int) -> int:
+def _extent_hash(part: bytes, version: str, block_size: int):
+    """The extent's hash state over the path's `part`, the version and the block size."""
+    size = _SIZE_PARTS.get(block_size)
+    if size is None:
+        if len(_SIZE_PARTS) >= 64:  # a volume has one block size: a handful per process
+            _SIZE_PARTS.clear()
+        b = str(block_size).encode()
+        size = _SIZE_PARTS[block_size] = len(b).to_bytes(4, "big") + b
     v = version.encode("utf-8", "surrogateescape")
-    b = str(block_size).encode()
     h = _EXTENT_SEED.copy()
-    h.update(b"".join((len(p).to_bytes(4, "big"), p, len(v).to_bytes(4, "big"), v,
-                       len(b).to_bytes(4, "big"), b)))
-    return int.from_bytes(h.digest(), "big")
+    h.update(part + len(v).to_bytes(4, "big") + v + size)
+    return h
 
 
 def inode_for_path(path: str) -> int:
     """Stable inode of a path inside a volume: the same on every host, every restart."""
-    return _inode(_path_bytes(path))
+    return _inode(_path_part(path))
 
 
 def extent_for(path: str, version: str, block_size: int) -> int:
@@ -148,11 +156,22 @@ def extent_for(path: str, version: str, block_size: int) -> int:
     version (ETag, or mtime_ns + size), the volume's block size, and the path
     (so even an inode-hash collision cannot alias two files' blocks).
     """
-    return _extent(_path_bytes(path), version, block_size)
+    return int.from_bytes(_extent_hash(_path_part(path), version, block_size).digest(), "big")
+
+
+def file_prefix(vol: str, path: str, version: str, block_size: int) -> str:
+    """`{vol}_{inode}_{extent}_`, how every block key of one version of a file
+    begins: `inode_for_path` and `extent_for` in one pass, the extent written
+    as its digest's hex (the same 16 digits as `format(extent, "016x")`). A
+    new reader process computes this for every file it opens. `vol` must be
+    a checked volume name."""
+    part = _path_part(path)
+    return f"{vol}_{_inode(part)}_{_extent_hash(part, version, block_size).hexdigest()}_"
 
 
 def file_ids(path: str, version: str, block_size: int) -> tuple[int, int]:
     """(`inode_for_path(path)`, `extent_for(path, version, block_size)`),
     encoding the path once."""
-    p = _path_bytes(path)
-    return _inode(p), _extent(p, version, block_size)
+    part = _path_part(path)
+    return (_inode(part),
+            int.from_bytes(_extent_hash(part, version, block_size).digest(), "big"))

@@ -77,7 +77,7 @@ from .forks import generation as _forks
 from .nowait import Unsupported
 from .nowait import open_cached as nowait_open
 from .keyfile import load_key_file
-from .keys import check_volume_name, file_ids, inode_for_path
+from .keys import check_volume_name, file_prefix, inode_for_path
 from .singleflight import SingleFlight
 from .volumefile import VolumeFile
 
@@ -407,21 +407,11 @@ class Volume:
             # extent are 63/64-bit hashes), and a new process computes this for
             # every file it opens, so the dataclass's checks (~3 us) are skipped
             # (tests/blockcache_client compares it with str(BlockKey(...))).
-            ino, ext = file_ids(rel, version, self.block_size)
-            prefix = f"{self.name}_{ino}_{ext:016x}_"
+            prefix = file_prefix(self.name, rel, version, self.block_size)
             if len(self._idents) >= _IDENT_LIMIT:
                 self._idents.clear()
             self._idents[ident] = prefix
         return prefix
-
-    def _new_cipher(self, ck: tuple[str, bytes]) -> BlockCipher:
-        """The cipher of block `ck[0]` whose header bytes are `ck[1]` (FormatError
-        for a bad header, IntegrityError for a foreign key), kept in `_ciphers`:
-        a header seen before was validated then, and its HKDF subkey is derived
-        once (`_read_cached` looks there first)."""
-        cipher = BlockCipher.from_head(ck[1], ck[0], self._volume_key, self._key_id)
-        _keep_cipher(self._ciphers, self._cipher_lock, ck, cipher)
-        return cipher
 
     # -- reads -------------------------------------------------------------------
 
@@ -585,9 +575,10 @@ class Volume:
         # paths are remembered: `_stat_rel` and `_list_rel`), so a dataset
         # opening the paths it listed skips `normalize` and `_resolve`.
         if type(path) is str and self._fork_gen == _forks[0] and not self._closed:
-            info, _ = self._fresh(self._meta, path, None)
-            if info is not None and not info.is_dir:
-                return VolumeFile(self, path, info)
+            hit = self._meta.get(path)  # `_fresh`, inline: a dataset opens every file
+            if (hit is not None and not hit[1].is_dir and self.meta_ttl > 0
+                    and time.monotonic() - hit[0] <= self.meta_ttl):
+                return VolumeFile(self, path, hit[1])
         rel, info = self._resolve(path, None)  # checks the process too
         return VolumeFile(self, rel, info)
 
@@ -695,10 +686,15 @@ class Volume:
             else:
                 head = os.pread(fd, HEADER_SIZE, 0)
                 body = scratch[:os.preadv(fd, [scratch[:want]], start)]
-            ck = (key, bytes(head))
+            head = bytes(head)
+            ck = (key, head)
             cipher = self._ciphers.get(ck)  # a dict get is atomic: no lock on the hit path
             if cipher is None:
-                cipher = self._new_cipher(ck)
+                # a header seen before was validated then, and its HKDF subkey
+                # is derived once: FormatError for a bad header, IntegrityError
+                # for a foreign key
+                cipher = BlockCipher.from_head(head, key, self._volume_key, self._key_id)
+                _keep_cipher(self._ciphers, self._cipher_lock, ck, cipher)
             if cipher.plaintext_len != blen or cipher.chunk_size != chunk:
                 raise FormatError(f"block holds {cipher.plaintext_len} bytes in chunks of "
                                   f"{cipher.chunk_size}; this file version needs {blen} in "

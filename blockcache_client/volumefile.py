@@ -18,7 +18,8 @@ class VolumeFile(io.RawIOBase):
     """Read-only view of one file version in a `Volume`."""
 
     def __init__(self, volume, path: str, info: FileInfo):
-        super().__init__()
+        # no super().__init__(): io.RawIOBase has no state to set up, and a
+        # dataset makes one of these per file it reads
         self._volume = volume
         self.name = path
         self.info = info
@@ -51,7 +52,8 @@ class VolumeFile(io.RawIOBase):
         return pos
 
     def read(self, size: int = -1) -> bytes:
-        self._check_closed()
+        if self.closed:  # `_check_closed`, inline: a whole-file read is one call
+            raise ValueError(f"I/O operation on closed file {self.name}")
         if size is None or size < 0:
             size = max(0, self.size - self._pos)
         data = self._volume._read_pinned(self.name, self._pos, size, self.info)

@@ -138,15 +138,16 @@ KNOWN_IDS = [
 
 @pytest.mark.parametrize("path, version, block_size, inode, extent", KNOWN_IDS)
 def test_ids_keep_their_known_values(path, version, block_size, inode, extent):
-    from blockcache_client.keys import file_ids
+    from blockcache_client.keys import file_ids, file_prefix
     assert inode_for_path(path) == inode == inode_for_path(f"/{path}/")
     assert extent_for(path, version, block_size) == extent
     assert file_ids(path, version, block_size) == (inode, extent)
+    assert file_prefix("vol", path, version, block_size) == f"vol_{inode}_{extent:016x}_"
 
 
 @given(st.text(max_size=40), st.text(max_size=30), st.integers(1, 2**40))
 def test_ids_follow_their_definition(path, version, block_size):
-    from blockcache_client.keys import file_ids
+    from blockcache_client.keys import file_ids, file_prefix
     p = path.strip("/").encode("utf-8", "surrogateescape")
     ino = _spec_digest64(b"inode", p) & MAX_INODE
     want_ino = ROOT_INODE if not p else (ino if ino > ROOT_INODE else ino + 2)
@@ -154,3 +155,5 @@ def test_ids_follow_their_definition(path, version, block_size):
                               str(block_size).encode())
     assert file_ids(path, version, block_size) == (want_ino, want_ext)
     assert (inode_for_path(path), extent_for(path, version, block_size)) == (want_ino, want_ext)
+    assert file_prefix("v", path, version, block_size) == str(BlockKey("v", want_ino, want_ext,
+                                                                        0))[:-16]

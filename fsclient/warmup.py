@@ -229,7 +229,6 @@ class Tally:
     cached_bytes: int = 0
     cached_blocks: int = 0
     fetched_bytes: int = 0
-    fetched_blocks: int = 0
     failed_bytes: int = 0
     skipped_links: int = 0
     failures: dict[str, str] = field(default_factory=dict)
@@ -404,7 +403,6 @@ class Warmup:
             return
         with t.lock:
             t.fetched_bytes += length
-            t.fetched_blocks += 1
 
     def _finish(self) -> None:
         """Let in-flight fetches end and hand their fills to the daemon."""
@@ -418,11 +416,18 @@ def summary(w: Warmup, elapsed: float, stats: dict[str, Any]) -> str:
     """The end-of-run report."""
     t = w.tally
     state = f"interrupted ({w.interrupted})" if w.interrupted else "done"
-    rate = t.fetched_bytes / elapsed if elapsed > 0 else 0.0
+    # What came from the source, by the reader's own counts: a read of a
+    # file's first block fetches the blocks after it in the same request
+    # (coalesced), so an interrupted run may have fetched (and handed over)
+    # blocks its own reads had not reached yet. Every block fetched is
+    # offered to the daemon once: sent, or dropped and counted.
+    fetched_bytes = stats["backend_bytes"]
+    fetched_blocks = stats["fills_sent"] + stats["fills_dropped"]
+    rate = fetched_bytes / elapsed if elapsed > 0 else 0.0
     lines = [
         f"warmup {state} in {elapsed:.1f}s: {t.files} files, {format_size(t.bytes)}",
         f"  already cached  {format_size(t.cached_bytes)} ({t.cached_blocks} blocks)",
-        f"  fetched         {format_size(t.fetched_bytes)} ({t.fetched_blocks} blocks, "
+        f"  fetched         {format_size(fetched_bytes)} ({fetched_blocks} blocks, "
         f"{format_size(rate)}/s; {stats.get('backend_requests', 0)} source requests)",
         f"  failed          {t.failed_count} path{'s' if t.failed_count != 1 else ''}"
         + (f", {format_size(t.failed_bytes)}" if t.failed_bytes else ""),
@@ -531,7 +536,8 @@ def _warm(volume: Any, items: Iterable[Target], parallel: int, fill_queue_bytes:
     finally:
         progress.stop()
     after = volume.stats()
-    delta = {k: after[k] - before[k] for k in ("backend_requests", "fills_dropped", "fills_sent")}
+    delta = {k: after[k] - before[k]
+             for k in ("backend_requests", "backend_bytes", "fills_dropped", "fills_sent")}
     out.write(summary(w, time.monotonic() - started, delta) + "\n")
     out.flush()
     if w.interrupted:

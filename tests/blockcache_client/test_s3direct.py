@@ -110,6 +110,8 @@ def test_a_redirect_hands_the_volume_to_s3fs(front, s3_server):
         assert b.read("f.bin", 2, 6) == b"2345"
         assert b._direct is None
         assert b.read("f.bin", 0, 10) == b"0123456789"
+        version = b.stat("f.bin").version
+        assert b.read_version("f.bin", 0, 10, version, piece=4) == [b"0123", b"4567", b"89"]
         agents = [agent for _, agent in front.gets]
         assert agents[0] == USER_AGENT and USER_AGENT not in agents[1:]
 

@@ -346,10 +346,16 @@ class VolumeSystem(System):
 
     def settings(self) -> dict:
         return {"block_size": "4 MiB", "memory_cache": "64 MiB per process (default)",
-                "meta_ttl": f"{META_TTL:.0f} s"}
+                "meta_ttl": f"{META_TTL:.0f} s", "s3_gets": _S3_GETS}
 
     def version(self) -> str:
         return f"blockcache {_project_version()}"
+
+
+# how our readers send S3 GETs (blockcache_client/s3direct.py), as the
+# environment the suite runs in says
+_S3_GETS = ("through s3fs (BLOCKCACHE_S3_DIRECT=0)" if os.environ.get("BLOCKCACHE_S3_DIRECT") == "0"
+            else "direct (signed, urllib3; default)")
 
 
 def _project_version() -> str:
@@ -453,7 +459,7 @@ class FuseSystem(_MountSystem):
 
     def settings(self) -> dict:
         return {"block_size": "4 MiB", "meta_ttl": f"{META_TTL:.0f} s",
-                "readahead_blocks": "2 (default)"}
+                "readahead_blocks": "2 (default)", "s3_gets": _S3_GETS}
 
     def version(self) -> str:
         return f"blockcache {_project_version()}"

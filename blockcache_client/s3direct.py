@@ -20,10 +20,13 @@ versioned read), signed with SigV4.
 It stays out of the way where s3fs does more than a plain GET: version-aware
 filesystems, requester-pays, extra request arguments (SSE-C keys), HTTP
 proxies, and a client botocore cannot build from the options. Those volumes
-use s3fs for every request. An answer it does not expect comes back as
+use s3fs for every request. A redirect or 400 naming the bucket's region
+(`x-amz-bucket-region`, S3's answer to a request addressed or signed for
+another region) is followed: the bucket is addressed and signed in that
+region from then on. Any other answer it does not expect comes back as
 `Declined`: the caller repeats the request through s3fs, which gives the
-error (or the redirect handling) s3fs users know; a redirect or a 400 (a
-bucket in another region than the client's) also switches it off for good.
+error (or the redirect handling) s3fs users know; another redirect or 400
+also switches it off for good.
 """
 
 from __future__ import annotations
@@ -52,6 +55,14 @@ class Declined(Exception):
     def __init__(self, why: str, permanent: bool):
         super().__init__(why)
         self.permanent = permanent
+
+
+class _Moved(Exception):
+    """S3 says the bucket is in another region (`x-amz-bucket-region`)."""
+
+    def __init__(self, region: str):
+        super().__init__(region)
+        self.region = region
 
 
 class TemporaryS3Error(OSError):
@@ -109,10 +120,15 @@ class DirectS3:
         if "use_ssl" not in client_kwargs:
             init["use_ssl"] = fs.use_ssl
         session = botocore.session.Session(**fs.kwargs)
-        client = session.create_client("s3", config=Config(**config_kwargs), **init,
-                                       **client_kwargs)
-        self._client = client
+        config = Config(**config_kwargs)
+
+        def client_in(region: str | None):
+            kw = dict(client_kwargs, region_name=region) if region else client_kwargs
+            return session.create_client("s3", config=config, **init, **kw)
+        self._client_in = client_in
+        client = client_in(None)
         self._region = client.meta.region_name or "us-east-1"
+        self._clients = {self._region: client}  # by region: where buckets are addressed
         if fs.anon:
             self._credentials = None
         else:
@@ -135,7 +151,7 @@ class DirectS3:
         self._http = urllib3.PoolManager(**self._pool_args)
         self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
         self._timeout_error = urllib3.exceptions.TimeoutError
-        self._bases: dict[str, str] = {}
+        self._bases: dict[str, tuple[str, str]] = {}  # bucket: (URL of its keys, region)
         self._lock = threading.Lock()
 
     def for_child(self) -> "DirectS3":
@@ -148,19 +164,27 @@ class DirectS3:
         child._lock = threading.Lock()
         return child
 
-    def _base(self, bucket: str) -> str:
-        """The URL a key of `bucket` is appended to, as botocore would address it."""
-        base = self._bases.get(bucket)
-        if base is None:
-            url = self._client.generate_presigned_url(
-                "get_object", Params={"Bucket": bucket, "Key": _PROBE_KEY}, ExpiresIn=60)
-            path_end = url.split("?", 1)[0]
-            if not path_end.endswith("/" + _PROBE_KEY):
-                raise Declined(f"botocore addresses keys of {bucket} as {url!r}", True)
-            base = path_end[:-len(_PROBE_KEY)]
-            with self._lock:
-                self._bases[bucket] = base
-        return base
+    def _base(self, bucket: str, region: str | None = None) -> tuple[str, str]:
+        """(the URL a key of `bucket` is appended to, the region to sign for),
+        as botocore addresses the bucket from a client in `region` (the
+        client's own region until S3 names another)."""
+        found = self._bases.get(bucket)
+        if found is not None and (region is None or found[1] == region):
+            return found
+        region = region or self._region
+        with self._lock:
+            client = self._clients.get(region)
+            if client is None:
+                client = self._clients[region] = self._client_in(region)
+        url = client.generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": _PROBE_KEY}, ExpiresIn=60)
+        path_end = url.split("?", 1)[0]
+        if not path_end.endswith("/" + _PROBE_KEY):
+            raise Declined(f"botocore addresses keys of {bucket} as {url!r}", True)
+        found = (path_end[:-len(_PROBE_KEY)], region)
+        with self._lock:
+            self._bases[bucket] = found
+        return found
 
     def get(self, bucket: str, key: str, start: int, end: int, if_match: str | None,
             piece: int) -> list[bytes] | None:
@@ -172,22 +196,32 @@ class DirectS3:
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
 
-        url = self._base(bucket) + quote(key, safe="/~")
+        path = quote(key, safe="/~")
         headers = {"Range": f"bytes={start}-{end - 1}", "User-Agent": USER_AGENT}
         if if_match is not None:
             headers["If-Match"] = f'"{if_match}"'
-        if self._credentials is not None:
-            request = AWSRequest(method="GET", url=url, headers=headers)
-            S3SigV4Auth(self._credentials.get_frozen_credentials(), "s3",
-                        self._region).add_auth(request)
-            headers = dict(request.headers.items())
-        try:
-            return self._send(url, headers, bucket, key, start, end, if_match, piece)
-        except self._timeout_error as exc:  # the caller's retry loop knows this one
-            raise TimeoutError(errno.ETIMEDOUT, f"GET s3://{bucket}/{key}: {exc}") from None
+        base, region = self._base(bucket)
+        for _ in range(2):
+            url = base + path
+            signed = headers
+            if self._credentials is not None:
+                request = AWSRequest(method="GET", url=url, headers=headers)
+                S3SigV4Auth(self._credentials.get_frozen_credentials(), "s3",
+                            region).add_auth(request)
+                signed = dict(request.headers.items())
+            try:
+                return self._send(url, signed, region, bucket, key, start, end, if_match,
+                                  piece)
+            except _Moved as moved:  # the bucket is in another region: address it there
+                log.info("s3://%s is in %s, not %s: GETs go there", bucket, moved.region,
+                         region)
+                base, region = self._base(bucket, moved.region)
+            except self._timeout_error as exc:  # the caller's retry loop knows this one
+                raise TimeoutError(errno.ETIMEDOUT, f"GET s3://{bucket}/{key}: {exc}") from None
+        raise Declined(f"s3://{bucket} moved again after a redirect to {region}", True)
 
-    def _send(self, url: str, headers: dict, bucket: str, key: str, start: int, end: int,
-              if_match: str | None, piece: int) -> list[bytes] | None:
+    def _send(self, url: str, headers: dict, region: str, bucket: str, key: str, start: int,
+              end: int, if_match: str | None, piece: int) -> list[bytes] | None:
         resp = self._http.urlopen("GET", url, headers=headers, retries=False, redirect=False,
                                   preload_content=False, decode_content=False,
                                   timeout=self._timeout)
@@ -215,7 +249,10 @@ class DirectS3:
                 raise PermissionError(f"access denied (HTTP 403): s3://{bucket}/{key}")
             if status in _TEMPORARY:
                 raise TemporaryS3Error(f"S3 answered HTTP {status} for s3://{bucket}/{key}")
-            # a redirect or a 400: another region or addressing than the client's,
+            moved_to = resp.headers.get("x-amz-bucket-region")
+            if status in (301, 307, 400) and moved_to and moved_to != region:
+                raise _Moved(moved_to)
+            # any other redirect or 400: another addressing than the client's,
             # which s3fs's own client follows; a 416 or anything else: s3fs's
             # error for it is the one to raise
             raise Declined(f"HTTP {status} for a GET of s3://{bucket}/{key}",

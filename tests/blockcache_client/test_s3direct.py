@@ -101,10 +101,22 @@ def test_throttling_is_retried_and_a_refusal_is_not(front, s3_server):
         assert b.read("f.bin", 0, 3) == b"abc"  # the connection pool is still sound
 
 
-def test_a_redirect_hands_the_volume_to_s3fs(front, s3_server):
-    """A 301 (the bucket lives in another region than the client's) is what
-    s3fs's own client knows how to follow: that read, and every later one,
-    goes through s3fs."""
+@pytest.mark.parametrize("status", [301, 400])
+def test_a_bucket_in_another_region_is_read_there(front, s3_server, status):
+    """S3's answer to a GET signed for the wrong region names the bucket's
+    region: the read is signed again for it, and so is every later one."""
+    with backend_via(front, s3_server, "d9", {"f.bin": b"0123456789"}) as b:
+        front.fail_gets(status, headers={"x-amz-bucket-region": "eu-west-3"})
+        assert b.read("f.bin", 2, 6) == b"2345"
+        assert b.read("f.bin", 0, 3) == b"012"
+        assert b._direct is not None
+        assert len(direct_gets(front)) == 3
+        assert front.regions == ["us-east-1", "eu-west-3", "eu-west-3"]
+
+
+def test_another_redirect_hands_the_volume_to_s3fs(front, s3_server):
+    """A redirect that names no other region is what s3fs's own client knows
+    how to follow: that read, and every later one, goes through s3fs."""
     with backend_via(front, s3_server, "d5", {"f.bin": b"0123456789"}) as b:
         front.fail_gets(301, headers={"x-amz-bucket-region": "us-east-1"})
         assert b.read("f.bin", 2, 6) == b"2345"

@@ -25,6 +25,7 @@ class S3Front:
     def __init__(self, upstream: str):
         self.upstream = urlsplit(upstream)
         self.gets: list[tuple[str, str]] = []
+        self.regions: list[str] = []  # the region each GET was signed for ("" unsigned)
         self._faults: list[tuple[int, dict]] = []
         self._lock = threading.Lock()
         front = self
@@ -39,7 +40,8 @@ class S3Front:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 if self.command == "GET":
-                    fault = front._next_fault(self.path, self.headers.get("User-Agent", ""))
+                    fault = front._next_fault(self.path, self.headers.get("User-Agent", ""),
+                                              self.headers.get("Authorization", ""))
                     if fault is not None:
                         status, headers = fault
                         payload = (f"<Error><Code>Injected{status}</Code>"
@@ -83,9 +85,12 @@ class S3Front:
         with self._lock:
             self._faults.extend([(status, dict(headers or {}))] * times)
 
-    def _next_fault(self, path: str, agent: str):
+    def _next_fault(self, path: str, agent: str, auth: str):
+        # "AWS4-HMAC-SHA256 Credential=KEY/DATE/REGION/s3/aws4_request, ..."
+        scope = auth.partition("Credential=")[2].split(",")[0].split("/")
         with self._lock:
             self.gets.append((path, agent))
+            self.regions.append(scope[2] if len(scope) > 2 else "")
             return self._faults.pop(0) if self._faults else None
 
     def __enter__(self) -> "S3Front":

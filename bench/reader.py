@@ -10,8 +10,9 @@ Prints, measured in one run on this machine:
    the backend directly, fsspec `simplecache`, fsspec `blockcache`, and
    `Volume` with a real `blockcached`. Every reader opens each file, reads it
    whole and checks its length; plus plain local-disk reads of the same
-   files (page cache warm) as the ceiling. Before the warm epochs every
-   system's files are read into the page cache, untimed. Warm epochs are
+   files (page cache warm) as the ceiling. Before each warm epoch the
+   files that system reads are read into the page cache, untimed (what
+   each epoch still read from storage is printed). Warm epochs are
    measured twice for `Volume`: the long-lived instance of the cold epoch
    (its memory LRU and its derived per-block ciphers carry over from round
    to round), and "Volume (new proc)", a new instance each round, as a new
@@ -87,7 +88,18 @@ def run_epoch(read_one, items, threads: int) -> float:
     return len(order) / (time.perf_counter() - t0)
 
 
-def interleaved_epochs(readers: dict, items, rounds: int) -> dict[str, float]:
+def storage_read_bytes() -> int:
+    """Bytes this process has had fetched from storage (/proc/self/io
+    read_bytes: page-cache misses, not page-cache hits)."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def interleaved_epochs(readers: dict, items, rounds: int, warm: dict | None = None
+                       ) -> tuple[dict[str, float], dict[str, int]]:
     """Files/s of each reader: the median of `rounds` warm epochs, each epoch
     read whole and timed alone, the readers taking turns epoch by epoch (in
     rotating order), so that load from other processes on a shared machine
@@ -95,9 +107,20 @@ def interleaved_epochs(readers: dict, items, rounds: int) -> dict[str, float]:
     moment. Whole epochs, not file-by-file turns: reading one file through
     every reader in turn evicts each one's working set from the CPU caches
     before its next file, which slowed the cheapest readers most (local-disk
-    reads measured 14k files/s that way, 25-50k alone)."""
+    reads measured 14k files/s that way, 25-50k alone).
+
+    `warm[name]()` runs untimed before each of that reader's epochs: it puts
+    the files the reader will read into the page cache. A warm epoch must
+    read nothing from storage, and on this VM reading everything once before
+    the rounds was not enough: DAMON reclaim took pages of files read every
+    few seconds, and local-disk epochs read 2-11 KiB per file from storage
+    (a page-cache miss costing ~20-30 us of CPU per file here), which moved
+    local disk's rate 3x within one run (11.6k-34.5k files/s). Also returns
+    each reader's largest storage read per epoch (bytes), to show they were
+    warm."""
     names = list(readers)
     rates: dict[str, list[float]] = {name: [] for name in names}
+    missed = dict.fromkeys(names, 0)
     clock = time.perf_counter
     for r in range(rounds):
         order = list(items)
@@ -105,14 +128,18 @@ def interleaved_epochs(readers: dict, items, rounds: int) -> dict[str, float]:
         for k in range(len(names)):
             name = names[(r + k) % len(names)]
             read_one = readers[name]
+            if warm is not None and name in warm:
+                warm[name]()
             start = getattr(read_one, "start_round", None)
             if start is not None:  # untimed, like a Dataset built before its epoch
                 start()
+            before = storage_read_bytes()
             t0 = clock()
             for it in order:
                 read_one(it)
             rates[name].append(len(order) / (clock() - t0))
-    return {name: statistics.median(rates[name]) for name in names}
+            missed[name] = max(missed[name], storage_read_bytes() - before)
+    return {name: statistics.median(rates[name]) for name in names}, missed
 
 
 def check(rel: str, data: bytes, size: int) -> None:
@@ -208,9 +235,19 @@ def bench_epochs(args, work: str) -> dict[str, tuple[float, float]]:
                               os.path.join(work, "blockcache"), os.path.join(work, "cache1")])
         warm = {"backend": run_epoch(direct, items, args.threads)}  # no cache: as cold
         cached_readers = {k: v for k, v in readers.items() if k != "backend"}
-        warm.update(interleaved_epochs(cached_readers, items, args.rounds))
+        # and again before each epoch, the files that reader reads (see interleaved_epochs)
+        dirs = {"local-disk": src, "simplecache": os.path.join(work, "simplecache"),
+                "simplecache (new proc)": os.path.join(work, "simplecache"),
+                "blockcache": os.path.join(work, "blockcache")}
+        page_in = {name: (lambda d=dirs.get(name, os.path.join(work, "cache1")):
+                          read_into_page_cache([d]))
+                   for name in cached_readers}
+        rates, missed = interleaved_epochs(cached_readers, items, args.rounds, page_in)
+        warm.update(rates)
         for name in readers:
-            print(f"  {name:<22} warm {warm[name]:9.0f} files/s")
+            extra = (f"   (read from storage: at most {missed[name] / len(items) / KIB:.1f} "
+                     f"KiB/file in an epoch)" if name in missed else "")
+            print(f"  {name:<22} warm {warm[name]:9.0f} files/s{extra}")
         if args.parallel > 1:
             # what one fsspec cache cannot do (blockcache breaks under threads):
             # a cold epoch by many threads, under another volume name (cold keys)

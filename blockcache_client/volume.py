@@ -575,10 +575,9 @@ class Volume:
         # paths are remembered: `_stat_rel` and `_list_rel`), so a dataset
         # opening the paths it listed skips `normalize` and `_resolve`.
         if type(path) is str and self._fork_gen == _forks[0] and not self._closed:
-            hit = self._meta.get(path)  # `_fresh`, inline: a dataset opens every file
-            if (hit is not None and not hit[1].is_dir and self.meta_ttl > 0
-                    and time.monotonic() - hit[0] <= self.meta_ttl):
-                return VolumeFile(self, path, hit[1])
+            info, _ = self._fresh(self._meta, path, None)
+            if info is not None and not info.is_dir:
+                return VolumeFile(self, path, info)
         rel, info = self._resolve(path, None)  # checks the process too
         return VolumeFile(self, rel, info)
 

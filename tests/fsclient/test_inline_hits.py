@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import pytest
 
@@ -61,9 +62,21 @@ def test_fresh_mount_reads_warm_small_files_inline(tree, daemon, mounts):
     assert _read(first, want) == want
     # every block written before the pages are dropped: the mount's fill thread
     # sends its puts after the reads (under load, after the daemon looks idle),
-    # and a block written late would be in the page cache again
-    daemon.wait_stats(lambda s: s["entries"] >= len(want) and s["queue"]["entries"] == 0,
-                      timeout=20)
+    # and a block written late would be in the page cache again. The daemon's
+    # entry count alone cannot tell: the tree's bigger files' blocks count too.
+    # So: the mount has handed every fill to its socket, and then the daemon
+    # has written all it got and got no more puts for 0.2 s.
+    deadline = time.monotonic() + 20
+    while first.stats()["fill_queue_bytes"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    seen = [-1, time.monotonic()]  # puts last seen, since when
+
+    def quiet(s) -> bool:
+        if s["puts"] != seen[0]:
+            seen[:] = [s["puts"], time.monotonic()]
+        return (s["queue"]["entries"] == 0 and s["entries"] >= len(want)
+                and time.monotonic() - seen[1] >= 0.2)
+    daemon.wait_stats(quiet, timeout=20)
 
     # the cache files' pages are on disk only: served through the pool, same bytes
     assert _drop_cache_pages(daemon.cache_dirs) >= len(want)

@@ -27,6 +27,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from blockcache_client import s3direct
+
 from .datasets import MIB, Size
 from .remote import ACCESS_KEY, REGION, SECRET_KEY, Remote
 
@@ -354,8 +356,8 @@ class VolumeSystem(System):
 
 # how our readers send S3 GETs (blockcache_client/s3direct.py), as the
 # environment the suite runs in says
-_S3_GETS = ("through s3fs (BLOCKCACHE_S3_DIRECT=0)" if os.environ.get("BLOCKCACHE_S3_DIRECT") == "0"
-            else "direct (signed, urllib3; default)")
+_S3_GETS = ("direct (signed, urllib3; default)" if s3direct.switched_on()
+            else "through s3fs (BLOCKCACHE_S3_DIRECT=0)")
 
 
 def _project_version() -> str:

@@ -40,6 +40,7 @@ from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
 
 from .parts import read_parts
+from . import s3direct
 from .s3direct import Declined, DirectS3, direct_reader
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ class Backend:
         # forked child keeps the parent's botocore client, not its sockets
         if self._direct is not None:  # set up again: this is a forked child
             self._direct = self._direct.for_child()
-        elif self._versioned == "s3" and os.environ.get("BLOCKCACHE_S3_DIRECT", "1") != "0":
+        elif self._versioned == "s3" and s3direct.switched_on():
             self._direct = direct_reader(self.fs, self.timeout, self._workers)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             self._workers, thread_name_prefix="blockcache-backend")

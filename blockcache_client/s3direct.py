@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import errno
 import logging
+import os
 import threading
 import urllib.request
 from urllib.parse import quote
@@ -67,6 +68,12 @@ class _Moved(Exception):
 
 class TemporaryS3Error(OSError):
     """S3 answered a status worth retrying (throttling, 5xx)."""
+
+
+def switched_on() -> bool:
+    """False when the environment says every GET goes through s3fs
+    (`BLOCKCACHE_S3_DIRECT=0`)."""
+    return os.environ.get("BLOCKCACHE_S3_DIRECT", "1") != "0"
 
 
 def direct_reader(fs, timeout: float, pool_size: int) -> "DirectS3 | None":

@@ -35,13 +35,9 @@ def _h64(*parts: bytes) -> int:
     return int.from_bytes(h.digest(), "big")
 
 
-_FAN_PERSON = b"blockcache-fan"
-_blake2b = hashlib.blake2b
-
-
 def fanout(key: str) -> str:
     """`xx/yy` for a key: stable across hosts, versions and restarts."""
-    d = _blake2b(key.encode(), digest_size=2, person=_FAN_PERSON).hexdigest()
+    d = hashlib.blake2b(key.encode(), digest_size=2, person=b"blockcache-fan").hexdigest()
     return f"{d[:2]}/{d[2:]}"
 
 
@@ -95,9 +91,8 @@ class Layout:
     def path(self, key: str) -> str | None:
         """Absolute path of `key`'s block file, or None if its dir is unhealthy
         (an unhealthy dir's keys are misses: reading it could hang or fail)."""
-        if self._only is not None:  # `fanout`, inline: a reader builds a path per block
-            d = _blake2b(key.encode(), digest_size=2, person=_FAN_PERSON).hexdigest()
-            return f"{self._only}{d[:2]}/{d[2:]}/{key}"
+        if self._only is not None:  # one healthy dir: no placement, no health check
+            return f"{self._only}{fanout(key)}/{key}"
         i = self.dir_index(key) if len(self.dirs) > 1 else 0
         if not self.dirs[i].healthy:
             return None

@@ -158,6 +158,9 @@ def test_requests_that_need_more_than_a_plain_get_stay_with_s3fs(front, s3_serve
         assert b._direct is None
         assert b.read("f.bin", 0, 12) == b"kept by s3fs"
         assert front.gets and not direct_gets(front)
+    with backend_via(front, s3_server, "d7", {}) as plain:  # the same volume without them
+        assert plain.read("f.bin", 0, 4) == b"kept"
+        assert len(direct_gets(front)) == 1
 
 
 def test_the_direct_path_can_be_switched_off(front, s3_server, monkeypatch):
@@ -166,3 +169,7 @@ def test_the_direct_path_can_be_switched_off(front, s3_server, monkeypatch):
         assert b._direct is None
         assert b.read("f.bin", 0, 12) == b"through s3fs"
         assert front.gets and not direct_gets(front)
+    monkeypatch.setenv("BLOCKCACHE_S3_DIRECT", "1")
+    with backend_via(front, s3_server, "d8", {}) as b:  # switched on again
+        assert b.read("f.bin", 0, 7) == b"through"
+        assert len(direct_gets(front)) == 1

@@ -288,7 +288,9 @@ class _Daemon:
         return self.proc.socket_path
 
     def settle(self, timeout: float = 60.0) -> None:
-        """Until the daemon's put queue is empty and its block count holds still."""
+        """Until the daemon's put queue is empty and its block count holds still
+        (for 0.15 s: the readers have settled first, so every fill they make
+        has already been handed over; this runs after every epoch)."""
         from blockcache_client.client import Client
         c = Client(self.socket)
         try:
@@ -300,7 +302,7 @@ class _Daemon:
                 idle = s.get("queue", {}).get("entries", 0) == 0
                 still = still + 1 if idle and blocks == last else 0
                 last = blocks
-                time.sleep(0.2)
+                time.sleep(0.05)
         finally:
             c.close()
 

@@ -19,7 +19,10 @@ A failure is recorded as an error row and the suite goes on.
    time. The restarted client's epoch is the warm speed a new client is held
    to: like a new client it starts with no memory of its own, and unlike a
    new client it reads a cache it filled itself, so the two differ only by
-   whether the cache is shared.
+   whether the cache is shared. The restarted client and the new clients
+   read in turns of a few ms, so that the machine's changes of speed fall on
+   all of them alike, and the restart and new clients are repeated for
+   `shared_rounds` rounds, unless the epochs are long (remote-bound).
 
 Each row: items and bytes, wall seconds, items/s and MB/s, p50/p99 latency per
 item, CPU seconds of readers plus the system's server processes (and per GB
@@ -50,6 +53,11 @@ WORKLOADS = {
 }
 # Systems that cache nothing have no cache to share (workload 5).
 _NO_CACHE = {"s3fs", "local", "passthrough"}
+# Workload 5: files a client reads in one turn before the next client's turn
+# (a few ms warm: shorter than the CPU speed changes it evens out).
+SHARED_SLICE = 100
+# Workload 5: a round whose every epoch took this long is not repeated.
+LONG_EPOCH_S = 1.0
 
 
 @dataclass
@@ -91,34 +99,62 @@ class Runner:
 
     def _measure(self, system: System, workers: Workers, cmd: str, args: list,
                  base: dict) -> dict:
-        if base["epoch"] > 1 or base["client"] > 0:
+        """One epoch of one group of workers: `args[i]` to worker i."""
+        return self._measure_together(system, [_Run(workers, cmd, [args], base)])[0]
+
+    def _measure_together(self, system: System, runs: list["_Run"]) -> list[dict]:
+        """One epoch of each run, their slices taken in turn (run 0's first
+        slice, run 1's first, ..., then every second slice); one row per run.
+
+        Each run's figures are its own: time, latencies and remote traffic are
+        summed over its slices, hits come from its own workers' counters, and
+        the server CPU of its slices is its own. Only the server CPU of the
+        pause after the epoch (background fills landing) is split evenly."""
+        if any(r.base["epoch"] > 1 or r.base["client"] > 0 for r in runs):
             self._warm_backing_files(system)
-        remote0 = self.ctx.remote.counters()
         pids = system.server_pids()
-        srv0 = {pid: proc_cpu(pid) for pid in pids}
-        stats0 = _merge_stats(workers.run_all("stats", None)[1])
-        wall, answers = workers.run(cmd, args)
-        stats1 = _merge_stats(workers.run_all("stats", None)[1])
-        remote1 = self.ctx.remote.counters()
+        for r in runs:
+            r.stats0 = _merge_stats(r.workers.run_all("stats", None)[1])
+        for i in range(max(len(r.slices) for r in runs)):
+            for r in runs:
+                if i < len(r.slices):
+                    remote0 = self.ctx.remote.counters()
+                    srv0 = sum(proc_cpu(pid) for pid in pids)
+                    wall, answers = r.workers.run(r.cmd, r.slices[i])
+                    srv1 = sum(proc_cpu(pid) for pid in pids)
+                    remote1 = self.ctx.remote.counters()
+                    r.wall += wall
+                    r.answers += answers
+                    r.srv_cpu += srv1 - srv0
+                    r.requests += remote1["requests"] - remote0["requests"]
+                    r.bytes_down += remote1["bytes_down"] - remote0["bytes_down"]
+        for r in runs:
+            r.stats1 = _merge_stats(r.workers.run_all("stats", None)[1])
         # A pause between epochs lets background fills land, in the readers
         # and then in the daemon; the next epoch should not race them. Their
         # CPU is the epoch's: it is counted, though not in the epoch's time.
-        settled = workers.run_all("settle", None)[1]
+        srv0 = sum(proc_cpu(pid) for pid in pids)
+        for r in runs:
+            r.answers += [dict(a, lat=[], items=0, bytes=0)
+                          for a in r.workers.run_all("settle", None)[1]]
         system.settle()
-        srv_cpu = sum(proc_cpu(pid) - c for pid, c in srv0.items())
+        pause_cpu = (sum(proc_cpu(pid) for pid in pids) - srv0) / len(runs)
+        cache_bytes = disk_bytes(system.cache_dirs())
+        return [self._row(system, r, r.srv_cpu + pause_cpu, cache_bytes) for r in runs]
+
+    def _row(self, system: System, run: "_Run", srv_cpu: float, cache_bytes: int) -> dict:
+        base, wall, answers = run.base, run.wall, run.answers
         lat = sorted(x for a in answers for x in a["lat"])
         items = sum(a["items"] for a in answers)
         nbytes = sum(a["bytes"] for a in answers)
-        cpu = sum(a["cpu"] for a in answers + settled) + srv_cpu
+        cpu = sum(a["cpu"] for a in answers) + srv_cpu
         row = dict(base, system=system.name, items=items, bytes=nbytes, seconds=wall,
                    items_per_s=items / wall if wall else None,
                    mb_per_s=nbytes / wall / 1e6 if wall else None,
                    p50_ms=_pct(lat, 0.50) * 1e3, p99_ms=_pct(lat, 0.99) * 1e3,
                    cpu_s=cpu, cpu_s_per_gb=cpu / (nbytes / 1e9) if nbytes else None,
-                   remote_requests=remote1["requests"] - remote0["requests"],
-                   remote_bytes=remote1["bytes_down"] - remote0["bytes_down"],
-                   hit_ratio=_hit_ratio(stats0, stats1),
-                   cache_bytes=disk_bytes(system.cache_dirs()))
+                   remote_requests=run.requests, remote_bytes=run.bytes_down,
+                   hit_ratio=_hit_ratio(run.stats0, run.stats1), cache_bytes=cache_bytes)
         log.info("%-12s %-14s %-10s epoch %d: %7.1f items/s %8.1f MB/s p50 %.2f ms p99 %.2f ms",
                  base["workload"], base["config"], system.name, base["epoch"],
                  row["items_per_s"] or 0, row["mb_per_s"] or 0, row["p50_ms"], row["p99_ms"])
@@ -214,26 +250,66 @@ class Runner:
         files = datasets.small_files(size)[:size.shared_files]
         config = f"{size.clients} clients"
         dirs = datasets.small_dirs(size)
+        # Where clients share one cache, a new client's first epoch and the
+        # restarted client's are both short warm epochs, and this VM's CPUs
+        # change speed by up to 1.7x from one second to the next: one epoch
+        # after another would compare two draws of the machine. The clients of
+        # a round therefore read in turns of SHARED_SLICE files, and the
+        # verdict takes medians over rounds.
 
         def body():
-            part = (config, "files", lambda e: [datasets.shuffled(files, e, "shared")])
-            self._epochs(system, 1, "shared", [part], listing=dirs)
-            # Client 0 again, with only the cache to go on: its warm speed.
-            system.restart_client(0)
-            self._epochs(system, 1, "shared", [part], epochs=1, first_epoch=3, listing=dirs)
-            self.rows[-1].update(phase="warm, restarted")
-            for k in range(1, size.clients):
-                idx = system.add_client()
-                self._epochs(system, 1, "shared", [
-                    (config, "files", lambda e, k=k: [datasets.shuffled(files, 10 + k, "shared")])],
-                    epochs=1, client=idx, listing=dirs)
-                self.rows[-1].update(phase="first epoch, new client",
-                                     shares_cache=system.shares_cache)
+            self._epochs(system, 1, "shared", [(config, "files", lambda e: [
+                datasets.shuffled(files, e, "shared")])], listing=dirs)
+            for rnd in range(size.shared_rounds):
+                # Client 0 again, with only the cache to go on (its warm
+                # speed), beside new clients reading for their first time.
+                system.restart_client(0)
+                clients = [0] + [system.add_client() for _ in range(1, size.clients)]
+                runs = []
+                try:
+                    for client in clients:
+                        order = datasets.shuffled(files, 3 + 100 * rnd + client, "shared")
+                        base = {"workload": "shared", "config": config, "client": client,
+                                "round": rnd, "epoch": 3, "phase": "warm, restarted"}
+                        if client:
+                            base.update(epoch=1, phase="first epoch, new client",
+                                        shares_cache=system.shares_cache)
+                        runs.append(_Run(
+                            Workers(system.reader_spec(client), 1, timeout=self.timeout),
+                            "files", [[order[i:i + SHARED_SLICE]]
+                                      for i in range(0, len(order), SHARED_SLICE)], base))
+                        runs[-1].workers.run_all("list", dirs)
+                    rows = self._measure_together(system, runs)
+                finally:
+                    for run in runs:
+                        run.workers.close()
+                # Epochs that wait on the remote (a client with a cache of
+                # its own, or one that asks the remote about every file) are
+                # long enough for one round to measure them.
+                if min(r["seconds"] for r in rows) >= LONG_EPOCH_S:
+                    break
         self._guard("shared", config, system, body)
 
     def run(self, workload: str, system: System) -> None:
         {"small-files": self.small_files, "large-seq": self.large_seq, "random": self.random,
          "metadata": self.metadata, "shared": self.shared}[workload](system)
+
+
+@dataclass
+class _Run:
+    """One epoch of one group of workers, as `Runner._measure_together` takes
+    it: `slices[i]` holds the per-worker arguments of its i-th call."""
+    workers: Workers
+    cmd: str
+    slices: list[list]
+    base: dict
+    wall: float = 0.0
+    answers: list[dict] = field(default_factory=list)
+    srv_cpu: float = 0.0
+    requests: int = 0
+    bytes_down: int = 0
+    stats0: dict = field(default_factory=dict)
+    stats1: dict = field(default_factory=dict)
 
 
 def _pct(sorted_values: list[float], q: float) -> float:

@@ -12,14 +12,14 @@ SYSTEMS = {
 }
 
 
-def _row(system, epoch, rate, workload="small-files", config="1 reader", client=0):
+def _row(system, epoch, rate, workload="small-files", config="1 reader", client=0, **more):
     return {"workload": workload, "config": config, "system": system, "epoch": epoch,
             "phase": "cold" if epoch == 1 else "warm", "client": client, "items": 100,
             "bytes": 10**7, "seconds": 100 / rate, "items_per_s": rate,
             "mb_per_s": rate / 10, "p50_ms": 1.0, "p99_ms": 2.0, "cpu_s": 1.0,
             "cpu_s_per_gb": 100.0, "remote_requests": 100 if epoch == 1 else 0,
             "remote_bytes": 10**7 if epoch == 1 else 0, "hit_ratio": None,
-            "cache_bytes": 10**7}
+            "cache_bytes": 10**7} | more
 
 
 def _result():
@@ -30,9 +30,14 @@ def _result():
             _row("fsspec-simplecache", 1, 50), _row("fsspec-simplecache", 2, 1000),
             _row("fuse", 1, 40), _row("fuse", 2, 900), _row("rclone", 1, 45),
             _row("rclone", 2, 450), _row("fuse", 1, 40, "shared", "2 clients"),
-            _row("fuse", 2, 2000, "shared", "2 clients"),
-            dict(_row("fuse", 3, 1000, "shared", "2 clients"), phase="warm, restarted"),
-            _row("fuse", 1, 900, "shared", "2 clients", client=1)]
+            _row("fuse", 2, 2000, "shared", "2 clients")]
+    # Workload 5 in three rounds of (client 0 restarted, a new client); in
+    # round 2 the restart ran fast and the new client slow.
+    for rnd, (restarted, first) in enumerate([(1000, 900), (5000, 100), (1000, 950)]):
+        rows += [_row("fuse", 3, restarted, "shared", "2 clients", phase="warm, restarted",
+                      round=rnd),
+                 _row("fuse", 1, first, "shared", "2 clients", client=1 + rnd, round=rnd,
+                      phase="first epoch, new client")]
     return {"date": "2026-01-01 00:00 UTC", "commit": "abc", "size": "tiny",
             "machine": {"cpus": 2}, "remote": {"method": "latency proxy", "note": "n"},
             "page_cache_dropped": False, "wall_s": 1.0, "systems": systems,
@@ -46,17 +51,22 @@ def test_targets_compare_like_with_like():
     rclone = t[("warm FUSE >= 3x rclone vfs full", "1 reader")]
     assert rclone["ratio"] == 2.0 and rclone["met"] is False
     assert t[("warm FUSE >= 10x s3fs-fuse use_cache", "1 reader")]["met"] is None
-    # A new client is held to client 0's speed after a restart (from the
-    # shared cache alone), not to its epoch 2 from memory of its own.
-    shared = next(x for x in t.values() if x["workload"] == "shared")
-    assert shared["ratio"] == 0.9 and shared["met"] is True
-    assert "0.45x of client 0's epoch 2" in shared["detail"]
+    # New clients are held to client 0's speed after a restart (from the
+    # shared cache alone), not to its epoch 2 from memory of its own; medians
+    # over the rounds, so the one round that drew 5,000 against 100 does not
+    # decide it either way.
+    shared = [x for x in t.values() if x["workload"] == "shared"]
+    assert len(shared) == 1
+    assert shared[0]["ratio"] == 0.9 and shared[0]["met"] is True
+    assert "median of 3 first epochs, 100–950 files/s" in shared[0]["detail"]
+    assert "median of 3 restarts, 1,000–5,000" in shared[0]["detail"]
+    assert "0.45x of client 0's epoch 2" in shared[0]["detail"]
 
 
 def test_write_produces_json_png_and_markdown(tmp_path):
     paths = report.write(_result(), str(tmp_path), "run")
     data = json.loads(open(paths["json"]).read())
-    assert len(data["rows"]) == 12 and data["targets"]
+    assert len(data["rows"]) == 16 and data["targets"]
     for png in paths["png"].values():
         assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert set(paths["png"]) == {"small-files", "shared"}
@@ -65,6 +75,8 @@ def test_write_produces_json_png_and_markdown(tmp_path):
     assert "0.50x" in md          # simplecache warm against Volume warm
     assert "**skipped**: not installed" in md
     assert "img/run-small-files.png" in md
+    assert "| blockcache FUSE | client 2: first epoch, round 2 | 100 |" in md
+    assert "| blockcache FUSE | 3 (warm, restarted), round 3 | 1,000 |" in md
 
 
 def test_publish_replaces_only_the_generated_block(tmp_path):

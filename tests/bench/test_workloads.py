@@ -91,19 +91,58 @@ def test_read_into_page_cache_brings_dropped_pages_back(tmp_path):
         os.close(fd)
 
 
-def test_shared_rows_hold_new_clients_to_a_restarted_clients_warm_epoch(bench_ctx):
-    """Workload 5: client 0 cold, warm, then warm again after a restart (from the
-    cache alone, no remote requests); then each new client's first epoch."""
+def test_shared_rows_hold_new_clients_to_a_restarted_clients_warm_epoch(bench_ctx, monkeypatch):
+    """Workload 5: client 0 cold, warm, then in each round warm again after a
+    restart (from the cache alone, no remote requests) beside a new client's
+    first epoch; a round of long epochs is not repeated."""
+    import bench.workloads as workloads
+
     runner = Runner(bench_ctx, drop_caches=False, timeout=60)
     runner.shared(FsspecCache("simplecache"))
     assert not runner.errors, runner.errors
-    got = [(r["epoch"], r["client"], r["phase"]) for r in runner.rows]
-    assert got == [(1, 0, "cold"), (2, 0, "warm"), (3, 0, "warm, restarted"),
-                   (1, 1, "first epoch, new client")]
+    got = [(r["epoch"], r["client"], r.get("round"), r["phase"]) for r in runner.rows]
+    assert bench_ctx.size.shared_rounds == 2
+    assert got == [(1, 0, None, "cold"), (2, 0, None, "warm"),
+                   (3, 0, 0, "warm, restarted"), (1, 1, 0, "first epoch, new client"),
+                   (3, 0, 1, "warm, restarted"), (1, 2, 1, "first epoch, new client")]
     files = bench_ctx.size.shared_files
     assert runner.rows[0]["remote_requests"] >= files
     for r in runner.rows[1:]:
         assert r["items"] == files and r["remote_requests"] == 0, r
+
+    monkeypatch.setattr(workloads, "LONG_EPOCH_S", 0.0)
+    runner = Runner(bench_ctx, drop_caches=False, timeout=60)
+    runner.shared(FsspecCache("simplecache"))
+    assert not runner.errors, runner.errors
+    assert [r.get("round") for r in runner.rows] == [None, None, 0, 0]
+
+
+def test_clients_measured_together_read_in_turns(bench_ctx, monkeypatch):
+    """Workload 5's clients of a round take turns of SHARED_SLICE files, so
+    each one's epoch spans the same stretch of the machine's time."""
+    import bench.workloads as workloads
+    from bench.worker import Workers
+
+    calls = []
+    real = Workers.run
+
+    def run(self, cmd, args):
+        if cmd == "files":
+            calls.append((id(self), len(args[0])))
+        return real(self, cmd, args)
+    monkeypatch.setattr(Workers, "run", run)
+    monkeypatch.setattr(workloads, "SHARED_SLICE", 5)
+    runner = Runner(bench_ctx, drop_caches=False, timeout=60)
+    runner.shared(FsspecCache("simplecache"))
+    assert not runner.errors, runner.errors
+    files = bench_ctx.size.shared_files   # 16: turns of 5, 5, 5 and 1
+    rounds = calls[2:]                     # after client 0's epochs 1 and 2
+    first = rounds[:8]
+    assert [n for _, n in first] == [5, 5, 5, 5, 5, 5, 1, 1]
+    assert len({w for w, _ in first[0::2]}) == 1 and first[0][0] != first[1][0]
+    assert sum(n for _, n in first) == 2 * files
+    for r in runner.rows[2:]:
+        assert r["items"] == files
 
 
 def test_restart_client_remounts_over_the_same_files(bench_ctx):

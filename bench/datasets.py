@@ -45,24 +45,27 @@ class Size:
     shared_rounds: int    # workload 5: rounds of (restart client 0, add new clients)
     stat_files: int       # workload 4: files stat'ed (the first of the small set)
     readers: tuple[int, ...]   # workload 1: reader process counts
+    warm_epochs: int      # workload 1: warm epochs, while they are short (< 1 s)
 
 
 SIZES = {
     "tiny": Size("tiny", files=48, dirs=4, shards=2, shard_bytes=2 * MIB, subpackages=2,
                  modules=3, random_4k=20, random_128k=10, clients=2, shared_files=16,
-                 shared_rounds=2, stat_files=48, readers=(1, 2)),
+                 shared_rounds=2, stat_files=48, readers=(1, 2), warm_epochs=2),
     "small": Size("small", files=600, dirs=12, shards=8, shard_bytes=16 * MIB, subpackages=4,
                   modules=10, random_4k=300, random_128k=100, clients=2, shared_files=300,
-                  shared_rounds=2, stat_files=600, readers=(1, 4)),
+                  shared_rounds=2, stat_files=600, readers=(1, 4), warm_epochs=3),
     # Bounded by moto: several ms of its CPU per request make every cold
     # epoch remote-bound, so the default keeps to 1,500 small files (~190 MB)
     # and 1 GiB of shards to finish in about 15 minutes on 2 idle cores.
     "default": Size("default", files=1500, dirs=15, shards=32, shard_bytes=32 * MIB,
                     subpackages=10, modules=20, random_4k=500, random_128k=200, clients=3,
-                    shared_files=500, shared_rounds=3, stat_files=1000, readers=(1, 4)),
+                    shared_files=500, shared_rounds=3, stat_files=1000, readers=(1, 4),
+                    warm_epochs=3),
     "large": Size("large", files=12000, dirs=100, shards=64, shard_bytes=64 * MIB,
                   subpackages=20, modules=40, random_4k=4000, random_128k=1000, clients=4,
-                  shared_files=3000, shared_rounds=3, stat_files=12000, readers=(1, 4)),
+                  shared_files=3000, shared_rounds=3, stat_files=12000, readers=(1, 4),
+                  warm_epochs=3),
 }
 
 PKG_ROOT = "pkgtree"

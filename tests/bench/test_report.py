@@ -63,6 +63,20 @@ def test_targets_compare_like_with_like():
     assert "0.45x of client 0's epoch 2" in shared[0]["detail"]
 
 
+def test_warm_targets_take_the_median_of_the_warm_epochs():
+    """Workload 1 repeats short warm epochs: a target compares medians, so one
+    slow draw of ours (or of the peer's) decides nothing."""
+    result = _result()
+    result["rows"] += [_row("volume", 3, 400), _row("volume", 4, 2200),
+                       _row("fsspec-simplecache", 3, 1100), _row("fsspec-simplecache", 4, 3000)]
+    t = {(x["target"], x["config"]): x for x in report.targets(result)}
+    warm = t[("warm Volume >= 1.0x fsspec-simplecache", "1 reader")]
+    assert warm["ratio"] == 2000 / 1100 and warm["met"] is True
+    assert warm["detail"] == "median of 3 warm epochs against 3"
+    cold = t[("cold Volume >= 1.0x fsspec-simplecache", "1 reader")]
+    assert cold["ratio"] == 1.0 and cold["detail"] == ""
+
+
 def test_write_produces_json_png_and_markdown(tmp_path):
     paths = report.write(_result(), str(tmp_path), "run")
     data = json.loads(open(paths["json"]).read())

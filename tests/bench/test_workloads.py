@@ -31,6 +31,20 @@ def test_small_files_rows_show_the_cache_working(bench_ctx):
         assert rows[("local", config, 1)]["remote_requests"] == 0
     for r in runner.rows:
         assert r["bytes"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0 and r["cpu_s"] >= 0
+    # Warm epochs are repeated while short (test_long_warm_epochs_are_not_repeated).
+    assert ("fsspec-simplecache", "2 readers", 3) in rows
+    assert ("local", "2 readers", 3) in rows
+
+
+def test_long_warm_epochs_are_not_repeated(bench_ctx, monkeypatch):
+    import bench.workloads as workloads
+
+    monkeypatch.setattr(workloads, "LONG_EPOCH_S", 0.0)
+    ctx = dataclasses.replace(bench_ctx, size=dataclasses.replace(bench_ctx.size, readers=(1,)))
+    runner = Runner(ctx, drop_caches=False, timeout=60)
+    runner.small_files(LocalSystem())
+    assert not runner.errors, runner.errors
+    assert [r["epoch"] for r in runner.rows] == [1, 2]
 
 
 def test_metadata_rows_count_modules_and_stats(bench_ctx):
@@ -57,8 +71,9 @@ def test_warm_epochs_start_with_the_backing_files_in_the_page_cache(bench_ctx, m
     runner = Runner(ctx, drop_caches=False, timeout=60)
     runner.small_files(LocalSystem())
     assert not runner.errors, runner.errors
-    assert [r["epoch"] for r in runner.rows] == [1, 2]
-    assert warmed == [[bench_ctx.local_root]]  # once: before epoch 2
+    # tiny: two warm epochs, since they are short
+    assert [r["epoch"] for r in runner.rows] == [1, 2, 3]
+    assert warmed == [[bench_ctx.local_root]] * 2  # before epochs 2 and 3, not 1
     runner = Runner(ctx, drop_caches=False, warm_host_cache=False, timeout=60)
     warmed.clear()
     runner.small_files(LocalSystem())

@@ -57,7 +57,8 @@ SIZES = {
                   shared_rounds=2, stat_files=600, readers=(1, 4), warm_epochs=3),
     # Bounded by moto: several ms of its CPU per request make every cold
     # epoch remote-bound, so the default keeps to 1,500 small files (~190 MB)
-    # and 1 GiB of shards to finish in about 15 minutes on 2 idle cores.
+    # and 1 GiB of shards to finish in 15-17 minutes on 2 idle cores (moto's
+    # speed varies that much between runs).
     "default": Size("default", files=1500, dirs=15, shards=32, shard_bytes=32 * MIB,
                     subpackages=10, modules=20, random_4k=500, random_128k=200, clients=3,
                     shared_files=500, shared_rounds=3, stat_files=1000, readers=(1, 4),

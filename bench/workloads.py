@@ -47,7 +47,7 @@ from .worker import Workers
 log = logging.getLogger(__name__)
 
 WORKLOADS = {
-    "small-files": "1. small files (ImageNet-like), two shuffled epochs",
+    "small-files": "1. small files (ImageNet-like), shuffled epochs: one cold, up to 3 warm",
     "large-seq": "2. large files, sequential, two passes",
     "random": "3. random reads inside large files",
     "metadata": "4. metadata: stat every file; import a package tree",

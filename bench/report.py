@@ -257,7 +257,8 @@ def plot(result: dict, out_dir: str, stem: str) -> dict[str, str]:
             for j, s in enumerate(series):
                 xs, ys, notes = [], [], []
                 for i, name in enumerate(names):
-                    # Workload 5 has several rows per series (clients, rounds): their median.
+                    # Several rows per series (workload 1's warm epochs, workload
+                    # 5's clients and rounds): their median.
                     y = _median([r.get(key) for r in rows
                                  if r["system"] == name and _series(r) == s])
                     if y:

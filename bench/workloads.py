@@ -107,7 +107,7 @@ class Runner:
 
     def _measure_together(self, system: System, runs: list["_Run"]) -> list[dict]:
         """One epoch of each run, their slices taken in turn (run 0's first
-        slice, run 1's first, ..., then every second slice); one row per run.
+        slice, run 1's first, ..., then each run's second); one row per run.
 
         Each run's figures are its own: time, latencies and remote traffic are
         summed over its slices, hits come from its own workers' counters, and

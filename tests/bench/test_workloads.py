@@ -11,6 +11,15 @@ from bench.systems import FsspecCache, LocalSystem, PassthroughSystem, S3fsDirec
 from bench.workloads import Runner
 
 
+@pytest.fixture(autouse=True)
+def _every_epoch_short(monkeypatch):
+    """Whether a warm epoch is repeated (workload 1) or a round is (workload
+    5) depends on how long it took; here no epoch counts as long, however
+    loaded the machine, unless a test sets LONG_EPOCH_S itself."""
+    import bench.workloads as workloads
+    monkeypatch.setattr(workloads, "LONG_EPOCH_S", 3600.0)
+
+
 def test_small_files_rows_show_the_cache_working(bench_ctx):
     # Two readers only (not 1 and 2): the split over processes is what matters here.
     ctx = dataclasses.replace(bench_ctx, size=dataclasses.replace(bench_ctx.size, readers=(2,)))

@@ -51,6 +51,9 @@ Invariants:
 - Fork safe: every public call first checks the pid; a child (a DataLoader
   worker) builds fresh locks, caches, threads and connections and drops what
   it inherited, including queued fills.
+- Picklable for spawn/forkserver workers: a pickle holds the constructor's
+  arguments (the key file's path, never the key); unpickling builds a new
+  Volume, which reads the key file again.
 
 Known limit: a backend without ETags that rewrites a file in place with the
 same size within one mtime tick looks unchanged (version = mtime_ns-size).
@@ -170,6 +173,11 @@ class _Sealer:
         return blob
 
 
+def _rebuild_volume(args: tuple, storage_options: dict) -> "Volume":
+    """Unpickle a `Volume`: construct it again in this process."""
+    return Volume(*args, **storage_options)
+
+
 class Volume:
     """A named remote volume read through the host's shared, encrypted block cache.
 
@@ -185,6 +193,11 @@ class Volume:
                  fill_queue_bytes: int = 256 << 20, memory_cache_bytes: int = 64 << 20,
                  **storage_options):
         self.name = check_volume_name(name)
+        # what a pickle carries to rebuild this volume in another process: the
+        # key file's path, never the key
+        self._init_args = (name, source, key_file, socket_path, block_size, meta_ttl,
+                           fill_queue_bytes, memory_cache_bytes)
+        self._storage_options = dict(storage_options)
         if (not isinstance(block_size, int) or isinstance(block_size, bool)
                 or not blockfile.MIN_CHUNK <= block_size <= blockfile.MAX_PLAINTEXT):
             raise ConfigError(f"volume {name}: block size {block_size!r} must be an integer "
@@ -263,6 +276,13 @@ class Volume:
 
     def __enter__(self) -> "Volume":
         return self
+
+    def __reduce__(self):
+        # A spawn/forkserver worker (a DataLoader's) gets a new Volume built
+        # from the same arguments: the key is read again from its file there.
+        if self._closed:
+            raise ValueError(f"volume {self.name} is closed: a closed volume cannot be pickled")
+        return (_rebuild_volume, (self._init_args, self._storage_options))
 
     def __exit__(self, *exc: object) -> None:
         self.close()

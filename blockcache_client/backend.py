@@ -16,15 +16,19 @@ found, access denied, is/not a directory, bad arguments) are raised at once as
 the matching OSError subclass, with the volume path in the message.
 
 Paths are always relative to the volume root, '/'-separated, without a
-leading '/'. A path with a `..` or `.` component, a NUL byte, or a backslash
-cannot name anything inside the volume and is refused (EINVAL), so no input
-can reach outside the root.
+leading '/'. Only '/' separates components: any other byte a POSIX name or
+an S3 key may hold (a backslash, a newline, '#', '%') is part of a name. A
+path with a `..` or `.` component, or a NUL byte, cannot name anything inside
+the volume and is refused (EINVAL), so no input can reach outside the root;
+a listing leaves out (with a warning) an entry whose name cannot be a path
+component, and keeps the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import datetime
 import errno
 import logging
@@ -66,7 +70,10 @@ class FileInfo:
 
     `path` is relative to the volume root (no leading '/'; "" is the root).
     `version` names this exact content: the ETag when the backend has one,
-    else f"{mtime_ns}-{size}"; block keys derive from it.
+    else f"{mtime_ns}-{size}"; block keys derive from it. For a symbolic link
+    (`is_link`) size and version are its target's, what a read gets; `target`
+    is the link's own text where the backend reports it (lstat's size is its
+    length).
     """
 
     path: str
@@ -77,6 +84,7 @@ class FileInfo:
     mtime_ns: int
     version: str
     mode: int | None = None
+    target: str | None = None
 
 
 def normalize(path: str) -> str:
@@ -84,9 +92,9 @@ def normalize(path: str) -> str:
     name something outside the volume."""
     if not isinstance(path, str):
         raise TypeError(f"volume path must be a str, not {type(path).__name__}")
-    if "\0" in path or "\\" in path:
-        raise OSError(errno.EINVAL, f"path {path!r} contains a NUL byte or a backslash; "
-                                    f"volume paths are plain '/'-separated names")
+    if "\0" in path:
+        raise OSError(errno.EINVAL, f"path {path!r} contains a NUL byte, which no file "
+                                    f"name can hold")
     parts = [p for p in path.split("/") if p]
     for p in parts:
         if p in (".", ".."):
@@ -97,10 +105,9 @@ def normalize(path: str) -> str:
 
 def is_canonical_name(name: str) -> bool:
     """True if `name` is one path component `normalize` keeps exactly as it is
-    (not empty, no '/', NUL or backslash, not '.' or '..'): a listing's entries
-    that pass are remembered under paths no lookup needs to normalize."""
+    (not empty, no '/' or NUL, not '.' or '..'): only such entries are listed."""
     return (bool(name) and name != "." and name != ".." and "/" not in name
-            and "\\" not in name and "\0" not in name)
+            and "\0" not in name)
 
 
 def _mtime_ns(raw: dict) -> int:
@@ -127,6 +134,11 @@ def stat_version(mtime_ns: int, size: int) -> str:
     """The version of a file without an ETag: what its block keys derive from,
     and what a versioned local read checks the open file against."""
     return f"{mtime_ns}-{size}"
+
+
+def _link_target(raw: dict) -> str | None:
+    dest = raw.get("destination") if raw.get("islink") else None
+    return dest if isinstance(dest, str) else None
 
 
 def _etag(raw: dict) -> str | None:
@@ -234,6 +246,7 @@ class Backend:
             mtime_ns=mtime_ns,
             version=_etag(raw) or stat_version(mtime_ns, size),
             mode=(int(mode) & 0o7777) if isinstance(mode, int) else None,
+            target=_link_target(raw),
         )
 
     # -- calls -------------------------------------------------------------------
@@ -301,8 +314,7 @@ class Backend:
         raw = self._call("stat", rel, info)
         fi = self.file_info(raw)
         if fi.path != rel:  # e.g. a bucket root reported under another name
-            fi = FileInfo(rel, rel.rsplit("/", 1)[-1], fi.size, fi.is_dir, fi.is_link,
-                          fi.mtime_ns, fi.version, fi.mode)
+            fi = dataclasses.replace(fi, path=rel, name=rel.rsplit("/", 1)[-1])
         return fi
 
     def listdir(self, rel: str) -> list[FileInfo]:
@@ -314,9 +326,15 @@ class Backend:
             return self.fs.ls(full, detail=True, **tkw)
         raws = self._call("list", rel, ls)
         out = []
+        base = rel + "/" if rel else ""
         for raw in raws:
             fi = self.file_info(raw)
             if fi.path == rel or not fi.path:  # some stores list the dir itself
+                continue
+            if fi.path != base + fi.name or not is_canonical_name(fi.name):
+                # e.g. an S3 key with '//' or a '..' part: no path can name it
+                log.warning("list %s in %s: leaving out %r, which cannot be a path "
+                            "in the volume", rel or "/", self.source, raw.get("name"))
                 continue
             out.append(fi)
         if not out and rel:
@@ -437,8 +455,8 @@ class Backend:
         raw = self._call("readlink", rel, lambda **tkw: self.fs.info(full, **tkw))
         if not raw.get("islink"):
             raise OSError(errno.EINVAL, f"readlink {rel}: not a symbolic link in {self.source}")
-        dest = raw.get("destination")
-        if not isinstance(dest, str):
+        dest = _link_target(raw)
+        if dest is None:
             raise OSError(errno.EINVAL, f"readlink {rel}: {self.source} does not report "
                                         f"link targets")
         return dest

@@ -70,7 +70,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from . import blockfile, nowait, protocol
-from .backend import Backend, FileInfo, is_canonical_name, normalize
+from .backend import Backend, FileInfo, normalize
 from .blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
 from .blockmem import BlockMemory
 from .counters import Counters
@@ -397,12 +397,8 @@ class Volume:
         if len(self._dirs) >= _META_LIMIT // 64:
             self._dirs.clear()
         self._dirs[rel] = (now, infos, frozenset(info.name for info in infos))
-        base = rel + "/" if rel else ""
-        for info in infos:
-            # only canonical paths are remembered (`open` relies on it); an
-            # entry a backend names oddly could not be looked up by one anyway
-            if info.path == base + info.name and is_canonical_name(info.name):
-                self._remember(info.path, info, now)
+        for info in infos:  # canonical paths only: the backend leaves out the rest
+            self._remember(info.path, info, now)
         self._dir_misses.pop(rel, None)
         return infos
 

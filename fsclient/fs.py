@@ -408,15 +408,18 @@ class BlockcacheFS(pyfuse3.Operations):
         a.entry_timeout = ttl
         a.attr_timeout = ttl
         perm = (info.mode or 0) & 0o7777
-        if info.is_dir:
+        size = info.size or 0
+        if info.is_link:
+            # lstat of a link: its own length; the kernel follows it by readlink
+            a.st_mode = stat.S_IFLNK | 0o777
+            if info.target is not None:
+                size = len(os.fsencode(info.target))
+        elif info.is_dir:
             # st_nlink stays 1 for directories too: "subdirectory count
             # unknown", so find/fts do not skip subdirectories
             a.st_mode = stat.S_IFDIR | (perm or 0o755)
-        elif info.is_link:
-            a.st_mode = stat.S_IFLNK | 0o777
         else:
             a.st_mode = stat.S_IFREG | (perm or 0o644)
-        size = info.size or 0
         a.st_size = size
         a.st_blksize = 128 << 10
         a.st_blocks = (size + 511) // 512
@@ -432,8 +435,8 @@ class BlockcacheFS(pyfuse3.Operations):
         """`Volume.inode(path)` of a path built here from normalized parts
         (a known path and a name from the kernel or a listing): the same
         number without normalizing the path again. A name normalize would
-        refuse still goes through it, and raises as before."""
-        if "\\" in path or "\0" in path:
+        refuse (a NUL byte) still goes through it, and raises as before."""
+        if "\0" in path:
             return self.volume.inode(path)
         return inode_for_path(path)
 

@@ -208,7 +208,7 @@ def test_bad_input(local_source, key_file, tmp_path):
     with pytest.raises(ConfigError, match="block size"):
         Volume("vol", url, key_file, block_size=100)
     with Volume("vol", url, key_file, socket_path=str(tmp_path / "none.sock")) as vol:
-        for bad in ("../etc/passwd", "d/../../x", "d/./x.bin", "a\0b", "..\\x"):
+        for bad in ("../etc/passwd", "d/../../x", "d/./x.bin", "a\0b"):
             with pytest.raises(OSError) as e:
                 vol.read(bad, 0, 1)
             assert e.value.errno == errno.EINVAL

@@ -101,7 +101,7 @@ def test_open_of_listed_paths(local_source, key_file, daemon):
 
     data = random.Random(5).randbytes(BS + 3)
     local_source.write("d/f.bin", data)
-    local_source.write("d/odd\\name.bin", b"z" * 10)  # a backslash: not a volume path
+    local_source.write("d/odd\\name.bin", b"z" * 10)  # a backslash: part of the name
     with volume(local_source, key_file, daemon, meta_ttl=0.5) as vol:
         wait_connected(vol)
         names = {e.name for e in vol.listdir("d")}
@@ -110,8 +110,10 @@ def test_open_of_listed_paths(local_source, key_file, daemon):
             with vol.open(form) as f:
                 assert f.name == "d/f.bin"
                 assert f.read() == data
+        with vol.open("d/odd\\name.bin") as f:
+            assert f.read() == b"z" * 10
         with pytest.raises(OSError) as exc:
-            vol.open("d/odd\\name.bin")
+            vol.open("d/../d/f.bin")
         assert exc.value.errno == errno.EINVAL
         with pytest.raises(IsADirectoryError):
             vol.open("d")

@@ -101,7 +101,7 @@ class MountCollector(Collector):
                  stats.get("fill_queue_bytes", 0)),
                 ("blockcache_client_memory_bytes", "Bytes in the in-process memory cache",
                  stats.get("memory_bytes", 0)),
-                ("blockcache_fuse_open_files", "Open file handles", len(self.fs.handles)),
+                ("blockcache_fuse_open_files", "Open file handles", len(self.fs.open_files)),
                 ("blockcache_fuse_inodes", "Inodes the kernel holds", len(self.fs.nodes))):
             fam = GaugeMetricFamily(name, doc, labels=["volume"])
             fam.add_metric(v, value)

@@ -185,7 +185,7 @@ def run(cfg: MountConfig, readiness: Readiness) -> int:
             readiness.error(f"cannot mount {cfg.source} on {mountpoint}: {exc} (is /dev/fuse "
                             f"available, and are you root or is fusermount3 setuid?)")
             return 1
-        fs.store_pages = True  # a FUSE session exists now: notify_store has somewhere to go
+        fs.open_files.store_pages = True  # a FUSE session exists now: notify_store has somewhere to go
         try:
             return asyncio.run(_serve(fs, mountpoint, readiness))
         finally:
@@ -239,7 +239,7 @@ async def _serve(fs: Any, mountpoint: str, readiness: Readiness) -> int:
     main = asyncio.ensure_future(pyfuse3.main())
     # The mount is ready when a stat of the mount point, made by another thread,
     # is answered by this loop through the kernel: end to end, not just "mounted".
-    probe = loop.run_in_executor(fs.pool, os.stat, mountpoint)
+    probe = loop.run_in_executor(fs.pool.executor, os.stat, mountpoint)
     done, _ = await asyncio.wait({main, probe}, timeout=READY_TIMEOUT,
                                  return_when=asyncio.FIRST_COMPLETED)
     if probe in done and probe.exception() is None:

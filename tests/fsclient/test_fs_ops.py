@@ -10,10 +10,12 @@ import os
 import pyfuse3
 import pytest
 
-import fsclient.fs
+import fsclient.lookups
 from blockcache_client.volume import Volume
 from fsclient.config import build_config
-from fsclient.fs import ROOT_INODE, BlockcacheFS, errno_of
+from fsclient.errors import errno_of
+from fsclient.fs import BlockcacheFS
+from fsclient.inodes import ROOT_INODE
 
 BS = 64 << 10
 
@@ -80,14 +82,14 @@ def test_sequential_reads_buffer_blocks_and_prefetch_random_reads_do_not(fs):
         fi = await f.open(big.st_ino, os.O_RDONLY)
         for off in (30 * BS, 15 * BS, 39 * BS, 0, 20 * BS):  # random: jumps > SEQ_SLACK
             assert await f.read(fi.fh, off, 4096) == data[off:off + 4096]
-        assert f.prefetches == 0 and f.buffered_blocks == 0
+        assert f.open_files.prefetches == 0 and f.open_files.buffered_blocks == 0
         out = b"".join([await f.read(fi.fh, off, 16 << 10)
                         for off in range(0, len(data), 16 << 10)])
         assert out == data
-        assert f.prefetches > 0
-        assert 0 < f.buffered_blocks <= 2
+        assert f.open_files.prefetches > 0
+        assert 0 < f.open_files.buffered_blocks <= 2
         await f.release(fi.fh)
-        assert f.buffered_blocks == 0 and not f.handles
+        assert f.open_files.buffered_blocks == 0 and not f.open_files.handles
     run(go())
 
 
@@ -97,7 +99,7 @@ def test_small_files_are_read_whole_at_open(fs):
     async def go():
         ino = await _small_inode(f)
         fi = await f.open(ino, os.O_RDONLY)
-        h = f.handles[fi.fh]
+        h = f.open_files.handles[fi.fh]
         assert h.pending is not None  # under way before the first read
         assert await f.read(fi.fh, 10, 20) == b"s" * 20
         assert h.data == b"s" * 1000 and h.pending is None
@@ -135,7 +137,7 @@ def test_small_files_go_to_the_page_cache_only_when_that_is_safe(tmp_path, key_f
     # the kernel's side of notify_store (there is no FUSE session here)
     monkeypatch.setattr(pyfuse3, "notify_store",
                         lambda inode, off, data: stored.append((inode, off, bytes(data))))
-    f.store_pages = True
+    f.open_files.store_pages = True
     want = b"s" * 1000
 
     async def go():
@@ -160,7 +162,7 @@ def test_small_files_go_to_the_page_cache_only_when_that_is_safe(tmp_path, key_f
         fi = await f.open(ino, os.O_RDONLY)
         assert len(stored) == 1 and not fi.keep_cache and await f.read(fi.fh, 0, 4096) == want
         await f.release(fi.fh)
-        assert f.stored_opens == 1
+        assert f.open_files.stored_opens == 1
     try:
         run(go())
     finally:
@@ -179,7 +181,7 @@ def test_a_failed_store_answers_without_keep_cache_and_only_enosys_stops_storing
             raise errors.pop(0)
         stored.append(inode)
     monkeypatch.setattr(pyfuse3, "notify_store", notify_store)
-    f.store_pages = True
+    f.open_files.store_pages = True
     want = b"s" * 1000
 
     async def go():
@@ -191,9 +193,9 @@ def test_a_failed_store_answers_without_keep_cache_and_only_enosys_stops_storing
             fi = await f.open(ino, os.O_RDONLY)
             assert not fi.keep_cache and await f.read(fi.fh, 0, 4096) == want
             await f.release(fi.fh)
-            assert f.store_pages is stores_after
+            assert f.open_files.store_pages is stores_after
         fi = await f.open(ino, os.O_RDONLY)  # no more tries once off
-        assert not fi.keep_cache and stored == [] and f.stored_opens == 0
+        assert not fi.keep_cache and stored == [] and f.open_files.stored_opens == 0
         await f.release(fi.fh)
     try:
         run(go())
@@ -248,7 +250,7 @@ def test_lookups_during_a_listing_wait_for_it_instead_of_a_stat_each(tmp_path, k
     source, sock = f"latency::file://{src}", str(tmp_path / "no.sock")
     # the wait's bound is not under test: a loaded machine must not make the
     # 20 ms listing outlast it (the TTL still bounds it)
-    monkeypatch.setattr(fsclient.fs, "LISTING_WAIT", 30.0)
+    monkeypatch.setattr(fsclient.lookups, "LISTING_WAIT", 30.0)
     cfg = build_config(volume="v", source=source, mountpoint=str(tmp_path / "m"),
                        key_file=str(key_file), socket=sock, block_size=str(BS), meta_ttl=ttl)
     vol = Volume("v", source, str(key_file), socket_path=sock, block_size=BS,

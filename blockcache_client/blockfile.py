@@ -39,6 +39,9 @@ import os
 import struct
 from dataclasses import dataclass
 
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -72,25 +75,12 @@ def key_id(volume_key: bytes) -> bytes:
     return hashlib.sha256(b"blockcache key-id v1" + volume_key).digest()[:8]
 
 
-_SHA256 = hashlib.sha256
-_IPAD = bytes(b ^ 0x36 for b in range(256))  # bytes.translate tables: key XOR pad
-_OPAD = bytes(b ^ 0x5C for b in range(256))
-
-
 def hkdf_sha256(ikm: bytes, salt: bytes, info: bytes) -> bytes:
-    """HKDF-SHA256 (RFC 5869) of one 32-byte block: extract, then one expand
-    step, as two HMAC-SHA256s (RFC 2104) written out with hashlib, in one
-    function (a new process derives one per block it reads: ~2 us here;
-    tests check it equals `cryptography`'s HKDF). Not the stdlib's
-    `hmac.digest`: it goes through OpenSSL 3's HMAC object (a provider fetch
-    and a context per call), slower for HKDF's short keys and messages."""
-    if len(salt) > 64:
-        salt = _SHA256(salt).digest()
-    key = salt.ljust(64, b"\0")  # extract: PRK = HMAC(salt, ikm)
-    prk = _SHA256(key.translate(_OPAD) + _SHA256(key.translate(_IPAD) + ikm).digest()).digest()
-    key = prk.ljust(64, b"\0")  # expand: T(1) = HMAC(PRK, info || 0x01)
-    return _SHA256(key.translate(_OPAD)
-                   + _SHA256(key.translate(_IPAD) + info + b"\x01").digest()).digest()
+    """32 bytes of HKDF-SHA256 (RFC 5869), as `cryptography` computes it."""
+    return HKDF(algorithm=_SHA256, length=32, salt=salt, info=info).derive(ikm)
+
+
+_SHA256 = hashes.SHA256()
 
 
 def _check_volume_key(volume_key: bytes) -> None:

@@ -55,7 +55,7 @@ _RESERVED_OPTIONS = {"rw", "fsname", "subtype"}
 class TtlPolicy:
     """Metadata TTL per directory prefix; the longest matching prefix wins.
 
-    `prefixes` holds (prefix, ttl) with prefix normalised to "dir/" form, sorted
+    `prefixes` holds (prefix, ttl) with prefix put in "dir/" form, sorted
     longest first, so `ttl_for` is a short scan (there are few prefixes).
     """
 

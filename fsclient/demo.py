@@ -155,7 +155,7 @@ def stop_mount(proc: subprocess.Popen, mountpoint: str) -> None:
             proc.kill()
             proc.wait()
     if mp.is_mounted(mountpoint):
-        mp.unmount(mp.normalise(mountpoint), lazy=True)
+        mp.unmount(mp.absolute(mountpoint), lazy=True)
 
 
 class Demo:

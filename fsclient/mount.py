@@ -346,14 +346,14 @@ def _reap(child: subprocess.Popen, mountpoint: str | None) -> None:
         child.wait()
     try:
         if mountpoint is not None and mp.is_mounted(mountpoint):
-            mp.unmount(mp.normalise(mountpoint), lazy=True)
+            mp.unmount(mp.absolute(mountpoint), lazy=True)
     except MountError as exc:
         log.warning("%s", exc)
 
 
 def unmount(path: str, lazy: bool = False, timeout: float = 30.0) -> None:
     """`fsclient umount`: unmount, then wait until the mount point is free."""
-    path = mp.normalise(path)
+    path = mp.absolute(path)
     if not mp.is_mounted(path):
         raise MountError(f"{path} is not mounted")
     entry = mp.find_mount(path)

@@ -76,7 +76,7 @@ def mounts() -> list[MountEntry]:
 
 
 def find_mount(path: str) -> MountEntry | None:
-    """The topmost mount exactly at `path` (already normalised), or None."""
+    """The topmost mount exactly at `path` (already made `absolute`), or None."""
     found = None
     for entry in mounts():
         if entry.mountpoint == path:
@@ -84,7 +84,7 @@ def find_mount(path: str) -> MountEntry | None:
     return found
 
 
-def normalise(path: str) -> str:
+def absolute(path: str) -> str:
     """Absolute path with symlinks resolved in the parent only: the mount point
     itself may be a dead mount that cannot be stat'ed."""
     path = os.path.abspath(path)
@@ -141,12 +141,12 @@ def unmount(path: str, lazy: bool = False) -> None:
 
 
 def prepare(path: str, warn: Callable[[str], None] | None = None) -> str:
-    """Check (and if needed recover) the mount point; return its normalised path.
+    """Check (and if needed recover) the mount point; return its `absolute` path.
 
     Raises MountError for a missing path, a non-directory, or a live mount.
     `warn` receives the message about a recovered dead mount (default: the log).
     """
-    path = normalise(path)
+    path = absolute(path)
     try:
         st = probe(path)
         entry = find_mount(path)
@@ -181,4 +181,4 @@ def prepare(path: str, warn: Callable[[str], None] | None = None) -> str:
 
 
 def is_mounted(path: str) -> bool:
-    return find_mount(normalise(path)) is not None
+    return find_mount(absolute(path)) is not None

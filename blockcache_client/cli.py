@@ -1,9 +1,10 @@
-"""`blockcache-cli`: inspect and manage the local blockcached.
+"""`blockcache-cli`: inspect and manage the local blockcached; make volume keys.
 
     blockcache-cli [--socket PATH] stats [--json] [--watch [SECONDS]]
     blockcache-cli evict --key K | --inode VOL INODE | --volume VOL | --all
     blockcache-cli ls [--volume VOL] [--limit N]
     blockcache-cli ping
+    blockcache-cli keygen FILE
 
 Every failure (daemon down, refused request, bad argument) is one line on
 stderr and a non-zero exit code, never a traceback: 1 = the daemon refused or
@@ -17,17 +18,23 @@ import functools
 import json
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import click
 
 from . import protocol
 from .client import Client
 from .errors import BlockcacheError, DaemonError, DaemonUnavailable
+from .keygen import keygen_command
 from .units import format_size
 
 EXIT_REFUSED = 1
 EXIT_UNAVAILABLE = 3
+
+
+def fail(message: str, code: int = EXIT_REFUSED) -> NoReturn:
+    click.echo(f"blockcache-cli: {message}", err=True)
+    sys.exit(code)
 
 
 def fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -37,14 +44,11 @@ def fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except DaemonUnavailable as exc:
-            click.echo(f"blockcache-cli: {exc}", err=True)
-            sys.exit(EXIT_UNAVAILABLE)
+            fail(str(exc), EXIT_UNAVAILABLE)
         except DaemonError as exc:
-            click.echo(f"blockcache-cli: the daemon refused: {exc.message} [{exc.code}]", err=True)
-            sys.exit(EXIT_REFUSED)
+            fail(f"the daemon refused: {exc.message} [{exc.code}]")
         except BlockcacheError as exc:
-            click.echo(f"blockcache-cli: {exc}", err=True)
-            sys.exit(EXIT_REFUSED)
+            fail(str(exc))
     return wrapper
 
 
@@ -54,7 +58,7 @@ def fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--timeout", default=5.0, show_default=True, help="seconds to wait for the daemon")
 @click.pass_context
 def main(ctx: click.Context, socket_path: str | None, timeout: float) -> None:
-    """Inspect and manage the local block cache daemon."""
+    """Inspect and manage the local block cache daemon; make volume keys."""
     ctx.obj = {"socket": socket_path or protocol.default_socket(), "timeout": timeout}
 
 
@@ -231,6 +235,10 @@ def ls(ctx: click.Context, volume: str | None, limit: int) -> None:
         click.echo(key)
     if reply.get("truncated"):
         click.echo(f"(more than {limit}; raise --limit to see more)", err=True)
+
+
+# Needs no daemon: a key for fsspec and Volume readers on hosts without fsclient.
+main.add_command(keygen_command(fail))
 
 
 if __name__ == "__main__":

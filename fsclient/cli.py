@@ -17,12 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from blockcache_client.errors import BlockcacheError
-from blockcache_client.keyfile import generate_key_file
+from blockcache_client.keygen import keygen_command
 from blockcache_client.logsetup import FORMATS, LEVELS, setup_logging
 
 from .config import build_config, load_toml, parse_dir_ttl_flag
@@ -30,7 +30,7 @@ from .config import build_config, load_toml, parse_dir_ttl_flag
 log = logging.getLogger(__name__)
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     click.echo(f"fsclient: error: {message}", err=True)
     sys.exit(1)
 
@@ -121,15 +121,7 @@ def umount(mountpoint: str, lazy: bool) -> None:
         fail(str(exc))
 
 
-@main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
-def keygen(file: str) -> None:
-    """Write a new random volume key to FILE (mode 0400; never overwrites)."""
-    try:
-        generate_key_file(file)
-    except BlockcacheError as exc:
-        fail(str(exc))
-    click.echo(f"wrote a new volume key to {file}")
+main.add_command(keygen_command(fail))
 
 
 @main.command(context_settings={"ignore_unknown_options": False})

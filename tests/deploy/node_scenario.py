@@ -1,13 +1,14 @@
 """One simulated GPU node: the DaemonSet's pod, then the example training pod.
 
-    unshare --mount --propagation private python -m tests.deploy.node_scenario ROOT
+    unshare --mount --propagation private python -m tests.deploy.node_scenario ROOT BIN
 
 Runs inside a mount namespace of its own (the node's), so the pods' mounts
 (shared pod volumes, each container's namespace, FUSE) never reach the host
 and vanish with it. Uses `podsim` with per-container mount namespaces and
 prints one JSON object with what it observed (exit codes, outputs, logs);
 test_pods_run judges it. The one change to the manifests: the volume's S3
-source becomes a local directory (no S3 here).
+source becomes a local directory (no S3 here). BIN holds the containers'
+commands (package_install.bin_dir).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def scrape(log: Path) -> str:
         return r.read().decode()
 
 
-def run(root: Path) -> dict[str, Any]:
+def run(root: Path, bin_dir: Path) -> dict[str, Any]:
     """The scenario; every observation goes into the returned dict."""
     from blockcache_client.client import Client
 
@@ -97,8 +98,9 @@ def run(root: Path) -> dict[str, Any]:
     secrets = {key_volume["secret"]["secretName"]:
                {key_volume["secret"]["items"][0]["key"]: volume_key()}}
     node = root / "node"
-    daemon = Pod(pod_spec(ds), configmaps, {}, node, root / "daemon-pod", namespaces=True)
-    trainer = Pod(pod_spec(job), configmaps, secrets, node, root / "training-pod",
+    daemon = Pod(pod_spec(ds), configmaps, {}, node, root / "daemon-pod", bin_dir,
+                 namespaces=True)
+    trainer = Pod(pod_spec(job), configmaps, secrets, node, root / "training-pod", bin_dir,
                   namespaces=True)
     procs: dict[str, subprocess.Popen] = {}
     mountpoint = None
@@ -180,7 +182,7 @@ def sidecar_restart(pod: Pod, procs: dict[str, subprocess.Popen], root: Path) ->
 
 
 def main(argv: list[str]) -> int:
-    print(json.dumps(run(Path(argv[1]))))
+    print(json.dumps(run(Path(argv[1]), Path(argv[2]))))
     return 0
 
 

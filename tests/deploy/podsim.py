@@ -17,7 +17,8 @@ applied the way the runtime does it (pod volume dirs are shared mounts, as
 under the kubelet's rshared root; None -> private, HostToContainer ->
 rslave, Bidirectional -> shared, which the API allows only privileged).
 
-What it cannot show: images (commands come from this venv).
+What it cannot show: images (commands come from `bin_dir`, a copy of the
+package installed for all users: package_install).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.deploy.paths import BIN
 from tests.deploy.unit_runner import setpriv
 
 IMAGE_UID = 10001        # the Containerfile's USER, for containers that set no runAsUser
@@ -38,13 +38,15 @@ IMAGE_UID = 10001        # the Containerfile's USER, for containers that set no 
 @dataclass
 class Pod:
     """One pod spec, its ConfigMaps and Secrets; node paths under `node`, the
-    pod's own volumes under `root` (pods of one node share `node`)."""
+    pod's own volumes under `root` (pods of one node share `node`); the
+    images' commands in `bin_dir`."""
 
     spec: dict
     configmaps: dict[str, dict[str, str]]
     secrets: dict[str, dict[str, bytes]]
     node: Path
     root: Path
+    bin_dir: Path
     namespaces: bool = False     # per-container mount namespaces (see module doc)
     _dirs: dict[str, Path] = field(default_factory=dict)
 
@@ -110,7 +112,7 @@ class Pod:
             self.volume_dir(name, c)
 
     def env(self, c: dict) -> dict[str, str]:
-        env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+        env = {"PATH": f"{self.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
         for e in c.get("env", []):
             env[e["name"]] = self.rewrite(e["value"], c)
         for src in c.get("envFrom", []):

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy import unit_runner
-from tests.deploy.paths import BIN
+from tests.deploy.package_install import bin_dir
 from tests.deploy.unit_runner import SERVICE_GID, WAIT, DaemonService, setpriv
 from tests.deploy.units import install
 
@@ -35,7 +35,7 @@ OTHER_UID = 4242      # a user or pod that is not in the socket's group
 
 
 def cli(uid: int, groups: list[int], socket_path: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(setpriv(uid, uid, groups, [str(BIN / "blockcache-cli"), *args]),
+    return subprocess.run(setpriv(uid, uid, groups, [str(bin_dir() / "blockcache-cli"), *args]),
                           env={"PATH": os.environ["PATH"], "BLOCKCACHE_SOCKET": socket_path},
                           capture_output=True, text=True, timeout=WAIT)
 
@@ -95,7 +95,7 @@ def ping_through_read_only_bind(run_dir) -> subprocess.CompletedProcess:
               '! touch "$2/planted" && BLOCKCACHE_SOCKET="$2/blockcached.sock" "$3" ping')
     with tempfile.TemporaryDirectory() as mnt:
         return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                               script, "sh", str(run_dir), mnt, str(BIN / "blockcache-cli")],
+                               script, "sh", str(run_dir), mnt, str(bin_dir() / "blockcache-cli")],
                               capture_output=True, text=True, timeout=WAIT)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy import unit_runner
-from tests.deploy.paths import BIN
+from tests.deploy.package_install import bin_dir
 from tests.deploy.unit_runner import SERVICE_GID, WAIT, is_mounted, setpriv
 from tests.deploy.units import Installed, exec_start, install, value
 
@@ -44,7 +44,7 @@ def volume_config(inst: Installed, root: Path, socket_path: str) -> tuple[Path, 
     mnt.mkdir(parents=True)
     keys = root / "etc/blockcache/keys"
     keys.mkdir(parents=True, mode=0o700, exist_ok=True)
-    subprocess.run([str(BIN / "fsclient"), "keygen", str(keys / f"{INSTANCE}.key")],
+    subprocess.run([str(bin_dir() / "fsclient"), "keygen", str(keys / f"{INSTANCE}.key")],
                    check=True, capture_output=True, timeout=WAIT)
     text = (inst.etc / "volumes/volume.toml.example").read_text()
     lines = []

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy import unit_runner
-from tests.deploy.paths import BIN
+from tests.deploy.package_install import bin_dir
 from tests.deploy.test_daemon_as_unit import put_block
 from tests.deploy.unit_runner import WAIT
 from tests.deploy.units import install, values
@@ -107,7 +107,7 @@ def test_daemon_makes_only_calls_its_unit_allows():
             # The Prometheus endpoint's thread and its AF_INET socket count too.
             with urllib.request.urlopen(daemon.metrics_url(), timeout=WAIT) as r:
                 assert b"blockcache_up 1" in r.read()
-            ping = subprocess.run([str(BIN / "blockcache-cli"), "ping"], capture_output=True,
+            ping = subprocess.run([str(bin_dir() / "blockcache-cli"), "ping"], capture_output=True,
                                   env={"BLOCKCACHE_SOCKET": daemon.socket_path}, timeout=WAIT)
             assert ping.returncode == 0, ping.stderr
             put_block(daemon.socket_path)
@@ -117,7 +117,7 @@ def test_daemon_makes_only_calls_its_unit_allows():
             assert daemon.proc.wait(timeout=WAIT) == 0, daemon.log()
         finally:
             daemon.stop()
-        used = calls_after_exec(trace, pid, str(BIN / "blockcached"))
+        used = calls_after_exec(trace, pid, str(bin_dir() / "blockcached"))
         denied = sorted(set(used) - allowed_by(values(unit, "SystemCallFilter")))
         assert not denied, f"blockcached.service's SystemCallFilter= denies {denied} (EPERM)"
         assert {"flock", "fchmod", "rename", "fsync"} & set(used), "the trace looks empty"
@@ -174,7 +174,7 @@ def test_fsclient_makes_no_call_its_unit_denies():
             if mnt and unit_runner.is_mounted(mnt):
                 subprocess.run(["fusermount3", "-uz", str(mnt)], timeout=WAIT)
             daemon.stop()
-        used = calls_after_exec(trace, None, str(BIN / "fsclient"))
+        used = calls_after_exec(trace, None, str(bin_dir() / "fsclient"))
         assert {"mount", "read"} <= set(used), "the trace looks empty"
         hit = sorted(set(used) & denied)
         assert not hit, f"fsclient@.service's SystemCallFilter= denies {hit} (EPERM)"

@@ -15,7 +15,8 @@ import tomllib
 
 import pytest
 
-from tests.deploy.paths import BIN, SYSTEMD
+from tests.deploy.package_install import bin_dir
+from tests.deploy.paths import SYSTEMD
 from tests.deploy.units import exec_start, install, parse_unit, value, values
 
 ANALYZE = shutil.which("systemd-analyze")
@@ -51,8 +52,8 @@ def test_install_puts_units_configs_and_user_in_place(installed):
         assert installed.unit(unit).is_file()
         assert stat.S_IMODE(installed.unit(unit).stat().st_mode) == 0o644
     # ExecStart= names the binaries where BINDIR says they are.
-    assert exec_start(installed.unit("blockcached.service"))[0] == str(BIN / "blockcached")
-    assert exec_start(installed.unit("fsclient@.service"))[0] == str(BIN / "fsclient")
+    for unit, script in (("blockcached.service", "blockcached"), ("fsclient@.service", "fsclient")):
+        assert exec_start(installed.unit(unit))[0] == str(bin_dir() / script)
     etc = installed.etc
     assert (etc / "blockcached.toml").read_text() == (SYSTEMD / "blockcached.toml.example").read_text()
     assert (etc / "blockcached.toml.example").is_file()

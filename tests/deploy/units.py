@@ -1,8 +1,9 @@
 """Install the systemd units into a staging root and read them back.
 
 `install` runs the real `make install-systemd` with DESTDIR, pointing BINDIR
-at the venv that runs the tests, so ExecStart= names binaries that exist
-(systemd-analyze verify insists) and the daemon test can run ExecStart as is.
+at a copy of the package that any user can run (package_install), so
+ExecStart= names binaries that exist (systemd-analyze verify insists) and the
+unit tests can run ExecStart= as the units' users.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.deploy.paths import BIN, REPO
+from tests.deploy.package_install import bin_dir
+from tests.deploy.paths import REPO
 
 UNITDIR = "usr/local/lib/systemd/system"
 ETC = "etc/blockcache"
@@ -47,8 +49,8 @@ def install(root: Path) -> Installed:
     env = {k: v for k, v in os.environ.items()
            if k not in ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL")}
     subprocess.run(["make", "-s", "-C", str(REPO), "install-systemd", f"DESTDIR={root}",
-                    f"BINDIR={BIN}", "PREFIX=/usr/local", "SYSCONFDIR=/etc", f"UNITDIR=/{UNITDIR}",
-                    "DOCDIR=/usr/local/share/doc/blockcache"],
+                    f"BINDIR={bin_dir()}", "PREFIX=/usr/local", "SYSCONFDIR=/etc",
+                    f"UNITDIR=/{UNITDIR}", "DOCDIR=/usr/local/share/doc/blockcache"],
                    check=True, capture_output=True, text=True, timeout=60, env=env)
     return Installed(root)
 

@@ -172,5 +172,13 @@ class FillQueue:
                 n += 1
         return n
 
+    def cancel_key(self, key: str) -> bool:
+        """Mark one queued key as evicted (O(1): a reader's evict-by-key)."""
+        p = self.pending.get(key)
+        if p is None or p.cancelled:
+            return False
+        p.cancelled = True
+        return True
+
     def __len__(self) -> int:
         return len(self.pending)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from blockcache_client import blockfile, protocol
@@ -19,6 +18,7 @@ from blockcache_client.keys import BlockKey, check_inode, check_volume_name
 from blockcache_client.metrics import Histogram
 from blockcache_client.protocol import ErrorCode, arg, key_list
 
+from .access import Access, Peer
 from .cache import Cache
 from .config import Config
 
@@ -27,22 +27,13 @@ log = logging.getLogger(__name__)
 MAX_LIST = 100_000  # keys in one list reply (keeps it well under MAX_FRAME)
 
 
-@dataclass(frozen=True, slots=True)
-class Peer:
-    """Who is on the other end of a connection (from SO_PEERCRED)."""
-
-    pid: int
-    uid: int
-    gid: int
-    groups: tuple[int, ...] = ()
-
-
 class Service:
     """Dispatches requests to the cache and counts outcomes."""
 
     def __init__(self, cfg: Config, cache: Cache):
         self.cfg = cfg
         self.cache = cache
+        self.access = Access(cfg)
         self.errors: dict[str, int] = {}
         self.requests: dict[str, int] = {}
         self.connections = 0
@@ -122,7 +113,8 @@ class Service:
         data = body.get("data")
         if not isinstance(data, memoryview):  # a big block arrives as a view of its frame
             data = arg(body, "data", bytes)
-        BlockKey.parse(key)
+        vol = BlockKey.parse(key).vol
+        self.access.require_volume(peer, vol, f"put of {key}")
         header = blockfile.BlockHeader.parse(data)
         header.check_file_size(len(data))
         accepted, reason = self.cache.put(key, data)
@@ -143,16 +135,17 @@ class Service:
                                 "evict takes exactly one of: key, volume (with an optional "
                                 "inode), all=true")
         if key is not None:
-            BlockKey.parse(key)
+            self.access.require_volume(peer, BlockKey.parse(key).vol, f"evicting {key}")
             return {"evicted": self.cache.evict_key(key)}
         if volume is not None:
             check_volume_name(volume)
             if inode is not None:
                 check_inode(inode)
+                self.access.require_volume(peer, volume, f"evicting inode {inode} of {volume!r}")
                 return {"evicted": self.cache.evict_prefix(volume, inode)}
-            self._require_admin(peer, f"evicting volume {volume!r}")
+            self.access.require_admin(peer, f"evicting volume {volume!r}")
             return {"evicted": self.cache.evict_prefix(volume)}
-        self._require_admin(peer, "evicting everything")
+        self.access.require_admin(peer, "evicting everything")
         return {"evicted": self.cache.evict_prefix(None)}
 
     def list(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -162,6 +155,9 @@ class Service:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"'limit' must be in 0..{MAX_LIST}")
         if volume is not None:
             check_volume_name(volume)
+            self.access.require_volume(peer, volume, f"listing volume {volume!r}")
+        elif self.access.configured:
+            self.access.require_admin(peer, "listing every volume's keys")
         keys, truncated = self.cache.list_keys(volume, limit)
         return {"keys": keys, "truncated": truncated}
 
@@ -174,16 +170,6 @@ class Service:
         s["bad_requests"] = sum(self.errors.values())
         s["uptime"] = round(time.time() - self.started, 3)
         return s
-
-    def _require_admin(self, peer: Peer, what: str) -> None:
-        if peer.uid == 0:
-            return
-        admin = self.cfg.admin_gids
-        if peer.gid in admin or any(g in admin for g in peer.groups):
-            return
-        raise ProtocolError(ErrorCode.PERMISSION_DENIED,
-                            f"{what} needs an admin peer (root or a group in --admin-gid); "
-                            f"uid {peer.uid} gid {peer.gid} is not one")
 
 
 def _parsed(keys: list[str], known: Callable[[str], bool]) -> list[str]:

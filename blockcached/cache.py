@@ -37,9 +37,6 @@ REBUILD_CHUNK = 5_000
 IO_BATCH = 2_000              # unlinks / mtime updates per worker job
 # processes for the start-up scan of a big dir (it is CPU-bound Python)
 SCAN_PROCESSES = max(1, min(4, os.cpu_count() or 1))
-# Volumes with reader counters (touches/puts per volume); keys of further
-# volumes still work, they are only not counted per volume.
-MAX_COUNTED_VOLUMES = 4096
 # single-key evictions remembered while a rebuild runs (~100 B each)
 MAX_REBUILD_EVICTIONS = 200_000
 
@@ -57,7 +54,7 @@ class Cache:
         self.health = Health(self.paths)
         self.caps = [DirCapacity(d.size, cfg.high_watermark, cfg.low_watermark,
                                  cfg.min_free_bytes, cfg.min_free_inodes) for d in cfg.cache_dirs]
-        self.fill = FillQueue(cfg.fill_queue_bytes)
+        self.fill = FillQueue(cfg.fill_queue_bytes, cfg.fill_queue_share)
         self.workers = [DirWorker(str(i), loop) for i in range(n)]
         self.layout = self._make_layout()
         # rebuild state per dir: True while its scan runs (puts to it are refused,
@@ -211,9 +208,32 @@ class Cache:
 
     def _volume_counter(self, vol: str) -> list[int] | None:
         c = self.volume_counters.get(vol)
-        if c is None and len(self.volume_counters) < MAX_COUNTED_VOLUMES:
-            c = self.volume_counters[vol] = [0, 0, 0, 0]
+        if c is None:
+            if len(self.volume_counters) >= self.cfg.max_volumes:
+                self._forget_gone_volumes()
+            if len(self.volume_counters) < self.cfg.max_volumes:
+                c = self.volume_counters[vol] = [0, 0, 0, 0]
         return c
+
+    def _volume_known(self, vol: str) -> bool:
+        """Whether a put may bring volume `vol` in: it is cached or counted
+        already, or fewer than `max_volumes` are counted (the counter of a
+        volume no longer cached gives way). Per-volume state (counters,
+        stats, metric labels) is thus bounded whatever names clients choose."""
+        counted = self.volume_counters
+        if vol in counted or vol in self.index.volumes:
+            return True
+        if len(counted) >= self.cfg.max_volumes:
+            self._forget_gone_volumes()
+        return len(counted) < self.cfg.max_volumes
+
+    def _forget_gone_volumes(self) -> None:
+        """Drop the counters of volumes no longer cached nor being written,
+        to make room (only when at `max_volumes`: the queue is scanned)."""
+        live = self.index.volumes.keys() | {k[:k.index("_")] for k in self.fill.pending}
+        gone = [v for v in self.volume_counters if v not in live]
+        for v in gone:
+            del self.volume_counters[v]
 
     def _note_utime(self, i: int, key: str, now: int) -> None:
         pending = self._utimes[i]
@@ -227,17 +247,21 @@ class Cache:
         for w in self.workers:
             w.drain()
 
-    def put(self, key: str, data: bytes | memoryview) -> tuple[bool, str]:
-        """Admit a validated block for background writing; (accepted, reason)."""
+    def put(self, key: str, data: bytes | memoryview,
+            owner: int | None = None) -> tuple[bool, str]:
+        """Admit a validated block for background writing; (accepted, reason).
+        `owner` (the peer's uid) is held to its share of the fill queue."""
         size = len(data)
         self.counters["puts"] += 1
         self.counters["put_bytes"] += size
-        c = self._volume_counter(key[:key.index("_")])
-        if c is not None:
-            c[2] += 1
-            c[3] += size
-        reason = self._admit(key, size)
+        reason = self._admit(key, size, owner)
         self.put_reasons[reason] = self.put_reasons.get(reason, 0) + 1
+        if reason != "too_many_volumes":
+            # counted after admission: a refused new volume name leaves no state
+            c = self._volume_counter(key[:key.index("_")])
+            if c is not None:
+                c[2] += 1
+                c[3] += size
         if reason != "queued":
             return False, reason
         i = self.layout.dir_index(key)
@@ -246,7 +270,7 @@ class Cache:
                                done=partial(self._written, i, key, size), lazy=True)
         return True, reason
 
-    def _admit(self, key: str, size: int) -> str:
+    def _admit(self, key: str, size: int, owner: int | None) -> str:
         i = self.layout.dir_index(key)
         if not self.health.healthy[i]:
             return "unhealthy"
@@ -258,7 +282,9 @@ class Cache:
             return "exists"
         if size > self.caps[i].capacity:
             return "too_large"
-        reason = self.fill.offer(key, size)
+        if not self._volume_known(key[:key.index("_")]):
+            return "too_many_volumes"
+        reason = self.fill.offer(key, size, owner)
         if reason is not None:
             return reason
         if not self._make_room(i, size):
@@ -390,9 +416,12 @@ class Cache:
             self._unlink(i, keys)
         return len(removed)
 
-    def list_keys(self, volume: str | None, limit: int) -> tuple[list[str], bool]:
+    def list_keys(self, volume: str | None, limit: int,
+                  after: str | None = None) -> tuple[list[str], bool]:
+        """Up to `limit` keys in order (of one volume or all), after `after`;
+        and whether more follow."""
         prefix = None if volume is None else key_prefix(volume)
-        keys = list(self.index.range(prefix, limit + 1))
+        keys = list(self.index.range(prefix, limit + 1, after))
         return keys[:limit], len(keys) > limit
 
     # -- upkeep ------------------------------------------------------------
@@ -488,6 +517,7 @@ class Cache:
             "capacity_bytes": sum(cap.capacity for cap in self.caps),
             **c,
             "drops": self.fill.drops,
+            "over_share": self.fill.over_share,
             "put_results": dict(self.put_reasons),
             "queue": {"entries": len(self.fill), "bytes": self.fill.queued_bytes,
                       "limit_bytes": self.fill.limit},

@@ -24,7 +24,38 @@ from .config import Config
 
 log = logging.getLogger(__name__)
 
-MAX_LIST = 100_000  # keys in one list reply (keeps it well under MAX_FRAME)
+MAX_LIST = protocol.LIST_PAGE  # keys in one list reply: `after` asks for the next page
+REFUSAL_LOG_EVERY = 60.0  # seconds between log lines per (refusal kind, uid)
+# why a peer over its share was refused, and what the log line tells the operator
+_REFUSALS = {
+    "connections": "has max_connections_per_uid connections open",
+    "reply_bytes": "has max_reply_bytes_per_uid bytes of replies unread",
+    "over_share": "holds its fill_queue_share of the fill queue",
+    "too_many_volumes": "put a block of a new volume while max_volumes are cached",
+}
+
+
+class Refusals:
+    """Requests refused because their peer was over its share: counted per
+    kind (stats `refused`) and logged at most once a minute per kind and
+    uid, so a flood cannot flood the log too."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self._logged: dict[tuple[str, int], float] = {}
+
+    def note(self, kind: str, peer: Peer, detail: str = "") -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        now = time.monotonic()
+        last = self._logged.get((kind, peer.uid))
+        if last is not None and now - last < REFUSAL_LOG_EVERY:
+            return
+        if len(self._logged) > 4096:
+            self._logged.clear()
+        self._logged[(kind, peer.uid)] = now
+        log.warning("refused uid %d (pid %d), which %s%s (%d such refusals so far)",
+                    peer.uid, peer.pid, _REFUSALS[kind], f": {detail}" if detail else "",
+                    self.counts[kind])
 
 
 class Service:
@@ -34,6 +65,7 @@ class Service:
         self.cfg = cfg
         self.cache = cache
         self.access = Access(cfg)
+        self.refusals = Refusals()
         self.errors: dict[str, int] = {}
         self.requests: dict[str, int] = {}
         self.connections = 0
@@ -117,7 +149,9 @@ class Service:
         self.access.require_volume(peer, vol, f"put of {key}")
         header = blockfile.BlockHeader.parse(data)
         header.check_file_size(len(data))
-        accepted, reason = self.cache.put(key, data)
+        accepted, reason = self.cache.put(key, data, peer.uid)
+        if reason in _REFUSALS:
+            self.refusals.note(reason, peer, key)
         return {"accepted": accepted, "reason": reason}
 
     def touch(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -151,14 +185,19 @@ class Service:
     def list(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         volume = arg(body, "volume", (str, type(None)), required=False)
         limit = arg(body, "limit", int, required=False, default=1000)
+        after = arg(body, "after", (str, type(None)), required=False)
         if not 0 <= limit <= MAX_LIST:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"'limit' must be in 0..{MAX_LIST}")
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                f"'limit' must be in 0..{MAX_LIST}; ask for further pages "
+                                f"with 'after' = the last key of the previous one")
+        if after is not None:
+            BlockKey.parse(after)
         if volume is not None:
             check_volume_name(volume)
             self.access.require_volume(peer, volume, f"listing volume {volume!r}")
         elif self.access.configured:
             self.access.require_admin(peer, "listing every volume's keys")
-        keys, truncated = self.cache.list_keys(volume, limit)
+        keys, truncated = self.cache.list_keys(volume, limit, after)
         return {"keys": keys, "truncated": truncated}
 
     def stats(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -168,6 +207,7 @@ class Service:
         s["requests"] = dict(self.requests)
         s["errors"] = dict(self.errors)
         s["bad_requests"] = sum(self.errors.values())
+        s["refused"] = dict(self.refusals.counts)
         s["uptime"] = round(time.time() - self.started, 3)
         return s
 

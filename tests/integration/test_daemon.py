@@ -212,7 +212,7 @@ def test_kill_during_puts_leaves_no_partial_block(daemon):
     daemon.start()
     daemon.wait_rebuilt()
     c = daemon.client()
-    listed = c.list(limit=100_000)["keys"]
+    listed = c.list_all()
     assert listed, "some writes completed before the kill"
     for k, path in zip(listed, c.lookup(listed)):
         with open(path, "rb") as f:

@@ -20,9 +20,7 @@ from tests.operations.conftest import (BLOCK, VOLUME, blocks_of, run_cli, warmup
 
 
 def volume_keys(daemon) -> set[str]:
-    reply = daemon.client().list(VOLUME, 100_000)
-    assert not reply["truncated"]
-    return set(reply["keys"])
+    return set(daemon.client().list_all(VOLUME))
 
 
 def check_report(out: str) -> tuple[dict[str, tuple[float, str]], float]:

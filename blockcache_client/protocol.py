@@ -18,7 +18,8 @@ connection is closed (its framing can no longer be trusted).
 Operations (arguments -> result), protocol version 1:
 
     hello   version:int, client:str        -> version, layout (see `layout`),
-                                              layout_epoch, max_frame, max_batch
+                                              layout_epoch, max_frame, max_batch,
+                                              key_format (keys.KEY_FORMAT)
     ping    -                              -> time:float, layout_epoch
     lookup  keys:[str]                     -> paths:[str|None] (absolute path of
                                               each key's block file, None = miss)

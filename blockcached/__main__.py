@@ -2,6 +2,9 @@
 
     blockcached [--config FILE.toml] [--socket PATH] [--cache-dir DIR[:SIZE]]...
                 [--socket-mode 0660] [--socket-group NAME|GID] [--admin-gid GID]...
+                [--admin-uid UID]... [--volume-access VOL=uid:U,gid:G]...
+                [--unlisted-volumes open|admin] [--max-connections-per-uid 1024]
+                [--max-reply-bytes-per-uid 64M] [--fill-queue-share 0.5] [--max-volumes 4096]
                 [--high-watermark 0.95] [--low-watermark 0.70] [--min-free-bytes 1G]
                 [--min-free-inodes N] [--max-entries N] [--fill-queue-bytes 256M]
                 [--io-timeout SECONDS] [--log-level info] [--log-format text|json]

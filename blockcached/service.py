@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from blockcache_client import blockfile, protocol
 from blockcache_client.errors import FormatError, InvalidKey, ProtocolError
-from blockcache_client.keys import BlockKey, check_inode, check_volume_name
+from blockcache_client.keys import KEY_FORMAT, BlockKey, check_inode, check_volume_name
 from blockcache_client.metrics import Histogram
 from blockcache_client.protocol import ErrorCode, arg, key_list
 
@@ -131,7 +131,7 @@ class Service:
                                 f"speaks version {protocol.PROTOCOL_VERSION}: upgrade the older side")
         return {"version": protocol.PROTOCOL_VERSION, "layout": self.cache.layout.to_wire(),
                 "layout_epoch": self.cache.epoch, "max_frame": protocol.MAX_FRAME,
-                "max_batch": protocol.MAX_BATCH}
+                "max_batch": protocol.MAX_BATCH, "key_format": KEY_FORMAT}
 
     def ping(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         return {"time": time.time(), "layout_epoch": self.cache.epoch}

@@ -1,7 +1,7 @@
 """The read-only FUSE file system over one `Volume` (pyfuse3, asyncio mode).
 
 Design
-- Inode numbers are `Volume.inode(path)`: stable hashes of the path, the same
+- Inode numbers are `Volume.inode(path)`: stable keyed hashes of the path, the same
   numbers the reader puts in block keys, on every host and every restart. The
   inode table (`nodes`) maps them back to paths for the inodes the kernel
   knows: an entry is added by a successful lookup or readdirplus entry and
@@ -54,7 +54,6 @@ from typing import Any, Callable
 import pyfuse3
 import pyfuse3.asyncio
 
-from blockcache_client.keys import inode_for_path
 
 from . import fuseloop
 from .config import MountConfig
@@ -435,7 +434,7 @@ class BlockcacheFS(pyfuse3.Operations):
         refuse still goes through it, and raises as before."""
         if "\\" in path or "\0" in path:
             return self.volume.inode(path)
-        return inode_for_path(path)
+        return self.volume.names.inode(path)
 
     def _remember(self, path: str, size: int, inode: int | None = None) -> int | None:
         """Inode of `path` (or `inode`, already computed), with its kernel

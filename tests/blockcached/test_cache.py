@@ -251,6 +251,8 @@ def test_rebuild_restores_entries_order_and_cleans(tmp_path, engines):
         os.path.join(d0, "tmp", "123.4"),                                   # interrupted write
         os.path.join(d0, "blocks", "00", "00", "not-a-key"),                # malformed name
         os.path.join(d0, "blocks", "00", "00", key(inode=555)),             # wrong fan-out
+        # key format 1 (unkeyed ids, 16-digit extent) at its own fan-out path
+        os.path.join(d0, layout.block_relpath("v_1_0000000000001234_0000000000000000")),
     ]
     # a key that belongs to the other dir, placed where dir 0 would keep it
     other = next(k for k in (key(inode=1000 + i) for i in range(100))

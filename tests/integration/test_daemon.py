@@ -83,8 +83,8 @@ def test_evict_scopes_and_list(daemon):
 
 def test_bad_requests_get_errors_and_connection_survives(daemon):
     c = daemon.client()
-    for bad in ("../../etc/passwd", "vol_1_00000000000000ab_0000000000000000/x",
-                "vol_01_0000000000000000_0000000000000000", "Vol_1_0000000000000000_0000000000000000"):
+    for bad in ("../../etc/passwd", "vol_1_000000000000000000000000000000ab_0000000000000000/x",
+                "vol_01_00000000000000000000000000000000_0000000000000000", "Vol_1_00000000000000000000000000000000_0000000000000000"):
         with pytest.raises(DaemonError) as err:
             c.lookup([bad])
         assert err.value.code == ErrorCode.INVALID_KEY

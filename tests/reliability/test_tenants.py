@@ -129,3 +129,41 @@ def test_admin_rule_is_configurable(tmp_path, shared_dir):
             "evict all": "ok 4", "evict volume": "ok 0"}
     finally:
         d.stop()
+
+
+def test_two_tenants_one_volume_name_different_keys(tmp_path, key_file):
+    """Two tenants both call their volume "data", each with its own key:
+    their block names differ (derived from the key), so neither sees the
+    other's blocks as its own: each other's blocks are misses, never
+    integrity failures, and nobody evicts anybody. Before key format 2 they
+    evicted each other's blocks on every read."""
+    from blockcache_client.keyfile import generate_key_file
+    from tests.reliability.conftest import connected_volume, write_dataset
+    other_key = str(tmp_path / "other.key")
+    generate_key_file(other_key)
+    files = write_dataset(str(tmp_path / "src"), [3 * 65536 + 5, 65536], seed=11)
+    d = DaemonProcess(tmp_path).start()
+    try:
+        a = connected_volume("data", str(tmp_path / "src"), key_file, d)
+        b = connected_volume("data", str(tmp_path / "src"), other_key, d)
+        try:
+            for _ in range(3):  # each reads everything, in turns
+                for v in (a, b):
+                    for rel, data in files.items():
+                        assert v.read(rel, 0, len(data)) == data
+                    assert v.wait_fills(10)
+                d.wait_idle()
+            sa, sb = a.stats(), b.stats()
+            blocks = 5
+            for s in (sa, sb):
+                assert s["integrity_failures"] == 0, s
+                assert s["misses"] == blocks and s["hits"] == 2 * blocks, s
+            s = d.client().stats()
+            assert s["entries"] == 2 * blocks and s["requests"].get("evict", 0) == 0
+            record("two_tenants_one_name", blocks_each=blocks, rounds=3,
+                   integrity_failures=0, evictions=0, hits_each=sa["hits"])
+        finally:
+            a.close()
+            b.close()
+    finally:
+        d.stop()

@@ -465,12 +465,14 @@ def test_failing_dir_is_taken_out_then_returned(daemon):
 
 
 def test_client_that_never_reads_replies_stalls_only_itself(daemon):
+    per_frame = 2900
     c = daemon.client()
     key = make_key()
     c.put(key, make_block(key))
     daemon.wait_idle()
-    # each reply carries 4096 paths (~0.5 MB): a few fill every buffer on the way
-    frame = protocol.encode_frame({"id": 1, "op": "lookup", "keys": [key] * 4096})
+    # each reply carries 2900 paths (~0.4 MB): a few fill every buffer on the
+    # way; the request is ~170 KB, so several fit in the ~0.9 MB buffered
+    frame = protocol.encode_frame({"id": 1, "op": "lookup", "keys": [key] * per_frame})
     hog = _raw(daemon.socket_path)
     hog.setblocking(False)
     sent = 0
@@ -495,7 +497,7 @@ def test_client_that_never_reads_replies_stalls_only_itself(daemon):
     finally:
         hog.close()
     assert sent > 4 * len(frame)
-    assert hits < sent // len(frame) * 4096  # the daemon stopped reading the hog
+    assert hits < sent // len(frame) * per_frame  # the daemon stopped reading the hog
     # only wait_stats' own connection is left: the hog's was noticed closed
     daemon.wait_stats(lambda s: s["connections"] == 1)
 

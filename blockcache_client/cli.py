@@ -224,17 +224,18 @@ def evict(ctx: click.Context, key: str | None, inode: tuple[str, int] | None,
 
 @main.command("ls")
 @click.option("--volume", metavar="VOL", help="only this volume's blocks")
-@click.option("--limit", default=1000, show_default=True, type=click.IntRange(0, 100_000))
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(0),
+              help="most keys shown (fetched a page at a time); 0 = all")
 @click.pass_context
 @fail_cleanly
 def ls(ctx: click.Context, volume: str | None, limit: int) -> None:
     """List cached block keys, sorted."""
     with client_of(ctx) as c:
-        reply = c.list(volume, limit)
-    for key in reply["keys"]:
+        keys = c.list_all(volume, (limit + 1) if limit else None)
+    for key in keys[:limit or None]:
         click.echo(key)
-    if reply.get("truncated"):
-        click.echo(f"(more than {limit}; raise --limit to see more)", err=True)
+    if limit and len(keys) > limit:
+        click.echo(f"(more than {limit}; raise --limit to see more, 0 for all)", err=True)
 
 
 # Needs no daemon: a key for fsspec and Volume readers on hosts without fsclient.

@@ -88,9 +88,28 @@ class _Ops:
             args = {"all": True}
         return self._call("evict", args, "evicted")
 
-    def list(self, volume: str | None = None, limit: int = 1000):
-        """Cached keys (sorted), of one volume or all; the reply map."""
-        return self._call("list", {"volume": volume, "limit": int(limit)})
+    def list(self, volume: str | None = None, limit: int = 1000, after: str | None = None):
+        """One page of cached keys (sorted), of one volume or all, after the
+        key `after`; the reply map (`truncated`: more follow)."""
+        args: dict[str, Any] = {"volume": volume, "limit": int(limit)}
+        if after is not None:
+            args["after"] = after
+        return self._call("list", args)
+
+    def list_all(self, volume: str | None = None, limit: int | None = None,
+                 page: int = protocol.LIST_PAGE) -> list[str]:
+        """Every cached key (of one volume or all), or the first `limit`,
+        fetched a page at a time."""
+        keys: list[str] = []
+        after = None
+        while limit is None or len(keys) < limit:
+            want = page if limit is None else min(page, limit - len(keys))
+            reply = self.list(volume, want, after)
+            keys += reply["keys"]
+            if not reply["truncated"] or not reply["keys"]:
+                break
+            after = reply["keys"][-1]
+        return keys
 
     def stats(self):
         return self._call("stats", {})

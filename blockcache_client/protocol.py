@@ -18,7 +18,8 @@ connection is closed (its framing can no longer be trusted).
 Operations (arguments -> result), protocol version 1:
 
     hello   version:int, client:str        -> version, layout (see `layout`),
-                                              layout_epoch, max_frame, max_batch
+                                              layout_epoch, max_frame, max_batch,
+                                              key_format (keys.KEY_FORMAT)
     ping    -                              -> time:float, layout_epoch
     lookup  keys:[str]                     -> paths:[str|None] (absolute path of
                                               each key's block file, None = miss)
@@ -26,7 +27,9 @@ Operations (arguments -> result), protocol version 1:
                                               (answered before the write happens)
     touch   keys:[str]                     -> touched:int, layout_epoch
     evict   key:str | volume:str [inode:int] | all:true  -> evicted:int
-    list    volume:str|None, limit:int     -> keys:[str], truncated:bool
+    list    volume:str|None, limit:int,    -> keys:[str], truncated:bool
+            after:str (optional)              (one page: up to LIST_PAGE keys
+                                              sorting after `after`)
     stats   -                              -> the stats map (see blockcached)
 
 `layout_epoch` changes whenever the cache layout a reader relies on changes
@@ -48,6 +51,7 @@ LENGTH = struct.Struct(">I")
 # header and tags; the rest is headroom for the map around it.
 MAX_FRAME = 17 << 20
 MAX_BATCH = 4096  # keys in one lookup / touch
+LIST_PAGE = 10_000  # most keys in one list reply (~1.3 MB); `after` pages on
 # bin values this large (a put's block) are sent and received without copies
 VIEW_MIN = 64 << 10
 DEFAULT_SOCKET = "/run/blockcache/blockcached.sock"
@@ -64,8 +68,9 @@ class ErrorCode:
     UNSUPPORTED_VERSION = "unsupported_version"
     INVALID_KEY = "invalid_key"              # not a canonical block key
     INVALID_BLOCK = "invalid_block"          # put whose header or length is wrong
-    PERMISSION_DENIED = "permission_denied"  # admin op from a non-admin peer
-    BUSY = "busy"                            # too many requests in flight
+    PERMISSION_DENIED = "permission_denied"  # admin op from a non-admin peer, or a
+                                             # volume op from a peer its access omits
+    BUSY = "busy"                            # the peer's uid has too many reply bytes unread
     INTERNAL = "internal"
 
 

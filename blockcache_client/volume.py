@@ -80,7 +80,7 @@ from .forks import generation as _forks
 from .nowait import Unsupported
 from .nowait import open_cached as nowait_open
 from .keyfile import load_key_file
-from .keys import check_volume_name, file_prefix, inode_for_path
+from .keys import KeyNamer, check_volume_name
 from .singleflight import SingleFlight
 from .volumefile import VolumeFile
 
@@ -206,6 +206,10 @@ class Volume:
         self.meta_ttl = float(meta_ttl)
         self._volume_key = load_key_file(key_file)
         self._key_id = blockfile.key_id(self._volume_key)
+        # block names derive from the key too: equal on every host with it,
+        # opaque to others, and a same-named volume under another key is
+        # another namespace (its blocks are misses here, not failures)
+        self.names = KeyNamer(self._volume_key)
         self._chunk_size = min(blockfile.DEFAULT_CHUNK, 1 << (block_size.bit_length() - 1))
         self.socket_path = socket_path or protocol.default_socket()
         self._fill_queue_bytes = fill_queue_bytes
@@ -408,8 +412,9 @@ class Volume:
         return self.backend.readlink(normalize(path))
 
     def inode(self, path: str) -> int:
-        """The stable inode of `path` (the same on every host): `keys.inode_for_path`."""
-        return inode_for_path(normalize(path))
+        """The stable inode of `path` (the same on every host with the key):
+        `KeyNamer.inode`."""
+        return self.names.inode(normalize(path))
 
     # -- keys --------------------------------------------------------------------
 
@@ -423,7 +428,7 @@ class Volume:
             # extent are 63/64-bit hashes), and a new process computes this for
             # every file it opens, so the dataclass's checks (~3 us) are skipped
             # (tests/blockcache_client compares it with str(BlockKey(...))).
-            prefix = file_prefix(self.name, rel, version, self.block_size)
+            prefix = self.names.file_prefix(self.name, rel, version, self.block_size)
             if len(self._idents) >= _IDENT_LIMIT:
                 self._idents.clear()
             self._idents[ident] = prefix
@@ -941,7 +946,7 @@ class Volume:
         many the daemon removed (0 if it is unreachable)."""
         self._proc()
         rel = normalize(path)
-        ino = inode_for_path(rel)
+        ino = self.names.inode(rel)
         self._mem.discard_prefix(f"{self.name}_{ino}_")
         try:
             return self._link.evict_inode(self.name, ino)

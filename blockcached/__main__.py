@@ -2,6 +2,9 @@
 
     blockcached [--config FILE.toml] [--socket PATH] [--cache-dir DIR[:SIZE]]...
                 [--socket-mode 0660] [--socket-group NAME|GID] [--admin-gid GID]...
+                [--admin-uid UID]... [--volume-access VOL=uid:U,gid:G]...
+                [--unlisted-volumes open|admin] [--max-connections-per-uid 1024]
+                [--max-reply-bytes-per-uid 64M] [--fill-queue-share 0.5] [--max-volumes 4096]
                 [--high-watermark 0.95] [--low-watermark 0.70] [--min-free-bytes 1G]
                 [--min-free-inodes N] [--max-entries N] [--fill-queue-bytes 256M]
                 [--io-timeout SECONDS] [--log-level info] [--log-format text|json]
@@ -48,6 +51,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--socket-mode", metavar="0660")
     p.add_argument("--socket-group", metavar="NAME|GID")
     p.add_argument("--admin-gid", dest="admin_gids", action="append", metavar="GID")
+    p.add_argument("--admin-uid", dest="admin_uids", action="append", metavar="UID",
+                   help="admin users (default: root only); --admin-uid '' makes no uid admin")
+    p.add_argument("--volume-access", action="append", metavar="VOL=uid:U,gid:G", default=[],
+                   help="who besides admins may put, list and evict VOL's blocks")
+    p.add_argument("--unlisted-volumes", metavar="open|admin",
+                   help="volumes with no access table: open to every peer, or admin only")
+    p.add_argument("--max-connections-per-uid", metavar="N")
+    p.add_argument("--max-reply-bytes-per-uid", metavar="64M")
+    p.add_argument("--fill-queue-share", type=float, metavar="0.5")
+    p.add_argument("--max-volumes", metavar="N")
     p.add_argument("--high-watermark", type=float, metavar="0.95")
     p.add_argument("--low-watermark", type=float, metavar="0.70")
     p.add_argument("--min-free-bytes", metavar="1G")

@@ -37,9 +37,8 @@ REBUILD_CHUNK = 5_000
 IO_BATCH = 2_000              # unlinks / mtime updates per worker job
 # processes for the start-up scan of a big dir (it is CPU-bound Python)
 SCAN_PROCESSES = max(1, min(4, os.cpu_count() or 1))
-# Volumes with reader counters (touches/puts per volume); keys of further
-# volumes still work, they are only not counted per volume.
-MAX_COUNTED_VOLUMES = 4096
+# single-key evictions remembered while a rebuild runs (~100 B each)
+MAX_REBUILD_EVICTIONS = 200_000
 
 
 class Cache:
@@ -55,14 +54,14 @@ class Cache:
         self.health = Health(self.paths)
         self.caps = [DirCapacity(d.size, cfg.high_watermark, cfg.low_watermark,
                                  cfg.min_free_bytes, cfg.min_free_inodes) for d in cfg.cache_dirs]
-        self.fill = FillQueue(cfg.fill_queue_bytes)
+        self.fill = FillQueue(cfg.fill_queue_bytes, cfg.fill_queue_share)
         self.workers = [DirWorker(str(i), loop) for i in range(n)]
         self.layout = self._make_layout()
         # rebuild state per dir: True while its scan runs (puts to it are refused,
         # since its usage is not known yet)
         self.rebuilding = [True] * n
         self._scan_failed = [False] * n
-        self._rebuild_evictions: list[Callable[[str], bool]] = []
+        self._rebuild_evictions = RebuildEvictions()
         self.rebuild_stats = {"state": "running", "scanned": 0, "removed": 0, "indexed": 0,
                               "seconds": 0.0}
         self._rebuild_started = time.monotonic()
@@ -136,15 +135,15 @@ class Cache:
     def _index_scanned(self, i: int, entries: Iterator[tuple[int, str, int]]) -> None:
         """Index one chunk of scan results (oldest first), then yield the loop."""
         chunk = list(itertools.islice(entries, REBUILD_CHUNK))
+        more = len(chunk) == REBUILD_CHUNK  # before evictions shorten it
         if self._rebuild_evictions:
-            matches = self._rebuild_evictions
-            evicted = [e[1] for e in chunk if any(m(e[1]) for m in matches)]
+            evicted = self._rebuild_evictions.matching([e[1] for e in chunk])
             if evicted:
                 gone = set(evicted)
                 chunk = [e for e in chunk if e[1] not in gone]
                 self._unlink(i, evicted)
         self.rebuild_stats["indexed"] += self.index.add_many(i, chunk)
-        if len(chunk) == REBUILD_CHUNK:
+        if more:
             self._loop.call_soon(self._index_scanned, i, entries)
             return
         log.info("cache dir %s: rebuilt %d entries (%d bytes)", self.paths[i],
@@ -209,9 +208,32 @@ class Cache:
 
     def _volume_counter(self, vol: str) -> list[int] | None:
         c = self.volume_counters.get(vol)
-        if c is None and len(self.volume_counters) < MAX_COUNTED_VOLUMES:
-            c = self.volume_counters[vol] = [0, 0, 0, 0]
+        if c is None:
+            if len(self.volume_counters) >= self.cfg.max_volumes:
+                self._forget_gone_volumes()
+            if len(self.volume_counters) < self.cfg.max_volumes:
+                c = self.volume_counters[vol] = [0, 0, 0, 0]
         return c
+
+    def _volume_known(self, vol: str) -> bool:
+        """Whether a put may bring volume `vol` in: it is cached or counted
+        already, or fewer than `max_volumes` are counted (the counter of a
+        volume no longer cached gives way). Per-volume state (counters,
+        stats, metric labels) is thus bounded whatever names clients choose."""
+        counted = self.volume_counters
+        if vol in counted or vol in self.index.volumes:
+            return True
+        if len(counted) >= self.cfg.max_volumes:
+            self._forget_gone_volumes()
+        return len(counted) < self.cfg.max_volumes
+
+    def _forget_gone_volumes(self) -> None:
+        """Drop the counters of volumes no longer cached nor being written,
+        to make room (only when at `max_volumes`: the queue is scanned)."""
+        live = self.index.volumes.keys() | {k[:k.index("_")] for k in self.fill.pending}
+        gone = [v for v in self.volume_counters if v not in live]
+        for v in gone:
+            del self.volume_counters[v]
 
     def _note_utime(self, i: int, key: str, now: int) -> None:
         pending = self._utimes[i]
@@ -225,17 +247,21 @@ class Cache:
         for w in self.workers:
             w.drain()
 
-    def put(self, key: str, data: bytes | memoryview) -> tuple[bool, str]:
-        """Admit a validated block for background writing; (accepted, reason)."""
+    def put(self, key: str, data: bytes | memoryview,
+            owner: int | None = None) -> tuple[bool, str]:
+        """Admit a validated block for background writing; (accepted, reason).
+        `owner` (the peer's uid) is held to its share of the fill queue."""
         size = len(data)
         self.counters["puts"] += 1
         self.counters["put_bytes"] += size
-        c = self._volume_counter(key[:key.index("_")])
-        if c is not None:
-            c[2] += 1
-            c[3] += size
-        reason = self._admit(key, size)
+        reason = self._admit(key, size, owner)
         self.put_reasons[reason] = self.put_reasons.get(reason, 0) + 1
+        if reason != "too_many_volumes":
+            # counted after admission: a refused new volume name leaves no state
+            c = self._volume_counter(key[:key.index("_")])
+            if c is not None:
+                c[2] += 1
+                c[3] += size
         if reason != "queued":
             return False, reason
         i = self.layout.dir_index(key)
@@ -244,7 +270,7 @@ class Cache:
                                done=partial(self._written, i, key, size), lazy=True)
         return True, reason
 
-    def _admit(self, key: str, size: int) -> str:
+    def _admit(self, key: str, size: int, owner: int | None) -> str:
         i = self.layout.dir_index(key)
         if not self.health.healthy[i]:
             return "unhealthy"
@@ -256,7 +282,9 @@ class Cache:
             return "exists"
         if size > self.caps[i].capacity:
             return "too_large"
-        reason = self.fill.offer(key, size)
+        if not self._volume_known(key[:key.index("_")]):
+            return "too_many_volumes"
+        reason = self.fill.offer(key, size, owner)
         if reason is not None:
             return reason
         if not self._make_room(i, size):
@@ -364,9 +392,9 @@ class Cache:
         return victims
 
     def evict_key(self, key: str) -> int:
-        self.fill.cancel(lambda k: k == key)
+        self.fill.cancel_key(key)
         if any(self.rebuilding):
-            self._rebuild_evictions.append(lambda k: k == key)
+            self._rebuild_evictions.add_key(key)
         hit = self.index.remove(key)
         if hit is None:
             return 0
@@ -379,7 +407,7 @@ class Cache:
         match = _always if prefix is None else (lambda k: k.startswith(prefix))
         self.fill.cancel(match)
         if any(self.rebuilding):
-            self._rebuild_evictions.append(match)
+            self._rebuild_evictions.add_prefix(prefix)
         removed = self.index.remove_range(prefix)
         per_dir: dict[int, list[str]] = {}
         for i, key in removed:
@@ -388,9 +416,12 @@ class Cache:
             self._unlink(i, keys)
         return len(removed)
 
-    def list_keys(self, volume: str | None, limit: int) -> tuple[list[str], bool]:
+    def list_keys(self, volume: str | None, limit: int,
+                  after: str | None = None) -> tuple[list[str], bool]:
+        """Up to `limit` keys in order (of one volume or all), after `after`;
+        and whether more follow."""
         prefix = None if volume is None else key_prefix(volume)
-        keys = list(self.index.range(prefix, limit + 1))
+        keys = list(self.index.range(prefix, limit + 1, after))
         return keys[:limit], len(keys) > limit
 
     # -- upkeep ------------------------------------------------------------
@@ -486,6 +517,7 @@ class Cache:
             "capacity_bytes": sum(cap.capacity for cap in self.caps),
             **c,
             "drops": self.fill.drops,
+            "over_share": self.fill.over_share,
             "put_results": dict(self.put_reasons),
             "queue": {"entries": len(self.fill), "bytes": self.fill.queued_bytes,
                       "limit_bytes": self.fill.limit},
@@ -504,6 +536,64 @@ class Cache:
             out[v] = {"entries": n, "used_bytes": b, "touches": touches,
                       "touch_bytes": touch_bytes, "puts": puts, "put_bytes": put_bytes}
         return out
+
+
+class RebuildEvictions:
+    """Evictions issued while a dir is still being scanned, applied to what
+    the scan finds. Each scanned entry costs O(1) whatever their number: a
+    set of keys, a set of `vol_` / `vol_inode_` prefixes (looked up by the
+    entry's own two prefixes), and one flag for "everything". A list of
+    matchers, each tried on every entry, let 5,000 evicts during a
+    20,000-entry rebuild block the loop for 1.66 s at a time.
+
+    Bounded: past `MAX_REBUILD_EVICTIONS` keys, further ones are not
+    remembered (logged once); such a block comes back with the scan, and its
+    reader evicts it again if it still fails authentication."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self.prefixes: set[str] = set()
+        self.everything = False
+        self.forgotten = 0
+
+    def __bool__(self) -> bool:
+        return self.everything or bool(self.keys) or bool(self.prefixes)
+
+    def add_key(self, key: str) -> None:
+        if len(self.keys) < MAX_REBUILD_EVICTIONS:
+            self.keys.add(key)
+            return
+        if not self.forgotten:
+            log.warning("more than %d single-key evictions during the rebuild: further ones "
+                        "are not applied to the scan's results", MAX_REBUILD_EVICTIONS)
+        self.forgotten += 1
+
+    def add_prefix(self, prefix: str | None) -> None:
+        if prefix is None:
+            self.everything = True
+        else:
+            self.prefixes.add(prefix)  # one per volume/inode evicted: admin or bounded by keys
+
+    def matching(self, keys: list[str]) -> list[str]:
+        """Those of `keys` an eviction issued during the rebuild covers."""
+        if self.everything:
+            return keys
+        out = []
+        evicted, prefixes = self.keys, self.prefixes
+        for key in keys:
+            if key in evicted:
+                out.append(key)
+            elif prefixes:
+                vol_end = key.index("_") + 1
+                if key[:vol_end] in prefixes or key[:key.index("_", vol_end) + 1] in prefixes:
+                    out.append(key)
+        return out
+
+    def clear(self) -> None:
+        self.keys.clear()
+        self.prefixes.clear()
+        self.everything = False
+        self.forgotten = 0
 
 
 def _always(_: str) -> bool:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import grp
 import os
+import pwd
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from blockcache_client import protocol
-from blockcache_client.errors import ConfigError
+from blockcache_client.errors import ConfigError, InvalidKey
+from blockcache_client.keys import check_volume_name
 from blockcache_client.metrics import parse_addr
 from blockcache_client.units import parse_size
 
@@ -36,6 +38,14 @@ class CacheDirConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class VolumeAccess:
+    """Who besides admins may put, list and evict one volume's blocks."""
+
+    uids: frozenset[int] = frozenset()
+    gids: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """Everything `blockcached` needs, validated."""
 
@@ -44,6 +54,15 @@ class Config:
     socket_mode: int = 0o660
     socket_group: int | None = None  # None = the daemon's own gid
     admin_gids: frozenset[int] = frozenset()
+    admin_uids: frozenset[int] = frozenset({0})  # [] = not even root is admin
+    # [volumes.NAME] tables; empty with unlisted_volumes "open" = today's open host
+    volumes: dict[str, VolumeAccess] = field(default_factory=dict)
+    unlisted_volumes: str = "open"  # volumes without a table: "open" to all, or "admin" only
+    # per peer uid (SO_PEERCRED); 0 = no limit
+    max_connections_per_uid: int = 1024
+    max_reply_bytes_per_uid: int = 64 << 20
+    fill_queue_share: float = 0.5
+    max_volumes: int = 4096  # distinct volume names indexed and counted at once
     high_watermark: float = 0.95
     low_watermark: float = 0.70
     min_free_bytes: int = 1 << 30
@@ -75,6 +94,23 @@ def _group(value: Any, what: str) -> int | None:
         return grp.getgrnam(str(value)).gr_gid
     except KeyError:
         raise ConfigError(f"{what}: no group named {value!r}; give an existing group name or gid") from None
+
+
+def _user(value: Any, what: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    try:
+        return pwd.getpwnam(str(value)).pw_uid
+    except KeyError:
+        raise ConfigError(f"{what}: no user named {value!r}; give an existing user name or uid") from None
+
+
+def _uids(value: Any, what: str) -> frozenset[int]:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{what}: must be a list of users (names or uids)")
+    return frozenset(_user(v, what) for v in value if v != "")  # --admin-uid '': none
 
 
 def _gids(value: Any, what: str) -> frozenset[int]:
@@ -148,6 +184,12 @@ _FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "socket_mode": ("socket_mode", _mode),
     "socket_group": ("socket_group", _group),
     "admin_gids": ("admin_gids", _gids),
+    "admin_uids": ("admin_uids", _uids),
+    "unlisted_volumes": ("unlisted_volumes", _choice("open", "admin")),
+    "max_connections_per_uid": ("max_connections_per_uid", _count),
+    "max_reply_bytes_per_uid": ("max_reply_bytes_per_uid", parse_size),
+    "fill_queue_share": ("fill_queue_share", _ratio),
+    "max_volumes": ("max_volumes", _count),
     "high_watermark": ("high_watermark", _ratio),
     "low_watermark": ("low_watermark", _ratio),
     "min_free_bytes": ("min_free_bytes", parse_size),
@@ -160,6 +202,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "metrics_addr": ("metrics_addr", _addr),
 }
 _DIR_KEYS = {"path", "size", "weight"}
+_ACCESS_KEYS = {"uids", "gids"}
 
 
 def parse_cache_dir_flag(text: str) -> CacheDirConfig:
@@ -170,13 +213,19 @@ def parse_cache_dir_flag(text: str) -> CacheDirConfig:
     return _cache_dir({"path": path, "size": size}, f"--cache-dir {text}")
 
 
-def _cache_dir(table: Any, what: str) -> CacheDirConfig:
+def _table(table: Any, allowed: set[str], what: str, shape: str) -> dict[str, Any]:
+    """`table` if it is a TOML table holding only `allowed` keys."""
     if not isinstance(table, dict):
-        raise ConfigError(f"{what}: each [[cache_dirs]] entry must be a table")
-    unknown = set(table) - _DIR_KEYS
+        raise ConfigError(f"{what}: {shape}")
+    unknown = set(table) - allowed
     if unknown:
         raise ConfigError(f"{what}: unknown key(s) {', '.join(sorted(unknown))}; "
-                          f"allowed: {', '.join(sorted(_DIR_KEYS))}")
+                          f"allowed: {', '.join(sorted(allowed))}")
+    return table
+
+
+def _cache_dir(table: Any, what: str) -> CacheDirConfig:
+    _table(table, _DIR_KEYS, what, "each [[cache_dirs]] entry must be a table")
     if "path" not in table:
         raise ConfigError(f"{what}: 'path' is required")
     size = parse_size(table.get("size", DEFAULT_DIR_SIZE), f"{what}: size")
@@ -184,6 +233,42 @@ def _cache_dir(table: Any, what: str) -> CacheDirConfig:
         raise ConfigError(f"{what}: size must be more than 0")
     return CacheDirConfig(_path(table["path"], f"{what}: path"), size,
                           _count(table.get("weight", 0), f"{what}: weight"))
+
+
+def _volume_tables(value: Any, what: str) -> dict[str, VolumeAccess]:
+    """`[volumes.NAME]` tables: `uids` and `gids` that may use volume NAME."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what}: must be tables, one per volume: [volumes.NAME]")
+    out = {}
+    for name, table in value.items():
+        where = f"{what}.{name}"
+        try:
+            check_volume_name(name)
+        except InvalidKey as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        _table(table, _ACCESS_KEYS, where, "must be a table with uids and/or gids")
+        out[name] = VolumeAccess(_uids(table.get("uids", []), f"{where}: uids"),
+                                 _gids(table.get("gids", []), f"{where}: gids"))
+    return out
+
+
+def parse_volume_access_flag(text: str) -> tuple[str, VolumeAccess]:
+    """`VOL=uid:1000,gid:train,...` from the command line (one volume's table)."""
+    name, sep, spec = text.partition("=")
+    what = f"--volume-access {text}"
+    uids, gids = [], []
+    for part in spec.split(",") if spec else []:
+        kind, _, who = part.partition(":")
+        if kind == "uid" and who:
+            uids.append(who)
+        elif kind == "gid" and who:
+            gids.append(who)
+        else:
+            raise ConfigError(f"{what}: {part!r} is not uid:USER or gid:GROUP")
+    if not sep:
+        raise ConfigError(f"{what}: expected VOL=uid:USER,gid:GROUP,...")
+    return next(iter(_volume_tables({name: {"uids": uids, "gids": gids}},
+                                    "--volume-access").items()))
 
 
 def load_file(path: str) -> dict[str, Any]:
@@ -202,12 +287,14 @@ def load_file(path: str) -> dict[str, Any]:
                 raise ConfigError(f"{path}: cache_dirs must be an array of tables ([[cache_dirs]])")
             out["cache_dirs"] = [_cache_dir(t, f"{path}: cache_dirs[{i}]")
                                  for i, t in enumerate(value)]
+        elif key == "volumes":
+            out["volumes"] = _volume_tables(value, f"{path}: volumes")
         elif key in _FIELDS:
             name, conv = _FIELDS[key]
             out[name] = conv(value, f"{path}: {key}")
         else:
             raise ConfigError(f"{path}: unknown key {key!r}; allowed: "
-                              f"{', '.join(sorted([*_FIELDS, 'cache_dirs']))}")
+                              f"{', '.join(sorted([*_FIELDS, 'cache_dirs', 'volumes']))}")
     return out
 
 
@@ -215,10 +302,13 @@ def build(file_values: dict[str, Any], flag_values: dict[str, Any]) -> Config:
     """Merge file and flag values (flags win) and validate the whole."""
     merged = {**file_values}
     for key, value in flag_values.items():
-        if value is None or (key == "cache_dirs" and not value):
+        if value is None or (key in ("cache_dirs", "volume_access") and not value):
             continue
         if key == "cache_dirs":
             merged[key] = value
+        elif key == "volume_access":  # each flag adds (or replaces) one volume's table
+            merged["volumes"] = {**merged.get("volumes", {}),
+                                 **dict(map(parse_volume_access_flag, value))}
         else:
             name, conv = _FIELDS[key]
             merged[name] = conv(value, f"--{key.replace('_', '-')}")
@@ -239,4 +329,7 @@ def build(file_values: dict[str, Any], flag_values: dict[str, Any]) -> Config:
                           f"watermark {cfg.high_watermark}")
     if cfg.fill_queue_bytes <= 0:
         raise ConfigError("fill_queue_bytes must be more than 0")
+    if cfg.max_volumes == 0:
+        raise ConfigError("max_volumes must be at least 1 (it bounds per-volume state; "
+                          "raise it if you cache more volumes at once)")
     return cfg

@@ -12,9 +12,10 @@ is submitted `lazy`: its end does not wake the loop (a wake-up per put cost
 more than the bookkeeping it runs); the next request, the next eager job or
 a timer runs it, within `LAZY_DELAY`.
 
-`FillQueue` bounds the bytes of puts accepted but not yet written. A put over
-the bound is dropped and counted (fills are best effort: the reader already
-has its bytes). A key already queued is not queued again.
+`FillQueue` bounds the bytes of puts accepted but not yet written, in all
+and per peer uid (`fill_queue_share` of it). A put over either bound is
+dropped and counted (fills are best effort: the reader already has its
+bytes). A key already queued is not queued again.
 """
 
 from __future__ import annotations
@@ -133,34 +134,50 @@ class DirWorker:
 @dataclass(slots=True)
 class Pending:
     size: int
+    owner: int | None = None  # uid of the peer that put it (None: held to no share)
     cancelled: bool = False  # evicted while queued: delete instead of indexing
 
 
 class FillQueue:
-    """Accounting for puts accepted but not yet written, bounded in bytes."""
+    """Accounting for puts accepted but not yet written, bounded in bytes,
+    and per owner (peer uid) bounded to `share` of that, so one client's
+    puts cannot keep everyone else's fills out."""
 
-    def __init__(self, limit_bytes: int):
+    def __init__(self, limit_bytes: int, share: float = 1.0):
         self.limit = limit_bytes
+        self.owner_limit = max(1, int(limit_bytes * share))
         self.queued_bytes = 0
         self.pending: dict[str, Pending] = {}
+        self.owned: dict[int | None, int] = {}  # owner -> bytes queued (owners with some only)
         self.drops = 0
+        self.over_share = 0
         self.duplicates = 0
 
-    def offer(self, key: str, size: int) -> str | None:
-        """Queue `key`, or return why not ("duplicate", "queue_full")."""
+    def offer(self, key: str, size: int, owner: int | None = None) -> str | None:
+        """Queue `key`, or return why not ("duplicate", "over_share", "queue_full")."""
         if key in self.pending:
             self.duplicates += 1
             return "duplicate"
+        held = self.owned.get(owner, 0)
+        if held and owner is not None and held + size > self.owner_limit:
+            self.over_share += 1
+            return "over_share"
         if self.queued_bytes + size > self.limit:
             self.drops += 1
             return "queue_full"
-        self.pending[key] = Pending(size)
+        self.pending[key] = Pending(size, owner)
         self.queued_bytes += size
+        self.owned[owner] = held + size
         return None
 
     def finish(self, key: str) -> Pending:
         p = self.pending.pop(key)
         self.queued_bytes -= p.size
+        left = self.owned[p.owner] - p.size
+        if left:
+            self.owned[p.owner] = left
+        else:
+            del self.owned[p.owner]
         return p
 
     def cancel(self, match: Callable[[str], bool]) -> int:
@@ -171,6 +188,14 @@ class FillQueue:
                 p.cancelled = True
                 n += 1
         return n
+
+    def cancel_key(self, key: str) -> bool:
+        """Mark one queued key as evicted (O(1): a reader's evict-by-key)."""
+        p = self.pending.get(key)
+        if p is None or p.cancelled:
+            return False
+        p.cancelled = True
+        return True
 
     def __len__(self) -> int:
         return len(self.pending)

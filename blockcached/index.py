@@ -102,12 +102,17 @@ class Index:
         """Keys of one dir, least recently used first (for tests and tools)."""
         return list(self.dirs[dir_index].lru)
 
-    def range(self, prefix: str | None = None, limit: int | None = None) -> Iterator[str]:
-        """Keys in sorted order, all of them or those starting with `prefix`."""
-        if prefix is None:
+    def range(self, prefix: str | None = None, limit: int | None = None,
+              after: str | None = None) -> Iterator[str]:
+        """Keys in sorted order, all of them or those starting with `prefix`;
+        only those sorting after `after` if given (the next page of a list)."""
+        lo, hi = (None, None) if prefix is None else (prefix, prefix + _PREFIX_END)
+        if after is not None and (lo is None or after >= lo):
+            it = self.keys.irange(after, hi, inclusive=(False, False))
+        elif lo is None:
             it = iter(self.keys)
         else:
-            it = self.keys.irange(prefix, prefix + _PREFIX_END, inclusive=(True, False))
+            it = self.keys.irange(lo, hi, inclusive=(True, False))
         if limit is None:
             return it
         return (k for _, k in zip(range(limit), it))

@@ -158,6 +158,12 @@ def _totals(s: dict[str, Any]) -> Iterator[Metric]:
     for code, n in sorted((s.get("errors") or {}).items()):
         err.add_metric([code], n)
     yield err
+    refused = CounterMetricFamily("blockcache_refused_total", "Requests and connections refused "
+                                  "because their peer uid was over its share (connections, "
+                                  "reply_bytes, over_share, too_many_volumes)", labels=["kind"])
+    for kind, n in sorted((s.get("refused") or {}).items()):
+        refused.add_metric([kind], n)
+    yield refused
     r = s.get("rebuild") or {}
     yield _g("blockcache_rebuild_running", "1 while the start-up scan runs",
              1 if r.get("state") == "running" else 0)

@@ -20,6 +20,10 @@ wait in its buffer. What keeps one client from hurting the others:
   fill out for long;
 - replies beyond `WRITE_HIGH_WATER` unsent bytes pause reading from that
   client until it reads them, so a client that never reads stalls only itself;
+- per peer uid (SO_PEERCRED): at most `max_connections_per_uid` connections
+  (more are refused at accept), and at most `max_reply_bytes_per_uid` bytes
+  of replies unread over all of them (a request whose reply would pass it
+  gets `busy`), so many connections that never read cannot pin memory;
 - a frame that cannot be parsed gets an error reply with id 0 and the
   connection is closed (its framing can no longer be trusted).
 """
@@ -53,6 +57,7 @@ WRITE_HIGH_WATER = 1 << 20    # stop reading a client with this much unsent repl
 FAIR_EVERY = 32
 READ_SIZE = 256 << 10         # bytes read from a socket at once
 MAX_CONNECTIONS = 4096
+SMALL_REPLY = 64 << 10        # replies up to this size skip the per-uid unread check
 FRAME_POOL_BYTES = 128 << 20  # large-frame buffers kept for reuse (= READ_BUDGET)
 FRAME_POOL_IDLE = 10.0        # seconds without a large frame before the pool is emptied
 FRAME_CLASS = 64 << 10        # their sizes are rounded up to a multiple of this
@@ -211,15 +216,27 @@ class Connection(asyncio.BufferedProtocol):
             self.closed = True
             transport.abort()
             return
-        svc.connections += 1
-        svc.connections_total += 1
-        self.server.connections.add(self)
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         try:
             self.peer = peer_of(transport.get_extra_info("socket"))
         except OSError as exc:
             log.warning("cannot read peer credentials: %s; closing", exc)
-            self._close()
+            self.closed = True
+            transport.abort()
+            return
+        mine = self.server.by_uid.setdefault(self.peer.uid, set())
+        limit = self.server.cfg.max_connections_per_uid
+        if limit and len(mine) >= limit:
+            svc.refusals.note("connections", self.peer, f"{len(mine)} open")
+            if not mine:
+                del self.server.by_uid[self.peer.uid]
+            self.closed = True
+            transport.abort()
+            return
+        mine.add(self)
+        svc.connections += 1
+        svc.connections_total += 1
+        self.server.connections.add(self)
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if (self.buf or self.frame is not None) and not self.closed:
@@ -227,6 +244,11 @@ class Connection(asyncio.BufferedProtocol):
         if self in self.server.connections:
             self.server.connections.discard(self)
             self.svc.connections -= 1
+            mine = self.server.by_uid.get(self.peer.uid)
+            if mine is not None:
+                mine.discard(self)
+                if not mine:
+                    del self.server.by_uid[self.peer.uid]
         self.closed = True
         self._drop_frame_state()
         self.buf = bytearray()
@@ -359,8 +381,29 @@ class Connection(asyncio.BufferedProtocol):
         except ProtocolError as exc:
             self.svc.count_error(exc.code)
             frame = protocol.encode_frame(protocol.error(rid, ErrorCode.INTERNAL, exc.message))
+        if len(frame) > SMALL_REPLY or self.transport.get_write_buffer_size():  # type: ignore[union-attr]
+            frame = self._within_reply_budget(rid, frame)
         self.transport.write(frame)  # type: ignore[union-attr]
         return True
+
+    def _within_reply_budget(self, rid: int, frame: bytes) -> bytes:
+        """`frame`, or a `busy` error if the peer's uid already has
+        `max_reply_bytes_per_uid` bytes of replies unread over all its
+        connections (a first reply always goes: nothing is then unread).
+        Asked only for big replies or a connection with unsent data, so the
+        usual small reply pays nothing."""
+        limit = self.server.cfg.max_reply_bytes_per_uid
+        if not limit:
+            return frame
+        unread = sum(c.transport.get_write_buffer_size()  # type: ignore[union-attr]
+                     for c in self.server.by_uid.get(self.peer.uid, ()) if not c.closed)
+        if not unread or unread + len(frame) <= limit:
+            return frame
+        self.svc.refusals.note("reply_bytes", self.peer, f"{unread} bytes unread")
+        self.svc.count_error(ErrorCode.BUSY)
+        return protocol.encode_frame(protocol.error(
+            rid, ErrorCode.BUSY, f"uid {self.peer.uid} has {unread} bytes of replies not yet "
+                                 f"read (max_reply_bytes_per_uid {limit}); read them first"))
 
     def _next_turn(self) -> None:
         self.paused_for.discard("turn")
@@ -450,6 +493,7 @@ class Server:
         # read, as asyncio's own default
         self.read_buffer = memoryview(bytearray(READ_SIZE))
         self.connections: set[Connection] = set()
+        self.by_uid: dict[int, set[Connection]] = {}  # open connections per peer uid
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:

@@ -10,31 +10,52 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from blockcache_client import blockfile, protocol
 from blockcache_client.errors import FormatError, InvalidKey, ProtocolError
-from blockcache_client.keys import BlockKey, check_inode, check_volume_name
+from blockcache_client.keys import KEY_FORMAT, BlockKey, check_inode, check_volume_name
 from blockcache_client.metrics import Histogram
 from blockcache_client.protocol import ErrorCode, arg, key_list
 
+from .access import Access, Peer
 from .cache import Cache
 from .config import Config
 
 log = logging.getLogger(__name__)
 
-MAX_LIST = 100_000  # keys in one list reply (keeps it well under MAX_FRAME)
+MAX_LIST = protocol.LIST_PAGE  # keys in one list reply: `after` asks for the next page
+REFUSAL_LOG_EVERY = 60.0  # seconds between log lines per (refusal kind, uid)
+# why a peer over its share was refused, and what the log line tells the operator
+_REFUSALS = {
+    "connections": "has max_connections_per_uid connections open",
+    "reply_bytes": "has max_reply_bytes_per_uid bytes of replies unread",
+    "over_share": "holds its fill_queue_share of the fill queue",
+    "too_many_volumes": "put a block of a new volume while max_volumes are cached",
+}
 
 
-@dataclass(frozen=True, slots=True)
-class Peer:
-    """Who is on the other end of a connection (from SO_PEERCRED)."""
+class Refusals:
+    """Requests refused because their peer was over its share: counted per
+    kind (stats `refused`) and logged at most once a minute per kind and
+    uid, so a flood cannot flood the log too."""
 
-    pid: int
-    uid: int
-    gid: int
-    groups: tuple[int, ...] = ()
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self._logged: dict[tuple[str, int], float] = {}
+
+    def note(self, kind: str, peer: Peer, detail: str = "") -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        now = time.monotonic()
+        last = self._logged.get((kind, peer.uid))
+        if last is not None and now - last < REFUSAL_LOG_EVERY:
+            return
+        if len(self._logged) > 4096:
+            self._logged.clear()
+        self._logged[(kind, peer.uid)] = now
+        log.warning("refused uid %d (pid %d), which %s%s (%d such refusals so far)",
+                    peer.uid, peer.pid, _REFUSALS[kind], f": {detail}" if detail else "",
+                    self.counts[kind])
 
 
 class Service:
@@ -43,6 +64,8 @@ class Service:
     def __init__(self, cfg: Config, cache: Cache):
         self.cfg = cfg
         self.cache = cache
+        self.access = Access(cfg)
+        self.refusals = Refusals()
         self.errors: dict[str, int] = {}
         self.requests: dict[str, int] = {}
         self.connections = 0
@@ -108,7 +131,7 @@ class Service:
                                 f"speaks version {protocol.PROTOCOL_VERSION}: upgrade the older side")
         return {"version": protocol.PROTOCOL_VERSION, "layout": self.cache.layout.to_wire(),
                 "layout_epoch": self.cache.epoch, "max_frame": protocol.MAX_FRAME,
-                "max_batch": protocol.MAX_BATCH}
+                "max_batch": protocol.MAX_BATCH, "key_format": KEY_FORMAT}
 
     def ping(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         return {"time": time.time(), "layout_epoch": self.cache.epoch}
@@ -122,10 +145,13 @@ class Service:
         data = body.get("data")
         if not isinstance(data, memoryview):  # a big block arrives as a view of its frame
             data = arg(body, "data", bytes)
-        BlockKey.parse(key)
+        vol = BlockKey.parse(key).vol
+        self.access.require_volume(peer, vol, f"put of {key}")
         header = blockfile.BlockHeader.parse(data)
         header.check_file_size(len(data))
-        accepted, reason = self.cache.put(key, data)
+        accepted, reason = self.cache.put(key, data, peer.uid)
+        if reason in _REFUSALS:
+            self.refusals.note(reason, peer, key)
         return {"accepted": accepted, "reason": reason}
 
     def touch(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -143,26 +169,35 @@ class Service:
                                 "evict takes exactly one of: key, volume (with an optional "
                                 "inode), all=true")
         if key is not None:
-            BlockKey.parse(key)
+            self.access.require_volume(peer, BlockKey.parse(key).vol, f"evicting {key}")
             return {"evicted": self.cache.evict_key(key)}
         if volume is not None:
             check_volume_name(volume)
             if inode is not None:
                 check_inode(inode)
+                self.access.require_volume(peer, volume, f"evicting inode {inode} of {volume!r}")
                 return {"evicted": self.cache.evict_prefix(volume, inode)}
-            self._require_admin(peer, f"evicting volume {volume!r}")
+            self.access.require_admin(peer, f"evicting volume {volume!r}")
             return {"evicted": self.cache.evict_prefix(volume)}
-        self._require_admin(peer, "evicting everything")
+        self.access.require_admin(peer, "evicting everything")
         return {"evicted": self.cache.evict_prefix(None)}
 
     def list(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         volume = arg(body, "volume", (str, type(None)), required=False)
         limit = arg(body, "limit", int, required=False, default=1000)
+        after = arg(body, "after", (str, type(None)), required=False)
         if not 0 <= limit <= MAX_LIST:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"'limit' must be in 0..{MAX_LIST}")
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                f"'limit' must be in 0..{MAX_LIST}; ask for further pages "
+                                f"with 'after' = the last key of the previous one")
+        if after is not None:
+            BlockKey.parse(after)
         if volume is not None:
             check_volume_name(volume)
-        keys, truncated = self.cache.list_keys(volume, limit)
+            self.access.require_volume(peer, volume, f"listing volume {volume!r}")
+        elif self.access.configured:
+            self.access.require_admin(peer, "listing every volume's keys")
+        keys, truncated = self.cache.list_keys(volume, limit, after)
         return {"keys": keys, "truncated": truncated}
 
     def stats(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -172,18 +207,9 @@ class Service:
         s["requests"] = dict(self.requests)
         s["errors"] = dict(self.errors)
         s["bad_requests"] = sum(self.errors.values())
+        s["refused"] = dict(self.refusals.counts)
         s["uptime"] = round(time.time() - self.started, 3)
         return s
-
-    def _require_admin(self, peer: Peer, what: str) -> None:
-        if peer.uid == 0:
-            return
-        admin = self.cfg.admin_gids
-        if peer.gid in admin or any(g in admin for g in peer.groups):
-            return
-        raise ProtocolError(ErrorCode.PERMISSION_DENIED,
-                            f"{what} needs an admin peer (root or a group in --admin-gid); "
-                            f"uid {peer.uid} gid {peer.gid} is not one")
 
 
 def _parsed(keys: list[str], known: Callable[[str], bool]) -> list[str]:

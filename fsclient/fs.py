@@ -1,8 +1,8 @@
 """The read-only FUSE file system over one `Volume` (pyfuse3, asyncio mode):
 the handlers, each a few lines over the parts that hold the mount's state.
 
-- `inodes.InodeTable`: the inodes the kernel knows (stable hashes of paths,
-  the numbers block keys use), bounded by the kernel's own inode cache.
+- `inodes.InodeTable`: the inodes the kernel knows (stable keyed hashes of
+  paths, the numbers block keys use), bounded by the kernel's own inode cache.
 - `lookups.Lookups`: FileInfos by TTL from the metadata cache, background
   directory listings, then the volume (asked for fresh answers, `max_age=0`:
   the metadata cache is the one place the TTL is applied). The same TTL is
@@ -70,7 +70,7 @@ class BlockcacheFS(pyfuse3.Operations):
         self.cfg = cfg
         self.pool = LoopPool(cfg.threads)
         self.meta = MetaCache(cfg.ttl, cfg.meta_cache_entries)
-        self.nodes = InodeTable(volume.inode)
+        self.nodes = InodeTable(volume)
         self.lookups = Lookups(volume, self.meta, self.pool)
         self.open_files = OpenFiles(volume, cfg, self.pool)
         self.uid, self.gid = os.getuid(), os.getgid()

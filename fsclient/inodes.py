@@ -1,7 +1,8 @@
 """The inode table: the inodes the kernel knows, mapped back to their paths.
 
-Inode numbers are `Volume.inode(path)`: stable hashes of the path, the same
-numbers the reader puts in block keys, on every host and every restart. An
+Inode numbers are `Volume.inode(path)`: stable keyed hashes of the path, the
+same numbers the reader puts in block keys, on every host with the volume key
+and every restart. An
 entry is added by a successful lookup or readdirplus entry and dropped when
 `forget` brings its lookup count to zero, so the table is bounded by the
 kernel's own inode cache. A node with open handles stays until their release
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import pyfuse3
 
-from blockcache_client.keys import inode_for_path
+from blockcache_client.volume import Volume
 
 log = logging.getLogger("fsclient.fs")
 
@@ -40,12 +41,11 @@ class Node:
 class InodeTable:
     """inode -> Node for the inodes the kernel holds, the root always."""
 
-    __slots__ = ("_nodes", "_inode_of_odd_path")
+    __slots__ = ("_nodes", "_volume")
 
-    def __init__(self, inode_of_odd_path: Callable[[str], int]):
+    def __init__(self, volume: Volume):
         self._nodes: dict[int, Node] = {ROOT_INODE: Node("", 1)}
-        # `Volume.inode`, for a name normalize would refuse: it raises as it should
-        self._inode_of_odd_path = inode_of_odd_path
+        self._volume = volume
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -76,10 +76,11 @@ class InodeTable:
     def inode_of(self, path: str) -> int:
         """`Volume.inode(path)` of a path built here from normalized parts
         (a known path and a name from the kernel or a listing): the same
-        number without normalizing the path again."""
+        number without normalizing the path again. A name normalize would
+        refuse (a NUL byte) still goes through it, and raises as it should."""
         if "\0" in path:
-            return self._inode_of_odd_path(path)
-        return inode_for_path(path)
+            return self._volume.inode(path)
+        return self._volume.names.inode(path)
 
     def shown(self, inode: int, path: str) -> bool:
         """False if `inode` is another path's (an inode-hash collision): that

@@ -4,12 +4,11 @@ import pytest
 from hypothesis import given, strategies as st
 
 from blockcache_client.errors import InvalidKey
-from blockcache_client.keys import (MAX_INODE, ROOT_INODE, BlockKey, extent_for,
-                                    inode_for_path, key_prefix)
+from blockcache_client.keys import MAX_INODE, ROOT_INODE, BlockKey, KeyNamer, key_prefix
 
 vol_names = st.from_regex(r"\A[a-z0-9][a-z0-9.-]{0,62}\Z")
 keys = st.builds(BlockKey, vol_names, st.integers(1, MAX_INODE),
-                 st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+                 st.integers(0, 2**128 - 1), st.integers(0, 2**64 - 1))
 
 
 @given(keys)
@@ -26,30 +25,30 @@ def test_key_is_a_single_safe_path_component(key):
     assert text not in (".", "..")
 
 
-GOOD = "imagenet_42_00000000deadbeef_0000000000400000"
+GOOD = "imagenet_42_000000000000000000000000deadbeef_0000000000400000"
 
 
 @pytest.mark.parametrize("bad", [
-    "", "_", GOOD + "\0", "\0" + GOOD, GOOD + "/", "../" + GOOD, "a/b_42_00000000deadbeef_0000000000400000",
-    "..", "._1_0000000000000000_0000000000000000",
-    "imagenet_042_00000000deadbeef_0000000000400000",     # leading zero
-    "imagenet_0_00000000deadbeef_0000000000400000",       # inode 0
-    "imagenet_9223372036854775808_00000000deadbeef_0000000000400000",  # 2**63
+    "", "_", GOOD + "\0", "\0" + GOOD, GOOD + "/", "../" + GOOD, "a/b_42_000000000000000000000000deadbeef_0000000000400000",
+    "..", "._1_00000000000000000000000000000000_0000000000000000",
+    "imagenet_042_000000000000000000000000deadbeef_0000000000400000",     # leading zero
+    "imagenet_0_000000000000000000000000deadbeef_0000000000400000",       # inode 0
+    "imagenet_9223372036854775808_000000000000000000000000deadbeef_0000000000400000",  # 2**63
     "imagenet_42_00000000DEADBEEF_0000000000400000",      # uppercase hex
     "imagenet_42_0000000deadbeef_0000000000400000",       # 15 digits
-    "imagenet_42_000000000deadbeef_0000000000400000",     # 17 digits
-    "imagenet_42_00000000deadbeef_00000000004000000",
-    "ImageNet_42_00000000deadbeef_0000000000400000",      # uppercase volume
-    "-vol_42_00000000deadbeef_0000000000400000",
-    "a" * 64 + "_42_00000000deadbeef_0000000000400000",   # volume over 63
-    "imagenet_+42_00000000deadbeef_0000000000400000",
-    "imagenet_42_00000000deadbeef_0000000000400000 ",
-    " imagenet_42_00000000deadbeef_0000000000400000",
-    "imagenet_42_00000000deadbeef_0000000000400000\n",
+    "imagenet_42_0000000000000000000000000deadbeef_0000000000400000",     # 17 digits
+    "imagenet_42_000000000000000000000000deadbeef_00000000004000000",
+    "ImageNet_42_000000000000000000000000deadbeef_0000000000400000",      # uppercase volume
+    "-vol_42_000000000000000000000000deadbeef_0000000000400000",
+    "a" * 64 + "_42_000000000000000000000000deadbeef_0000000000400000",   # volume over 63
+    "imagenet_+42_000000000000000000000000deadbeef_0000000000400000",
+    "imagenet_42_000000000000000000000000deadbeef_0000000000400000 ",
+    " imagenet_42_000000000000000000000000deadbeef_0000000000400000",
+    "imagenet_42_000000000000000000000000deadbeef_0000000000400000\n",
     "imagenet_42_0x000000deadbeef_0000000000400000",
-    "imagenet_٤٢_00000000deadbeef_0000000000400000",       # non-ASCII digits
+    "imagenet_٤٢_000000000000000000000000deadbeef_0000000000400000",       # non-ASCII digits
     "imagenet_42_00000000deadbeef",
-    "imagenet_42_00000000deadbeef_0000000000400000_1",
+    "imagenet_42_000000000000000000000000deadbeef_0000000000400000_1",
     GOOD * 3,
 ])
 def test_rejects_non_canonical(bad):
@@ -57,7 +56,7 @@ def test_rejects_non_canonical(bad):
         BlockKey.parse(bad)
 
 
-@pytest.mark.parametrize("bad", [None, 42, b"imagenet_42_00000000deadbeef_0000000000400000", ["x"]])
+@pytest.mark.parametrize("bad", [None, 42, b"imagenet_42_000000000000000000000000deadbeef_0000000000400000", ["x"]])
 def test_rejects_non_str(bad):
     with pytest.raises(InvalidKey):
         BlockKey.parse(bad)
@@ -74,7 +73,7 @@ def test_parse_accepts_only_what_it_prints(text):
 
 @pytest.mark.parametrize("args", [
     ("", 1, 0, 0), ("Vol", 1, 0, 0), ("v/x", 1, 0, 0), ("v", 0, 0, 0), ("v", 2**63, 0, 0),
-    ("v", True, 0, 0), ("v", 1, -1, 0), ("v", 1, 0, 2**64), ("v", 1, 0, 1.5), ("v", 1, "0", 0),
+    ("v", True, 0, 0), ("v", 1, -1, 0), ("v", 1, 2**128, 0), ("v", 1, 0, 2**64), ("v", 1, 0, 1.5), ("v", 1, "0", 0),
 ])
 def test_constructor_validates(args):
     with pytest.raises(InvalidKey):
@@ -86,6 +85,11 @@ def test_prefix_separates_volumes():
     assert not str(BlockKey("ab", 5, 0, 0)).startswith(key_prefix("a"))
     assert str(BlockKey("a", 5, 0, 0)).startswith(key_prefix("a", 5))
     assert not str(BlockKey("a", 55, 0, 0)).startswith(key_prefix("a", 5))
+
+
+KEY = bytes(range(32))
+NAMES = KeyNamer(KEY)
+inode_for_path, extent_for = NAMES.inode, NAMES.extent
 
 
 @given(st.text(min_size=1, max_size=60).filter(lambda p: p.strip("/")))
@@ -105,7 +109,17 @@ def test_extent_changes_with_version_block_size_and_path():
     assert e == extent_for("a/b.jpg", "etag1", 4 << 20)
     assert len({e, extent_for("a/b.jpg", "etag2", 4 << 20), extent_for("a/b.jpg", "etag1", 1 << 20),
                 extent_for("a/c.jpg", "etag1", 4 << 20)}) == 4
-    assert 0 <= e < 2**64
+    assert 0 <= e < 2**128
+
+
+@given(st.text(max_size=40), st.text(max_size=30))
+def test_names_depend_on_the_volume_key(path, version):
+    """Another key is another namespace: one volume name under two keys never
+    shares a block name, and nobody without the key can recompute one."""
+    other = KeyNamer(bytes(31) + b"\1")
+    assert NAMES.extent(path, version, 4096) != other.extent(path, version, 4096)
+    if path.strip("/"):
+        assert NAMES.inode(path) != other.inode(path)
 
 
 @pytest.mark.parametrize("bad", ["vol\n", "vol\n\n", "", "a" * 64, "_a", ".a", "a_b", "a/b"])
@@ -115,45 +129,46 @@ def test_volume_name_rejected(bad):
         check_volume_name(bad)
 
 
-def _spec_digest64(*parts: bytes) -> int:
+def _spec_digest(size: int, *parts: bytes) -> int:
     """The ids' definition, written out (keys.py computes it from seeded states)."""
     import hashlib
-    h = hashlib.blake2b(digest_size=8, person=b"blockcache-id")
+    from blockcache_client.blockfile import hkdf_sha256
+    key = hkdf_sha256(KEY, b"", b"blockcache key names v2")
+    h = hashlib.blake2b(digest_size=size, key=key, person=b"blockcache-id")
     for p in parts:
         h.update(len(p).to_bytes(4, "big") + p)
     return int.from_bytes(h.digest(), "big")
 
 
 # Every host and every release must name the same bytes with the same keys:
-# these values were computed when the ids were defined and must never change.
+# these values (key format 2, volume key bytes(range(32))) were computed when
+# the ids were defined and must never change.
 KNOWN_IDS = [
-    ("a/b.jpg", "etag1", 4 << 20, 5958730413287404911, 0x36e1772beff215b1),
+    ("a/b.jpg", "etag1", 4 << 20, 8833286027227912037, 0x79aa0ec2fce3db7544b53884006920fd),
     ("class001/img000123.jpg", "1700000000000000000-112640", 128 << 10,
-     1629414760746584073, 0xe9fd59b2ab1d94fe),
-    ("d\udcff/x", "etag1", 4 << 20, 4206050401478940688, 0x57084711cdd482af),
-    ("é/ü.bin", "1700000000000000000-112640", 128 << 10, 6271433460338643723,
-     0x107c9fd198878d32),
+     1402602618126180441, 0xccc0706f2b5108e8a221c8da2c132e30),
+    ("d\udcff/x", "etag1", 4 << 20, 654836444594916134, 0xfe686d353628733ca2535d6a8fb8c1bc),
+    ("é/ü.bin", "1700000000000000000-112640", 128 << 10, 5418936514568510564,
+     0x2a3bcb29ffabf3e0189d2dccef06c6ba),
 ]
 
 
 @pytest.mark.parametrize("path, version, block_size, inode, extent", KNOWN_IDS)
 def test_ids_keep_their_known_values(path, version, block_size, inode, extent):
-    from blockcache_client.keys import file_ids, file_prefix
     assert inode_for_path(path) == inode == inode_for_path(f"/{path}/")
     assert extent_for(path, version, block_size) == extent
-    assert file_ids(path, version, block_size) == (inode, extent)
-    assert file_prefix("vol", path, version, block_size) == f"vol_{inode}_{extent:016x}_"
+    assert NAMES.file_ids(path, version, block_size) == (inode, extent)
+    assert NAMES.file_prefix("vol", path, version, block_size) == f"vol_{inode}_{extent:032x}_"
 
 
 @given(st.text(max_size=40), st.text(max_size=30), st.integers(1, 2**40))
 def test_ids_follow_their_definition(path, version, block_size):
-    from blockcache_client.keys import file_ids, file_prefix
     p = path.strip("/").encode("utf-8", "surrogateescape")
-    ino = _spec_digest64(b"inode", p) & MAX_INODE
+    ino = _spec_digest(8, b"inode", p) & MAX_INODE
     want_ino = ROOT_INODE if not p else (ino if ino > ROOT_INODE else ino + 2)
-    want_ext = _spec_digest64(b"extent", p, version.encode("utf-8", "surrogateescape"),
-                              str(block_size).encode())
-    assert file_ids(path, version, block_size) == (want_ino, want_ext)
+    want_ext = _spec_digest(16, b"extent", p, version.encode("utf-8", "surrogateescape"),
+                            str(block_size).encode())
+    assert NAMES.file_ids(path, version, block_size) == (want_ino, want_ext)
     assert (inode_for_path(path), extent_for(path, version, block_size)) == (want_ino, want_ext)
-    assert file_prefix("v", path, version, block_size) == str(BlockKey("v", want_ino, want_ext,
-                                                                        0))[:-16]
+    assert NAMES.file_prefix("v", path, version, block_size) == str(
+        BlockKey("v", want_ino, want_ext, 0))[:-16]

@@ -8,7 +8,8 @@ import random
 
 from blockcache_client import volume as volume_mod
 from blockcache_client.blockfile import HEADER_SIZE
-from blockcache_client.keys import BlockKey, extent_for, inode_for_path
+from blockcache_client.keyfile import load_key_file
+from blockcache_client.keys import BlockKey, KeyNamer
 from tests.blockcache_client.test_volume import BS, settle, volume, wait_connected
 from tests.blockcache_client.test_volume_faults import cached_block_path
 
@@ -17,12 +18,13 @@ def test_key_prefix_is_the_canonical_block_key(local_source, key_file, daemon):
     files = {"plain.bin": b"x" * 10, "dir/sub/ünï cödé.bin": b"y" * (2 * BS + 1)}
     for rel, data in files.items():
         local_source.write(rel, data)
+    names = KeyNamer(load_key_file(str(key_file)))
     with volume(local_source, key_file, daemon) as vol:
         for rel in files:
             info = vol.stat(rel)
             for boff in range(0, info.size, BS):
                 key = vol._key_prefix(info.path, info.version) + format(boff, "016x")
-                want = BlockKey("vol", inode_for_path(rel), extent_for(rel, info.version, BS),
+                want = BlockKey("vol", names.inode(rel), names.extent(rel, info.version, BS),
                                 boff)
                 assert key == str(want)
                 assert BlockKey.parse(key) == want

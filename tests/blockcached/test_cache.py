@@ -154,6 +154,30 @@ def test_lru_evicts_least_recently_touched_first(engines):
     assert set(e.files()) == set(remaining)
 
 
+def test_fill_queue_share_and_volume_bound(engines):
+    e = engines([1 << 20], fill_queue_bytes=10_000, fill_queue_share=0.5, max_volumes=2)
+    k1, k2, k3 = key(inode=1), key(inode=2), key(inode=3)
+    assert e.cache.put(k1, block(k1, 4000), owner=1000) == (True, "queued")
+    # uid 1000 holds 4144 of its 5000; another block would pass its share
+    assert e.cache.put(k2, block(k2, 4000), owner=1000) == (False, "over_share")
+    assert e.cache.put(k2, block(k2, 4000), owner=2000) == (True, "queued")  # others unaffected
+    e.settle()
+    assert e.cache.put(k3, block(k3, 4000), owner=1000) == (True, "queued")  # written: share back
+    e.settle()
+    # a second volume fits max_volumes; a third is refused and leaves no state
+    w, x = key(vol="w"), key(vol="x")
+    assert e.cache.put(w, block(w), owner=1000) == (True, "queued")
+    assert e.cache.put(x, block(x), owner=1000) == (False, "too_many_volumes")
+    e.settle()
+    s = e.cache.stats()
+    assert set(s["volumes"]) == {"v", "w"} and s["over_share"] == 1
+    # once a volume is gone, a new one may take its place
+    e.cache.evict_prefix("w")
+    assert e.cache.put(x, block(x), owner=1000) == (True, "queued")
+    e.settle()
+    assert set(e.cache.stats()["volumes"]) == {"v", "x"}
+
+
 def test_put_reasons(engines):
     e = engines([20_000], fill_queue_bytes=10_000)
     k1, k2, k3 = key(inode=1), key(inode=2), key(inode=3)
@@ -227,6 +251,8 @@ def test_rebuild_restores_entries_order_and_cleans(tmp_path, engines):
         os.path.join(d0, "tmp", "123.4"),                                   # interrupted write
         os.path.join(d0, "blocks", "00", "00", "not-a-key"),                # malformed name
         os.path.join(d0, "blocks", "00", "00", key(inode=555)),             # wrong fan-out
+        # key format 1 (unkeyed ids, 16-digit extent) at its own fan-out path
+        os.path.join(d0, layout.block_relpath("v_1_0000000000001234_0000000000000000")),
     ]
     # a key that belongs to the other dir, placed where dir 0 would keep it
     other = next(k for k in (key(inode=1000 + i) for i in range(100))

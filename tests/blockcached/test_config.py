@@ -77,6 +77,22 @@ def test_defaults_and_env_socket(tmp_path, monkeypatch):
     assert c.fill_queue_bytes == 256 << 20 and c.socket_group is None
 
 
+def test_access_and_limits(tmp_path):
+    toml = ('admin_uids = []\nunlisted_volumes = "admin"\nmax_connections_per_uid = 8\n'
+            'max_reply_bytes_per_uid = "4M"\nfill_queue_share = 0.25\nmax_volumes = 10\n'
+            '[volumes.imagenet]\nuids = [1000, "root"]\ngids = ["0"]\n'
+            '[[cache_dirs]]\npath = "/a"\n')
+    c = cfg_of(tmp_path, toml, "--volume-access", "coco=uid:7,gid:8")
+    assert c.admin_uids == frozenset() and c.unlisted_volumes == "admin"
+    assert (c.max_connections_per_uid, c.max_reply_bytes_per_uid) == (8, 4 << 20)
+    assert (c.fill_queue_share, c.max_volumes) == (0.25, 10)
+    assert c.volumes["imagenet"].uids == {1000, 0} and c.volumes["imagenet"].gids == {0}
+    assert c.volumes["coco"].uids == {7} and c.volumes["coco"].gids == {8}
+    d = cfg_of(tmp_path, None, "--cache-dir", "/a")
+    assert d.admin_uids == {0} and d.volumes == {} and d.unlisted_volumes == "open"
+    assert cfg_of(tmp_path, None, "--cache-dir", "/a", "--admin-uid", "").admin_uids == frozenset()
+
+
 def test_group_by_name(tmp_path):
     name = grp.getgrgid(0).gr_name
     assert cfg_of(tmp_path, None, "--cache-dir", "/tmp/x", "--socket-group", name).socket_group == 0
@@ -96,6 +112,15 @@ def test_group_by_name(tmp_path):
     (None, ("--cache-dir", "/a", "--cache-dir", "/a/b"), "inside cache dir"),
     (None, ("--cache-dir", "/a", "--log-format", "xml"), "not one of text, json"),
     (None, ("--cache-dir", "/a", "--io-timeout", "0"), "more than 0 seconds"),
+    ('[volumes.Bad]\nuids = [0]\n[[cache_dirs]]\npath = "/a"', (), "invalid volume name 'Bad'"),
+    ('[volumes.v]\nusers = [0]\n[[cache_dirs]]\npath = "/a"', (), "unknown key(s) users"),
+    ('[volumes.v]\nuids = ["no-such-user-xyz"]\n[[cache_dirs]]\npath = "/a"', (), "no user named"),
+    ('volumes = 3\n[[cache_dirs]]\npath = "/a"', (), "one per volume"),
+    (None, ("--cache-dir", "/a", "--volume-access", "v=user:1"), "not uid:USER or gid:GROUP"),
+    (None, ("--cache-dir", "/a", "--volume-access", "v"), "expected VOL=uid:USER"),
+    (None, ("--cache-dir", "/a", "--unlisted-volumes", "closed"), "not one of open, admin"),
+    (None, ("--cache-dir", "/a", "--fill-queue-share", "0"), "must be in (0, 1]"),
+    (None, ("--cache-dir", "/a", "--max-volumes", "0"), "max_volumes must be at least 1"),
 ])
 def test_invalid_config_is_refused_with_a_clear_message(tmp_path, toml, flags, words):
     with pytest.raises(ConfigError) as err:

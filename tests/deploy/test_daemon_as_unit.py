@@ -104,7 +104,7 @@ def put_block(socket_path: str) -> str:
     from blockcache_client import blockfile
     from blockcache_client.client import Client
 
-    key = "imagenet_42_00000000000000ab_0000000000000000"
+    key = "imagenet_42_000000000000000000000000000000ab_0000000000000000"
     blob = blockfile.seal(key, os.urandom(100_000), os.urandom(32))
     deadline = time.monotonic() + WAIT
     with Client(socket_path) as c:

@@ -13,16 +13,15 @@ import time
 
 import pytest
 
-from blockcache_client.keys import inode_for_path
+from blockcache_client.keyfile import load_key_file
+from blockcache_client.keys import KeyNamer
 from blockcache_client.volume import Volume
 from tests.fsclient.mounting import REPO, env
 from tests.operations.conftest import (BLOCK, VOLUME, blocks_of, run_cli, warmup_args)
 
 
 def volume_keys(daemon) -> set[str]:
-    reply = daemon.client().list(VOLUME, 100_000)
-    assert not reply["truncated"]
-    return set(reply["keys"])
+    return set(daemon.client().list_all(VOLUME))
 
 
 def check_report(out: str) -> tuple[dict[str, tuple[float, str]], float]:
@@ -108,7 +107,8 @@ def test_evict_removes_exactly_those_blocks(daemon, tree, key_file):
                                              "dir2/sub/f1.bin"))
     assert r.returncode == 0, r.stdout + r.stderr
     gone = [p for p in files if p.startswith("dir0/")] + ["dir2/sub/f1.bin"]
-    prefixes = tuple(f"{VOLUME}_{inode_for_path(p)}_" for p in gone)
+    names = KeyNamer(load_key_file(str(key_file)))
+    prefixes = tuple(f"{VOLUME}_{names.inode(p)}_" for p in gone)
     expected_gone = {k for k in before if k.startswith(prefixes)}
     assert expected_gone and len(expected_gone) == sum(blocks_of(files[p]) for p in gone)
     assert f"evicted {len(expected_gone)} blocks" in r.stdout

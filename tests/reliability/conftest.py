@@ -149,7 +149,7 @@ def check_index_matches_disk(daemon: DaemonProcess, volume_key: bytes) -> dict:
     s = daemon.wait_stats(lambda s: s["rebuild"]["state"] == "done" and s["queue"]["entries"] == 0
                           and all(d["queued_jobs"] == 0 for d in s["dirs"]), timeout=20)
     c = daemon.client()
-    keys = c.list(limit=100_000)["keys"]
+    keys = c.list_all()
     paths = c.lookup(keys) if keys else []
     on_disk = cache_files(daemon.cache_dirs)
     tmp_dirs = tuple(os.path.join(d, "tmp") + os.sep for d in daemon.cache_dirs)

@@ -1,6 +1,6 @@
 """Benchmark of `blockcached`: lookups, puts, rebuild, index memory.
 
-    python -m bench.daemon [--entries N] [--million] [--dir DIR]
+    python -m bench.daemon_ops [--entries N] [--million] [--dir DIR]
 
 Prints, measured in one run against a real daemon process on this machine:
 

@@ -1,6 +1,6 @@
 """Benchmark of the read-through reader (`Volume`) against fsspec's caches.
 
-    python -m bench.reader [--files 3000] [--dirs 30] [--delay 0.002] [--threads 1] [--rounds 5]
+    python -m bench.volume_vs_fsspec [--files 3000] [--dirs 30] [--delay 0.002] [--threads 1] [--rounds 5]
 
 Prints, measured in one run on this machine:
 
@@ -437,7 +437,7 @@ def main() -> None:
     ap.add_argument("--skip-epochs", action="store_true")
     ap.add_argument("--skip-hit", action="store_true")
     args = ap.parse_args()
-    work = args.dir or tempfile.mkdtemp(prefix="bench-reader-")
+    work = args.dir or tempfile.mkdtemp(prefix="bench-volume-vs-fsspec-")
     try:
         print(f"reader benchmark: {args.files} files in {args.dirs} dirs, remote "
               f"{args.delay * 1000:g} ms/request, {args.threads} threads")

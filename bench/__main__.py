@@ -3,7 +3,8 @@
     python -m bench                              # the whole suite (~15 min on 2 cores)
     python -m bench small-files --systems volume,fsspec-simplecache --size small
     python -m bench --size large                 # bigger data, longer run
-    python -m bench --publish                    # also update docs/benchmarks.md + docs/img
+    python -m bench --publish                    # also write the run into docs/
+    python -m bench --from-json docs/benchmarks-results.json --publish   # docs only, no run
 
 Set-up is part of the run: matplotlib is pip-installed into this interpreter
 when missing, rclone and s3fs-fuse are apt-installed when missing (a system
@@ -67,7 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="do not read each system's cache files (or local copy) into the "
                         "page cache before its warm epochs")
     p.add_argument("--publish", action="store_true",
-                   help="copy plots to docs/img and the tables into docs/benchmarks.md")
+                   help="write the run into docs/: the verdicts into benchmarks.md, every "
+                        "table into benchmarks-results.md, the JSON beside, plots into img/")
     p.add_argument("--from-json", metavar="FILE",
                    help="run nothing: rebuild tables and plots (and --publish) from a results file")
     args = p.parse_args(argv)

@@ -105,11 +105,8 @@ def targets(result: dict) -> list[dict]:
         if r["workload"] == "shared" and r["system"] in ("volume", "fuse"):
             shared[(r["config"], r["system"])].append(r)
     for (config, system), rows in shared.items():
-        # Warm speed: client 0 restarted (epoch 3), reading the cache it
-        # filled with no memory of its own, as a new client starts; the median
-        # over rounds against the median of every new client's first epoch.
-        # Client 0's epoch 2 is shown beside: served from its own memory (a
-        # mount's page cache, a Volume's LRU), which no other client can share.
+        # New clients' median first epoch against client 0 restarted (epoch 3,
+        # no memory of its own); its epoch 2, from private memory, only beside.
         restarted = [_rate(r, "shared") for r in rows if r["epoch"] == 3 and not r["client"]]
         new = [r for r in rows if r["client"]]
         firsts = [_rate(r, "shared") for r in new]

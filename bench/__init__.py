@@ -12,3 +12,7 @@
 
 Nothing here is a test; speed lives here, correctness in tests/.
 """
+
+import os
+
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

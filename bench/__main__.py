@@ -26,15 +26,14 @@ import subprocess
 import sys
 import time
 
-from . import datasets, report
+from . import PROJECT_ROOT, datasets, report
 from .remote import DEFAULT_RTT_MS, Remote
 from .systems import Ctx, _project_version, all_systems
 from .workloads import WORKLOADS, Runner
 
 log = logging.getLogger("bench")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "bench", "results")
+RESULTS = os.path.join(PROJECT_ROOT, "bench", "results")
 
 
 def _ensure_matplotlib() -> None:
@@ -147,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             stem += "-partial-" + "-".join(args.workloads or ["all"])
     paths = report.write(result, args.out, stem)
     if args.publish:
-        report.publish(paths, os.path.join(ROOT, "docs"))
+        report.publish(paths, os.path.join(PROJECT_ROOT, "docs"))
     for t in result["targets"]:
         ratio = "not measured" if t["ratio"] is None else f"{t['ratio']:.2f}x"
         print(f"{'MET ' if t['met'] else 'MISS' if t['met'] is False else '----'} "

@@ -3,7 +3,8 @@
     python -m bench                              # the whole suite (~15 min on 2 cores)
     python -m bench small-files --systems volume,fsspec-simplecache --size small
     python -m bench --size large                 # bigger data, longer run
-    python -m bench --publish                    # also update docs/benchmarks.md + docs/img
+    python -m bench --publish                    # also write the run into docs/
+    python -m bench --from-json docs/benchmarks-results.json --publish   # docs only, no run
 
 Set-up is part of the run: matplotlib is pip-installed into this interpreter
 when missing, rclone and s3fs-fuse are apt-installed when missing (a system
@@ -25,15 +26,14 @@ import subprocess
 import sys
 import time
 
-from . import datasets, report
+from . import PROJECT_ROOT, datasets, report
 from .remote import DEFAULT_RTT_MS, Remote
 from .systems import Ctx, _project_version, all_systems
 from .workloads import WORKLOADS, Runner
 
 log = logging.getLogger("bench")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "bench", "results")
+RESULTS = os.path.join(PROJECT_ROOT, "bench", "results")
 
 
 def _ensure_matplotlib() -> None:
@@ -67,7 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="do not read each system's cache files (or local copy) into the "
                         "page cache before its warm epochs")
     p.add_argument("--publish", action="store_true",
-                   help="copy plots to docs/img and the tables into docs/benchmarks.md")
+                   help="write the run into docs/: the verdicts into benchmarks.md, every "
+                        "table into benchmarks-results.md, the JSON beside, plots into img/")
     p.add_argument("--from-json", metavar="FILE",
                    help="run nothing: rebuild tables and plots (and --publish) from a results file")
     args = p.parse_args(argv)
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             stem += "-partial-" + "-".join(args.workloads or ["all"])
     paths = report.write(result, args.out, stem)
     if args.publish:
-        report.publish(paths, os.path.join(ROOT, "docs"))
+        report.publish(paths, os.path.join(PROJECT_ROOT, "docs"))
     for t in result["targets"]:
         ratio = "not measured" if t["ratio"] is None else f"{t['ratio']:.2f}x"
         print(f"{'MET ' if t['met'] else 'MISS' if t['met'] is False else '----'} "

@@ -55,10 +55,8 @@ SIZES = {
     "small": Size("small", files=600, dirs=12, shards=8, shard_bytes=16 * MIB, subpackages=4,
                   modules=10, random_4k=300, random_128k=100, clients=2, shared_files=300,
                   shared_rounds=2, stat_files=600, readers=(1, 4), warm_epochs=3),
-    # Bounded by moto: several ms of its CPU per request make every cold
-    # epoch remote-bound, so the default keeps to 1,500 small files (~190 MB)
-    # and 1 GiB of shards to finish in 15-17 minutes on 2 idle cores (moto's
-    # speed varies that much between runs).
+    # Bounded by moto, whose CPU per request makes every cold epoch
+    # remote-bound: sized so the whole suite runs in about a quarter hour.
     "default": Size("default", files=1500, dirs=15, shards=32, shard_bytes=32 * MIB,
                     subpackages=10, modules=20, random_4k=500, random_128k=200, clients=3,
                     shared_files=500, shared_rounds=3, stat_files=1000, readers=(1, 4),

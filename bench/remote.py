@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 from tests.support.procs import stop_process
 
+from . import PROJECT_ROOT
+
 log = logging.getLogger(__name__)
 
 ACCESS_KEY = "benchkey"
@@ -232,7 +234,7 @@ class LatencyProxy:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.remote", "proxy", "--target",
              f"{self.target[0]}:{self.target[1]}", "--rtt-ms", str(self.rtt_ms)],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=_project_root(),
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=PROJECT_ROOT,
             text=True)
         line = self.proc.stdout.readline()
         if not line.startswith("READY "):
@@ -255,10 +257,6 @@ class LatencyProxy:
     def stop(self) -> None:
         stop_process(self.proc)
         self.proc = None
-
-
-def _project_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def probe_netem() -> str | None:

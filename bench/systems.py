@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from blockcache_client import s3direct
 
+from . import PROJECT_ROOT
 from .datasets import MIB, Size
 from .remote import ACCESS_KEY, REGION, SECRET_KEY, Remote
 
@@ -574,7 +575,7 @@ class PassthroughSystem(_MountSystem):
                              self._mountpoint(client)],
                             self._mountpoint(client),
                             os.path.join(self.dir, f"passthrough{client}.log"),
-                            env=dict(os.environ, PYTHONPATH=_project_root()))
+                            env=dict(os.environ, PYTHONPATH=PROJECT_ROOT))
 
     def backing_dirs(self) -> list[str]:
         return [self.ctx.local_root]
@@ -585,10 +586,6 @@ class PassthroughSystem(_MountSystem):
     def version(self) -> str:
         import pyfuse3
         return f"pyfuse3 {pyfuse3.__version__}"
-
-
-def _project_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class LocalSystem(System):

@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 
-from .readers import import_all, make_reader
+from .access_paths import import_all, make_reader
 
 log = logging.getLogger(__name__)
 

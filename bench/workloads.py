@@ -15,16 +15,13 @@ A failure is recorded as an error row and the suite goes on.
    shards (the same offsets both epochs), separately for each size.
 4. metadata: `stat` of every small file; importing every module of the
    package tree (fresh `sys.modules` each epoch).
-5. shared cache: one client reads a subset cold and warm, is restarted (a
-   new process, or remounted over its cache) and reads it warm again; then
-   each further client (a new mount, or a new process) reads it for its first
-   time. The restarted client's epoch is the warm speed a new client is held
-   to: like a new client it starts with no memory of its own, and unlike a
-   new client it reads a cache it filled itself, so the two differ only by
-   whether the cache is shared. The restarted client and the new clients
-   read in turns of a few ms, so that the machine's changes of speed fall on
-   all of them alike, and the restart and new clients are repeated for
-   `shared_rounds` rounds, unless the epochs are long (remote-bound).
+5. shared cache: one client reads a subset cold and warm; then, for
+   `shared_rounds` rounds (one if the epochs are long), it is restarted (a new
+   process, or remounted over its cache) beside new clients, and all read the
+   subset in turns of a few ms. New clients are held to the restarted one:
+   both start with no memory of their own, so they differ only in whether
+   the cache they read is shared. Turns let the machine's changes of speed
+   fall on all of them alike.
 
 Each row: items and bytes, wall seconds, items/s and MB/s, p50/p99 latency per
 item, CPU seconds of readers plus the system's server processes (and per GB
@@ -93,10 +90,8 @@ class Runner:
     def _warm_backing_files(self, system: System) -> None:
         """Before a warm epoch: the host page cache holds the system's cache
         files (the local copy for local disk and the passthrough), for every
-        system alike. This VM pages out page-cache pages idle for ~30 s
-        (DAMON reclaim), so without this a system whose cold epoch took
-        longer, or whose files were written earlier, would start its warm
-        epoch partly from disk, by the run's timing rather than its design."""
+        system alike. A kernel that reclaims idle pages (DAMON) would otherwise
+        start a system with a longer cold epoch partly from disk."""
         if self.warm_host_cache:
             read_into_page_cache(system.backing_dirs())
 
@@ -224,10 +219,8 @@ class Runner:
             def args(e, n=n):
                 order = datasets.shuffled(files, e)
                 return [order[i::n] for i in range(n)]
-            # A short warm epoch is one draw of this VM's CPU speed, and the
-            # first one starts with whatever DAMON paged out of a mount's
-            # page cache during a long cold epoch: the warm figure is the
-            # median of `warm_epochs` of them (report.targets).
+            # A short warm epoch is one draw of a shared VM's CPU speed: the
+            # warm figure is the median of `warm_epochs` (report.targets).
             self._guard("small-files", config, system, lambda n=n, config=config, args=args:
                         self._epochs(system, n, "small-files", [(config, "files", args)],
                                      listing=datasets.small_dirs(size),
@@ -264,12 +257,8 @@ class Runner:
         files = datasets.small_files(size)[:size.shared_files]
         config = f"{size.clients} clients"
         dirs = datasets.small_dirs(size)
-        # Where clients share one cache, a new client's first epoch and the
-        # restarted client's are both short warm epochs, and this VM's CPUs
-        # change speed by up to 1.7x from one second to the next: one epoch
-        # after another would compare two draws of the machine. The clients of
-        # a round therefore read in turns of SHARED_SLICE files, and the
-        # verdict takes medians over rounds.
+        # Short warm epochs read one after another would compare two draws of
+        # the VM's CPU speed: clients read in turns, the verdict takes medians.
 
         def body():
             self._epochs(system, 1, "shared", [(config, "files", lambda e: [

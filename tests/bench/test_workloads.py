@@ -193,7 +193,7 @@ def test_posix_settle_waits_for_the_fuse_servers_fill_queue(tmp_path):
     import threading
     import time
 
-    from bench.readers import PosixReader
+    from bench.access_paths import PosixReader
 
     name = "user.blockcache.stats"
     os.setxattr(tmp_path, name, json.dumps({"fill_queue_bytes": 4 << 20}).encode())

@@ -1,6 +1,6 @@
 """Benchmark of `blockcached`: lookups, puts, rebuild, index memory.
 
-    python -m bench.daemon [--entries N] [--million] [--dir DIR]
+    python -m bench.daemon_ops [--entries N] [--million] [--dir DIR]
 
 Prints, measured in one run against a real daemon process on this machine:
 
@@ -18,28 +18,10 @@ Prints, measured in one run against a real daemon process on this machine:
 Targets: lookup p50 <= 80 us; batched >= 100k keys/s; put >= 50% of the
 direct rate; rebuild >= 100k entries/s; <= 250 B RSS per entry.
 
-Reading the figures on a small shared machine (2 cores, a VM): a lookup
-round trip is two process wake-ups plus ~20 us of CPU on each side on a quiet
-machine (/proc user+sys time per request; 2-3x that when other work holds
-the cores). Waking a halted vCPU costs 40-60 us here (cpuidle haltpoll with
-no guest polling), so with client and daemon on different CPUs a client that
-slept in poll saw a p50 of 115-145 us, against 42-65 us with both pinned to
-one CPU. A single-threaded `Client` therefore polls for its reply (yielding
-the CPU) for up to 100 us before sleeping: p50 35-70 us on one connection,
-40-60 us on 4 (4 processes on 2 cores). A client whose reply came later than
-that sleeps at once for the next 1, 2, 4 ... 64 requests: with 4 processes
-on 2 cores, pollers otherwise held the CPU the daemon needed (p99 780-1,530
-us, against 240-630 us backing off and 300-400 us never polling).
-
-A put (1 MiB, until written) moves the block through the socket into a
-pooled buffer and writes it from there: ~0.5-0.8 ms per put against ~0.4-0.5
-ms for the same direct write from memory. The two alternate over 3 rounds
-(median of each): a write is cheap into page-cache pages just freed and dear
-into pages the VM must get back from its host, which one round of each, in a
-fixed order, turned into a ratio anywhere from 42% to 109%. The rebuild scan is CPU-bound over 2 processes, so it
-halves when something else holds a core, and reads from disk if the
-dentry/inode cache was dropped meanwhile (the workload benchmarks drop
-caches).
+On a small shared VM every figure moves with the load and with vCPU wake-up
+cost: run it on a quiet machine, and compare runs of one session. Puts and
+direct writes alternate over `PUT_ROUNDS` rounds (median of each), since a
+write's cost depends on whether its page-cache pages were just freed.
 """
 
 from __future__ import annotations
@@ -178,10 +160,8 @@ def _direct_round(root: Path, blobs: list[tuple[str, bytes]], tmp: bool, fsync: 
 
 def bench_puts(d: DaemonProcess, base: Path) -> dict[str, float]:
     """Puts against direct writes of the same blocks, in alternating rounds
-    (median of each): a write's cost here depends on whether its page-cache
-    pages were just freed (cheap) or must come back from the host (this VM
-    reports free memory to it), so one round of each, always in the same
-    order, moved the ratio between 42% and 109% from run to run."""
+    (median of each): one round of each in a fixed order compares page-cache
+    states (pages just freed, or given back to the host), not the two paths."""
     blobs = []
     plain = os.urandom(PUT_BLOCK - 4096)
     for i in range(PUT_COUNT):

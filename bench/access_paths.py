@@ -28,13 +28,22 @@ SETTLE_TIMEOUT = 60.0  # seconds a FUSE server's queued fills may take to leave 
 class Reader:
     """The operations a workload needs; subclasses fill them for one access path."""
 
+    def _open(self, path: str):
+        """The file at `path`, opened for binary reading."""
+        raise NotImplementedError
+
     def read_file(self, path: str) -> bytes:
         """Read a whole file."""
-        raise NotImplementedError
+        with self._open(path) as f:
+            return f.read()
 
     def read_seq(self, path: str, chunk: int = SEQ_CHUNK) -> int:
         """Read a file front to back in `chunk`-sized reads; returns bytes read."""
-        raise NotImplementedError
+        n = 0
+        with self._open(path) as f:
+            while data := f.read(chunk):
+                n += len(data)
+        return n
 
     def read_range(self, path: str, offset: int, size: int) -> bytes:
         raise NotImplementedError
@@ -76,16 +85,8 @@ class PosixReader(Reader):
     def _p(self, path: str) -> str:
         return os.path.join(self.root, path)
 
-    def read_file(self, path: str) -> bytes:
-        with open(self._p(path), "rb", buffering=0) as f:
-            return f.read()
-
-    def read_seq(self, path: str, chunk: int = SEQ_CHUNK) -> int:
-        n = 0
-        with open(self._p(path), "rb", buffering=0) as f:
-            while data := f.read(chunk):
-                n += len(data)
-        return n
+    def _open(self, path: str):
+        return open(self._p(path), "rb", buffering=0)
 
     def read_range(self, path: str, offset: int, size: int) -> bytes:
         fd = self._fds.get(path)
@@ -137,20 +138,6 @@ class _FileAPIReader(Reader):
 
     def _p(self, path: str) -> str:
         return f"{self.prefix}/{path}" if self.prefix else path
-
-    def _open(self, path: str):
-        raise NotImplementedError
-
-    def read_file(self, path: str) -> bytes:
-        with self._open(path) as f:
-            return f.read()
-
-    def read_seq(self, path: str, chunk: int = SEQ_CHUNK) -> int:
-        n = 0
-        with self._open(path) as f:
-            while data := f.read(chunk):
-                n += len(data)
-        return n
 
     def read_range(self, path: str, offset: int, size: int) -> bytes:
         f = self._files.get(path)

@@ -1,6 +1,7 @@
 """Benchmark of the read-through reader (`Volume`) against fsspec's caches.
 
-    python -m bench.reader [--files 3000] [--dirs 30] [--delay 0.002] [--threads 1] [--rounds 5]
+    python -m bench.volume_vs_fsspec [--files 3000] [--dirs 30] [--delay 0.002]
+                                     [--threads 1] [--rounds 5]
 
 Prints, measured in one run on this machine:
 
@@ -25,16 +26,12 @@ Prints, measured in one run on this machine:
    with ready ciphers.
 3. The ciphertext decrypted by a 4 KiB random read of a cached 4 MiB block.
 
-Targets (issue #3's, for the two-epoch run): warm Volume >= 1.0x
-simplecache warm and >= 50% of local-disk reads; cold Volume >= 1.0x every
-fsspec cache's cold; 4 MiB hit >= 50% and 128 KiB hit >= 40% of raw; a 4 KiB
-read of a 4 MiB block decrypts <= 64 KiB. A new reader per epoch ("new proc")
-is held to >= 1.0x simplecache too. Its ratio to local disk is printed but
-not held to 0.5x: a straight-line reader doing only a hit's unavoidable work
-(open, one read and close of the block file, the block's HKDF and AES-GCM
-setup, decrypting ~110 KiB, the copy out: ~49 us per file against local
-disk's ~23 us, measured 2026-11-23) reaches ~0.47x on this machine, so 0.5x
-would need a reader without encryption at rest or outside Python.
+Targets (for the two-epoch run): warm Volume >= 1.0x simplecache warm and
+>= 50% of local-disk reads; cold Volume >= 1.0x every fsspec cache's cold;
+4 MiB hit >= 50% and 128 KiB hit >= 40% of raw; a 4 KiB read of a 4 MiB block
+decrypts <= 64 KiB. A new reader per epoch ("new proc") is held to >= 1.0x
+simplecache too; its ratio to local disk is printed, not held to 0.5x: a hit
+must open, read and decrypt a block file, which a plaintext read does not.
 """
 
 from __future__ import annotations
@@ -107,24 +104,16 @@ def storage_read_bytes() -> int:
 
 def interleaved_epochs(readers: dict, items, rounds: int, warm: dict | None = None
                        ) -> tuple[dict[str, float], dict[str, int]]:
-    """Files/s of each reader: the median of `rounds` warm epochs, each epoch
-    read whole and timed alone, the readers taking turns epoch by epoch (in
-    rotating order), so that load from other processes on a shared machine
-    drifts over all readers alike instead of hitting whichever ran at a busy
-    moment. Whole epochs, not file-by-file turns: reading one file through
-    every reader in turn evicts each one's working set from the CPU caches
-    before its next file, which slowed the cheapest readers most (local-disk
-    reads measured 14k files/s that way, 25-50k alone).
+    """Files/s of each reader: the median of `rounds` warm epochs, each read
+    whole and timed alone, the readers taking turns epoch by epoch in rotating
+    order, so load from other processes drifts over all readers alike. Whole
+    epochs, not file-by-file turns, which would evict each reader's working
+    set from the CPU caches between its files.
 
-    `warm[name]()` runs untimed before each of that reader's epochs: it puts
-    the files the reader will read into the page cache. A warm epoch must
-    read nothing from storage, and on this VM reading everything once before
-    the rounds was not enough: DAMON reclaim took pages of files read every
-    few seconds, and local-disk epochs read 2-11 KiB per file from storage
-    (a page-cache miss costing ~20-30 us of CPU per file here), which moved
-    local disk's rate 3x within one run (11.6k-34.5k files/s). Also returns
-    each reader's largest storage read per epoch (bytes), to show they were
-    warm."""
+    `warm[name]()` runs untimed before each of that reader's epochs, to put
+    its files into the page cache (the kernel may reclaim idle pages between
+    rounds). Also returns each reader's largest storage read per epoch
+    (bytes), to show its epochs were warm."""
     names = list(readers)
     rates: dict[str, list[float]] = {name: [] for name in names}
     missed = dict.fromkeys(names, 0)
@@ -236,8 +225,7 @@ def bench_epochs(args, work: str) -> dict[str, tuple[float, float]]:
         readers["simplecache (new proc)"] = fresh_simple
         cold["simplecache (new proc)"] = cold["simplecache"]
         # every system's files into the page cache, untimed, as the suite does:
-        # this VM pages out page-cache pages idle ~30 s (DAMON), and the cold
-        # epochs left some systems' files idle longer than others'
+        # the cold epochs left some systems' files idle longer than others'
         read_into_page_cache([src, os.path.join(work, "simplecache"),
                               os.path.join(work, "blockcache"), os.path.join(work, "cache1")])
         warm = {"backend": run_epoch(direct, items, args.threads)}  # no cache: as cold
@@ -286,10 +274,8 @@ class FreshReader:
     """Reads through a new reader every warm round: what a new reader process
     (a DataLoader worker) on a warm shared cache sees. `make()` builds the
     reader (untimed, in `start_round`), `open_file(reader, rel)` opens a file
-    through it. For `Volume`: its memory LRU is empty and no block's cipher
-    has been derived yet in it, where the long-lived `Volume` keeps both from
-    earlier rounds (up to 64 MiB of blocks and 4096 ciphers, so with this
-    data set only its first round pays for them)."""
+    through it. A new `Volume` starts with an empty memory LRU and no derived
+    block ciphers, which the long-lived one keeps from earlier rounds."""
 
     def __init__(self, make, open_file):
         self.make = make
@@ -431,13 +417,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="reader threads per epoch")
     ap.add_argument("--parallel", type=int, default=16,
                     help="threads for an extra cold Volume epoch (0: skip)")
-    # 5: the median of 3 moved 20-40% between rows of one run at load 2-3
+    # 5: on a loaded machine a median of 3 still moves between rows of one run
     ap.add_argument("--rounds", type=int, default=5, help="warm epochs per system")
     ap.add_argument("--dir", default=None, help="work dir (default: a temp dir, removed)")
     ap.add_argument("--skip-epochs", action="store_true")
     ap.add_argument("--skip-hit", action="store_true")
     args = ap.parse_args()
-    work = args.dir or tempfile.mkdtemp(prefix="bench-reader-")
+    work = args.dir or tempfile.mkdtemp(prefix="bench-volume-vs-fsspec-")
     try:
         print(f"reader benchmark: {args.files} files in {args.dirs} dirs, remote "
               f"{args.delay * 1000:g} ms/request, {args.threads} threads")

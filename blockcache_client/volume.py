@@ -97,7 +97,10 @@ _SEQ_START = 256 << 10     # a read this large at offset 0 (or continuing one) i
 _SEQ_SLACK = 512 << 10     # "continues the previous read": starts this close to its end
                            # (and within an eighth of a block)
 _STREAMS_LIMIT = 4096      # per-file sequential-read states kept before starting over
-_O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOATIME", 0)
+# No O_NOATIME: open(2) refuses it with EPERM unless the caller owns the file
+# (or has CAP_FOWNER), so every hit of a reader that is not the daemon's uid
+# became a miss. relatime already skips nearly every atime write.
+_O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 # Cache-hit reads go through reusable buffers (the ciphertext, and the
 # plaintext when the caller wants bytes): a few idle ones are kept in a list,

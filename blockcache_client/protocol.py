@@ -18,7 +18,9 @@ connection is closed (its framing can no longer be trusted).
 Operations (arguments -> result), protocol version 1:
 
     hello   version:int, client:str        -> version, layout (see `layout`),
-                                              layout_epoch, max_frame, max_batch
+                                              layout_epoch, max_frame, max_batch,
+                                              uid (the daemon's: owner of every
+                                              block file; readers open no other)
     ping    -                              -> time:float, layout_epoch
     lookup  keys:[str]                     -> paths:[str|None] (absolute path of
                                               each key's block file, None = miss)

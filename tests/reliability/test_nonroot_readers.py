@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import time
 
 import fsspec
@@ -57,16 +58,17 @@ def test_non_root_volume_and_fsspec_readers_get_hits(tmp_path, shared_dir):
     src = os.path.join(shared_dir, "src")
     files = write_dataset(src, [BS // 2, BS + 7, 3 * BS], seed=23)
     blocks = sum(-(-len(d) // BS) for d in files.values())
-    key = os.path.join(shared_dir, "vol.key")
-    generate_key_file(key)
-    os.chown(key, nobody.pw_uid, nobody.pw_gid)  # 0400, the pod's own key
+    root_key, key = os.path.join(shared_dir, "root.key"), os.path.join(shared_dir, "vol.key")
+    generate_key_file(root_key)
+    shutil.copy(root_key, key)
+    os.chown(key, nobody.pw_uid, nobody.pw_gid)  # 0400: the pod's own copy of the key
     d = DaemonProcess(tmp_path, cache_dirs=[(os.path.join(shared_dir, "cache"), "64M")],
                       extra_args=["--socket-group", str(nobody.pw_gid)])
     d.socket_path = os.path.join(shared_dir, "bc.sock")
     d.start()
     try:
         # root warms the cache; the blocks are the daemon's (root's) files
-        with connected_volume("vol", src, key, d) as vol:
+        with connected_volume("vol", src, root_key, d) as vol:
             fill(vol, d, files)
         assert d.client().stats()["entries"] == blocks
         got = {"volume": as_nobody(_volume_reads, "vol", src, key, d.socket_path, files,

@@ -34,7 +34,7 @@ import time
 from typing import Any, Iterable
 
 from . import protocol
-from .errors import ConfigError, DaemonError, DaemonUnavailable, ProtocolError
+from .errors import ConfigError, DaemonError, DaemonUnavailable, ProtocolError, UntrustedPeer
 from .forks import generation as _forks
 from .protocol import LENGTH
 
@@ -89,7 +89,7 @@ def check_peer(sock: socket.socket, socket_path: str, daemon_uid: int | None) ->
         expected = f"root or uid {owner}, the owner of {where}"
     else:
         expected = f"root or uid {daemon_uid} (daemon_uid / ${DAEMON_UID_ENV})"
-    raise DaemonUnavailable(f"the process answering on {socket_path} runs as uid {uid}, but "
+    raise UntrustedPeer(f"the process answering on {socket_path} runs as uid {uid}, but "
                             f"blockcached is expected to run as {expected}; treating it as "
                             f"no daemon. If uid {uid} really is your blockcached, set "
                             f"${DAEMON_UID_ENV}={uid}")

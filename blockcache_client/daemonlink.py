@@ -48,7 +48,7 @@ from typing import Callable
 
 from .client import Client
 from .counters import Counters
-from .errors import BlockcacheError, DaemonError, DaemonUnavailable
+from .errors import BlockcacheError, DaemonError, DaemonUnavailable, UntrustedPeer
 from .layout import Layout
 from .protocol import MAX_BATCH
 
@@ -83,6 +83,7 @@ class DaemonLink:
         self.layout_epoch: int | None = None
         # the uid that owns the block files: hello's, else the peer's (SO_PEERCRED)
         self.daemon_uid: int | None = None
+        self._warned = ""  # the last untrusted peer warned about
         self._counters = counters
         self._seal = seal
         self._touch_interval = touch_interval
@@ -236,6 +237,9 @@ class DaemonLink:
                     backoff = _BACKOFF_MIN
                 except (DaemonUnavailable, DaemonError, ValueError, KeyError) as exc:
                     self._disconnect(exc)
+                    if isinstance(exc, UntrustedPeer) and str(exc) != self._warned:
+                        self._warned = str(exc)  # once, not at every retry
+                        log.warning("%s", exc)
                     log.debug("blockcached at %s unavailable: %s", self.socket_path, exc)
                     self._closed.wait(random.uniform(backoff / 2, backoff))
                     backoff = min(_BACKOFF_MAX, backoff * 2)

@@ -276,7 +276,8 @@ def _fake_daemon(path: str, uid: int, ready) -> None:
             conn.close()
 
 
-def test_socket_answered_by_an_unexpected_uid_is_no_daemon(tmp_path, shared_dir, key_file):
+def test_socket_answered_by_an_unexpected_uid_is_no_daemon(tmp_path, shared_dir, key_file,
+                                                          caplog):
     run = Path(shared_dir) / "run"
     run.mkdir()
     os.chmod(run, 0o1777)  # like /tmp: anyone may create a socket here (root owns it)
@@ -300,7 +301,8 @@ def test_socket_answered_by_an_unexpected_uid_is_no_daemon(tmp_path, shared_dir,
         files = write_dataset(str(src), [1000], seed=9)
         from blockcache_client.volume import Volume
         with Volume("vol", str(src), key_file, socket_path=path, block_size=BS) as vol:
-            time.sleep(0.3)
+            wait_until(lambda: any("runs as uid" in r.getMessage() for r in caplog.records
+                                   if r.levelname == "WARNING"), what="a warning naming the uid")
             assert not vol.stats()["daemon_connected"]
             [(rel, data)] = files.items()
             assert vol.read(rel, 0, len(data)) == data

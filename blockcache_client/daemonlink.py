@@ -217,7 +217,7 @@ class DaemonLink:
         self.layout_epoch = reply.get("layout_epoch")
         uid = reply.get("uid", self._control.peer_uid)
         self.daemon_uid = uid if isinstance(uid, int) and not isinstance(uid, bool) else None
-        self.layout = Layout.from_wire(reply["layout"]).resolved()
+        self.layout = Layout.from_wire(reply["layout"])
         log.info("connected to blockcached at %s (layout epoch %s, %d dir(s))",
                  self.socket_path, self.layout_epoch, len(self.layout.dirs))
 

@@ -68,15 +68,12 @@ class Layout:
 
     __slots__ = ("dirs", "_blocks", "_only")
 
-    def __init__(self, dirs: list[CacheDir], roots: list[str] | None = None):
-        """`roots`: where each dir is opened, if not at its path (`resolved`);
-        its path stays its identity for placement."""
+    def __init__(self, dirs: list[CacheDir]):
         if not dirs:
             raise ValueError("a layout needs at least one cache dir")
         self.dirs = tuple(dirs)
         # "<dir>/blocks/" of each dir: a reader builds a path per block it reads
-        self._blocks = tuple(os.path.join(r, BLOCKS_DIR, "")
-                             for r in (roots or [d.path for d in self.dirs]))
+        self._blocks = tuple(os.path.join(d.path, BLOCKS_DIR, "") for d in self.dirs)
         # the usual host: one healthy dir, whose paths `path` builds directly
         self._only = self._blocks[0] if len(self.dirs) == 1 and self.dirs[0].healthy else None
 
@@ -100,12 +97,6 @@ class Layout:
         if not self.dirs[i].healthy:
             return None
         return f"{self._blocks[i]}{fanout(key)}/{key}"
-
-    def resolved(self) -> "Layout":
-        """The same layout, its block paths under each dir's real path: the
-        symlinks of the configured path (a mount point's) are followed once
-        here, so a reader can refuse every symlink inside the tree."""
-        return Layout(list(self.dirs), [os.path.realpath(d.path) for d in self.dirs])
 
     def to_wire(self) -> dict:
         return {"dirs": [{"path": d.path, "weight": d.weight, "healthy": d.healthy}

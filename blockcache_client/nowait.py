@@ -6,8 +6,7 @@ hung disk must not freeze the mount. Linux says so exactly:
 
 - `open_cached(path)`: openat2(2) with RESOLVE_CACHED resolves every path
   component from the dentry cache or fails with EAGAIN (BlockingIOError)
-  where a lookup would need I/O; with RESOLVE_NO_SYMLINKS too, so a symlink
-  in the cache tree is refused (`safeopen`);
+  where a lookup would need I/O (the syscall itself is in `safeopen`);
 - `os.preadv(fd, bufs, off, os.RWF_NOWAIT)`: reads only pages already in the
   page cache; EAGAIN, or a short count, where some are not.
 
@@ -28,14 +27,11 @@ from .safeopen import Unsupported
 __all__ = ["SUPPORTED", "Unsupported", "open_cached"]
 
 SUPPORTED = safeopen.SUPPORTED and hasattr(os, "RWF_NOWAIT")
-_RESOLVE = (safeopen.RESOLVE_CACHED | safeopen.RESOLVE_NO_SYMLINKS
-            | safeopen.RESOLVE_NO_MAGICLINKS)
 
 
 def open_cached(path: str, flags: int) -> int:
-    """An fd for `path` opened with `flags` (and O_NOFOLLOW, no symlink in any
-    component), only if every path component is in the dentry cache.
-    BlockingIOError when the lookup would need I/O, FileNotFoundError and
-    other OSErrors as open(2) gives them (ELOOP for a symlink),
+    """An fd for `path` opened with `flags`, only if every path component is
+    in the dentry cache. BlockingIOError when the lookup would need I/O,
+    FileNotFoundError and other OSErrors as open(2) gives them,
     `Unsupported` where openat2/RESOLVE_CACHED is refused."""
-    return safeopen.openat2(path, flags | os.O_NOFOLLOW, _RESOLVE)
+    return safeopen.openat2(path, flags, safeopen.RESOLVE_CACHED)

@@ -49,9 +49,8 @@ Invariants:
   foreign block file, an unhealthy dir, or an unreachable daemon is a miss
   (counted); a bad block is evicted through the daemon and refilled.
 - Only the daemon's files are read: a block file is opened without
-  following a symlink (O_NOFOLLOW; the no-wait open refuses one in any
-  component below the dir's real path) and without blocking (O_NONBLOCK),
-  and used only if it is a regular file owned by the daemon's uid (`hello`);
+  following a symlink (O_NOFOLLOW) and without blocking (O_NONBLOCK), and
+  used only if it is a regular file owned by the daemon's uid (`hello`);
   anything else counts as a bad block. The daemon itself is believed only
   if SO_PEERCRED shows the expected uid (`client.check_peer`).
 - Fork safe: every public call first checks the pid; a child (a DataLoader
@@ -111,8 +110,9 @@ _STREAMS_LIMIT = 4096      # per-file sequential-read states kept before startin
 # fsclient's event loop that would hang the mount); it is refused by fstat.
 # O_NOFOLLOW: a symlink at the block path is refused (ELOOP); a symlinked dir
 # above it can lead only to a regular file of the daemon's uid (fstat), which
-# must still authenticate. The no-wait open refuses symlinks in every
-# component (`nowait`: RESOLVE_NO_SYMLINKS).
+# must still authenticate. (RESOLVE_NO_SYMLINKS would refuse those too, but
+# also a symlink in the configured cache dir path, and through ctypes it
+# costs several microseconds more per hit than os.open.)
 _O_RDONLY = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW
 
 # Cache-hit reads go through reusable buffers (the ciphertext, and the

@@ -9,6 +9,13 @@ timeout. Failures split in two, so callers can fail open:
 - `DaemonError`: the daemon answered with an error reply (`.code` is one of
   `protocol.ErrorCode`). The connection stays usable.
 
+Whoever answers on the socket must be the daemon: its uid (SO_PEERCRED)
+must be root's or `daemon_uid` (default $BLOCKCACHE_DAEMON_UID, else the
+owner of the socket's directory, which only that owner and root can create
+sockets in). Anyone else is treated as no daemon (`DaemonUnavailable`): a
+process that took the socket path could otherwise hand readers a layout of
+its own and take their fills.
+
 The operations are written once (`_Ops`); each client supplies `_call`, which
 for `AsyncClient` returns an awaitable, so `await aclient.lookup(keys)` and
 `client.lookup(keys)` read alike.
@@ -27,7 +34,7 @@ import time
 from typing import Any, Iterable
 
 from . import protocol
-from .errors import DaemonError, DaemonUnavailable, ProtocolError
+from .errors import ConfigError, DaemonError, DaemonUnavailable, ProtocolError, UntrustedPeer
 from .forks import generation as _forks
 from .protocol import LENGTH
 
@@ -43,6 +50,49 @@ SEND_BUFFER = 4 << 20
 # costs more than that on a VM, where waking a halted vCPU takes 40-60 us
 # (a 1-key lookup: p50 ~115-145 us sleeping, ~35-70 us polling first).
 REPLY_SPIN = 100e-6
+DAEMON_UID_ENV = "BLOCKCACHE_DAEMON_UID"
+_PEERCRED = struct.Struct("3i")
+
+
+def configured_daemon_uid(daemon_uid: int | None = None) -> int | None:
+    """The uid the daemon is expected to run as: `daemon_uid`, else
+    $BLOCKCACHE_DAEMON_UID, else None (the owner of the socket's dir)."""
+    if daemon_uid is None:
+        text = os.environ.get(DAEMON_UID_ENV, "").strip()
+        if not text:
+            return None
+        try:
+            daemon_uid = int(text)
+        except ValueError:
+            raise ConfigError(f"${DAEMON_UID_ENV}={text!r} is not a uid; set it to the "
+                              f"numeric uid blockcached runs as, or unset it") from None
+    if isinstance(daemon_uid, bool) or not isinstance(daemon_uid, int) or daemon_uid < 0:
+        raise ConfigError(f"daemon_uid {daemon_uid!r} must be a uid (an integer >= 0)")
+    return daemon_uid
+
+
+def check_peer(sock: socket.socket, socket_path: str, daemon_uid: int | None) -> int:
+    """The uid of the process answering on `sock`; DaemonUnavailable if it
+    is neither root nor the expected daemon uid (see the module docstring)."""
+    _, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                 _PEERCRED.size))
+    if uid == 0 or uid == daemon_uid:
+        return uid
+    where = os.path.dirname(os.path.abspath(socket_path))
+    if daemon_uid is None:
+        try:
+            owner = os.stat(where).st_uid
+        except OSError:
+            owner = None
+        if uid == owner:
+            return uid
+        expected = f"root or uid {owner}, the owner of {where}"
+    else:
+        expected = f"root or uid {daemon_uid} (daemon_uid / ${DAEMON_UID_ENV})"
+    raise UntrustedPeer(f"the process answering on {socket_path} runs as uid {uid}, but "
+                            f"blockcached is expected to run as {expected}; treating it as "
+                            f"no daemon. If uid {uid} really is your blockcached, set "
+                            f"${DAEMON_UID_ENV}={uid}")
 
 
 class _Ops:
@@ -131,9 +181,11 @@ class Client(_Ops):
     batch through `pipeline`), and fork-safe (a child reconnects)."""
 
     def __init__(self, socket_path: str | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 reply_spin: float = REPLY_SPIN):
+                 reply_spin: float = REPLY_SPIN, daemon_uid: int | None = None):
         self.socket_path = socket_path or protocol.default_socket()
         self.timeout = timeout
+        self.daemon_uid = configured_daemon_uid(daemon_uid)
+        self.peer_uid: int | None = None  # the daemon's, once connected
         self.reply_spin = reply_spin
         self._spin_skip = self._spin_backoff = 0
         self._sock: socket.socket | None = None
@@ -179,6 +231,11 @@ class Client(_Ops):
                 raise DaemonUnavailable(f"cannot connect to blockcached at {self.socket_path}: "
                                         f"{exc.strerror or exc}; is the daemon running? "
                                         f"(set --socket or ${protocol.SOCKET_ENV})") from None
+            try:
+                self.peer_uid = check_peer(sock, self.socket_path, self.daemon_uid)
+            except BaseException:
+                sock.close()
+                raise
             # Blocking I/O with kernel timeouts rather than settimeout(), which
             # polls before every send as well as every recv: replies are waited
             # for in `_wait_readable`, and sends go straight out.
@@ -431,9 +488,12 @@ def _connect_unix(sock: socket.socket, path: str, timeout: float) -> None:
 class AsyncClient(_Ops):
     """asyncio client; concurrent calls pipeline on one connection."""
 
-    def __init__(self, socket_path: str | None = None, timeout: float = DEFAULT_TIMEOUT):
+    def __init__(self, socket_path: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 daemon_uid: int | None = None):
         self.socket_path = socket_path or protocol.default_socket()
         self.timeout = timeout
+        self.daemon_uid = configured_daemon_uid(daemon_uid)
+        self.peer_uid: int | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task | None = None
         self._pending: dict[int, asyncio.Future] = {}
@@ -478,6 +538,12 @@ class AsyncClient(_Ops):
                     raise DaemonUnavailable(
                         f"cannot connect to blockcached at {self.socket_path}: {exc}; is the "
                         f"daemon running? (set --socket or ${protocol.SOCKET_ENV})") from None
+                try:
+                    self.peer_uid = check_peer(writer.get_extra_info("socket"),
+                                               self.socket_path, self.daemon_uid)
+                except BaseException:
+                    writer.close()
+                    raise
                 self._writer = writer
                 self._reader_task = asyncio.get_running_loop().create_task(self._read_loop(reader))
             return self._writer

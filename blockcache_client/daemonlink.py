@@ -48,7 +48,7 @@ from typing import Callable
 
 from .client import Client
 from .counters import Counters
-from .errors import BlockcacheError, DaemonError, DaemonUnavailable
+from .errors import BlockcacheError, DaemonError, DaemonUnavailable, UntrustedPeer
 from .layout import Layout
 from .protocol import MAX_BATCH
 
@@ -76,18 +76,21 @@ class DaemonLink:
     def __init__(self, socket_path: str, counters: Counters,
                  seal: Callable[[str, bytes], bytes | memoryview],
                  fill_queue_bytes: int, touch_interval: float = 0.5, touch_batch: int = 1024,
-                 client_name: str = "blockcache_client"):
+                 client_name: str = "blockcache_client", daemon_uid: int | None = None):
         self.socket_path = socket_path
         self._pid = os.getpid()
         self.layout: Layout | None = None
         self.layout_epoch: int | None = None
+        # the uid that owns the block files: hello's, else the peer's (SO_PEERCRED)
+        self.daemon_uid: int | None = None
+        self._warned = ""  # the last untrusted peer warned about
         self._counters = counters
         self._seal = seal
         self._touch_interval = touch_interval
         self._touch_batch = min(touch_batch, MAX_BATCH)
         self._client_name = client_name
-        self._control = Client(socket_path, timeout=CALL_TIMEOUT)
-        self._filler_client = Client(socket_path, timeout=CALL_TIMEOUT)
+        self._control = Client(socket_path, timeout=CALL_TIMEOUT, daemon_uid=daemon_uid)
+        self._filler_client = Client(socket_path, timeout=CALL_TIMEOUT, daemon_uid=daemon_uid)
         self._closed = threading.Event()
         self._wake = threading.Event()
         # a set: FUSE reads a 4 MiB block 128 KiB at a time; one report per batch is enough
@@ -212,6 +215,8 @@ class DaemonLink:
     def _connect(self) -> None:
         reply = self._control.hello(self._client_name)
         self.layout_epoch = reply.get("layout_epoch")
+        uid = reply.get("uid", self._control.peer_uid)
+        self.daemon_uid = uid if isinstance(uid, int) and not isinstance(uid, bool) else None
         self.layout = Layout.from_wire(reply["layout"])
         log.info("connected to blockcached at %s (layout epoch %s, %d dir(s))",
                  self.socket_path, self.layout_epoch, len(self.layout.dirs))
@@ -232,6 +237,9 @@ class DaemonLink:
                     backoff = _BACKOFF_MIN
                 except (DaemonUnavailable, DaemonError, ValueError, KeyError) as exc:
                     self._disconnect(exc)
+                    if isinstance(exc, UntrustedPeer) and str(exc) != self._warned:
+                        self._warned = str(exc)  # once, not at every retry
+                        log.warning("%s", exc)
                     log.debug("blockcached at %s unavailable: %s", self.socket_path, exc)
                     self._closed.wait(random.uniform(backoff / 2, backoff))
                     backoff = min(_BACKOFF_MAX, backoff * 2)

@@ -48,3 +48,8 @@ class DaemonError(BlockcacheError):
 
 class DaemonUnavailable(BlockcacheError):
     """The daemon cannot be reached: socket missing, refused, closed or timed out."""
+
+
+class UntrustedPeer(DaemonUnavailable):
+    """The process answering on the socket runs as a uid the daemon must not
+    have (`client.check_peer`): treated as no daemon, but worth a warning."""

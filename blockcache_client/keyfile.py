@@ -3,12 +3,17 @@
 A key file must not be readable or writable by group or others (mode 0400 or
 0600): a key readable by every pod would let any pod read every volume's
 cached blocks. Kubernetes Secrets mounted with `defaultMode: 0400` satisfy it.
-Raw 32-byte files are accepted too (a Secret holding the bytes as they are).
+It must be owned by the user reading it or by root (whoever owns it can
+change it). Raw 32-byte files are accepted too (a Secret holding the bytes as
+they are), if they look random: 32 ASCII characters are a passphrase, and a
+passphrase is not a key. The file is opened without blocking, so a FIFO at
+the path is refused instead of hanging the reader.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import stat
 
@@ -35,30 +40,77 @@ def generate_key_file(path: str) -> None:
 def load_key_file(path: str) -> bytes:
     """Read and check a volume key file. ConfigError says what is wrong and how to fix it."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # O_NONBLOCK: a FIFO (or a device) at the path must not hang the
+        # caller in open(2); it is refused below as not a regular file
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ConfigError(f"key file {path} does not exist; create one with "
                           f"`fsclient keygen {path}`") from None
     except OSError as exc:
         raise ConfigError(f"cannot read key file {path}: {exc.strerror}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):  # checked before fdopen, which refuses dirs itself
+    try:
+        st = os.fstat(fd)
+        _check_file(path, st)
+        data = _read_some(fd, 4 * KEY_SIZE + 1)
+    finally:
         os.close(fd)
-        raise ConfigError(f"key file {path} is not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        if st.st_mode & 0o077:
-            raise ConfigError(f"key file {path} has mode {stat.S_IMODE(st.st_mode):04o}, "
-                              f"readable or writable by group/others; run "
-                              f"`chmod 0400 {path}`")
-        data = f.read(4 * KEY_SIZE)
+    return _parse_key(path, data)
+
+
+def _check_file(path: str, st: os.stat_result) -> None:
+    """A regular file, owned by the reader or root, that no one else may read or write."""
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"key file {path} is not a regular file; point key_file at the "
+                          f"file `fsclient keygen` wrote")
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        # whoever owns the file could change it, or read it back
+        raise ConfigError(f"key file {path} is owned by uid {st.st_uid}; it must belong to "
+                          f"the user reading it (uid {me}) or root: run "
+                          f"`chown {me} {path}`")
+    if st.st_mode & 0o077:
+        raise ConfigError(f"key file {path} has mode {stat.S_IMODE(st.st_mode):04o}, "
+                          f"readable or writable by group/others; run "
+                          f"`chmod 0400 {path}`")
+
+
+def _read_some(fd: int, n: int) -> bytes:
+    """Up to `n` bytes (a short key file may come in more than one read)."""
+    chunks = []
+    while n > 0:
+        chunk = os.read(fd, n)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+_HEX_KEY = re.compile(rb"[0-9a-fA-F]{%d}" % (2 * KEY_SIZE))
+# 32 random bytes have ~30 distinct values and a byte >= 0x80 but with
+# probability 2**-32; fewer distinct values, or ASCII only, is a passphrase,
+# text or a pattern, never a key made by a random generator
+_MIN_DISTINCT = 16
+
+
+def _parse_key(path: str, data: bytes) -> bytes:
     text = data.strip()
-    if len(data) == KEY_SIZE:
-        return data
-    if len(text) == 2 * KEY_SIZE:
-        try:
-            return bytes.fromhex(text.decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
-            pass
-    raise ConfigError(f"key file {path} does not hold a volume key: expected "
-                      f"{2 * KEY_SIZE} hex digits (or {KEY_SIZE} raw bytes); create one "
-                      f"with `fsclient keygen FILE`")
+    if _HEX_KEY.fullmatch(text):
+        key = bytes.fromhex(text.decode("ascii"))
+        why = "its 64 hex digits"
+    elif len(data) == KEY_SIZE:
+        key = data
+        why = f"its {KEY_SIZE} raw bytes"
+        if max(key) < 0x80:
+            raise ConfigError(f"key file {path} holds {KEY_SIZE} ASCII characters (a "
+                              f"passphrase or text?), not {KEY_SIZE} random bytes; a volume "
+                              f"key must be random: create one with `fsclient keygen FILE`")
+    else:
+        raise ConfigError(f"key file {path} does not hold a volume key: expected exactly "
+                          f"{2 * KEY_SIZE} hex digits with no spaces inside (or {KEY_SIZE} "
+                          f"random raw bytes); create one with `fsclient keygen FILE`")
+    if len(set(key)) < _MIN_DISTINCT:
+        raise ConfigError(f"key file {path}: {why} have only {len(set(key))} distinct byte "
+                          f"values, a pattern rather than a random key; create one with "
+                          f"`fsclient keygen FILE`")
+    return key

@@ -19,7 +19,9 @@ Operations (arguments -> result), protocol version 1:
 
     hello   version:int, client:str        -> version, layout (see `layout`),
                                               layout_epoch, max_frame, max_batch,
-                                              key_format (keys.KEY_FORMAT)
+                                              key_format (keys.KEY_FORMAT),
+                                              uid (the daemon's: owner of every
+                                              block file; readers open no other)
     ping    -                              -> time:float, layout_epoch
     lookup  keys:[str]                     -> paths:[str|None] (absolute path of
                                               each key's block file, None = miss)

@@ -48,6 +48,11 @@ Invariants:
 - A read never fails because of the cache: a missing, corrupt, truncated or
   foreign block file, an unhealthy dir, or an unreachable daemon is a miss
   (counted); a bad block is evicted through the daemon and refilled.
+- Only the daemon's files are read: a block file is opened without
+  following a symlink (O_NOFOLLOW) and without blocking (O_NONBLOCK), and
+  used only if it is a regular file owned by the daemon's uid (`hello`);
+  anything else counts as a bad block. The daemon itself is believed only
+  if SO_PEERCRED shows the expected uid (`client.check_peer`).
 - Fork safe: every public call first checks the pid; a child (a DataLoader
   worker) builds fresh locks, caches, threads and connections and drops what
   it inherited, including queued fills.
@@ -64,6 +69,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import threading
 import time
 import weakref
@@ -100,7 +106,17 @@ _SEQ_START = 256 << 10     # a read this large at offset 0 (or continuing one) i
 _SEQ_SLACK = 512 << 10     # "continues the previous read": starts this close to its end
                            # (and within an eighth of a block)
 _STREAMS_LIMIT = 4096      # per-file sequential-read states kept before starting over
-_O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOATIME", 0)
+# No O_NOATIME: open(2) refuses it with EPERM unless the caller owns the file
+# (or has CAP_FOWNER), so every hit of a reader that is not the daemon's uid
+# became a miss. relatime already skips nearly every atime write.
+# O_NONBLOCK: a FIFO planted in the cache tree must not block the open (on
+# fsclient's event loop that would hang the mount); it is refused by fstat.
+# O_NOFOLLOW: a symlink at the block path is refused (ELOOP); a symlinked dir
+# above it can lead only to a regular file of the daemon's uid (fstat), which
+# must still authenticate. (RESOLVE_NO_SYMLINKS would refuse those too, but
+# also a symlink in the configured cache dir path, and through ctypes it
+# costs several microseconds more per hit than os.open.)
+_O_RDONLY = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW
 
 # Cache-hit reads go through reusable buffers (the ciphertext, and the
 # plaintext when the caller wants bytes): a few idle ones are kept in a list,
@@ -185,18 +201,20 @@ class Volume:
     chained URLs); `storage_options` go to fsspec (or `fs=` an fsspec filesystem
     already built, `source` then being the root path in it). `socket_path` defaults to
     $BLOCKCACHE_SOCKET or /run/blockcache/blockcached.sock; without a daemon
-    every read goes to the backend. All methods are thread-safe.
+    every read goes to the backend. `daemon_uid`: the uid the daemon must
+    answer as, besides root (default $BLOCKCACHE_DAEMON_UID, else the owner
+    of the socket's dir; see `client`). All methods are thread-safe.
     """
 
     def __init__(self, name: str, source: str, key_file: str, socket_path: str | None = None,
                  block_size: int = 4 << 20, meta_ttl: float = 60.0,
                  fill_queue_bytes: int = 256 << 20, memory_cache_bytes: int = 64 << 20,
-                 **storage_options):
+                 daemon_uid: int | None = None, **storage_options):
         self.name = check_volume_name(name)
         # what a pickle carries to rebuild this volume in another process: the
         # key file's path, never the key
         self._init_args = (name, source, key_file, socket_path, block_size, meta_ttl,
-                           fill_queue_bytes, memory_cache_bytes)
+                           fill_queue_bytes, memory_cache_bytes, daemon_uid)
         self._storage_options = dict(storage_options)
         if (not isinstance(block_size, int) or isinstance(block_size, bool)
                 or not blockfile.MIN_CHUNK <= block_size <= blockfile.MAX_PLAINTEXT):
@@ -212,6 +230,7 @@ class Volume:
         self.names = KeyNamer(self._volume_key)
         self._chunk_size = min(blockfile.DEFAULT_CHUNK, 1 << (block_size.bit_length() - 1))
         self.socket_path = socket_path or protocol.default_socket()
+        self._daemon_uid = daemon_uid
         self._fill_queue_bytes = fill_queue_bytes
         self._memory_cache_bytes = memory_cache_bytes
         # blocks one sequential request may bring: two windows (the one being
@@ -251,7 +270,8 @@ class Volume:
         # the sealer must not reference self, or the link's threads would keep us alive
         seal = _Sealer(self._volume_key, self._chunk_size, self._ciphers, self._cipher_lock)
         self._link = DaemonLink(self.socket_path, self.counters, seal,
-                                self._fill_queue_bytes, client_name=f"volume:{self.name}")
+                                self._fill_queue_bytes, client_name=f"volume:{self.name}",
+                                daemon_uid=self._daemon_uid)
         # a Volume dropped without close() must not leave its threads reconnecting forever
         weakref.finalize(self, self._link.close, 0.2)
         self._prefetch_pool: ThreadPoolExecutor | None = None
@@ -658,10 +678,18 @@ class Volume:
         except OSError as exc:
             if isinstance(exc, Unsupported):
                 self._nowait_refused(exc)
+            elif exc.errno == errno.ELOOP and not nowait:  # a symlink in the cache tree
+                self._bad_block(key, f"a symlink on its path {path}")
+                return None
             log.debug("cannot open cached block %s: %s", path, exc)
             return None
         scratch = None
         try:
+            st = os.fstat(fd)
+            owner = self._link.daemon_uid
+            if not stat.S_ISREG(st.st_mode) or (owner is not None and st.st_uid != owner):
+                raise FormatError(f"{path} is not a regular file owned by the daemon's uid "
+                                  f"{owner} (mode {st.st_mode:o}, uid {st.st_uid})")
             # Where the chunks must be follows from the block length and this
             # volume's chunk size, so one pread usually gets header and chunks
             # together; the header read back must agree, and a read that
@@ -731,10 +759,7 @@ class Volume:
         except (FormatError, IntegrityError) as exc:
             if nowait:  # judged once, by the blocking read that follows
                 return None
-            self.counters.add("integrity_failures")
-            log.warning("cached block %s is bad (%s); evicting it and reading the backend",
-                        key, exc)
-            self._link.evict_later(key)
+            self._bad_block(key, exc)
             return None
         except OSError as exc:  # a failing cache disk is a miss, never an error
             if nowait and exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
@@ -745,6 +770,13 @@ class Volume:
             os.close(fd)
             if scratch is not None and len(self._scratch) < _SCRATCH_KEPT:
                 self._scratch.append(scratch)
+
+    def _bad_block(self, key: str, why: object) -> None:
+        """Count a cache file that is not an authentic block of ours, and have
+        the daemon evict it (the refill replaces it)."""
+        self.counters.add("integrity_failures")
+        log.warning("cached block %s is bad (%s); evicting it and reading the backend", key, why)
+        self._link.evict_later(key)
 
     def _nowait_refused(self, exc: OSError) -> None:
         if self._nowait:

@@ -20,11 +20,12 @@ import logging
 import os
 import resource
 import signal
+import stat
 import sys
 import time
 
 from blockcache_client import logsetup
-from blockcache_client.errors import BlockcacheError
+from blockcache_client.errors import BlockcacheError, ConfigError
 
 from . import config as configmod
 from . import lockfile
@@ -97,14 +98,31 @@ def raise_fd_limit() -> None:
             log.warning("cannot raise the open-files limit from %d to %d: %s", soft, hard, exc)
 
 
+def prepare_dirs(cfg: Config) -> None:
+    """Create the socket's dir and the cache dirs if missing, and refuse any
+    the daemon does not own or that group or others can write: whoever can
+    write in them could swap what the daemon and the readers trust there
+    (a socket, `blocks/`, `tmp/`) for symlinks or FIFOs of their own."""
+    dirs = [("socket dir", os.path.dirname(cfg.socket))]
+    dirs += [("cache dir", d.path) for d in cfg.cache_dirs]
+    me = os.geteuid()
+    for what, path in dirs:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        st = os.stat(path)
+        if st.st_uid != me:
+            raise ConfigError(f"{what} {path} is owned by uid {st.st_uid}, not by the uid "
+                              f"blockcached runs as ({me}); run `chown {me} {path}`, or use a "
+                              f"dir of its own")
+        if st.st_mode & 0o022:
+            raise ConfigError(f"{what} {path} has mode {stat.S_IMODE(st.st_mode):04o}: group "
+                              f"or others may write in it; run `chmod go-w {path}` (0755 lets "
+                              f"readers in, the socket's own mode decides who connects)")
+
+
 def take_locks(cfg: Config) -> list[int]:
-    """Lock the socket and every cache dir (creating them); fds to keep open."""
-    fds = []
-    sock_dir = os.path.dirname(cfg.socket)
-    os.makedirs(sock_dir, mode=0o755, exist_ok=True)
-    fds.append(lockfile.acquire(cfg.socket + ".lock", f"socket {cfg.socket}"))
+    """Lock the socket and every cache dir; fds to keep open."""
+    fds = [lockfile.acquire(cfg.socket + ".lock", f"socket {cfg.socket}")]
     for d in cfg.cache_dirs:
-        os.makedirs(d.path, mode=0o755, exist_ok=True)
         fds.append(lockfile.acquire(os.path.join(d.path, "blockcached.lock"),
                                     f"cache dir {d.path}"))
     return fds
@@ -184,15 +202,19 @@ def main(argv: list[str] | None = None) -> int:
     # Cache files and dirs must be readable by readers in other pods/users
     # (0644/0755) whatever umask the service manager gave us.
     os.umask(0o022)
-    try:
-        locks = take_locks(cfg)
-    except BlockcacheError as exc:
-        print(f"blockcached: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"blockcached: cannot prepare {exc.filename or 'a path'}: {exc.strerror}",
-              file=sys.stderr)
-        return 1
+    # a dir's mode or owner is a config error (restarting cannot fix it);
+    # a held lock may be gone at the next try
+    for step, status in ((prepare_dirs, 2), (take_locks, 1)):
+        try:
+            done = step(cfg)
+        except BlockcacheError as exc:
+            print(f"blockcached: {exc}", file=sys.stderr)
+            return status
+        except OSError as exc:
+            print(f"blockcached: cannot prepare {exc.filename or 'a path'}: {exc.strerror}",
+                  file=sys.stderr)
+            return 1
+    locks: list[int] = done  # take_locks' fds, kept open while serving
     try:
         asyncio.run(serve(cfg))
     except OSError as exc:

@@ -24,7 +24,7 @@ from .config import Config
 from .filler import DirWorker, FillQueue
 from .health import Health
 from .index import Index
-from .store import Placement, ScanResult, Store
+from .store import Placement, ScanResult, Store, TreeMoved
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ class Cache:
         if key in self._checking:
             return
         self._checking.add(key)
-        self.workers[i].submit(os.path.lexists, self.stores[i].block_path(key),
+        self.workers[i].submit(self.stores[i].exists, key,
                                done=partial(self._checked, key))
 
     def _checked(self, key: str, present: Any, exc: BaseException | None) -> None:
@@ -464,7 +464,10 @@ class Cache:
     def _spaced(self, i: int, space: Any, exc: BaseException | None) -> None:
         self._space_pending[i] = False
         if exc is not None:
-            if self.health.error(i, exc):
+            # a moved tree: the writes that succeed would reset an error streak
+            changed = (self.health.mark_unhealthy(i, f"{exc}; reopening it")
+                       if isinstance(exc, TreeMoved) else self.health.error(i, exc))
+            if changed:
                 self._health_changed()
             return
         d = self.index.dirs[i]

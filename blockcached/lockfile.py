@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 
 from blockcache_client.errors import ConfigError
 
@@ -20,8 +21,21 @@ class LockHeld(ConfigError):
 
 
 def acquire(path: str, what: str) -> int:
-    """Take an exclusive lock on `path` (created 0644); returns the fd to keep open."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    """Take an exclusive lock on `path` (created 0644); returns the fd to keep open.
+    Never through a symlink, nor on anything but a regular file: the daemon
+    writes its pid into it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                     0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"lock file {path} is a symlink; remove it (blockcached "
+                              f"creates its own)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"lock file {path} is not a regular file; remove it (blockcached "
+                          f"creates its own)")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

@@ -514,9 +514,13 @@ class Server:
             sock.bind(path)
         finally:
             os.umask(old)
-        os.chmod(path, self.cfg.socket_mode)
-        if self.cfg.socket_group is not None:
-            os.chown(path, -1, self.cfg.socket_group)
+        try:  # never through a symlink that replaced the socket meanwhile
+            os.chmod(path, self.cfg.socket_mode, follow_symlinks=False)
+            if self.cfg.socket_group is not None:
+                os.chown(path, -1, self.cfg.socket_group, follow_symlinks=False)
+        except NotImplementedError:  # glibc's answer for a symlink
+            raise OSError(f"{path} was replaced by a symlink while the daemon created it; "
+                          f"check who can write in {os.path.dirname(path)}") from None
         # a restarted daemon is reconnected to by every reader at once
         sock.listen(socket.SOMAXCONN)
         self._server = await self.loop.create_unix_server(lambda: Connection(self), sock=sock)

@@ -9,6 +9,7 @@ well-formed blocks under canonical names ever reach the disk.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Callable
 
@@ -71,6 +72,7 @@ class Service:
         self.connections = 0
         self.connections_total = 0
         self.started = time.time()
+        self._uid = os.geteuid()  # owns every file it writes; readers check it (hello)
         # request handling time per op; set by __main__ when metrics are on
         self.latency: Histogram | None = None
         self._ops: dict[str, Callable[[dict[str, Any], Peer], dict[str, Any]]] = {
@@ -131,7 +133,8 @@ class Service:
                                 f"speaks version {protocol.PROTOCOL_VERSION}: upgrade the older side")
         return {"version": protocol.PROTOCOL_VERSION, "layout": self.cache.layout.to_wire(),
                 "layout_epoch": self.cache.epoch, "max_frame": protocol.MAX_FRAME,
-                "max_batch": protocol.MAX_BATCH, "key_format": KEY_FORMAT}
+                "max_batch": protocol.MAX_BATCH, "key_format": KEY_FORMAT,
+                "uid": self._uid}
 
     def ping(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         return {"time": time.time(), "layout_epoch": self.cache.epoch}

@@ -17,6 +17,7 @@ torn file under a block name) is a miss, never wrong bytes (DESIGN.md,
 
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
 import logging
@@ -29,7 +30,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Iterator
 
-from blockcache_client import blockfile, layout
+from blockcache_client import blockfile, layout, safeopen
 from blockcache_client.keys import _KEY_RE, MAX_INODE
 
 log = logging.getLogger(__name__)
@@ -89,23 +90,47 @@ class FsSpace:
     free_inodes: int
 
 
+class TreeMoved(OSError):
+    """`blocks/` or `tmp/` were renamed or replaced while the store held them
+    open: its writes would land where readers never look."""
+
+
 class Store:
-    """One cache dir on disk."""
+    """One cache dir on disk.
+
+    Nothing below the dir itself is trusted to be what it should be: every
+    operation goes through descriptors of `blocks/` and `tmp/` opened without
+    following symlinks, and reaches a fan-out leaf with `safeopen.open_beneath`
+    (no symlink in any component). A symlink, file or FIFO where one of these
+    dirs belongs is removed and the dir made again, so no write, rename,
+    unlink or utime can land outside the tree (DESIGN.md, "The cache tree").
+    """
 
     def __init__(self, path: str):
         self.path = path
         self.blocks = os.path.join(path, layout.BLOCKS_DIR)
         self.tmp = os.path.join(path, layout.TMP_DIR)
         self._names = itertools.count()
-        # fan-out leaf dirs (by their 16-bit index) this process made or found:
-        # a put into one of them renames at once; into another it makes the
-        # dir first, instead of failing a rename and an mkdir of the top dir
-        self._leaves = bytearray(1 << 16)
+        self._blocks_fd = self._tmp_fd = -1
 
     def prepare(self) -> None:
-        """Create the dir skeleton (0755) if missing."""
-        for d in (self.path, self.blocks, self.tmp):
-            _makedir(d)
+        """Create the dir skeleton (0755) if missing, and (re)open `blocks/`
+        and `tmp/` (a fresh disk may have been mounted in the dir's place)."""
+        _makedir(self.path)
+        root = safeopen.open_dir(self.path)
+        try:
+            blocks, tmp = (_own_dir(root, name, self.path)
+                           for name in (layout.BLOCKS_DIR, layout.TMP_DIR))
+        finally:
+            os.close(root)
+        self.close()
+        self._blocks_fd, self._tmp_fd = blocks, tmp
+
+    def close(self) -> None:
+        for fd in (self._blocks_fd, self._tmp_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._blocks_fd = self._tmp_fd = -1
 
     def lock_path(self) -> str:
         return os.path.join(self.path, layout.LOCK_FILE)
@@ -115,13 +140,29 @@ class Store:
         every lookup hit."""
         return f"{self.path}/{layout.block_relpath(key)}"
 
+    def _leaf(self, fan: str, create: bool) -> int:
+        """An O_PATH fd of the fan-out dir `xx/yy`, never through a symlink:
+        with `create`, missing dirs are made and anything else in their place
+        is replaced; without, FileNotFoundError where it is not a real dir."""
+        try:
+            return safeopen.open_beneath(self._blocks_fd, fan, _LEAF)
+        except OSError as exc:
+            if exc.errno not in _NOT_A_DIR:
+                raise
+            if not create:
+                raise FileNotFoundError(errno.ENOENT, "no fan-out dir", fan) from None
+        top = _own_dir(self._blocks_fd, fan[:2], self.blocks)
+        try:
+            os.close(_own_dir(top, fan[3:], f"{self.blocks}/{fan[:2]}"))
+        finally:
+            os.close(top)
+        return safeopen.open_beneath(self._blocks_fd, fan, _LEAF)
+
     def write(self, key: str, data: bytes | memoryview) -> None:
         """Write one block: tmp file, then rename into place (no fsync: see
         the module docstring)."""
-        fan = layout.fanout(key)
-        final = f"{self.blocks}/{fan}/{key}"
-        tmp = f"{self.tmp}/{os.getpid()}.{next(self._names)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        tmp = f"{os.getpid()}.{next(self._names)}"
+        fd = os.open(tmp, _CREATE, FILE_MODE, dir_fd=self._tmp_fd)
         try:
             view = memoryview(data)
             while view:
@@ -129,35 +170,70 @@ class Store:
             os.fchmod(fd, FILE_MODE)  # umask must not hide blocks from readers
         except BaseException:
             os.close(fd)
-            _unlink(tmp)
+            _unlink(tmp, self._tmp_fd)
             raise
         os.close(fd)
-        leaf = int(fan[:2] + fan[3:], 16)
         try:
-            if not self._leaves[leaf]:
-                _makedir(f"{self.blocks}/{fan}")
-                self._leaves[leaf] = 1
+            leaf = self._leaf(layout.fanout(key), create=True)
             try:
-                os.rename(tmp, final)
-            except FileNotFoundError:  # removed behind our back: make it again
-                _makedir(f"{self.blocks}/{fan}")
-                os.rename(tmp, final)
+                os.rename(tmp, key, src_dir_fd=self._tmp_fd, dst_dir_fd=leaf)
+            finally:
+                os.close(leaf)
         except BaseException:
-            _unlink(tmp)
+            _unlink(tmp, self._tmp_fd)
             raise
 
     def unlink(self, key: str) -> None:
-        _unlink(self.block_path(key))
+        try:
+            leaf = self._leaf(layout.fanout(key), create=False)
+        except FileNotFoundError:
+            return
+        try:
+            _unlink(key, leaf)
+        finally:
+            os.close(leaf)
+
+    def exists(self, key: str) -> bool:
+        """Whether something is at `key`'s block path (not following links)."""
+        try:
+            leaf = self._leaf(layout.fanout(key), create=False)
+        except FileNotFoundError:
+            return False
+        try:
+            os.stat(key, dir_fd=leaf, follow_symlinks=False)
+            return True
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(leaf)
 
     def touch_times(self, keys: list[tuple[str, int]]) -> None:
         """Set mtimes (seconds) so a restart restores approximate LRU order."""
         for key, t in keys:
             try:
-                os.utime(self.block_path(key), (t, t))
+                leaf = self._leaf(layout.fanout(key), create=False)
             except FileNotFoundError:
-                pass  # evicted meanwhile
+                continue  # evicted meanwhile
+            try:
+                os.utime(key, (t, t), dir_fd=leaf, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+            finally:
+                os.close(leaf)
 
     def space(self) -> FsSpace:
+        """Free space; `TreeMoved` if `blocks/` or `tmp/` at the dir's path
+        are no longer the dirs this store writes in."""
+        for fd, path in ((self._blocks_fd, self.blocks), (self._tmp_fd, self.tmp)):
+            if fd < 0:
+                continue
+            held = os.fstat(fd)
+            try:
+                there = os.lstat(path)
+            except FileNotFoundError:
+                there = None
+            if there is None or (held.st_dev, held.st_ino) != (there.st_dev, there.st_ino):
+                raise TreeMoved(errno.ESTALE, "replaced or moved behind the daemon", path)
         st = os.statvfs(self.path)
         return FsSpace(st.f_bavail * st.f_frsize, st.f_favail)
 
@@ -166,26 +242,39 @@ class Store:
         raises OSError if the dir is not usable. Recreates the skeleton
         first, so a fresh disk mounted in its place is taken into use."""
         self.prepare()
-        tmp = os.path.join(self.tmp, f"probe.{os.getpid()}")
-        dst = os.path.join(self.blocks, ".probe")
+        tmp, dst = f"probe.{os.getpid()}", ".probe"
         payload = os.urandom(64)
-        with open(tmp, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, dst)
-        with open(dst, "rb") as f:
-            if f.read() != payload:
-                raise OSError(5, "probe file read back different bytes", dst)
-        os.unlink(dst)
+        _unlink(tmp, self._tmp_fd)  # a crashed probe's, or anything planted there
+        fd = os.open(tmp, _CREATE, FILE_MODE, dir_fd=self._tmp_fd)
+        try:
+            os.write(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, dst, src_dir_fd=self._tmp_fd, dst_dir_fd=self._blocks_fd)
+        fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=self._blocks_fd)
+        try:
+            if os.read(fd, 128) != payload:
+                raise OSError(5, "probe file read back different bytes", f"{self.blocks}/{dst}")
+        finally:
+            os.close(fd)
+        os.unlink(dst, dir_fd=self._blocks_fd)
 
     def clear_tmp(self) -> int:
-        """Delete every leftover in tmp/ (writes a crash interrupted)."""
+        """Delete every leftover in tmp/ (writes a crash interrupted); a dir
+        in it is removed whole, never followed if it is a link."""
         n = 0
-        with os.scandir(self.tmp) as it:
-            for e in it:
-                _unlink(e.path)
-                n += 1
+        with os.scandir(self._tmp_fd) as it:
+            names = [e.name for e in it]
+        for name in names:
+            try:
+                os.unlink(name, dir_fd=self._tmp_fd)
+            except IsADirectoryError:
+                shutil.rmtree(name, dir_fd=self._tmp_fd, ignore_errors=True)
+            except FileNotFoundError:
+                continue
+            n += 1
         return n
 
     def scan(self, placement: Placement | None, me: int, processes: int = 1) -> ScanResult:
@@ -194,16 +283,53 @@ class Store:
         With `processes` > 1 and a populated fan-out, the top-level fan-out
         dirs are split over that many child processes: the scan is CPU-bound
         in Python (parse, hash, stat per file), so threads would not help.
+        Symlinks where fan-out dirs belong are removed (`_subdirs`).
         """
-        tops = [e.path for e in _subdirs(self.blocks)]
+        links = [0]
+        tops = [e.path for e in _subdirs(self.blocks, links)]
+        unlinked = links[0]
         if processes > 1 and _populated(tops):
             log.info("scanning %s with %d processes", self.path, processes)
             try:
-                return ScanResult.merge(_scan_in_children(
+                result = ScanResult.merge(_scan_in_children(
                     [(tops[i::processes], placement, me) for i in range(processes)]))
+                result.removed += unlinked
+                return result
             except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as exc:
                 log.warning("parallel scan of %s failed (%s); scanning in one thread", self.path, exc)
-        return _scan_tops(tops, placement, me)
+        result = _scan_tops(tops, placement, me)
+        result.removed += unlinked
+        return result
+
+
+# a fan-out leaf, reached to create, rename, unlink or utime in it
+_LEAF = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# what opening a dir path gives where a component is a symlink, a file, or missing
+_NOT_A_DIR = frozenset({errno.ELOOP, errno.ENOTDIR, errno.ENOENT})
+
+
+def _own_dir(parent: int, name: str, where: str) -> int:
+    """A readable fd of the real dir `name` in `parent` (made 0755 if missing);
+    a symlink or anything else in its place is removed first, logged."""
+    for _ in range(3):
+        try:
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            log.warning("%s/%s is not a directory (a symlink or a file); removing it", where, name)
+            _unlink(name, parent)
+        try:
+            os.mkdir(name, DIR_MODE, dir_fd=parent)
+            os.chmod(name, DIR_MODE, dir_fd=parent, follow_symlinks=False)
+        except FileExistsError:
+            pass
+    raise OSError(errno.ELOOP, "keeps being replaced by something that is not a directory",
+                  f"{where}/{name}")
 
 
 # A child imports only this module (not the daemon's __main__, as a
@@ -258,7 +384,7 @@ PARALLEL_MIN_MIDS = 64
 
 
 def _populated(tops: list[str]) -> bool:
-    return len(tops) >= PARALLEL_MIN_TOPS and len(_subdirs(tops[0])) >= PARALLEL_MIN_MIDS
+    return len(tops) >= PARALLEL_MIN_TOPS and len(_subdirs(tops[0], None)) >= PARALLEL_MIN_MIDS
 
 
 def _scan_tops(tops: list[str], placement: Placement | None, me: int) -> ScanResult:
@@ -275,12 +401,13 @@ def _scan_tops(tops: list[str], placement: Placement | None, me: int) -> ScanRes
     sizes = array("q")
     scanned = removed = 0
     fanout = layout.fanout
+    links = [0]
     owner = None
     if placement is not None:
         owner = layout.Layout([layout.CacheDir(p, w) for p, w in placement]).dir_index
     for top in tops:
         top_name = os.path.basename(top)
-        for mid in _subdirs(top):
+        for mid in _subdirs(top, links):
             where = f"{top_name}/{mid.name}"
             with os.scandir(mid.path) as it:
                 for e in it:
@@ -300,7 +427,7 @@ def _scan_tops(tops: list[str], placement: Placement | None, me: int) -> ScanRes
                         log.info("scan: removing %s (not a block this dir owns)", e.path)
                         _remove_any(e.path)
                         removed += 1
-    return ScanResult([Run.sorted_from(names, mtimes, sizes)], scanned, removed)
+    return ScanResult([Run.sorted_from(names, mtimes, sizes)], scanned, removed + links[0])
 
 
 def is_block_name(name: str) -> bool:
@@ -315,13 +442,25 @@ _MAX_FILE = blockfile.BlockHeader(b"\0" * 8, b"\0" * 16, blockfile.MAX_PLAINTEXT
                                   blockfile.MIN_CHUNK).file_size
 
 
-def _subdirs(path: str):
-    """Fan-out dirs (two lowercase hex digits) under `path`, skipping others."""
+def _subdirs(path: str, links: list[int] | None):
+    """Fan-out dirs (two lowercase hex digits) under `path`, skipping others.
+    With `links`, symlinks there are removed (only dirs belong in the
+    fan-out: a link would take the scan or a put out of the tree), and
+    counted in links[0]."""
     try:
         with os.scandir(path) as it:
-            dirs = [e for e in it if e.name in _HEX2 and e.is_dir(follow_symlinks=False)]
+            entries = list(it)
     except FileNotFoundError:
         return []
+    dirs = []
+    for e in entries:
+        if e.is_symlink():
+            if links is not None:
+                log.info("scan: removing symlink %s", e.path)
+                _unlink(e.path)
+                links[0] += 1
+        elif e.name in _HEX2 and e.is_dir(follow_symlinks=False):
+            dirs.append(e)
     return dirs
 
 
@@ -344,9 +483,9 @@ def _makedir(path: str) -> None:
     os.chmod(path, DIR_MODE)
 
 
-def _unlink(path: str) -> None:
+def _unlink(path: str, dir_fd: int | None = None) -> None:
     try:
-        os.unlink(path)
+        os.unlink(path, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
 

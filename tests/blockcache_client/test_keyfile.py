@@ -1,7 +1,9 @@
 """Volume key files: generation, mode checks, malformed content."""
 
 import os
+import pwd
 import stat
+import threading
 
 import pytest
 
@@ -67,3 +69,58 @@ def test_raw_bytes_accepted(tmp_path):
 def test_malformed_refused(tmp_path, data):
     with pytest.raises(ConfigError, match="does not hold a volume key"):
         load_key_file(write(tmp_path / "k", data))
+
+
+def test_hex_with_outer_whitespace_accepted(tmp_path):
+    raw = os.urandom(KEY_SIZE)
+    assert load_key_file(write(tmp_path / "k", b"  " + raw.hex().encode() + b"\r\n\n")) == raw
+    assert load_key_file(write(tmp_path / "K", raw.hex().upper().encode())) == raw
+
+
+def test_hex_with_inner_whitespace_refused(tmp_path):
+    # 64 characters, but only 48 hex digits: bytes.fromhex made a 24-byte key of it
+    digits = os.urandom(24).hex()
+    text = " ".join(digits[i:i + 3] for i in range(0, 48, 3)).encode()  # 63 characters
+    text += b" "
+    with pytest.raises(ConfigError, match="no spaces inside"):
+        load_key_file(write(tmp_path / "k", text + b"\n"))
+
+
+@pytest.mark.parametrize("data", [b"correct horse battery staple 123",   # 32 ASCII chars
+                                  b"\xe2\x82\xac" * 10 + b"ab",           # UTF-8 text
+                                  bytes(KEY_SIZE), b"\xff\x00" * 16,      # patterns
+                                  b"00" * KEY_SIZE, b"0123456789abcdef" * 4])  # hex patterns
+def test_keys_that_are_not_random_refused(tmp_path, data):
+    with pytest.raises(ConfigError, match="keygen"):
+        load_key_file(write(tmp_path / "k", data))
+
+
+def test_fifo_is_refused_without_blocking(tmp_path):
+    path = tmp_path / "fifo.key"
+    os.mkfifo(path, 0o600)
+    got: list = []
+
+    def load():
+        try:
+            got.append(load_key_file(str(path)))
+        except ConfigError as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(5)
+    if t.is_alive():  # release the open(2) the loader is stuck in
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(5)
+        pytest.fail("load_key_file blocked on a FIFO")
+    assert isinstance(got[0], ConfigError) and "not a regular file" in str(got[0])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the file away")
+def test_key_owned_by_someone_else_refused(tmp_path):
+    path = tmp_path / "vol.key"
+    generate_key_file(str(path))
+    nobody = pwd.getpwnam("nobody")
+    os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    with pytest.raises(ConfigError, match=f"owned by uid {nobody.pw_uid}.*chown 0 "):
+        load_key_file(str(path))

@@ -285,11 +285,11 @@ def test_unhealthy_dir_is_taken_out_and_probed_back(engines):
     e.cache.put(k, block(k))
     e.settle()
     epoch = e.cache.epoch
-    blocks = os.path.join(e.cfg.cache_dirs[0].path, "blocks")
-    moved = blocks + ".away"
-    os.rename(blocks, moved)
-    with open(blocks, "wb"):
-        pass  # a file where the dir was: every write fails with ENOTDIR
+    tmp = os.path.join(e.cfg.cache_dirs[0].path, "tmp")
+    os.rename(tmp, tmp + ".away")
+    os.rmdir(tmp + ".away")  # the daemon's tmp/ is gone: every write fails with ENOENT
+    with open(tmp, "wb"):
+        pass  # and a file where the dir was, which the probe must replace
     for i in range(3):
         k2 = key(inode=10 + i)
         assert e.cache.put(k2, block(k2))[0]
@@ -299,8 +299,6 @@ def test_unhealthy_dir_is_taken_out_and_probed_back(engines):
     assert e.cache.lookup([k]) == [None]
     assert e.cache.put(key(inode=50), block(key(inode=50))) == (False, "unhealthy")
     assert e.cache.layout.path(k) is None
-    os.unlink(blocks)
-    os.rename(moved, blocks)
     e.cache.health.next_probe[0] = 0.0
     deadline = time.monotonic() + 5
     while not e.cache.health.healthy[0] and time.monotonic() < deadline:
@@ -310,6 +308,35 @@ def test_unhealthy_dir_is_taken_out_and_probed_back(engines):
     [path] = e.cache.lookup([k])
     assert path is not None and os.path.exists(path)
     assert len(e.cache.index) == 1  # the failed writes left nothing behind
+    assert os.path.isdir(tmp) and not os.path.islink(tmp)
+
+
+def test_blocks_dir_moved_away_is_noticed_and_reopened(engines):
+    """The store writes through descriptors of blocks/ and tmp/; a blocks/
+    renamed behind its back (where readers no longer look) takes the dir out
+    until a probe reopens the new one, instead of filling the old one."""
+    e = engines([1 << 20], io_timeout=5)
+    k = key()
+    e.cache.put(k, block(k))
+    e.settle()
+    blocks = os.path.join(e.cfg.cache_dirs[0].path, "blocks")
+    os.rename(blocks, blocks + ".away")
+    deadline = time.monotonic() + 5
+    while e.cache.health.healthy[0] and time.monotonic() < deadline:
+        e.run_for(0.05)
+    assert e.cache.health.healthy == [False]
+    assert "moved behind the daemon" in e.cache.health.reason[0]
+    e.cache.health.next_probe[0] = 0.0
+    deadline = time.monotonic() + 5
+    while not e.cache.health.healthy[0] and time.monotonic() < deadline:
+        e.run_for(0.05)
+    assert e.cache.health.healthy == [True]
+    e.settle()
+    k2 = key(inode=77)
+    assert e.cache.put(k2, block(k2))[0]
+    e.settle()
+    assert os.path.isfile(e.cache.stores[0].block_path(k2))  # where readers look
+    assert e.cache.lookup([k]) == [None]  # the rescan found it gone
 
 
 def test_returning_dir_is_rescanned_so_lost_files_are_forgotten(engines):

@@ -952,9 +952,18 @@ class Volume:
         return True
 
     def _is_cached(self, key: str) -> bool:
+        """True if `key`'s block file is there: a regular file of the daemon's
+        uid, as the hit path would use it (a link or a FIFO is not a block)."""
         layout = self._link.layout
         path = layout.path(key) if layout is not None else None
-        return path is not None and os.path.exists(path)
+        if path is None:
+            return False
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        owner = self._link.daemon_uid
+        return stat.S_ISREG(st.st_mode) and (owner is None or st.st_uid == owner)
 
     def cached_bytes(self, path: str, info: FileInfo | None = None) -> int:
         """Plaintext bytes of this file (this version) in the host cache now."""

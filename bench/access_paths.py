@@ -186,7 +186,7 @@ class VolumeReader(_FileAPIReader):
     """This project's `Volume` (no FUSE)."""
 
     def __init__(self, args: dict):
-        from blockcache_client.volume import Volume
+        from blockcache_client import Volume
         super().__init__("")
         self.volume = Volume(**args)
 

@@ -53,7 +53,7 @@ from blockcache_client.blockfile import HEADER_SIZE, TAG_SIZE, BlockHeader
 from blockcache_client.keyfile import generate_key_file, load_key_file
 from blockcache_client.latencyfs import LatencyFileSystem
 from blockcache_client.layout import Layout
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 from tests.support.daemon import DaemonProcess
 
 KIB = 1 << 10

@@ -14,8 +14,8 @@ import importlib
 # public name -> the module that defines it
 _EXPORTS = {
     # reading a volume
-    "Volume": "volume",
-    "VolumeFile": "volumefile",
+    "Volume": "reader.volume",
+    "VolumeFile": "reader.volumefile",
     "FileInfo": "backend",
     "BlockcachedFileSystem": "fsspec_fs",
     # volume keys

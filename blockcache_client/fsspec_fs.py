@@ -30,7 +30,7 @@ import logging
 import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
 
-from .volume import Volume
+from .reader.volume import Volume
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ import pyfuse3
 import pyfuse3.asyncio
 
 from blockcache_client.backend import FileInfo
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 
 from . import fuseloop
 from .config import MountConfig

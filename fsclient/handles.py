@@ -25,7 +25,7 @@ import logging
 import pyfuse3
 
 from blockcache_client.backend import FileInfo
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 
 from .config import MountConfig
 from .inodes import Node

@@ -17,7 +17,7 @@ from typing import Iterable, Iterator
 
 import pyfuse3
 
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 
 log = logging.getLogger("fsclient.fs")
 

@@ -131,7 +131,7 @@ def check_daemon(cfg: MountConfig, readiness: Readiness) -> None:
 def open_volume(cfg: MountConfig) -> Any:
     """Create the Volume; it stats the source root, so an unreachable, missing or
     non-directory source fails here, by name, within SOURCE_TIMEOUT."""
-    from blockcache_client.volume import Volume
+    from blockcache_client import Volume
 
     def make() -> Any:
         return Volume(cfg.volume, cfg.source, cfg.key_file, socket_path=cfg.socket,

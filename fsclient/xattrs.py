@@ -9,7 +9,7 @@ from typing import Any, Callable
 import pyfuse3
 
 from blockcache_client.backend import FileInfo
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 
 from .config import MountConfig
 from .inodes import ROOT_INODE

@@ -105,7 +105,7 @@ def test_blockcached_over_latency_chain(local_source, key_file, daemon):
 
 
 def test_shares_blocks_with_a_volume_of_the_same_root(s3_server, key_file, daemon):
-    from blockcache_client.volume import Volume
+    from blockcache_client import Volume
     s3 = s3_server.filesystem()
     data = random.Random(3).randbytes(150_000)
     s3.pipe(f"{s3_server.bucket}/shared/x.bin", data)

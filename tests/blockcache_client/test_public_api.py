@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import blockcache_client
-from blockcache_client import blockfile, client, errors, keyfile, keys, volume
+from blockcache_client import blockfile, client, errors, keyfile, keys
+from blockcache_client.reader import volume
 
 PUBLIC = [
     "AsyncClient", "BlockKey", "BlockcacheError", "BlockcachedFileSystem", "Client",
@@ -45,7 +46,7 @@ def test_the_contract_loads_without_the_reader():
     # the daemon imports contract modules only: the package must not drag in
     # the reader, fsspec or botocore with them
     code = ("import sys, blockcache_client.keys, blockcache_client.blockfile; "
-            "print(sorted(m for m in ('blockcache_client.volume', 'fsspec', 'botocore') "
+            "print(sorted(m for m in ('blockcache_client.reader.volume', 'fsspec', 'botocore') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout

@@ -7,7 +7,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 from tests.blockcache_client.conftest import wait_for
 
 BS = 64 << 10  # small blocks: multi-block files stay small and fast

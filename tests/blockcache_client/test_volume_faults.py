@@ -14,7 +14,7 @@ from blockcache_client.blockfile import HEADER_SIZE, unseal
 from blockcache_client.errors import ConfigError, IntegrityError
 from blockcache_client.keyfile import generate_key_file, load_key_file
 from blockcache_client.layout import Layout
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 from tests.blockcache_client.conftest import wait_for
 from tests.blockcache_client.test_volume import BS, settle, volume, wait_connected
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from blockcache_client import volume as volume_mod
+from blockcache_client.reader import hits as hits_mod
 from blockcache_client.blockfile import HEADER_SIZE
 from blockcache_client.keyfile import load_key_file
 from blockcache_client.keys import BlockKey, KeyNamer
@@ -42,14 +42,14 @@ def test_new_reader_hits_every_block_with_a_small_cipher_cache(local_source, key
             assert first.read(rel, 0, len(data)) == data
         settle(first, daemon)
     # far fewer cached ciphers than blocks: entries are replaced all the time
-    monkeypatch.setattr(volume_mod, "_CIPHER_LIMIT", 3)
+    monkeypatch.setattr(hits_mod, "CIPHER_LIMIT", 3)
     with volume(local_source, key_file, daemon, memory_cache_bytes=0) as fresh:
         wait_connected(fresh)
         for _ in range(2):
             for rel, data in files.items():
                 with fresh.open(rel) as f:
                     assert f.read() == data
-                assert len(fresh._ciphers) <= 3
+                assert len(fresh._hits.ciphers.by_head) <= 3
         s = fresh.stats()
         assert s["misses"] == 0 and s["backend_requests"] == 0
         assert s["hits"] == 2 * sum(-(-len(d) // BS) for d in files.values())
@@ -59,7 +59,7 @@ def test_new_reader_hits_every_block_with_a_small_cipher_cache(local_source, key
         rel = next(iter(files))
         key, path = cached_block_path(fresh, daemon, rel)
         assert fresh.read(rel, 0, 1) == files[rel][:1]
-        assert any(k == key for k, _ in fresh._ciphers)
+        assert any(k == key for k, _ in fresh._hits.ciphers.by_head)
         blob = bytearray(open(path, "rb").read())
         blob[20] ^= 0x01  # the salt: a new header, so a new (and wrong) subkey
         blob[HEADER_SIZE + 5] ^= 0x01
@@ -83,12 +83,12 @@ def test_filled_blocks_read_back_with_the_cipher_their_fill_sealed(local_source,
             with open(path, "rb") as f:
                 heads.append((key, f.read(HEADER_SIZE)))
         # the fill thread kept each block's cipher under the header it wrote
-        assert all(h in vol._ciphers for h in heads)
-        kept = dict(vol._ciphers)
+        assert all(h in vol._hits.ciphers.by_head for h in heads)
+        kept = dict(vol._hits.ciphers.by_head)
         assert vol.read("f.bin", 0, len(data)) == data
         s = vol.stats()
         assert s["hits"] == len(heads) and s["memory_hits"] == 0
-        assert all(vol._ciphers[h] is kept[h] for h in heads)  # used, not derived again
+        assert all(vol._hits.ciphers.by_head[h] is kept[h] for h in heads)  # used, not derived again
 
 
 def test_open_of_listed_paths(local_source, key_file, daemon):

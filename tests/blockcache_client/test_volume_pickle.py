@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 from tests.blockcache_client.test_volume import BS, settle, volume, wait_connected
 
 

@@ -11,7 +11,7 @@ import pyfuse3
 import pytest
 
 import fsclient.lookups
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 from fsclient.config import build_config
 from fsclient.errors import errno_of
 from fsclient.fs import BlockcacheFS

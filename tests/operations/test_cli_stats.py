@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 from tests.fsclient.mounting import REPO, env
 from tests.operations.conftest import BLOCK, VOLUME, blocks_of, run_cli, warmup_args
 

@@ -174,7 +174,7 @@ def connected_volume(name: str, source: str, key_file: str, daemon: DaemonProces
                      **kw: Any):
     """A `Volume` (memory LRU off: every read asks the cache disk or the
     source) that has reached the daemon."""
-    from blockcache_client.volume import Volume
+    from blockcache_client import Volume
     kw.setdefault("block_size", BS)
     kw.setdefault("memory_cache_bytes", 0)
     vol = Volume(name, source, key_file, socket_path=daemon.socket_path, **kw)

@@ -26,7 +26,7 @@ from blockcache_client.errors import DaemonError, IntegrityError
 from blockcache_client.keyfile import generate_key_file, load_key_file
 from blockcache_client.layout import Layout
 from blockcache_client.protocol import ErrorCode
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 from tests.reliability.conftest import (BS, ChildError, as_nobody, block_key, cache_files,
                                         needs_root, record, wait_until, write_dataset)
 from tests.support.daemon import DaemonProcess

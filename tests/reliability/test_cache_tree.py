@@ -301,7 +301,7 @@ def test_socket_answered_by_an_unexpected_uid_is_no_daemon(tmp_path, shared_dir,
             Client(path, timeout=2).ping()
         src = tmp_path / "src"
         files = write_dataset(str(src), [1000], seed=9)
-        from blockcache_client.volume import Volume
+        from blockcache_client import Volume
         with Volume("vol", str(src), key_file, socket_path=path, block_size=BS) as vol:
             wait_until(lambda: any("runs as uid" in r.getMessage() for r in caplog.records
                                    if r.levelname == "WARNING"), what="a warning naming the uid")

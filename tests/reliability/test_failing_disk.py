@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 from tests.reliability.conftest import (BS, block_key, connected_volume, fill, needs_fuse, record,
                                         wait_until, write_dataset)
 from tests.support.daemon import DaemonProcess

@@ -16,7 +16,7 @@ import time
 import fsspec
 
 from blockcache_client.keyfile import generate_key_file
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 from tests.reliability.conftest import (BS, as_nobody, connected_volume, fill, needs_root, record,
                                         write_dataset)
 from tests.support.daemon import DaemonProcess

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from blockcache_client.volume import Volume
+from blockcache_client import Volume
 from tests.fsclient.mounting import FsclientMount
 from tests.reliability.conftest import BS, needs_fuse, record, wait_until
 from tests.support.s3server import S3Server

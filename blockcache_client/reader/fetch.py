@@ -1,0 +1,132 @@
+"""Misses: blocks read from the source, once per key however many threads ask.
+
+`fetch` fetches the whole block (single-flight per key), keeps it in the
+memory LRU and hands it to the fill queue (sealed and `put` in the
+background). A coalesced fetch claims the following blocks nobody has (not
+in memory, not on the cache disk, not being fetched) in the single-flight
+table first, so a reader wanting one waits for this request; the run stops
+at the first block someone has, so it stays contiguous. Each block is split
+off and kept, sealed and put under its own key, exactly as if fetched alone.
+
+Never wrong bytes: a source answer of the wrong length for the version held,
+or (multi-block files, whose blocks are separate ranged reads) a version
+that changed by the end of a ranged read, raises ESTALE for every block of
+that read instead of any of them being served or cached.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Callable
+
+from ..backend import Backend, FileInfo
+from ..blockmem import BlockMemory
+from ..counters import Counters
+from ..daemonlink import DaemonLink
+from ..singleflight import SingleFlight
+
+
+class Fetcher:
+    """Reads missing blocks of one volume from its source."""
+
+    def __init__(self, name: str, backend: Backend, block_size: int, mem: BlockMemory,
+                 link: DaemonLink, counters: Counters, is_cached: Callable[[str], bool],
+                 forget_version: Callable[[str], None]):
+        self.name = name
+        self.backend = backend
+        self.block_size = block_size
+        self.mem = mem
+        self._link = link
+        self.counters = counters
+        self._is_cached = is_cached
+        self._forget_version = forget_version  # a path whose version changed under us
+        self.flight = SingleFlight()
+
+    def fetch(self, rel: str, info: FileInfo, key: str, boff: int, run: int = 1) -> bytes:
+        """The whole block from the backend, once per key however many ask;
+        the same request may bring up to `run` - 1 following blocks."""
+        data, _ = self.flight.do(key, lambda: self._load(rel, info, key, boff, run))
+        return data
+
+    def busy(self, key: str) -> bool:
+        """Someone is fetching `key` now."""
+        return self.flight.busy(key)
+
+    def _load(self, rel: str, info: FileInfo, key: str, boff: int, run: int) -> bytes:
+        """`fetch`'s leader: claim the following blocks nobody has (up to
+        `run` in all, stopping at the first one in memory, on the cache disk or
+        being fetched: the range stays contiguous), read them all with one
+        request, then keep each block and hand it to its waiters. A failure
+        (ESTALE included) is every claimed block's: none is kept."""
+        mem = self.mem
+        data = mem.get(key)
+        if data is not None:  # a leader just before us finished between our checks
+            return data
+        bs = self.block_size
+        prefix = key[:-16]
+        claims = []
+        stop = boff + bs
+        while len(claims) + 1 < run and stop < info.size:
+            k = prefix + format(stop, "016x")
+            if mem.get(k) is not None or self._is_cached(k):
+                break
+            call = self.flight.claim(k)
+            if call is None:
+                break
+            landed = mem.get(k)
+            if landed is not None:  # landed between the check and the claim
+                self.flight.settle(k, call, landed)
+                break
+            claims.append((k, call))
+            stop += bs
+        try:
+            blocks = self._read_source(rel, info, boff, min(stop, info.size))
+        except BaseException as exc:
+            for k, call in claims:
+                self.flight.settle(k, call, error=exc)
+            raise
+        self._keep(key, blocks[0])
+        for (k, call), block in zip(claims, blocks[1:]):
+            self._keep(k, block)
+            self.flight.settle(k, call, block)
+        if claims:
+            self.counters.add("prefetches", len(claims))
+        return blocks[0]
+
+    def _keep(self, key: str, data: bytes) -> None:
+        self.mem.put(key, data)
+        if self._link.connected:
+            self._link.offer_fill(key, data)
+
+    def _read_source(self, rel: str, info: FileInfo, start: int, stop: int) -> list[bytes]:
+        """Bytes [start, stop) of `info`'s version, with one request, split
+        into blocks; ESTALE if the source no longer holds exactly that."""
+        want = stop - start
+        backend = self.backend
+        bs = self.block_size
+        if info.size <= bs:  # one read of one version
+            data = [backend.read(rel, start, stop)]
+        else:
+            # The blocks of a multi-block file come from separate ranged
+            # reads: each must be of `info`'s version, or one key could
+            # name a block of another version and a pinned reader could
+            # mix versions. S3 and local files prove it within the read;
+            # other backends stat after it (counted as a version check).
+            try:
+                data = backend.read_version(rel, start, stop, info.version, piece=bs)
+            except OSError as exc:
+                if exc.errno != errno.ESTALE:
+                    raise
+                data = None
+            if not backend.native_versioned_reads:
+                self.counters.add2("backend_requests", "version_checks", 1)
+        got = -1 if data is None else sum(map(len, data))
+        self.counters.add2("backend_requests", "backend_bytes", max(got, 0))
+        if got != want:
+            self._forget_version(rel)
+            raise OSError(errno.ESTALE, f"read {rel} in volume {self.name}: the file "
+                                        f"changed while being read (version {info.version}, "
+                                        f"{want} bytes wanted at offset {start}"
+                                        f"{'' if data is None else f', {got} read'}); "
+                                        f"stat it again and retry")
+        return data

@@ -1,0 +1,39 @@
+"""What a miss hands to the daemon: the block sealed under the volume key.
+
+`DaemonLink.offer_fill` queues the plaintext (bounded in bytes: a full queue
+drops and counts, never waits) and calls a `Sealer` on its fill thread (or
+on the reader's thread for a small block with nothing queued ahead of it).
+"""
+
+from __future__ import annotations
+
+from .. import blockfile
+from ..blockfile import HEADER_SIZE
+from .hits import Ciphers
+
+
+class Sealer:
+    """The fill thread's `blockfile.seal`. It seals into one buffer it reuses
+    (the link's put has sent the previous block before it asks for the next:
+    a fresh 4 MiB object per block would cost a page fault per 4 KiB), and
+    keeps the new block's cipher, so this process reading the block back from
+    the cache (the next epoch) skips its HKDF. Keyed by the exact header bytes
+    it wrote: if the daemon keeps another writer's file instead, that header
+    differs and this entry is simply never used. Holds no reference to the
+    Volume (the link's threads would keep it alive)."""
+
+    __slots__ = ("_volume_key", "_chunk_size", "_ciphers", "_buf")
+
+    def __init__(self, volume_key: bytes, chunk_size: int, ciphers: Ciphers) -> None:
+        self._volume_key = volume_key
+        self._chunk_size = chunk_size
+        self._ciphers = ciphers
+        self._buf = bytearray()
+
+    def __call__(self, key: str, plaintext: bytes) -> memoryview:
+        """The block file's bytes: valid until the next call."""
+        blob, cipher = blockfile.seal_into(key, plaintext, self._volume_key, self._chunk_size,
+                                           self._buf)
+        self._buf = blob.obj  # the larger one, if it had to grow
+        self._ciphers.keep((key, blob[:HEADER_SIZE].tobytes()), cipher)
+        return blob

@@ -1,0 +1,267 @@
+"""The hit path: a block's bytes from the memory LRU or from the cache disk.
+
+With the layout from the daemon's `hello`, the reader opens the block file
+read-only itself, checks its header and length, reads and decrypts only the
+chunks the range touches, and reports the access later in a batched `touch`:
+no round trip to the daemon. The ciphertext goes to a reused buffer;
+`out` (the FUSE client's path) gets whole chunks decrypted straight into
+the caller's buffer, else the same reused buffer is copied out once into the
+bytes returned. `nowait` reads only where the kernel answers from memory
+(`nowait`: openat2 RESOLVE_CACHED, preadv2 RWF_NOWAIT), so an event loop
+can serve a warm hit itself and never wait on a slow cache disk.
+
+A missing, truncated, foreign or forged block, a link or FIFO or another
+uid's file at a block path, an unhealthy dir or no daemon: a miss (counted),
+never an error; a bad block is evicted through the daemon and refilled.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import threading
+
+from .. import nowait
+from ..blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
+from ..blockmem import BlockMemory
+from ..counters import Counters
+from ..daemonlink import DaemonLink
+from ..errors import FormatError, IntegrityError
+from ..nowait import Unsupported
+from ..nowait import open_cached as nowait_open
+
+log = logging.getLogger(__name__)
+
+CIPHER_LIMIT = 4096       # derived per-block ciphers kept (saves an HKDF per hit)
+# No O_NOATIME: open(2) refuses it with EPERM unless the caller owns the file
+# (or has CAP_FOWNER), so every hit of a reader that is not the daemon's uid
+# became a miss. relatime already skips nearly every atime write.
+# O_NONBLOCK: a FIFO planted in the cache tree must not block the open (on
+# fsclient's event loop that would hang the mount); it is refused by fstat.
+# O_NOFOLLOW: a symlink at the block path is refused (ELOOP); a symlinked dir
+# above it can lead only to a regular file of the daemon's uid (fstat), which
+# must still authenticate. (RESOLVE_NO_SYMLINKS would refuse those too, but
+# also a symlink in the configured cache dir path, and through ctypes it
+# costs several microseconds more per hit than os.open.)
+_O_RDONLY = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW
+
+# Cache-hit reads go through reusable buffers (the ciphertext, and the
+# plaintext when the caller wants bytes): a few idle ones are kept in a list,
+# taken and given back without a lock (list pop/append are atomic), so a hit
+# costs no fresh allocation, zeroing or page faults (4 MiB for a block). One
+# holds up to twice the largest block read whole, so at most _SCRATCH_KEPT
+# such buffers (4 x ~8 MiB with 4 MiB blocks) stay per process and volume.
+_SCRATCH_KEPT = 4           # idle buffers kept for reuse
+_SCRATCH_MIN = 64 << 10
+
+
+def deliver(data: bytes, lo: int, hi: int, out: memoryview | None):
+    """data[lo:hi] as bytes, or stored in `out` and its length returned."""
+    if out is None:
+        return data[lo:hi]
+    out[:hi - lo] = memoryview(data)[lo:hi]
+    return hi - lo
+
+
+class Ciphers:
+    """Per-block ciphers derived in this process, by (key, exact header
+    bytes): a header seen before was validated then, and its HKDF subkey is
+    derived once. The oldest goes first past CIPHER_LIMIT. Only writers lock;
+    readers `get` (a dict get is atomic)."""
+
+    __slots__ = ("by_head", "_lock")
+
+    def __init__(self) -> None:
+        self.by_head: dict[tuple[str, bytes], BlockCipher] = {}
+        self._lock = threading.Lock()
+
+    def get(self, ck: tuple[str, bytes]) -> BlockCipher | None:
+        return self.by_head.get(ck)
+
+    def keep(self, ck: tuple[str, bytes], cipher: BlockCipher) -> None:
+        with self._lock:
+            self.by_head[ck] = cipher
+            if len(self.by_head) > CIPHER_LIMIT:
+                del self.by_head[next(iter(self.by_head))]
+
+
+class HitReader:
+    """Reads blocks of one volume that this host already holds."""
+
+    def __init__(self, name: str, volume_key: bytes, key_id: bytes, chunk_size: int,
+                 mem: BlockMemory, link: DaemonLink, counters: Counters, ciphers: Ciphers):
+        self.name = name
+        self._volume_key = volume_key
+        self._key_id = key_id
+        self._chunk_size = chunk_size
+        self.mem = mem
+        self._link = link
+        self.counters = counters
+        self.ciphers = ciphers
+        self._scratch: list[memoryview] = []  # idle hit buffers (see _SCRATCH_KEPT)
+        self.nowait = nowait.SUPPORTED  # cleared if the kernel or cache fs refuses it
+
+    def read(self, key: str, blen: int, lo: int, hi: int, out: memoryview | None,
+             nowait: bool = False):
+        """Plaintext [lo, hi) of `key`'s block (`blen` bytes) from the memory
+        LRU or the cache disk, counted as a hit (bytes, or the length stored
+        in `out`); None for a miss. `nowait`: only what the kernel's caches
+        hold, and a miss is neither counted nor judged."""
+        data = self.mem.get(key)
+        if data is not None:
+            self.counters.add3("hits", "hit_bytes", hi - lo, "memory_hits")
+            return deliver(data, lo, hi, out)
+        layout = self._link.layout
+        if layout is None:
+            if not nowait:
+                self.counters.add("daemon_unavailable")
+            return None
+        if nowait and not self.nowait:
+            return None
+        got = self._read_file(layout.path(key), key, blen, lo, hi, out, nowait=nowait)
+        if got is not None:
+            self.counters.add2("hits", "hit_bytes", hi - lo)
+            self._link.touch(key)
+        return got
+
+    def is_cached(self, key: str) -> bool:
+        """True if `key`'s block file is there: a regular file of the daemon's
+        uid, as `read` would use it (a link or a FIFO is not a block)."""
+        layout = self._link.layout
+        path = layout.path(key) if layout is not None else None
+        if path is None:
+            return False
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        owner = self._link.daemon_uid
+        return stat.S_ISREG(st.st_mode) and (owner is None or st.st_uid == owner)
+
+    def held(self, key: str) -> bool:
+        """In memory or on the cache disk."""
+        return self.mem.get(key) is not None or self.is_cached(key)
+
+    def _read_file(self, path: str | None, key: str, blen: int, lo: int, hi: int,
+                   out: memoryview | None = None, nowait: bool = False):
+        """The range from the block file (bytes, or its length once stored in
+        `out`), or None for a miss (bad files are evicted). `nowait`: only from
+        the kernel's caches; None where that is not enough (short reads are
+        then expected, so nothing is judged bad or evicted)."""
+        if path is None:  # its cache dir is unhealthy
+            return None
+        try:
+            fd = nowait_open(path, _O_RDONLY) if nowait else os.open(path, _O_RDONLY)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if isinstance(exc, Unsupported):
+                self._nowait_refused(exc)
+            elif exc.errno == errno.ELOOP and not nowait:  # a symlink in the cache tree
+                self._bad_block(key, f"a symlink on its path {path}")
+                return None
+            log.debug("cannot open cached block %s: %s", path, exc)
+            return None
+        scratch = None
+        try:
+            st = os.fstat(fd)
+            owner = self._link.daemon_uid
+            if not stat.S_ISREG(st.st_mode) or (owner is not None and st.st_uid != owner):
+                raise FormatError(f"{path} is not a regular file owned by the daemon's uid "
+                                  f"{owner} (mode {st.st_mode:o}, uid {st.st_uid})")
+            # Where the chunks must be follows from the block length and this
+            # volume's chunk size, so one pread usually gets header and chunks
+            # together; the header read back must agree, and a read that
+            # reaches the last chunk asks for one byte more to catch a file
+            # that is longer or shorter than its header says.
+            chunk = self._chunk_size
+            n = hi - lo
+            if n == blen:  # the whole block (a small file's every read)
+                first, end = 0, -(-blen // chunk) or 1
+            else:
+                first, end = chunk_span(blen, chunk, lo, n)
+            start = HEADER_SIZE + first * (chunk + TAG_SIZE)
+            if end * chunk >= blen:  # through the last chunk: to the end of the file, and one over
+                stop = HEADER_SIZE + blen + end * TAG_SIZE
+                want = stop - start + 1
+            else:
+                stop = HEADER_SIZE + end * (chunk + TAG_SIZE)
+                want = stop - start
+            # the ciphertext, then (when the caller wants bytes) the plaintext,
+            # copied out once: decrypting chunk by chunk into new objects
+            # would cost their zeroing and a join
+            plain_at = HEADER_SIZE + want
+            need = plain_at + n if out is None else plain_at
+            try:
+                scratch = self._scratch.pop()
+            except IndexError:  # none idle
+                pass
+            if scratch is None or len(scratch) < need:
+                scratch = memoryview(bytearray(need if need > _SCRATCH_MIN else _SCRATCH_MIN))
+            if first == 0:
+                whole = scratch[:plain_at]
+                if nowait:
+                    got = os.preadv(fd, [whole], 0, os.RWF_NOWAIT)
+                    if got != HEADER_SIZE + stop - start:
+                        return None  # pages not all in memory: the blocking read decides
+                else:
+                    got = os.preadv(fd, [whole], 0)
+                head = scratch[:HEADER_SIZE if got > HEADER_SIZE else got]
+                body = scratch[HEADER_SIZE:got if got > HEADER_SIZE else HEADER_SIZE]
+            elif nowait:
+                return None
+            else:
+                head = os.pread(fd, HEADER_SIZE, 0)
+                body = scratch[:os.preadv(fd, [scratch[:want]], start)]
+            head = bytes(head)
+            ck = (key, head)
+            cipher = self.ciphers.get(ck)  # a dict get is atomic: no lock on the hit path
+            if cipher is None:
+                # a header seen before was validated then, and its HKDF subkey
+                # is derived once: FormatError for a bad header, IntegrityError
+                # for a foreign key
+                cipher = BlockCipher.from_head(head, key, self._volume_key, self._key_id)
+                self.ciphers.keep(ck, cipher)
+            if cipher.plaintext_len != blen or cipher.chunk_size != chunk:
+                raise FormatError(f"block holds {cipher.plaintext_len} bytes in chunks of "
+                                  f"{cipher.chunk_size}; this file version needs {blen} in "
+                                  f"chunks of {chunk}")
+            if len(body) != stop - start:  # one byte over: longer; under: truncated
+                raise FormatError(f"block file is shorter or longer than its header says "
+                                  f"({len(body)} bytes where {stop - start} belong)")
+            if out is None:
+                plain = scratch[plain_at:plain_at + n]
+                cipher.read_range_into(lo, body, plain)
+                return plain.tobytes()
+            cipher.read_range_into(lo, body, out[:n])
+            return n
+        except (FormatError, IntegrityError) as exc:
+            if nowait:  # judged once, by the blocking read that follows
+                return None
+            self._bad_block(key, exc)
+            return None
+        except OSError as exc:  # a failing cache disk is a miss, never an error
+            if nowait and exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                self._nowait_refused(exc)
+            log.debug("cannot read cached block %s: %s", path, exc)
+            return None
+        finally:
+            os.close(fd)
+            if scratch is not None and len(self._scratch) < _SCRATCH_KEPT:
+                self._scratch.append(scratch)
+
+    def _bad_block(self, key: str, why: object) -> None:
+        """Count a cache file that is not an authentic block of ours, and have
+        the daemon evict it (the refill replaces it)."""
+        self.counters.add("integrity_failures")
+        log.warning("cached block %s is bad (%s); evicting it and reading the backend", key, why)
+        self._link.evict_later(key)
+
+    def _nowait_refused(self, exc: OSError) -> None:
+        if self.nowait:
+            self.nowait = False
+            log.info("volume %s: the cache dir cannot be read without blocking (%s); "
+                     "hits are read on threads", self.name, exc)
+

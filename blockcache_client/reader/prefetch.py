@@ -1,0 +1,101 @@
+"""Blocks fetched ahead of the reads that will want them, on a small pool.
+
+Consecutive missing blocks go in one request of up to a window of blocks,
+one job per window so windows arrive in parallel. Bounded: past
+`PENDING_LIMIT` queued jobs new ones are dropped and counted. Never blocks a
+reader, never raises for I/O: the real read reports errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from ..backend import FileInfo
+from ..counters import Counters
+from .fetch import Fetcher
+from .hits import HitReader
+
+log = logging.getLogger(__name__)
+
+WORKERS = 4
+PENDING_LIMIT = 256       # queued prefetch jobs before new ones are dropped
+
+
+class Prefetcher:
+    """Background fetches of one volume in one process."""
+
+    def __init__(self, block_size: int, window: int, hits: HitReader, fetcher: Fetcher,
+                 counters: Counters):
+        self.block_size = block_size
+        self.window = window
+        self._hits = hits
+        self._fetcher = fetcher
+        self.counters = counters
+        self._pool: ThreadPoolExecutor | None = None  # made at the first job
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    def windows(self, rel: str, info: FileInfo, prefix: str, offset: int, length: int) -> None:
+        """Fetch the blocks of [offset, offset+length) in the background, one
+        job per window."""
+        bs = self.block_size
+        end = min(info.size, offset + length)
+        step = self.window * bs
+        boff = offset - offset % bs
+        while boff < end:
+            if not self.ahead(rel, info, prefix, boff, min(end, boff + step)):
+                return
+            boff += step
+
+    def ahead(self, rel: str, info: FileInfo, prefix: str, start: int, end: int) -> bool:
+        """`run` in the background; False if dropped."""
+        return self.submit(self.run, rel, info, prefix, start, end)
+
+    def run(self, rel: str, info: FileInfo, prefix: str, start: int, end: int) -> None:
+        """Fetch the blocks of [start, end) (block-aligned `start`) that are
+        neither in memory, cached nor being fetched: each run of consecutive
+        missing ones with one request."""
+        bs = self.block_size
+        boff = start
+        mem = self._hits.mem
+        try:
+            while boff < end:
+                key = prefix + format(boff, "016x")
+                if (mem.get(key) is None and not self._fetcher.busy(key)
+                        and not self._hits.is_cached(key)):
+                    self._fetcher.fetch(rel, info, key, boff, -(-(end - boff) // bs))
+                    self.counters.add("prefetches")
+                boff += bs
+        except Exception as exc:
+            log.debug("prefetch of %s at %d failed: %s", rel, boff, exc)
+
+    def submit(self, fn, *args) -> bool:
+        """Run fn(*args) on the prefetch pool unless too much is queued already."""
+        with self._lock:
+            if self._pending >= PENDING_LIMIT:
+                self.counters.add("prefetches_dropped")
+                return False
+            self._pending += 1
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="blockcache-prefetch")
+            pool = self._pool
+
+        def run() -> None:
+            try:
+                fn(*args)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+        try:
+            pool.submit(run)
+        except RuntimeError:  # the volume is closing
+            with self._lock:
+                self._pending -= 1
+            return False
+        return True
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

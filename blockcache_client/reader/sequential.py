@@ -1,0 +1,105 @@
+"""Sequential reads: how many blocks one request to the source may bring.
+
+Each request to the source has a fixed cost (tens of ms on S3), so a
+sequential reader is served with few large requests. A read is sequential
+(tracked per file version in this process) when it is `SEQ_START` or more
+at offset 0, or starts within the slack (at most an eighth of a block) of
+where the previous read ended: at once for large reads, from the third such
+small read in a row. Its miss brings a window of blocks nobody has yet, and
+half way through a window the next one is fetched in the background. A read
+spanning several blocks brings its own blocks with one request; any other
+read (random 4 KiB) brings its block only.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..backend import FileInfo
+
+SEQ_START = 256 << 10     # a read this large at offset 0 (or continuing one) is sequential
+SEQ_SLACK = 512 << 10     # "continues the previous read": starts this close to its end
+                          # (and within an eighth of a block)
+STREAMS_LIMIT = 4096      # per-file sequential-read states kept before starting over
+
+
+class Stream:
+    """The read pattern of one file version in this process: where the last
+    read ended, how many reads in a row continued the one before, whether the
+    current read is sequential, and the first block no request covers yet."""
+
+    __slots__ = ("next_off", "streak", "streaming", "issued")
+
+    def __init__(self) -> None:
+        self.next_off = -1
+        self.streak = 0
+        self.streaming = False
+        self.issued = 0
+
+
+class SequentialReads:
+    """Stream detection and window planning for one volume in one process.
+
+    `has_block(key)`: the block is in memory or on the cache disk.
+    `fetch_ahead(rel, info, prefix, start, end)`: fetch [start, end) in the
+    background."""
+
+    def __init__(self, block_size: int, window: int, has_block: Callable[[str], bool],
+                 fetch_ahead: Callable[[str, FileInfo, str, int, int], object]):
+        self.block_size = block_size
+        self.window = window
+        self._slack = min(SEQ_SLACK, block_size // 8)
+        self._has_block = has_block
+        self._fetch_ahead = fetch_ahead
+        self._streams: dict[str, Stream] = {}  # by key prefix (file version)
+
+    def follow(self, prefix: str, offset: int, end: int, multi: bool) -> Stream | None:
+        """Track the read pattern of one file version; its `Stream` if this
+        read may fetch more than the block it misses (a sequential read, or
+        one spanning several blocks), else None. Racing threads on one file
+        can only make the guess worse, never a read wrong."""
+        st = self._streams.get(prefix)
+        if st is None:
+            if len(self._streams) >= STREAMS_LIMIT:
+                self._streams.clear()
+            st = self._streams[prefix] = Stream()
+        big = end - offset >= SEQ_START
+        if st.next_off >= 0 and abs(offset - st.next_off) <= self._slack:
+            st.streak += 1
+            # a random small read may land next to the last one by chance:
+            # only a third one in a row (or a large one) makes it a stream
+            st.streaming = st.streak >= 2 or big
+        else:
+            st.streak = 0
+            st.streaming = offset == 0 and big
+            st.issued = offset // self.block_size  # a new run: nothing fetched for it yet
+        st.next_off = end
+        return st if st.streaming or multi else None
+
+    def plan(self, st: Stream, rel: str, info: FileInfo, prefix: str, b: int,
+             last: int) -> int:
+        """How many blocks from block `b` one request may fetch if `b` is a
+        miss. A sequential reader gets a window, and the next window is
+        fetched in the background once half of this one is read; a
+        non-sequential multi-block read gets just its own blocks."""
+        win = self.window
+        if not st.streaming:
+            return min(win, last + 1 - b)
+        bs = self.block_size
+        nblocks = -(-info.size // bs)
+        if b >= st.issued:
+            st.issued = min(nblocks, b + win)
+            if not self._has_block(prefix + format(b * bs, "016x")):
+                return st.issued - b  # the miss brings the window
+            if st.issued > b + 1:  # a hit: the rest of the window in the background
+                self._fetch_ahead(rel, info, prefix, (b + 1) * bs,
+                                  min(info.size, st.issued * bs))
+            return 1
+        if st.issued < nblocks and st.issued - b <= win // 2:
+            start = st.issued
+            st.issued = min(nblocks, start + win)
+            self._fetch_ahead(rel, info, prefix, start * bs, min(info.size, st.issued * bs))
+        # a miss here (the background job is still queued, or the block was
+        # evicted) brings the rest of its window; blocks that job already
+        # claimed stop the run, so nothing is fetched twice
+        return min(win, st.issued - b)

@@ -1,0 +1,449 @@
+"""The read-through reader: a remote volume seen through the host's block cache.
+
+`Volume` is the facade: the public API, the per-process state and fork
+handling, block keys, and the walk of one read down the parts in this
+package (see `__init__`):
+
+1. `hits`: the memory LRU (`blockmem`: fetched moments ago), then the cache
+   disk, read and decrypted by the reader itself with the layout from the
+   daemon's `hello` (no round trip; accesses are reported in batched
+   `touch`es);
+2. `fetch`: a miss reads the whole block from the source once however many
+   threads ask, keeps it in the memory LRU and hands it to the fill queue
+   (`fills`: sealed and `put` in the background; a full queue drops and
+   counts), then returns the requested bytes;
+3. `sequential`: a sequential read of a multi-block file brings a window of
+   blocks with one ranged request, and the next window in the background
+   (`prefetch`); `metadata`: the file's version, cached by age.
+
+Invariants:
+- Never wrong bytes. Keys carry the file version, so a changed remote file
+  gets new keys; every cached byte returned was authenticated under this
+  volume's key and this exact key string; a read of a version the source no
+  longer holds raises ESTALE (`fetch`), never serves or caches other bytes.
+- Bounded memory: a coalesced request is at most `_window` blocks, and
+  `_window` is at most half the memory LRU, so a reader's current window and
+  the one fetched ahead of it both fit; the fill queue stays bounded (full:
+  drop and count).
+- A read never fails because of the cache: a missing, corrupt, truncated or
+  foreign block file, an unhealthy dir, or an unreachable daemon is a miss
+  (counted); a bad block is evicted through the daemon and refilled.
+- Only the daemon's files are read: a block file is opened without
+  following a symlink (O_NOFOLLOW) and without blocking (O_NONBLOCK), and
+  used only if it is a regular file owned by the daemon's uid (`hello`);
+  anything else counts as a bad block. The daemon itself is believed only
+  if SO_PEERCRED shows the expected uid (`client.check_peer`).
+- Fork safe: every public call first checks the process; a child (a
+  DataLoader worker) builds its parts anew (`_start_process`: caches,
+  threads, connections) and drops what it inherited, including queued fills.
+- Picklable for spawn/forkserver workers: a pickle holds the constructor's
+  arguments (the key file's path, never the key); unpickling builds a new
+  Volume, which reads the key file again.
+
+Known limit: a backend without ETags that rewrites a file in place with the
+same size within one mtime tick looks unchanged (version = mtime_ns-size).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import weakref
+
+from .. import blockfile, protocol
+from ..backend import Backend, FileInfo, normalize
+from ..blockmem import BlockMemory
+from ..counters import Counters
+from ..daemonlink import DaemonLink
+from ..errors import ConfigError, DaemonError, DaemonUnavailable
+from ..forks import generation as _forks
+from ..keyfile import load_key_file
+from ..keys import KeyNamer, check_volume_name
+from .fetch import Fetcher
+from .fills import Sealer
+from .hits import Ciphers, HitReader, deliver
+from .metadata import Metadata
+from .prefetch import Prefetcher
+from .sequential import SequentialReads
+from .volumefile import VolumeFile
+
+log = logging.getLogger(__name__)
+
+MAX_OFFSET = 2**63 - 1
+_IDENT_LIMIT = 1 << 18     # cached (path, version) -> key prefix entries
+# Most bytes one sequential request asks the source for: each request to S3
+# costs tens of ms whatever its size, so a sequential reader is served with
+# few large requests.
+COALESCE_BYTES = 32 << 20
+
+
+def _rebuild_volume(args: tuple, storage_options: dict) -> "Volume":
+    """Unpickle a `Volume`: construct it again in this process."""
+    return Volume(*args, **storage_options)
+
+
+class Volume:
+    """A named remote volume read through the host's shared, encrypted block cache.
+
+    `source` is an fsspec URL (local path, `file://`, `s3://bucket/prefix`,
+    chained URLs); `storage_options` go to fsspec (or `fs=` an fsspec filesystem
+    already built, `source` then being the root path in it). `socket_path` defaults to
+    $BLOCKCACHE_SOCKET or /run/blockcache/blockcached.sock; without a daemon
+    every read goes to the backend. `daemon_uid`: the uid the daemon must
+    answer as, besides root (default $BLOCKCACHE_DAEMON_UID, else the owner
+    of the socket's dir; see `client`). All methods are thread-safe.
+    """
+
+    def __init__(self, name: str, source: str, key_file: str, socket_path: str | None = None,
+                 block_size: int = 4 << 20, meta_ttl: float = 60.0,
+                 fill_queue_bytes: int = 256 << 20, memory_cache_bytes: int = 64 << 20,
+                 daemon_uid: int | None = None, **storage_options):
+        self.name = check_volume_name(name)
+        # what a pickle carries to rebuild this volume in another process: the
+        # key file's path, never the key
+        self._init_args = (name, source, key_file, socket_path, block_size, meta_ttl,
+                           fill_queue_bytes, memory_cache_bytes, daemon_uid)
+        self._storage_options = dict(storage_options)
+        if (not isinstance(block_size, int) or isinstance(block_size, bool)
+                or not blockfile.MIN_CHUNK <= block_size <= blockfile.MAX_PLAINTEXT):
+            raise ConfigError(f"volume {name}: block size {block_size!r} must be an integer "
+                              f"in {blockfile.MIN_CHUNK}..{blockfile.MAX_PLAINTEXT}")
+        self.block_size = block_size
+        self.meta_ttl = float(meta_ttl)
+        self._volume_key = load_key_file(key_file)
+        self._key_id = blockfile.key_id(self._volume_key)
+        # block names derive from the key too: equal on every host with it,
+        # opaque to others, and a same-named volume under another key is
+        # another namespace (its blocks are misses here, not failures)
+        self.names = KeyNamer(self._volume_key)
+        self._chunk_size = min(blockfile.DEFAULT_CHUNK, 1 << (block_size.bit_length() - 1))
+        self.socket_path = socket_path or protocol.default_socket()
+        self._daemon_uid = daemon_uid
+        self._fill_queue_bytes = fill_queue_bytes
+        self._memory_cache_bytes = memory_cache_bytes
+        # blocks one sequential request may bring: two windows (the one being
+        # read, the one fetched ahead) fit in the memory LRU; 1 = no coalescing
+        self._window = max(1, min(COALESCE_BYTES // block_size,
+                                  max(0, memory_cache_bytes) // (2 * block_size)))
+        self.backend = Backend(source, **storage_options)
+        root = self.backend.stat("")  # an unreadable source fails here, by name
+        if not root.is_dir:
+            raise NotADirectoryError(errno.ENOTDIR, f"volume {name}: source {source} is not "
+                                                    f"a directory")
+        self._closed = False
+        self._pid = -1
+        self._start_process()
+
+    # -- per-process state (rebuilt after fork) ----------------------------------
+
+    def _start_process(self) -> None:
+        """Build the parts of the read path for this process."""
+        self._pid = os.getpid()
+        self._fork_gen = _forks[0]
+        self.counters = Counters()
+        self._idents: dict[tuple[str, str], str] = {}
+        self._meta = Metadata(self.backend, self.meta_ttl)
+        self._mem = BlockMemory(self._memory_cache_bytes)
+        ciphers = Ciphers()
+        # the sealer must not reference self, or the link's threads would keep us alive
+        seal = Sealer(self._volume_key, self._chunk_size, ciphers)
+        self._link = DaemonLink(self.socket_path, self.counters, seal,
+                                self._fill_queue_bytes, client_name=f"volume:{self.name}",
+                                daemon_uid=self._daemon_uid)
+        # a Volume dropped without close() must not leave its threads reconnecting forever
+        weakref.finalize(self, self._link.close, 0.2)
+        self._hits = HitReader(self.name, self._volume_key, self._key_id, self._chunk_size,
+                               self._mem, self._link, self.counters, ciphers)
+        self._fetcher = Fetcher(self.name, self.backend, self.block_size, self._mem,
+                                self._link, self.counters, self._hits.is_cached,
+                                self._meta.forget)
+        self._prefetcher = Prefetcher(self.block_size, self._window, self._hits,
+                                      self._fetcher, self.counters)
+        self._sequential = SequentialReads(self.block_size, self._window, self._hits.held,
+                                           self._prefetcher.ahead)
+
+    def _proc(self) -> None:
+        if self._fork_gen != _forks[0]:
+            log.debug("volume %s: new process %d, rebuilding per-process state",
+                      self.name, os.getpid())
+            self._start_process()
+        elif self._closed:
+            raise ValueError(f"volume {self.name} is closed")
+
+    def close(self) -> None:
+        """Flush pending fills briefly, stop background threads."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pid == os.getpid():
+            self._prefetcher.shutdown()
+            self._link.close()
+            self.backend.close()
+
+    def __enter__(self) -> "Volume":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self):
+        # A spawn/forkserver worker (a DataLoader's) gets a new Volume built
+        # from the same arguments: the key is read again from its file there.
+        if self._closed:
+            raise ValueError(f"volume {self.name} is closed: a closed volume cannot be pickled")
+        return (_rebuild_volume, (self._init_args, self._storage_options))
+
+    # -- metadata ----------------------------------------------------------------
+
+    def stat(self, path: str, max_age: float | None = None) -> FileInfo:
+        """Info of `path`, cached up to `meta_ttl` seconds (or `max_age`; 0 = fresh).
+        A missing path is remembered as missing as long; the second stat in a
+        directory lists the directory once instead (see `reader.metadata`)."""
+        self._proc()
+        return self._meta.stat(normalize(path), max_age)
+
+    def listdir(self, path: str, max_age: float | None = None) -> list[FileInfo]:
+        """Entries of a directory (sorted by name); also fills the stat cache."""
+        self._proc()
+        return list(self._meta.list(normalize(path), max_age))
+
+    def readlink(self, path: str) -> str:
+        """Target of a symbolic link in the volume."""
+        self._proc()
+        return self.backend.readlink(normalize(path))
+
+    def inode(self, path: str) -> int:
+        """The stable inode of `path` (the same on every host with the key):
+        `KeyNamer.inode`."""
+        return self.names.inode(normalize(path))
+
+    # -- keys --------------------------------------------------------------------
+
+    def _key_prefix(self, rel: str, version: str) -> str:
+        """`vol_inode_extent_` for one version of a file (validated once, then cached)."""
+        ident = (rel, version)
+        prefix = self._idents.get(ident)
+        if prefix is None:
+            # BlockKey's canonical form, written out: every part is valid by
+            # construction (the name was checked at __init__, the inode and
+            # extent are 63/64-bit hashes), and a new process computes this for
+            # every file it opens, so the dataclass's checks (~3 us) are skipped
+            # (tests/blockcache_client compares it with str(BlockKey(...))).
+            prefix = self.names.file_prefix(self.name, rel, version, self.block_size)
+            if len(self._idents) >= _IDENT_LIMIT:
+                self._idents.clear()
+            self._idents[ident] = prefix
+        return prefix
+
+    # -- reads -------------------------------------------------------------------
+
+    def _resolve(self, path: str, info: FileInfo | None) -> tuple[str, FileInfo]:
+        rel = normalize(path)
+        if info is None:
+            self._proc()
+            info = self._meta.stat(rel)
+        elif not isinstance(info, FileInfo) or info.path != rel:
+            raise OSError(errno.EINVAL, f"read {path}: the pinned FileInfo is for "
+                                        f"{getattr(info, 'path', info)!r}, not this path")
+        if info.is_dir:
+            raise IsADirectoryError(errno.EISDIR, f"read {path}: is a directory in volume "
+                                                  f"{self.name}")
+        return rel, info
+
+    @staticmethod
+    def _check_range(path: str, offset: int, size: int) -> None:
+        for what, v in (("offset", offset), ("size", size)):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"read {path}: {what} must be an int, not {type(v).__name__}")
+            if not 0 <= v <= MAX_OFFSET:
+                raise OSError(errno.EINVAL, f"read {path}: {what} {v} is outside 0..2**63-1")
+
+    def read(self, path: str, offset: int, size: int, info: FileInfo | None = None) -> bytes:
+        """Up to `size` bytes at `offset` (fewer only at end of file).
+
+        `info` pins the version (FUSE passes what it got at open); without it
+        the cached metadata is used.
+        """
+        self._proc()
+        self._check_range(path, offset, size)
+        rel, info = self._resolve(path, info)
+        return self._read_pinned(rel, offset, size, info)
+
+    def _read_pinned(self, rel: str, offset: int, size: int, info: FileInfo,
+                     out: memoryview | None = None):
+        """`read` after its checks: `rel` normalized, `info` its pinned version,
+        offset and size valid (VolumeFile calls this directly). With `out` (a
+        writable byte view of `size` bytes) the bytes are stored there and
+        their count returned, with no intermediate copy."""
+        if self._fork_gen != _forks[0] or self._closed:
+            self._proc()
+        end = min(offset + size, info.size)
+        if offset >= end:
+            return b"" if out is None else 0
+        bs = self.block_size
+        first = offset // bs
+        last = (end - 1) // bs
+        prefix = self._key_prefix(rel, info.version)
+        st = None
+        if self._window > 1 and info.size > bs:
+            st = self._sequential.follow(prefix, offset, end, last > first)
+        if first == last and st is None:
+            boff = first * bs
+            return self._read_block(rel, info, prefix, boff, offset - boff, end - boff, out)
+        parts = []
+        pos = 0
+        for b in range(first, last + 1):
+            boff = b * bs
+            run = 1 if st is None else self._sequential.plan(st, rel, info, prefix, b, last)
+            lo, hi = max(offset, boff) - boff, min(end, boff + bs) - boff
+            if out is None:
+                parts.append(self._read_block(rel, info, prefix, boff, lo, hi, None, run))
+            else:
+                self._read_block(rel, info, prefix, boff, lo, hi, out[pos:pos + hi - lo], run)
+            pos += hi - lo
+        return b"".join(parts) if out is None else pos
+
+    def readinto(self, path: str, offset: int, buffer, info: FileInfo | None = None) -> int:
+        """Read into a writable buffer; returns the number of bytes stored
+        (fewer than its length only at end of file). Cached blocks decrypt
+        straight into the buffer. If it raises, the buffer's contents are
+        undefined (but never unauthenticated cache bytes)."""
+        view = memoryview(buffer).cast("B")
+        self._proc()
+        self._check_range(path, offset, len(view))
+        rel, info = self._resolve(path, info)
+        return self._read_pinned(rel, offset, len(view), info, view)
+
+    def readinto_nowait(self, path: str, offset: int, buffer, info: FileInfo) -> int | None:
+        """`readinto` of a range within one block, only if it needs no wait:
+        the block is in the memory LRU, or its cache file's path and bytes are
+        in the kernel's caches. None otherwise (a miss, pages not in memory, a
+        bad or short file, a second block, no kernel support): nothing is then
+        counted or evicted, and `readinto` on a thread does the real read and
+        decides. Never touches the backend, never blocks on a disk: an event
+        loop may call it."""
+        view = memoryview(buffer).cast("B")
+        self._proc()
+        self._check_range(path, offset, len(view))
+        rel, info = self._resolve(path, info)
+        end = min(offset + len(view), info.size)
+        if offset >= end:
+            return 0
+        bs = self.block_size
+        boff = offset - offset % bs
+        if end > boff + bs:
+            return None
+        key = self._key_prefix(rel, info.version) + format(boff, "016x")
+        return self._hits.read(key, self._block_len(info, boff), offset - boff, end - boff, view,
+                              nowait=True)
+
+    def open(self, path: str):
+        """A read-only binary file object (read, readinto, seek, tell) pinned
+        to the version of `path` seen now."""
+        # A path the metadata cache holds fresh is canonical (only normalized
+        # paths are remembered), so a dataset
+        # opening the paths it listed skips `normalize` and `_resolve`.
+        if type(path) is str and self._fork_gen == _forks[0] and not self._closed:
+            info = self._meta.cached(path)
+            if info is not None and not info.is_dir:
+                return VolumeFile(self, path, info)
+        rel, info = self._resolve(path, None)  # checks the process too
+        return VolumeFile(self, rel, info)
+
+    def _block_len(self, info: FileInfo, boff: int) -> int:
+        return min(self.block_size, info.size - boff)
+
+    def _read_block(self, rel: str, info: FileInfo, prefix: str, boff: int,
+                    lo: int, hi: int, out: memoryview | None = None, run: int = 1):
+        """Plaintext [lo, hi) of the block at `boff`: as bytes, or stored in
+        `out` (hi - lo bytes long) and its length returned. A miss may fetch
+        up to `run` blocks from `boff` in one request."""
+        key = prefix + format(boff, "016x")
+        blen = info.size - boff  # `_block_len`, inline: the hit path's every call counts
+        got = self._hits.read(key, blen if blen < self.block_size else self.block_size, lo, hi,
+                              out)
+        if got is not None:
+            return got
+        data = self._fetcher.fetch(rel, info, key, boff, run)
+        self.counters.add2("misses", "miss_bytes", hi - lo)
+        return deliver(data, lo, hi, out)
+
+    # -- cache control -----------------------------------------------------------
+
+    def _blocks(self, path: str, info: FileInfo | None, offset: int = 0,
+                length: int | None = None):
+        rel, info = self._resolve(path, info)
+        prefix = self._key_prefix(rel, info.version)
+        end = info.size if length is None else min(info.size, offset + length)
+        bs = self.block_size
+        for b in range(offset // bs, -(-end // bs)):
+            yield rel, info, prefix + format(b * bs, "016x"), b * bs
+
+    def prefetch(self, path: str, offset: int, length: int, info: FileInfo | None = None) -> None:
+        """Fetch the blocks of [offset, offset+length) into the cache in the
+        background (readahead): consecutive missing blocks in one request of
+        up to `_window` blocks, one job per window so windows arrive in
+        parallel. Never blocks on the backend, never raises for I/O."""
+        self._proc()
+        self._check_range(path, offset, length)
+        rel = normalize(path)
+        if info is None:  # stat-ing could block: do it in the background too
+            self._prefetcher.submit(self._prefetch_range, rel, offset, length, None)
+        else:
+            self._prefetch_range(rel, offset, length, info)
+
+    def _prefetch_range(self, rel: str, offset: int, length: int, info: FileInfo | None) -> None:
+        try:
+            rel, info = self._resolve(rel, info)
+            self._prefetcher.windows(rel, info, self._key_prefix(rel, info.version), offset,
+                                     length)
+        except Exception as exc:  # readahead is best effort; the real read reports errors
+            log.debug("prefetch %s failed: %s", rel, exc)
+
+    def cached_bytes(self, path: str, info: FileInfo | None = None) -> int:
+        """Plaintext bytes of this file (this version) in the host cache now."""
+        self._proc()
+        total = 0
+        for _, info, key, boff in self._blocks(path, info):
+            if self._hits.is_cached(key):
+                total += self._block_len(info, boff)
+        return total
+
+    def block_map(self, path: str, info: FileInfo | None = None) -> list[tuple[int, int, bool]]:
+        """(offset, length, cached now) of each block of this file version, in
+        order; "cached" checks the block file through the layout (no daemon
+        round trip, no read). Warmup uses it to fetch only what is missing."""
+        self._proc()
+        return [(boff, self._block_len(info, boff), self._hits.is_cached(key))
+                for _, info, key, boff in self._blocks(path, info)]
+
+    def evict(self, path: str, info: FileInfo | None = None) -> int:
+        """Remove this file's blocks (every version) from the cache; returns how
+        many the daemon removed (0 if it is unreachable)."""
+        self._proc()
+        rel = normalize(path)
+        ino = self.names.inode(rel)
+        self._mem.discard_prefix(f"{self.name}_{ino}_")
+        try:
+            return self._link.evict_inode(self.name, ino)
+        except (DaemonUnavailable, DaemonError) as exc:
+            self.counters.add("daemon_unavailable")
+            log.info("evict %s: %s", rel, exc)
+            return 0
+
+    def wait_fills(self, timeout: float = 10.0) -> bool:
+        """Block until queued fills have been handed to the daemon (tests, warmup)."""
+        self._proc()
+        return self._link.wait_idle(timeout)
+
+    def stats(self) -> dict:
+        """Counters of this process's reads (see `counters.VOLUME_COUNTERS`) plus
+        the link state."""
+        self._proc()
+        out: dict = self.counters.snapshot()
+        out["daemon_connected"] = self._link.connected
+        out["layout_epoch"] = self._link.layout_epoch
+        out["fill_queue_bytes"] = self._link.pending_fill_bytes()
+        out["memory_bytes"] = self._mem.used
+        return out

@@ -25,6 +25,7 @@ import logging
 import pyfuse3
 
 from blockcache_client.backend import FileInfo
+from blockcache_client.reader.sequential import SEQ_SLACK, Stream
 from blockcache_client import Volume
 
 from .config import MountConfig
@@ -33,9 +34,6 @@ from .pool import LoopPool, log_prefetch_failure, retrieve
 
 log = logging.getLogger("fsclient.fs")
 
-# Reads this close to where the previous one ended still count as sequential:
-# the kernel issues its readahead requests concurrently, slightly out of order.
-SEQ_SLACK = 512 << 10
 # A file up to this size (and within one block) is read whole at open: the
 # read is under way while the open answer travels back, and one volume read
 # costs less than the several 128 KiB pieces the kernel asks for. A miss
@@ -48,7 +46,7 @@ BUFFER_BYTES_MAX = 128 << 20
 class Handle:
     """An open file: the pinned FileInfo and the sequential-read state."""
 
-    __slots__ = ("path", "info", "node", "inode", "next_off", "streak", "prefetched_until",
+    __slots__ = ("path", "info", "node", "inode", "stream", "prefetched_until",
                  "data", "pending", "blocks")
 
     def __init__(self, path: str, info: FileInfo, inode: int, node: Node):
@@ -61,8 +59,7 @@ class Handle:
         # block offset -> its bytes, for a sequential reader (made at its first
         # block: most handles are small files and never need one)
         self.blocks: dict[int, asyncio.Future] | None = None
-        self.next_off = -1
-        self.streak = 0
+        self.stream = Stream()  # the read pattern: sequential from the second read in a row
         self.prefetched_until = 0
 
 
@@ -251,13 +248,8 @@ class OpenFiles:
     def _follow(self, h: Handle, off: int, size: int) -> bool:
         """Track the handle's read pattern; True if this read continues a
         sequential run. Sequential runs also prefetch the next blocks."""
-        if h.next_off >= 0 and abs(off - h.next_off) <= SEQ_SLACK:
-            h.streak += 1
-        else:
-            h.streak = 0
+        if not h.stream.advance(off, off + size, SEQ_SLACK):
             h.prefetched_until = 0
-        h.next_off = off + size
-        if h.streak < 1:
             return False
         if self.cfg.readahead_blocks:
             self._readahead(h, off)

@@ -18,8 +18,10 @@ from typing import Callable
 from ..backend import FileInfo
 
 SEQ_START = 256 << 10     # a read this large at offset 0 (or continuing one) is sequential
-SEQ_SLACK = 512 << 10     # "continues the previous read": starts this close to its end
-                          # (and within an eighth of a block)
+# "continues the previous read": starts this close to its end (the reader
+# caps it at an eighth of a block; a FUSE mount's kernel readahead requests
+# come concurrently, slightly out of order)
+SEQ_SLACK = 512 << 10
 STREAMS_LIMIT = 4096      # per-file sequential-read states kept before starting over
 
 
@@ -35,6 +37,14 @@ class Stream:
         self.streak = 0
         self.streaming = False
         self.issued = 0
+
+    def advance(self, offset: int, end: int, slack: int) -> bool:
+        """Note a read of [offset, end): True (and the streak one longer) if
+        it starts within `slack` of where the previous read ended."""
+        continued = self.next_off >= 0 and abs(offset - self.next_off) <= slack
+        self.streak = self.streak + 1 if continued else 0
+        self.next_off = end
+        return continued
 
 
 class SequentialReads:
@@ -64,16 +74,13 @@ class SequentialReads:
                 self._streams.clear()
             st = self._streams[prefix] = Stream()
         big = end - offset >= SEQ_START
-        if st.next_off >= 0 and abs(offset - st.next_off) <= self._slack:
-            st.streak += 1
+        if st.advance(offset, end, self._slack):
             # a random small read may land next to the last one by chance:
             # only a third one in a row (or a large one) makes it a stream
             st.streaming = st.streak >= 2 or big
         else:
-            st.streak = 0
             st.streaming = offset == 0 and big
             st.issued = offset // self.block_size  # a new run: nothing fetched for it yet
-        st.next_off = end
         return st if st.streaming or multi else None
 
     def plan(self, st: Stream, rel: str, info: FileInfo, prefix: str, b: int,

@@ -134,8 +134,10 @@ def open_volume(cfg: MountConfig) -> Any:
     from blockcache_client import Volume
 
     def make() -> Any:
+        # meta_ttl=0: the mount's own caches hold its metadata (per-prefix
+        # TTLs) and ask the volume for fresh answers; it keeps none twice
         return Volume(cfg.volume, cfg.source, cfg.key_file, socket_path=cfg.socket,
-                      block_size=cfg.block_size, meta_ttl=cfg.meta_ttl,
+                      block_size=cfg.block_size, meta_ttl=0,
                       fill_queue_bytes=cfg.fill_queue_bytes,
                       memory_cache_bytes=cfg.memory_cache_bytes, **cfg.storage_options)
 

@@ -6,7 +6,9 @@ would be, and a fresh listing of its parent that does not name it answers
 too. The second stat in a directory lists it instead (one request for the
 whole directory rather than one per file). Each cache is bounded: past its
 limit it starts over, and entries refill on demand. Only canonical paths are
-stored, so a path found here needs no `normalize`.
+stored, so a path found here needs no `normalize`. With `meta_ttl` 0 nothing
+is stored at all: a FUSE mount keeps its metadata in its own per-prefix
+caches (`fsclient.metacache`) and asks for fresh answers, so it is held once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Metadata:
     def __init__(self, backend: Backend, meta_ttl: float):
         self.backend = backend
         self.meta_ttl = meta_ttl
+        self._keeps = meta_ttl > 0  # meta_ttl 0: no cache at all
         self._meta: dict[str, tuple[float, FileInfo]] = {}
         # paths the backend said do not exist (Python's import probes many)
         self._missing: dict[str, tuple[float, str]] = {}
@@ -118,11 +121,15 @@ class Metadata:
         raise FileNotFoundError(errno.ENOENT, why)
 
     def _remember_missing(self, rel: str, now: float, why: str) -> None:
+        if not self._keeps:
+            return
         if len(self._missing) >= META_LIMIT:
             self._missing.clear()  # bounded like the positive cache
         self._missing[rel] = (now, why)
 
     def _remember(self, rel: str, info: FileInfo, now: float) -> None:
+        if not self._keeps:
+            return
         if len(self._meta) >= META_LIMIT:
             self._meta.clear()  # crude but bounded; entries refill on demand
         self._meta[rel] = (now, info)
@@ -134,6 +141,8 @@ class Metadata:
         if hit is not None:
             return hit
         infos = self.backend.listdir(rel)
+        if not self._keeps:
+            return infos
         if len(self._dirs) >= META_LIMIT // 64:
             self._dirs.clear()
         self._dirs[rel] = (now, infos, frozenset(info.name for info in infos))

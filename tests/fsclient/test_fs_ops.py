@@ -282,3 +282,29 @@ def test_lookups_during_a_listing_wait_for_it_instead_of_a_stat_each(tmp_path, k
     finally:
         f.close()
         vol.close()
+
+
+def test_a_mount_keeps_its_metadata_once(tmp_path, key_file):
+    """The mount's own caches hold its metadata: its Volume stores none."""
+    from fsclient.mount import open_volume
+
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f").write_bytes(b"x")
+    cfg = build_config(volume="v", source=str(src), mountpoint=str(tmp_path / "m"),
+                       key_file=str(key_file), socket=str(tmp_path / "no.sock"), meta_ttl=60.0)
+    vol = open_volume(cfg)
+    f = BlockcacheFS(vol, cfg)
+    try:
+        async def walk():
+            d = await f.lookup(ROOT_INODE, b"d")
+            fh = await f.opendir(d.st_ino)
+            await f.lookup(d.st_ino, b"f")
+            await f.releasedir(fh)
+        run(walk())
+        assert f.meta.stats()["attrs"] >= 2  # held by the mount ...
+        assert vol.stat("d/f").size == 1
+        assert (vol._meta._meta, vol._meta._dirs, vol._meta._missing) == ({}, {}, {})  # ... only
+    finally:
+        f.close()
+        vol.close()

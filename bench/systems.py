@@ -281,7 +281,7 @@ class _Daemon:
         self.cache = os.path.join(workdir, "cache")
         self.proc = DaemonProcess(workdir, cache_dirs=[(self.cache, "64G")]).start()
         self.key_file = os.path.join(workdir, "volume.key")
-        from blockcache_client.keyfile import generate_key_file
+        from blockcache_client.volumekey import generate_key_file
         generate_key_file(self.key_file)
 
     @property

@@ -48,11 +48,11 @@ from concurrent.futures import ThreadPoolExecutor
 import fsspec
 
 from bench.systems import read_into_page_cache
-from blockcache_client import blockfile
-from blockcache_client.blockfile import HEADER_SIZE, TAG_SIZE, BlockHeader
-from blockcache_client.keyfile import generate_key_file, load_key_file
+from blockcache_client.contract import blockfile
+from blockcache_client.contract.blockfile import HEADER_SIZE, TAG_SIZE, BlockHeader
+from blockcache_client.volumekey import generate_key_file, load_key_file
 from blockcache_client.latencyfs import LatencyFileSystem
-from blockcache_client.layout import Layout
+from blockcache_client.contract.layout import Layout
 from blockcache_client.volume import Volume
 from tests.support.daemon import DaemonProcess
 

@@ -22,11 +22,11 @@ from typing import Any, Callable, NoReturn
 
 import click
 
-from . import protocol
+from .contract import protocol
 from .client import Client
-from .errors import BlockcacheError, DaemonError, DaemonUnavailable
+from .contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
 from .keygen import keygen_command
-from .units import format_size
+from .contract.units import format_size
 
 EXIT_REFUSED = 1
 EXIT_UNAVAILABLE = 3

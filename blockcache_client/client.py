@@ -33,10 +33,10 @@ import threading
 import time
 from typing import Any, Iterable
 
-from . import protocol
-from .errors import ConfigError, DaemonError, DaemonUnavailable, ProtocolError, UntrustedPeer
-from .forks import generation as _forks
-from .protocol import LENGTH
+from .contract import protocol
+from .contract.errors import ConfigError, DaemonError, DaemonUnavailable, ProtocolError, UntrustedPeer
+from .common.forks import generation as _forks
+from .contract.protocol import LENGTH
 
 DEFAULT_TIMEOUT = 5.0
 # Asked for the socket's send buffer: room for a whole put, so its block goes

@@ -48,9 +48,9 @@ from typing import Callable
 
 from .client import Client
 from .counters import Counters
-from .errors import BlockcacheError, DaemonError, DaemonUnavailable, UntrustedPeer
-from .layout import Layout
-from .protocol import MAX_BATCH
+from .contract.errors import BlockcacheError, DaemonError, DaemonUnavailable, UntrustedPeer
+from .contract.layout import Layout
+from .contract.protocol import MAX_BATCH
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from typing import Callable, NoReturn
 
 import click
 
-from .errors import BlockcacheError
-from .keyfile import generate_key_file
+from .contract.errors import BlockcacheError
+from .volumekey import generate_key_file
 
 
 def keygen_command(fail: Callable[[str], NoReturn]) -> click.Command:

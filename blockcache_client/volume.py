@@ -75,18 +75,19 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
-from . import blockfile, nowait, protocol
+from .contract import blockfile, protocol
+from . import nowait
 from .backend import Backend, FileInfo, normalize
-from .blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
+from .contract.blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
 from .blockmem import BlockMemory
 from .counters import Counters
 from .daemonlink import DaemonLink
-from .errors import ConfigError, DaemonError, DaemonUnavailable, FormatError, IntegrityError
-from .forks import generation as _forks
+from .contract.errors import ConfigError, DaemonError, DaemonUnavailable, FormatError, IntegrityError
+from .common.forks import generation as _forks
 from .nowait import Unsupported
 from .nowait import open_cached as nowait_open
-from .keyfile import load_key_file
-from .keys import KeyNamer, check_volume_name
+from .volumekey import load_key_file
+from .contract.blockkey import KeyNamer, check_volume_name
 from .singleflight import SingleFlight
 from .volumefile import VolumeFile
 

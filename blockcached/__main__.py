@@ -24,8 +24,8 @@ import stat
 import sys
 import time
 
-from blockcache_client import logsetup
-from blockcache_client.errors import BlockcacheError, ConfigError
+from blockcache_client.common import logsetup
+from blockcache_client.contract.errors import BlockcacheError, ConfigError
 
 from . import config as configmod
 from . import lockfile

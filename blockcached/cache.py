@@ -16,8 +16,8 @@ import time
 from functools import partial
 from typing import Any, Callable, Iterator
 
-from blockcache_client.keys import key_prefix
-from blockcache_client.layout import CacheDir, Layout
+from blockcache_client.contract.blockkey import key_prefix
+from blockcache_client.contract.layout import CacheDir, Layout
 
 from .capacity import DirCapacity
 from .config import Config

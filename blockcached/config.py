@@ -15,11 +15,11 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from blockcache_client import protocol
-from blockcache_client.errors import ConfigError, InvalidKey
-from blockcache_client.keys import check_volume_name
-from blockcache_client.metrics import parse_addr
-from blockcache_client.units import parse_size
+from blockcache_client.contract import protocol
+from blockcache_client.contract.errors import ConfigError, InvalidKey
+from blockcache_client.contract.blockkey import check_volume_name
+from blockcache_client.common.metrics import parse_addr
+from blockcache_client.contract.units import parse_size
 
 DEFAULT_DIR_SIZE = "10G"
 

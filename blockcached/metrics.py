@@ -30,7 +30,7 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from blockcache_client.metrics import Histogram, MetricsServer
+from blockcache_client.common.metrics import Histogram, MetricsServer
 
 log = logging.getLogger(__name__)
 

@@ -40,9 +40,9 @@ import time
 from collections import deque
 from typing import Callable
 
-from blockcache_client import protocol
-from blockcache_client.errors import ProtocolError
-from blockcache_client.protocol import ErrorCode
+from blockcache_client.contract import protocol
+from blockcache_client.contract.errors import ProtocolError
+from blockcache_client.contract.protocol import ErrorCode
 
 from .config import Config
 from .service import Peer, Service

@@ -1,6 +1,6 @@
 """Operation handlers: one request map in, one reply map out.
 
-Exactly the operations `blockcache_client.protocol` documents. Every key is
+Exactly the operations `blockcache_client.contract.protocol` documents. Every key is
 parsed with `BlockKey.parse` before anything builds a path from it, and every
 put's blob is checked with `BlockHeader.parse` + `check_file_size`, so only
 well-formed blocks under canonical names ever reach the disk.
@@ -13,11 +13,11 @@ import os
 import time
 from typing import Any, Callable
 
-from blockcache_client import blockfile, protocol
-from blockcache_client.errors import FormatError, InvalidKey, ProtocolError
-from blockcache_client.keys import KEY_FORMAT, BlockKey, check_inode, check_volume_name
-from blockcache_client.metrics import Histogram
-from blockcache_client.protocol import ErrorCode, arg, key_list
+from blockcache_client.contract import blockfile, protocol
+from blockcache_client.contract.errors import FormatError, InvalidKey, ProtocolError
+from blockcache_client.contract.blockkey import KEY_FORMAT, BlockKey, check_inode, check_volume_name
+from blockcache_client.common.metrics import Histogram
+from blockcache_client.contract.protocol import ErrorCode, arg, key_list
 
 from .access import Access, Peer
 from .cache import Cache

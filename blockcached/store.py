@@ -12,7 +12,7 @@ read cache, whose every byte can be fetched again, and readers authenticate
 every chunk, so what an OS crash or power loss can leave (a short, empty or
 torn file under a block name) is a miss, never wrong bytes (DESIGN.md,
 "Why blocks are not fsynced"). Paths come only from
-`blockcache_client.layout`, from keys that `BlockKey.parse` accepted.
+`blockcache_client.contract.layout`, from keys that `BlockKey.parse` accepted.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from array import array
 from dataclasses import dataclass
 from typing import Iterator
 
-from blockcache_client import blockfile, layout, safeopen
-from blockcache_client.keys import _KEY_RE, MAX_INODE
+from blockcache_client.contract import blockfile, layout
+from blockcache_client import safeopen
+from blockcache_client.contract.blockkey import is_block_name
 
 log = logging.getLogger(__name__)
 
@@ -428,14 +429,6 @@ def _scan_tops(tops: list[str], placement: Placement | None, me: int) -> ScanRes
                         _remove_any(e.path)
                         removed += 1
     return ScanResult([Run.sorted_from(names, mtimes, sizes)], scanned, removed + links[0])
-
-
-def is_block_name(name: str) -> bool:
-    """Whether `BlockKey.parse(name)` would accept `name`, without building a
-    BlockKey: the key pattern, and an inode below 2**63 (the pattern allows
-    19 digits). A third of the scan's time per file went to parse."""
-    m = _KEY_RE.fullmatch(name)
-    return m is not None and (len(m[2]) < 19 or int(m[2]) <= MAX_INODE)
 
 
 _MAX_FILE = blockfile.BlockHeader(b"\0" * 8, b"\0" * 16, blockfile.MAX_PLAINTEXT,

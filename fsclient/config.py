@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from blockcache_client.errors import ConfigError, InvalidKey
-from blockcache_client.keys import check_volume_name
-from blockcache_client.metrics import parse_addr
-from blockcache_client.units import parse_size
+from blockcache_client.contract.errors import ConfigError, InvalidKey
+from blockcache_client.contract.blockkey import check_volume_name
+from blockcache_client.common.metrics import parse_addr
+from blockcache_client.contract.units import parse_size
 
 DEFAULT_BLOCK_SIZE = 4 << 20
 DEFAULT_META_TTL = 60.0

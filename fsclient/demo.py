@@ -34,8 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from blockcache_client.client import Client
-from blockcache_client.errors import BlockcacheError
-from blockcache_client.keyfile import generate_key_file
+from blockcache_client.contract.errors import BlockcacheError
+from blockcache_client.volumekey import generate_key_file
 
 from . import mountpoint as mp
 from .config import build_config, load_toml

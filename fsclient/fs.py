@@ -46,7 +46,7 @@ from .pool import LoopPool
 from .xattrs import XATTR_PREFIX, Xattrs
 
 if TYPE_CHECKING:
-    from blockcache_client.metrics import Histogram
+    from blockcache_client.common.metrics import Histogram
 
 pyfuse3.asyncio.enable()
 fuseloop.install()  # a request already queued is read without a loop round trip

@@ -20,7 +20,7 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from blockcache_client.metrics import Histogram, LockedHistogram, MetricsServer
+from blockcache_client.common.metrics import Histogram, LockedHistogram, MetricsServer
 
 log = logging.getLogger(__name__)
 

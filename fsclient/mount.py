@@ -33,10 +33,10 @@ import time
 from typing import Any, Callable
 
 from blockcache_client.client import Client
-from blockcache_client.errors import BlockcacheError, DaemonError, DaemonUnavailable
-from blockcache_client.keyfile import load_key_file
+from blockcache_client.contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
+from blockcache_client.volumekey import load_key_file
 from blockcache_client import latencyfs  # noqa: F401  registers latency:: (demo, bench)
-from blockcache_client import protocol
+from blockcache_client.contract import protocol
 
 from . import mountpoint as mp
 from .config import MountConfig

@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from blockcache_client.errors import BlockcacheError
+from blockcache_client.contract.errors import BlockcacheError
 
 log = logging.getLogger(__name__)
 

@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from blockcache_client.backend import FileInfo, normalize
-from blockcache_client.errors import BlockcacheError, ConfigError
-from blockcache_client.units import format_size
+from blockcache_client.contract.errors import BlockcacheError, ConfigError
+from blockcache_client.contract.units import format_size
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from blockcache_client.keyfile import generate_key_file
+from blockcache_client.volumekey import generate_key_file
 from tests.support.s3server import S3Server
 
 

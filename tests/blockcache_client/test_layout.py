@@ -6,8 +6,8 @@ from collections import Counter
 import pytest
 from hypothesis import given, strategies as st
 
-from blockcache_client.keys import BlockKey
-from blockcache_client.layout import CacheDir, Layout, block_relpath, fanout
+from blockcache_client.contract.blockkey import BlockKey
+from blockcache_client.contract.layout import CacheDir, Layout, block_relpath, fanout
 
 keys = st.builds(lambda i, o: str(BlockKey("vol", i, 0xABC, o)),
                  st.integers(1, 2**63 - 1), st.integers(0, 2**64 - 1))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from blockcache_client.errors import ConfigError
+from blockcache_client.contract.errors import ConfigError
 from blockcached.__main__ import load_config, parse_args
 
 TOML = """

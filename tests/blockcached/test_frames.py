@@ -5,9 +5,9 @@ import msgpack
 import pytest
 from hypothesis import given, strategies as st
 
-from blockcache_client import protocol, wire
-from blockcache_client.errors import ProtocolError
-from blockcache_client.protocol import VIEW_MIN, ErrorCode
+from blockcache_client.contract import protocol, wire
+from blockcache_client.contract.errors import ProtocolError
+from blockcache_client.contract.protocol import VIEW_MIN, ErrorCode
 from blockcached.server import FRAME_CLASS, FramePool
 
 # bin lengths at every msgpack header boundary and at the view threshold

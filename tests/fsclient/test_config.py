@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blockcache_client.errors import ConfigError
+from blockcache_client.contract.errors import ConfigError
 from fsclient.config import (TtlPolicy, build_config, load_toml, parse_dir_ttl_flag,
                              split_options)
 
@@ -118,7 +118,7 @@ def test_config_is_frozen():
 
 
 def test_keygen_writes_a_private_key_and_never_overwrites(tmp_path):
-    from blockcache_client.keyfile import load_key_file
+    from blockcache_client.volumekey import load_key_file
     from tests.fsclient.mounting import fsclient
 
     path = tmp_path / "v.key"

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from blockcache_client import blockfile, cli, layout, protocol, wire
+from blockcache_client.contract import blockfile, layout, protocol, wire
+from blockcache_client import cli
 from blockcache_client.client import Client
-from blockcache_client.errors import BlockcacheError, DaemonError, DaemonUnavailable
-from blockcache_client.keys import BlockKey
-from blockcache_client.protocol import ErrorCode
+from blockcache_client.contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
+from blockcache_client.contract.blockkey import BlockKey
+from blockcache_client.contract.protocol import ErrorCode
 from blockcached.server import BUDGETED_TIMEOUT, FRAME_CLASS, READ_SIZE, SMALL_FRAME
 from tests.support.daemon import DaemonProcess
 

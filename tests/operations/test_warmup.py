@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from blockcache_client.keyfile import load_key_file
-from blockcache_client.keys import KeyNamer
+from blockcache_client.volumekey import load_key_file
+from blockcache_client.contract.blockkey import KeyNamer
 from blockcache_client.volume import Volume
 from tests.fsclient.mounting import REPO, env
 from tests.operations.conftest import (BLOCK, VOLUME, blocks_of, run_cli, warmup_args)

@@ -6,7 +6,7 @@ Covered elsewhere and not repeated here: a non-admin `nobody` in the socket
 group is refused volume/all evictions through the CLI and an admin gid is not
 (tests/integration/test_daemon.py::test_admin_evictions_need_admin_peer); key
 files readable by group/others are refused by the loader, `Volume` and
-`fsclient mount` (tests/blockcache_client/test_keyfile.py,
+`fsclient mount` (tests/blockcache_client/test_volumekey.py,
 test_volume_faults.py::test_bad_input, tests/fsclient/test_lifecycle.py).
 """
 
@@ -20,12 +20,12 @@ import stat
 
 import pytest
 
-from blockcache_client import blockfile
+from blockcache_client.contract import blockfile
 from blockcache_client.client import Client
-from blockcache_client.errors import DaemonError, IntegrityError
-from blockcache_client.keyfile import generate_key_file, load_key_file
-from blockcache_client.layout import Layout
-from blockcache_client.protocol import ErrorCode
+from blockcache_client.contract.errors import DaemonError, IntegrityError
+from blockcache_client.volumekey import generate_key_file, load_key_file
+from blockcache_client.contract.layout import Layout
+from blockcache_client.contract.protocol import ErrorCode
 from blockcache_client.volume import Volume
 from tests.reliability.conftest import (BS, ChildError, as_nobody, block_key, cache_files,
                                         needs_root, record, wait_until, write_dataset)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from blockcache_client.keyfile import load_key_file
+from blockcache_client.volumekey import load_key_file
 from blockcache_client.volume import Volume
 from tests.fsclient.mounting import FsclientMount, is_mounted
 from tests.reliability.conftest import (BS, check_index_matches_disk, needs_fuse, peak_rss_kib,

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from blockcache_client.keyfile import load_key_file
+from blockcache_client.volumekey import load_key_file
 from blockcache_client.volume import Volume
 from tests.reliability.conftest import (BS, check_index_matches_disk, needs_root, record,
                                         wait_until, write_dataset)

@@ -27,10 +27,10 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from blockcache_client import blockfile, protocol
+from blockcache_client.contract import blockfile, protocol
 from blockcache_client.client import Client
-from blockcache_client.keys import BlockKey
-from blockcache_client.protocol import MAX_FRAME, ErrorCode
+from blockcache_client.contract.blockkey import BlockKey
+from blockcache_client.contract.protocol import MAX_FRAME, ErrorCode
 from tests.reliability.conftest import peak_rss_kib, record
 from tests.support.daemon import DaemonProcess
 

@@ -8,10 +8,10 @@ import grp
 import os
 import pwd
 
-from blockcache_client import blockfile
+from blockcache_client.contract import blockfile
 from blockcache_client.client import Client
-from blockcache_client.errors import DaemonError
-from blockcache_client.keys import BlockKey
+from blockcache_client.contract.errors import DaemonError
+from blockcache_client.contract.blockkey import BlockKey
 from tests.reliability.conftest import as_nobody, needs_root, record
 from tests.support.daemon import DaemonProcess
 
@@ -137,7 +137,7 @@ def test_two_tenants_one_volume_name_different_keys(tmp_path, key_file):
     other's blocks as its own: each other's blocks are misses, never
     integrity failures, and nobody evicts anybody. Before key format 2 they
     evicted each other's blocks on every read."""
-    from blockcache_client.keyfile import generate_key_file
+    from blockcache_client.volumekey import generate_key_file
     from tests.reliability.conftest import connected_volume, write_dataset
     other_key = str(tmp_path / "other.key")
     generate_key_file(other_key)

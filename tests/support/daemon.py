@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from blockcache_client.client import Client
-from blockcache_client.errors import BlockcacheError
+from blockcache_client.contract.errors import BlockcacheError
 
 from tests.support.procs import stop_process
 

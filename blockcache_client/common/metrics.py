@@ -22,7 +22,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
-from .errors import ConfigError
+from ..contract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

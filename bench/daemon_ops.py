@@ -39,7 +39,7 @@ from blockcache_client.contract import blockfile, layout
 from blockcache_client.client import Client
 from blockcache_client.contract.blockkey import BlockKey
 from blockcached.store import MIN_BLOCK_FILE
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 VOLUME_KEY = bytes(32)
 LOOKUPS = 20_000

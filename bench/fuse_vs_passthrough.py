@@ -43,7 +43,7 @@ import time
 
 from bench.systems import read_into_page_cache
 from fsclient import mountpoint as mp
-from fsclient.demo import Dataset, Demo, make_dataset, read_epoch, stop_mount
+from devtools.demo import Dataset, Demo, make_dataset, read_epoch, stop_mount
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="warm runs per side (the best counts; fresh small epochs also paired)")
     p.add_argument("--keep", action="store_true")
     args = p.parse_args(argv)
-    import fsclient.demo as demo_mod
+    import devtools.demo as demo_mod
     demo_mod.READERS = args.readers
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up on timeout(1) too

@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.delay is None:
         ops: pyfuse3.Operations = LocalPassthrough(a.source, a.ttl)
     else:
-        from blockcache_client.latencyfs import LatencyFileSystem
+        from devtools.latencyfs import LatencyFileSystem
         ops = RemotePassthrough(LatencyFileSystem(target_protocol="file", delay=a.delay),
                                 os.path.abspath(a.source), a.ttl)
     asyncio.run(serve(ops, a.mountpoint))

@@ -38,7 +38,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
-from tests.support.procs import stop_process
+from devtools.procs import stop_process
 
 from . import PROJECT_ROOT
 

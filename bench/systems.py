@@ -277,7 +277,7 @@ class _Daemon:
     """This project's blockcached for one run (our two systems share the code)."""
 
     def __init__(self, workdir: str):
-        from tests.support.daemon import DaemonProcess
+        from devtools.daemon import DaemonProcess
         self.cache = os.path.join(workdir, "cache")
         self.proc = DaemonProcess(workdir, cache_dirs=[(self.cache, "64G")]).start()
         self.key_file = os.path.join(workdir, "volume.key")

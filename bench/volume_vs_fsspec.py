@@ -51,10 +51,10 @@ from bench.systems import read_into_page_cache
 from blockcache_client.contract import blockfile
 from blockcache_client.contract.blockfile import HEADER_SIZE, TAG_SIZE, BlockHeader
 from blockcache_client.volumekey import generate_key_file, load_key_file
-from blockcache_client.latencyfs import LatencyFileSystem
+from devtools.latencyfs import LatencyFileSystem
 from blockcache_client.contract.layout import Layout
 from blockcache_client.volume import Volume
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 KIB = 1 << 10
 MIB = 1 << 20

@@ -35,7 +35,6 @@ from typing import Any, Callable
 from blockcache_client.client import Client
 from blockcache_client.contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
 from blockcache_client.volumekey import load_key_file
-from blockcache_client import latencyfs  # noqa: F401  registers latency:: (demo, bench)
 from blockcache_client.contract import protocol
 
 from . import mountpoint as mp

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from blockcache_client.volumekey import generate_key_file
-from tests.support.s3server import S3Server
+from devtools.s3server import S3Server
 
 
 @pytest.fixture(scope="session")

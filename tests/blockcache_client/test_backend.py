@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, strategies as st
 from fsspec.implementations.memory import MemoryFileSystem
 
-import blockcache_client.latencyfs  # noqa: F401  (registers latency::)
 from blockcache_client.backend import Backend, FileInfo, is_canonical_name, normalize
 
 
@@ -190,7 +189,7 @@ def test_hung_s3_server_times_out():
     """An async backend (s3fs) is bounded by fsspec's own loop timeout."""
     import signal
 
-    from tests.support.s3server import S3Server
+    from devtools.s3server import S3Server
     with S3Server() as server:
         server.filesystem().pipe(f"{server.bucket}/h/x.bin", b"abc")
         b = Backend(server.url("h"), timeout=1.0, attempts=2, skip_instance_cache=True,

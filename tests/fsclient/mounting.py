@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from tests.support.procs import stop_process
+from devtools.procs import stop_process
 
 REPO = str(Path(__file__).resolve().parents[2])
 READY_TIMEOUT = 60.0

@@ -17,7 +17,7 @@ import pytest
 
 from blockcache_client import Volume
 from tests.fsclient.mounting import FsclientMount
-from tests.support.s3server import S3Server
+from devtools.s3server import S3Server
 
 pytestmark = pytest.mark.fuse
 

@@ -23,7 +23,7 @@ from blockcache_client.contract.errors import BlockcacheError, DaemonError, Daem
 from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.protocol import ErrorCode
 from blockcached.server import BUDGETED_TIMEOUT, FRAME_CLASS, READ_SIZE, SMALL_FRAME
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 VOLUME_KEY = bytes(range(32))
 

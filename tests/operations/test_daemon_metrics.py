@@ -10,7 +10,7 @@ from blockcache_client.contract import blockfile
 from blockcache_client.contract.blockkey import BlockKey
 from tests.operations.conftest import logged_port, run_cli
 from tests.operations.test_mount_ops import scrape, value
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 VOLUME_KEY = bytes(range(32))
 

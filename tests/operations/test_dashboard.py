@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fsclient.mounting import REPO, FsclientMount
 from tests.operations.conftest import BLOCK, VOLUME, logged_port
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 DASHBOARD = Path(REPO) / "daemonset" / "grafana-dashboard.json"
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tests.operations.conftest import run_cli, warmup_args
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 
 def json_lines(text: str) -> list[dict]:

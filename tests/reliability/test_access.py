@@ -29,7 +29,7 @@ from blockcache_client.contract.protocol import ErrorCode
 from blockcache_client.volume import Volume
 from tests.reliability.conftest import (BS, ChildError, as_nobody, block_key, cache_files,
                                         needs_root, record, wait_until, write_dataset)
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 pytestmark = needs_root
 

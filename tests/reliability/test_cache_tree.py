@@ -30,7 +30,7 @@ from tests.blockcached.engine import key as make_key
 from tests.fsclient.mounting import FsclientMount
 from tests.reliability.conftest import (BS, block_key, connected_volume, fill, needs_fuse,
                                         needs_root, record, wait_until, write_dataset)
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 pytestmark = needs_root
 

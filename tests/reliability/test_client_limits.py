@@ -19,7 +19,7 @@ from blockcache_client.client import Client
 from blockcache_client.contract.errors import DaemonError, DaemonUnavailable
 from blockcache_client.contract.blockkey import BlockKey
 from tests.reliability.conftest import as_nobody, needs_fuse, needs_root, record
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 from tests.support.faultyfs import FaultyMount
 
 # a pause this long means the loop ran one long job: today's matcher list made

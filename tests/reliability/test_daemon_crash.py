@@ -21,7 +21,7 @@ from blockcache_client.volume import Volume
 from tests.fsclient.mounting import FsclientMount, is_mounted
 from tests.reliability.conftest import (BS, check_index_matches_disk, needs_fuse, peak_rss_kib,
                                         record, sha, wait_until, write_dataset)
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 pytestmark = needs_fuse
 

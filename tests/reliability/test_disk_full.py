@@ -21,7 +21,7 @@ from blockcache_client.volumekey import load_key_file
 from blockcache_client.volume import Volume
 from tests.reliability.conftest import (BS, check_index_matches_disk, needs_root, record,
                                         wait_until, write_dataset)
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 pytestmark = needs_root
 

@@ -16,7 +16,7 @@ import time
 from blockcache_client.volume import Volume
 from tests.reliability.conftest import (BS, block_key, connected_volume, fill, needs_fuse, record,
                                         wait_until, write_dataset)
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 from tests.support.faultyfs import FaultyMount
 
 pytestmark = needs_fuse

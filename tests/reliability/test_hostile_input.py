@@ -32,7 +32,7 @@ from blockcache_client.client import Client
 from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.protocol import MAX_FRAME, ErrorCode
 from tests.reliability.conftest import peak_rss_kib, record
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 PROMPT = 5.0          # seconds: "answers others promptly", generous on a loaded box
 KNOWN_CODES = {v for k, v in vars(ErrorCode).items() if k.isupper()}

@@ -19,7 +19,7 @@ from blockcache_client.volumekey import generate_key_file
 from blockcache_client.volume import Volume
 from tests.reliability.conftest import (BS, as_nobody, connected_volume, fill, needs_root, record,
                                         write_dataset)
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 pytestmark = needs_root
 

@@ -19,7 +19,7 @@ import pytest
 from blockcache_client.volume import Volume
 from tests.fsclient.mounting import FsclientMount
 from tests.reliability.conftest import BS, needs_fuse, record, wait_until
-from tests.support.s3server import S3Server
+from devtools.s3server import S3Server
 
 pytestmark = needs_fuse
 

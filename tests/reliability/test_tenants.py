@@ -13,7 +13,7 @@ from blockcache_client.client import Client
 from blockcache_client.contract.errors import DaemonError
 from blockcache_client.contract.blockkey import BlockKey
 from tests.reliability.conftest import as_nobody, needs_root, record
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 pytestmark = needs_root
 

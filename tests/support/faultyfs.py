@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support.procs import stop_process
+from devtools.procs import stop_process
 
 MODES = {"ok": signal.SIGHUP, "eio": signal.SIGUSR1, "hang": signal.SIGUSR2}
 START_TIMEOUT = 20.0

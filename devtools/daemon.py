@@ -23,7 +23,7 @@ from typing import Sequence
 from blockcache_client.client import Client
 from blockcache_client.contract.errors import BlockcacheError
 
-from tests.support.procs import stop_process
+from devtools.procs import stop_process
 
 START_TIMEOUT = 10.0
 REBUILD_TIMEOUT = 60.0
@@ -161,7 +161,7 @@ class DaemonProcess:
 
 
 def _repo_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
+    return str(Path(__file__).resolve().parents[1])
 
 
 def _env() -> dict[str, str]:

@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 
-from tests.support.procs import stop_process
+from devtools.procs import stop_process
 
 START_TIMEOUT = 30.0
 BUCKET = "data"

@@ -36,6 +36,7 @@ $(STAMP): pyproject.toml devtools/pyproject.toml constraints.txt
 
 test: $(STAMP)
 	@$(MAKE) --no-print-directory sysdeps
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 

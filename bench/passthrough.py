@@ -129,7 +129,8 @@ class RemotePassthrough(_Table):
         self.pool = ThreadPoolExecutor(threads)
 
     def _call(self, fn, *args, **kw):
-        return asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kw))
+        return asyncio.get_running_loop().run_in_executor(self.pool,
+                                                          functools.partial(fn, *args, **kw))
 
     def _attrs(self, info: dict) -> pyfuse3.EntryAttributes:
         path = info["name"].rstrip("/")

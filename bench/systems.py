@@ -118,7 +118,7 @@ class MountProcess:
         self.env = env
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "MountProcess":
+    def start(self) -> MountProcess:
         os.makedirs(self.mountpoint, exist_ok=True)
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,

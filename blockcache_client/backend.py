@@ -35,16 +35,16 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import fsspec
 from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
 
-from .parts import read_parts
 from . import s3direct
+from .parts import read_parts
 from .s3direct import Declined, DirectS3, direct_reader
 
 log = logging.getLogger(__name__)

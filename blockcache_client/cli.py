@@ -18,15 +18,16 @@ import functools
 import json
 import sys
 import time
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import click
 
-from .contract import protocol
 from .client import Client
+from .contract import protocol
 from .contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
-from .keygen import keygen_command
 from .contract.units import format_size
+from .keygen import keygen_command
 
 EXIT_REFUSED = 1
 EXIT_UNAVAILABLE = 3

@@ -44,13 +44,13 @@ import logging
 import os
 import random
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from .client import Client
-from .counters import Counters
 from .contract.errors import BlockcacheError, DaemonError, DaemonUnavailable, UntrustedPeer
 from .contract.layout import Layout
 from .contract.protocol import MAX_BATCH
+from .counters import Counters
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ only) has it in `blockcache-cli`. Each tool reports a failure its own way.
 
 from __future__ import annotations
 
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 import click
 

@@ -75,21 +75,27 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
-from .contract import blockfile, protocol
 from . import nowait
 from .backend import Backend, FileInfo, normalize
-from .contract.blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
 from .blockmem import BlockMemory
+from .common.forks import generation as _forks
+from .contract import blockfile, protocol
+from .contract.blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
+from .contract.blockkey import KeyNamer, check_volume_name
+from .contract.errors import (
+    ConfigError,
+    DaemonError,
+    DaemonUnavailable,
+    FormatError,
+    IntegrityError,
+)
 from .counters import Counters
 from .daemonlink import DaemonLink
-from .contract.errors import ConfigError, DaemonError, DaemonUnavailable, FormatError, IntegrityError
-from .common.forks import generation as _forks
 from .nowait import Unsupported
 from .nowait import open_cached as nowait_open
-from .volumekey import load_key_file
-from .contract.blockkey import KeyNamer, check_volume_name
 from .singleflight import SingleFlight
 from .volumefile import VolumeFile
+from .volumekey import load_key_file
 
 log = logging.getLogger(__name__)
 

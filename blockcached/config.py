@@ -12,13 +12,14 @@ import grp
 import os
 import pwd
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from blockcache_client.contract import protocol
-from blockcache_client.contract.errors import ConfigError, InvalidKey
-from blockcache_client.contract.blockkey import check_volume_name
 from blockcache_client.common.metrics import parse_addr
+from blockcache_client.contract import protocol
+from blockcache_client.contract.blockkey import check_volume_name
+from blockcache_client.contract.errors import ConfigError, InvalidKey
 from blockcache_client.contract.units import parse_size
 
 DEFAULT_DIR_SIZE = "10G"
@@ -93,7 +94,8 @@ def _group(value: Any, what: str) -> int | None:
     try:
         return grp.getgrnam(str(value)).gr_gid
     except KeyError:
-        raise ConfigError(f"{what}: no group named {value!r}; give an existing group name or gid") from None
+        raise ConfigError(f"{what}: no group named {value!r}; give an existing group name "
+                          f"or gid") from None
 
 
 def _user(value: Any, what: str) -> int:
@@ -104,7 +106,8 @@ def _user(value: Any, what: str) -> int:
     try:
         return pwd.getpwnam(str(value)).pw_uid
     except KeyError:
-        raise ConfigError(f"{what}: no user named {value!r}; give an existing user name or uid") from None
+        raise ConfigError(f"{what}: no user named {value!r}; give an existing user name "
+                          f"or uid") from None
 
 
 def _uids(value: Any, what: str) -> frozenset[int]:

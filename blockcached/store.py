@@ -27,11 +27,11 @@ import shutil
 import subprocess
 import sys
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
-from blockcache_client.contract import blockfile, layout
 from blockcache_client import safeopen
+from blockcache_client.contract import blockfile, layout
 from blockcache_client.contract.blockkey import is_block_name
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class Run:
     sizes: array
 
     @classmethod
-    def sorted_from(cls, names: list[str], mtimes: array, sizes: array) -> "Run":
+    def sorted_from(cls, names: list[str], mtimes: array, sizes: array) -> Run:
         order = sorted(range(len(names)), key=mtimes.__getitem__)
         return cls([names[j] for j in order], array("q", (mtimes[j] for j in order)),
                    array("q", (sizes[j] for j in order)))
@@ -80,7 +80,7 @@ class ScanResult:
         return heapq.merge(*(zip(r.mtimes, r.names, r.sizes) for r in self.runs))
 
     @classmethod
-    def merge(cls, parts: list["ScanResult"]) -> "ScanResult":
+    def merge(cls, parts: list[ScanResult]) -> ScanResult:
         return cls([r for p in parts for r in p.runs], sum(p.scanned for p in parts),
                    sum(p.removed for p in parts))
 
@@ -297,7 +297,8 @@ class Store:
                 result.removed += unlinked
                 return result
             except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as exc:
-                log.warning("parallel scan of %s failed (%s); scanning in one thread", self.path, exc)
+                log.warning("parallel scan of %s failed (%s); scanning in one thread",
+                            self.path, exc)
         result = _scan_tops(tops, placement, me)
         result.removed += unlinked
         return result
@@ -338,7 +339,7 @@ def _own_dir(parent: int, name: str, where: str) -> int:
 _CHILD = "from blockcached.store import scan_child; scan_child()"
 
 
-def _scan_in_children(jobs: list[tuple[list[str], "Placement | None", int]]) -> list[ScanResult]:
+def _scan_in_children(jobs: list[tuple[list[str], Placement | None, int]]) -> list[ScanResult]:
     """Run `_scan_tops` for each job in its own Python process, at once."""
     procs = []
     # the child must import the same blockcached as this process

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from blockcache_client.client import Client
 from blockcache_client.contract.errors import BlockcacheError
 from blockcache_client.volumekey import generate_key_file
-
 from fsclient import mountpoint as mp
 from fsclient.config import build_config, load_toml
 from fsclient.mount import spawn

@@ -32,13 +32,14 @@ from __future__ import annotations
 import math
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
-from blockcache_client.contract.errors import ConfigError, InvalidKey
-from blockcache_client.contract.blockkey import check_volume_name
 from blockcache_client.common.metrics import parse_addr
+from blockcache_client.contract.blockkey import check_volume_name
+from blockcache_client.contract.errors import ConfigError, InvalidKey
 from blockcache_client.contract.units import parse_size
 
 DEFAULT_BLOCK_SIZE = 4 << 20
@@ -63,7 +64,7 @@ class TtlPolicy:
     prefixes: tuple[tuple[str, float], ...] = ()
 
     @classmethod
-    def build(cls, default: float, prefixes: Mapping[str, float]) -> "TtlPolicy":
+    def build(cls, default: float, prefixes: Mapping[str, float]) -> TtlPolicy:
         norm: dict[str, float] = {}
         for prefix, ttl in prefixes.items():
             p = prefix.strip("/")

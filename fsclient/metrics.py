@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric

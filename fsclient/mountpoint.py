@@ -21,8 +21,9 @@ import shutil
 import stat
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from blockcache_client.contract.errors import BlockcacheError
 

@@ -4,7 +4,8 @@ settings on the mount's root (`getfattr -n user.blockcache.stats /mnt`)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyfuse3
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 from prometheus_client import start_http_server
 from prometheus_client.core import HistogramMetricFamily

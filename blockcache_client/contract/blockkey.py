@@ -68,7 +68,7 @@ class BlockKey:
                 raise InvalidKey(f"invalid {name} {v!r}: must be an integer in 0..2**{bits}-1")
 
     @classmethod
-    def parse(cls, text: str) -> "BlockKey":
+    def parse(cls, text: str) -> BlockKey:
         """Parse the canonical form; raise InvalidKey (a ValueError) for anything else."""
         if not isinstance(text, str):
             raise InvalidKey(f"block key must be a string, not {type(text).__name__}")
@@ -203,7 +203,8 @@ class KeyNamer:
         reader process computes this for every file it opens. `vol` must be a
         checked volume name."""
         part = _path_part(path)
-        return f"{vol}_{self._inode(part)}_{self._extent_hash(part, version, block_size).hexdigest()}_"
+        extent = self._extent_hash(part, version, block_size).hexdigest()
+        return f"{vol}_{self._inode(part)}_{extent}_"
 
     def file_ids(self, path: str, version: str, block_size: int) -> tuple[int, int]:
         """(`inode(path)`, `extent(path, version, block_size)`), encoding the path once."""

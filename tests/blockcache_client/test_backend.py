@@ -9,8 +9,9 @@ import time
 
 import fsspec
 import pytest
-from hypothesis import given, strategies as st
 from fsspec.implementations.memory import MemoryFileSystem
+from hypothesis import given
+from hypothesis import strategies as st
 
 from blockcache_client.backend import Backend, FileInfo, is_canonical_name, normalize
 
@@ -76,7 +77,8 @@ def test_file_info_s3_uses_etag(s3_server):
     b = Backend(s3_server.url("bk"), **s3_server.storage_options)
     try:
         info = b.stat("x.bin")
-        assert info.size == 3 and info.version == fs.info(f"{s3_server.bucket}/bk/x.bin")["ETag"].strip('"')
+        etag = fs.info(f"{s3_server.bucket}/bk/x.bin")["ETag"].strip('"')
+        assert info.size == 3 and info.version == etag
         assert info.mtime_ns > 0
         assert b.read("x.bin", 1, 3) == b"bc"
         with pytest.raises(FileNotFoundError):

@@ -1,10 +1,18 @@
 """Block keys: canonical round trip and strict rejection (DESIGN.md "Block key")."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from blockcache_client.contract.blockkey import (
+    MAX_INODE,
+    ROOT_INODE,
+    BlockKey,
+    KeyNamer,
+    is_block_name,
+    key_prefix,
+)
 from blockcache_client.contract.errors import InvalidKey
-from blockcache_client.contract.blockkey import MAX_INODE, ROOT_INODE, BlockKey, KeyNamer, is_block_name, key_prefix
 
 vol_names = st.from_regex(r"\A[a-z0-9][a-z0-9.-]{0,62}\Z")
 keys = st.builds(BlockKey, vol_names, st.integers(1, MAX_INODE),
@@ -29,7 +37,8 @@ GOOD = "imagenet_42_000000000000000000000000deadbeef_0000000000400000"
 
 
 @pytest.mark.parametrize("bad", [
-    "", "_", GOOD + "\0", "\0" + GOOD, GOOD + "/", "../" + GOOD, "a/b_42_000000000000000000000000deadbeef_0000000000400000",
+    "", "_", GOOD + "\0", "\0" + GOOD, GOOD + "/", "../" + GOOD,
+    "a/b_42_000000000000000000000000deadbeef_0000000000400000",
     "..", "._1_00000000000000000000000000000000_0000000000000000",
     "imagenet_042_000000000000000000000000deadbeef_0000000000400000",     # leading zero
     "imagenet_0_000000000000000000000000deadbeef_0000000000400000",       # inode 0
@@ -56,7 +65,8 @@ def test_rejects_non_canonical(bad):
         BlockKey.parse(bad)
 
 
-@pytest.mark.parametrize("bad", [None, 42, b"imagenet_42_000000000000000000000000deadbeef_0000000000400000", ["x"]])
+@pytest.mark.parametrize("bad", [None, 42, ["x"],
+                                 b"imagenet_42_000000000000000000000000deadbeef_0000000000400000"])
 def test_rejects_non_str(bad):
     with pytest.raises(InvalidKey):
         BlockKey.parse(bad)
@@ -73,7 +83,8 @@ def test_parse_accepts_only_what_it_prints(text):
 
 @pytest.mark.parametrize("args", [
     ("", 1, 0, 0), ("Vol", 1, 0, 0), ("v/x", 1, 0, 0), ("v", 0, 0, 0), ("v", 2**63, 0, 0),
-    ("v", True, 0, 0), ("v", 1, -1, 0), ("v", 1, 2**128, 0), ("v", 1, 0, 2**64), ("v", 1, 0, 1.5), ("v", 1, "0", 0),
+    ("v", True, 0, 0), ("v", 1, -1, 0), ("v", 1, 2**128, 0), ("v", 1, 0, 2**64), ("v", 1, 0, 1.5),
+    ("v", 1, "0", 0),
 ])
 def test_constructor_validates(args):
     with pytest.raises(InvalidKey):
@@ -132,6 +143,7 @@ def test_volume_name_rejected(bad):
 def _spec_digest(size: int, *parts: bytes) -> int:
     """The ids' definition, written out (blockkey.py computes it from seeded states)."""
     import hashlib
+
     from blockcache_client.contract.blockfile import hkdf_sha256
     key = hkdf_sha256(KEY, b"", b"blockcache key names v2")
     h = hashlib.blake2b(digest_size=size, key=key, person=b"blockcache-id")

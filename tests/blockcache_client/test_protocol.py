@@ -4,7 +4,8 @@ import struct
 
 import msgpack
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from blockcache_client.contract import protocol, wire
 from blockcache_client.contract.errors import ProtocolError
@@ -13,7 +14,8 @@ from blockcache_client.contract.protocol import MAX_BATCH, MAX_FRAME, ErrorCode
 values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text(max_size=50)
     | st.binary(max_size=50) | st.floats(allow_nan=False),
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
+    lambda inner: (st.lists(inner, max_size=5)
+                   | st.dictionaries(st.text(max_size=10), inner, max_size=5)),
     max_leaves=20)
 
 

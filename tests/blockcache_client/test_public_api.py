@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import blockcache_client
-from blockcache_client.contract import blockfile, errors, blockkey
-from blockcache_client import client, volumekey, volume
+from blockcache_client import client, volume, volumekey
+from blockcache_client.contract import blockfile, blockkey, errors
 
 PUBLIC = [
     "AsyncClient", "BlockKey", "BlockcacheError", "BlockcachedFileSystem", "Client",
@@ -45,7 +45,8 @@ def test_an_unknown_name_is_an_attribute_error():
 def test_the_contract_loads_without_the_reader():
     # the daemon imports contract modules only: the package must not drag in
     # the reader, fsspec or botocore with them
-    code = ("import sys, blockcache_client.contract.blockkey, blockcache_client.contract.blockfile; "
+    code = ("import sys, blockcache_client.contract.blockkey, "
+            "blockcache_client.contract.blockfile; "
             "print(sorted(m for m in ('blockcache_client.volume', 'fsspec', 'botocore') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -8,8 +8,8 @@ import random
 
 from blockcache_client import volume as volume_mod
 from blockcache_client.contract.blockfile import HEADER_SIZE
-from blockcache_client.volumekey import load_key_file
 from blockcache_client.contract.blockkey import BlockKey, KeyNamer
+from blockcache_client.volumekey import load_key_file
 from tests.blockcache_client.test_volume import BS, settle, volume, wait_connected
 from tests.blockcache_client.test_volume_faults import cached_block_path
 

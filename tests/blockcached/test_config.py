@@ -59,7 +59,8 @@ def test_file_values(tmp_path):
 
 
 def test_flags_override_file(tmp_path):
-    c = cfg_of(tmp_path, TOML, "--socket", "/tmp/bc-test/y.sock", "--cache-dir", "/tmp/bc-test/c:1G",
+    c = cfg_of(tmp_path, TOML, "--socket", "/tmp/bc-test/y.sock",
+               "--cache-dir", "/tmp/bc-test/c:1G",
                "--high-watermark", "0.8", "--admin-gid", "9", "--socket-mode", "0600",
                "--min-free-bytes", "0", "--max-entries", "0")
     assert c.socket == "/tmp/bc-test/y.sock" and c.socket_mode == 0o600
@@ -103,7 +104,8 @@ def test_group_by_name(tmp_path):
     ('[[cache_dirs]]\npath = "/a"\nsise = "1G"', (), "unknown key(s) sise"),
     ('[[cache_dirs]]\nsize = "1G"', (), "'path' is required"),
     ("", (), "no cache dir configured"),
-    ('high_watermark = 0.5\nlow_watermark = 0.6\n[[cache_dirs]]\npath = "/a"', (), "below the high"),
+    ('high_watermark = 0.5\nlow_watermark = 0.6\n[[cache_dirs]]\npath = "/a"', (),
+     "below the high"),
     ('high_watermark = 1.5\n[[cache_dirs]]\npath = "/a"', (), "must be in (0, 1]"),
     ('socket_mode = "999"\n[[cache_dirs]]\npath = "/a"', (), "octal mode"),
     ('min_free_bytes = "lots"\n[[cache_dirs]]\npath = "/a"', (), "not a size"),

@@ -38,7 +38,7 @@ def test_write_remakes_fanout_dirs_removed_behind_its_back(tmp_path):
     k = key()
     s.write(k, block(k))
     top = os.path.join(s.blocks, layout.fanout(k).split("/")[0])
-    for root, dirs, files in os.walk(top, topdown=False):
+    for root, _dirs, files in os.walk(top, topdown=False):
         for f in files:
             os.unlink(os.path.join(root, f))
         os.rmdir(root)

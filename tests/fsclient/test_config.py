@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from blockcache_client.contract.errors import ConfigError
-from fsclient.config import (TtlPolicy, build_config, load_toml, parse_dir_ttl_flag,
-                             split_options)
+from fsclient.config import TtlPolicy, build_config, load_toml, parse_dir_ttl_flag, split_options
 
 BASE = {"volume": "imagenet", "source": "s3://b/p", "mountpoint": "/mnt/x", "key_file": "/k"}
 

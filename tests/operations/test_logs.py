@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tests.operations.conftest import run_cli, warmup_args
 from devtools.daemon import DaemonProcess
+from tests.operations.conftest import run_cli, warmup_args
 
 
 def json_lines(text: str) -> list[dict]:

@@ -11,14 +11,15 @@ import pwd
 import random
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from blockcache_client.contract import blockfile
 from blockcache_client.volumekey import generate_key_file
-from tests.blockcache_client.conftest import wait_for as wait_until  # noqa: F401  (re-exported)
 from devtools.daemon import DaemonProcess
+from tests.blockcache_client.conftest import wait_for as wait_until  # noqa: F401  (re-exported)
 
 BS = 64 << 10  # the smallest block size fsclient accepts: many blocks from little data
 

@@ -16,12 +16,20 @@ import time
 
 import pytest
 
-from blockcache_client.volumekey import load_key_file
 from blockcache_client.volume import Volume
-from tests.fsclient.mounting import FsclientMount, is_mounted
-from tests.reliability.conftest import (BS, check_index_matches_disk, needs_fuse, peak_rss_kib,
-                                        record, sha, wait_until, write_dataset)
+from blockcache_client.volumekey import load_key_file
 from devtools.daemon import DaemonProcess
+from tests.fsclient.mounting import FsclientMount, is_mounted
+from tests.reliability.conftest import (
+    BS,
+    check_index_matches_disk,
+    needs_fuse,
+    peak_rss_kib,
+    record,
+    sha,
+    wait_until,
+    write_dataset,
+)
 
 pytestmark = needs_fuse
 

@@ -17,11 +17,17 @@ import time
 
 import pytest
 
-from blockcache_client.volumekey import load_key_file
 from blockcache_client.volume import Volume
-from tests.reliability.conftest import (BS, check_index_matches_disk, needs_root, record,
-                                        wait_until, write_dataset)
+from blockcache_client.volumekey import load_key_file
 from devtools.daemon import DaemonProcess
+from tests.reliability.conftest import (
+    BS,
+    check_index_matches_disk,
+    needs_root,
+    record,
+    wait_until,
+    write_dataset,
+)
 
 pytestmark = needs_root
 

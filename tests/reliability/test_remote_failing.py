@@ -17,9 +17,9 @@ import time
 import pytest
 
 from blockcache_client.volume import Volume
+from devtools.s3server import S3Server
 from tests.fsclient.mounting import FsclientMount
 from tests.reliability.conftest import BS, needs_fuse, record, wait_until
-from devtools.s3server import S3Server
 
 pytestmark = needs_fuse
 

@@ -106,7 +106,7 @@ def test_daemon_killed_under_load(tmp_path, key_file):
     # two dirs much smaller than the data: fills and evictions never stop
     daemon = DaemonProcess(tmp_path, cache_dirs=[(tmp_path / "c0", "1M"), (tmp_path / "c1", "1M")])
     cfg = tmp_path / "mount.toml"
-    cfg.write_text("memory_cache = 0\n")  # every FUSE read asks the cache disk or the source
+    cfg.write_text("memory_cache_bytes = 0\n")  # every FUSE read asks the cache disk or the source
     mounts = [FsclientMount(str(tmp_path / "src"), str(tmp_path / f"m{i}"), key_file,
                             daemon.socket_path, volume="vol",
                             args=["--block-size", str(BS), "--config", str(cfg)],

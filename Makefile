@@ -25,20 +25,24 @@ sysdeps:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing </dev/null; \
 	fi
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml devtools/pyproject.toml constraints.txt
 	@$(MAKE) --no-print-directory sysdeps
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip </dev/null
 	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]' </dev/null
+	@# dev-only (not shipped): latency::, the demo, test and bench helpers
+	$(PY) -m pip install -q -c constraints.txt --no-deps -e ./devtools </dev/null
 	@touch $(STAMP)
 
 test: $(STAMP)
 	@$(MAKE) --no-print-directory sysdeps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
 	@$(MAKE) --no-print-directory sysdeps
-	$(PY) -m fsclient.demo
+	$(PY) -m devtools.demo
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> dict:
         remote_info = {"method": remote.method, "note": remote.note, "rtt_ms": args.rtt_ms,
                        "server": "moto " + _version("moto")}
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": _project_version(), "size": size.name, "size_settings": size.__dict__,
         "dataset": data, "remote": remote_info, "systems": info, "workloads": WORKLOADS,
         "rows": runner.rows, "errors": runner.errors,
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         stem = os.path.splitext(os.path.basename(args.from_json))[0]
     else:
         result = run(args)
-        stem = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+        stem = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         if args.workloads or set(args.systems) != {s.name for s in all_systems()}:
             # A partial run never overwrites the day's full one.
             stem += "-partial-" + "-".join(args.workloads or ["all"])

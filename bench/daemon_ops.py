@@ -35,11 +35,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from blockcache_client import blockfile, layout
 from blockcache_client.client import Client
-from blockcache_client.keys import BlockKey
+from blockcache_client.contract import blockfile, layout
+from blockcache_client.contract.blockkey import BlockKey
 from blockcached.store import MIN_BLOCK_FILE
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 VOLUME_KEY = bytes(32)
 LOOKUPS = 20_000
@@ -213,7 +213,8 @@ def bench_rebuild(base: Path, n: int) -> dict[str, float]:
     populate(cache, n)
     os.system("sync")
     (base / "full").mkdir(exist_ok=True)
-    d = DaemonProcess(base / "full", cache_dirs=[(cache, "1T")], extra_args=["--log-level", "warning"])
+    d = DaemonProcess(base / "full", cache_dirs=[(cache, "1T")],
+                      extra_args=["--log-level", "warning"])
     t0 = time.perf_counter()
     d.start(wait_rebuilt=False)
     try:
@@ -263,7 +264,8 @@ def main() -> None:
 
     print()
     us = 1e6
-    line("lookup p50, 1 connection", f"{lk['p50_1'] * us:.0f} us", "<= 80 us", lk["p50_1"] * us <= 80)
+    line("lookup p50, 1 connection", f"{lk['p50_1'] * us:.0f} us", "<= 80 us",
+         lk["p50_1"] * us <= 80)
     line("lookup p99, 1 connection", f"{lk['p99_1'] * us:.0f} us", "-", True)
     line("lookup p50, 4 connections (4 processes)", f"{lk['p50_4'] * us:.0f} us", "<= 80 us",
          lk["p50_4"] * us <= 80)
@@ -283,7 +285,8 @@ def main() -> None:
     line("socket serving after start", f"{rb['served_s']:.2f} s", "<= 1 s", rb["served_s"] <= 1)
     line("RSS per index entry", f"{rb['rss_per_entry']:.0f} B", "<= 250 B",
          rb["rss_per_entry"] <= 250)
-    print(f"(RSS {rb['rss_empty_mib']:.1f} MiB empty, {rb['rss_full_mib']:.1f} MiB with {n} entries;"
+    print(f"(RSS {rb['rss_empty_mib']:.1f} MiB empty, "
+          f"{rb['rss_full_mib']:.1f} MiB with {n} entries;"
           f" rebuild wall time {rb['wall_s']:.2f} s)")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"machine: {os.cpu_count()} cpus, load average {load} at the end (figures are "

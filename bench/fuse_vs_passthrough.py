@@ -42,8 +42,8 @@ import sys
 import time
 
 from bench.systems import read_into_page_cache
+from devtools.demo import Dataset, Demo, make_dataset, read_epoch, stop_mount
 from fsclient import mountpoint as mp
-from fsclient.demo import Dataset, Demo, make_dataset, read_epoch, stop_mount
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="warm runs per side (the best counts; fresh small epochs also paired)")
     p.add_argument("--keep", action="store_true")
     args = p.parse_args(argv)
-    import fsclient.demo as demo_mod
+    import devtools.demo as demo_mod
     demo_mod.READERS = args.readers
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up on timeout(1) too
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
               + f"; server CPU ms per {'file' if 'small' in key else 'MB'}: "
                 f"{r['fsclient_cpu_ms_per_unit']:.2f} vs {r['passthrough_cpu_ms_per_unit']:.2f}")
     r = out["warm_small_files_per_s_fresh_mount"]
-    print(f"warm small, fresh mount, per round (fsclient right after the passthrough): "
+    print("warm small, fresh mount, per round (fsclient right after the passthrough): "
           + ", ".join(f"{x * 100:.0f}%" for x in r["paired_ratios"])
           + f"; median {r['paired_median_ratio'] * 100:.0f}% (target >= 80%)")
     print(f"fsclient fresh small epochs of {n} files: " + "; ".join(

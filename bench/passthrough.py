@@ -129,7 +129,8 @@ class RemotePassthrough(_Table):
         self.pool = ThreadPoolExecutor(threads)
 
     def _call(self, fn, *args, **kw):
-        return asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kw))
+        return asyncio.get_running_loop().run_in_executor(self.pool,
+                                                          functools.partial(fn, *args, **kw))
 
     def _attrs(self, info: dict) -> pyfuse3.EntryAttributes:
         path = info["name"].rstrip("/")
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.delay is None:
         ops: pyfuse3.Operations = LocalPassthrough(a.source, a.ttl)
     else:
-        from blockcache_client.latencyfs import LatencyFileSystem
+        from devtools.latencyfs import LatencyFileSystem
         ops = RemotePassthrough(LatencyFileSystem(target_protocol="file", delay=a.delay),
                                 os.path.abspath(a.source), a.ttl)
     asyncio.run(serve(ops, a.mountpoint))

@@ -38,7 +38,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
-from tests.support.procs import stop_process
+from devtools.procs import stop_process
 
 from . import PROJECT_ROOT
 
@@ -88,7 +88,7 @@ class MotoServer:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "MotoServer":
+    def start(self) -> MotoServer:
         self.port = free_port()
         env = dict(os.environ, MOTO_S3_DEFAULT_KEY_BUFFER_SIZE=str(256 << 20))
         with open(self.log_path, "ab") as out:
@@ -230,7 +230,7 @@ class LatencyProxy:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "LatencyProxy":
+    def start(self) -> LatencyProxy:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.remote", "proxy", "--target",
              f"{self.target[0]}:{self.target[1]}", "--rtt-ms", str(self.rtt_ms)],
@@ -291,7 +291,7 @@ class Remote:
     moto: MotoServer | None = None
     proxy: LatencyProxy | None = None
 
-    def start(self) -> "Remote":
+    def start(self) -> Remote:
         try:
             self._start()
         except BaseException:
@@ -316,7 +316,7 @@ class Remote:
             if part:
                 part.stop()
 
-    def __enter__(self) -> "Remote":
+    def __enter__(self) -> Remote:
         return self.start()
 
     def __exit__(self, *exc) -> None:

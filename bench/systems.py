@@ -118,7 +118,7 @@ class MountProcess:
         self.env = env
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "MountProcess":
+    def start(self) -> MountProcess:
         os.makedirs(self.mountpoint, exist_ok=True)
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
@@ -277,11 +277,11 @@ class _Daemon:
     """This project's blockcached for one run (our two systems share the code)."""
 
     def __init__(self, workdir: str):
-        from tests.support.daemon import DaemonProcess
+        from devtools.daemon import DaemonProcess
         self.cache = os.path.join(workdir, "cache")
         self.proc = DaemonProcess(workdir, cache_dirs=[(self.cache, "64G")]).start()
         self.key_file = os.path.join(workdir, "volume.key")
-        from blockcache_client.keyfile import generate_key_file
+        from blockcache_client.volumekey import generate_key_file
         generate_key_file(self.key_file)
 
     @property

@@ -37,6 +37,7 @@ must open, read and decrypt a block file, which a plaintext read does not.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import shutil
@@ -48,13 +49,13 @@ from concurrent.futures import ThreadPoolExecutor
 import fsspec
 
 from bench.systems import read_into_page_cache
-from blockcache_client import blockfile
-from blockcache_client.blockfile import HEADER_SIZE, TAG_SIZE, BlockHeader
-from blockcache_client.keyfile import generate_key_file, load_key_file
-from blockcache_client.latencyfs import LatencyFileSystem
-from blockcache_client.layout import Layout
 from blockcache_client import Volume
-from tests.support.daemon import DaemonProcess
+from blockcache_client.contract import blockfile
+from blockcache_client.contract.blockfile import HEADER_SIZE, TAG_SIZE, BlockHeader
+from blockcache_client.contract.layout import Layout
+from blockcache_client.volumekey import generate_key_file, load_key_file
+from devtools.daemon import DaemonProcess
+from devtools.latencyfs import LatencyFileSystem
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -184,7 +185,8 @@ def bench_epochs(args, work: str) -> dict[str, tuple[float, float]]:
     key_file = os.path.join(work, "bench.key")
     generate_key_file(key_file)
     os.makedirs(os.path.join(work, "d1"))
-    with DaemonProcess(os.path.join(work, "d1"), cache_dirs=[(os.path.join(work, "cache1"), "4G")]) as d:
+    with DaemonProcess(os.path.join(work, "d1"),
+                       cache_dirs=[(os.path.join(work, "cache1"), "4G")]) as d:
         vol = Volume("bench", f"latency::file://{src}", key_file, socket_path=d.socket_path,
                      latency={"delay": args.delay})
 
@@ -234,8 +236,8 @@ def bench_epochs(args, work: str) -> dict[str, tuple[float, float]]:
         dirs = {"local-disk": src, "simplecache": os.path.join(work, "simplecache"),
                 "simplecache (new proc)": os.path.join(work, "simplecache"),
                 "blockcache": os.path.join(work, "blockcache")}
-        page_in = {name: (lambda d=dirs.get(name, os.path.join(work, "cache1")):
-                          read_into_page_cache([d]))
+        page_in = {name: functools.partial(read_into_page_cache,
+                                           [dirs.get(name, os.path.join(work, "cache1"))])
                    for name in cached_readers}
         rates, missed = interleaved_epochs(cached_readers, items, args.rounds, page_in)
         warm.update(rates)
@@ -345,14 +347,15 @@ def bench_hit_path(args, work: str) -> dict[int, tuple[float, float]]:
                     h = BlockHeader.parse(f.read(HEADER_SIZE))
                 ciphers[rel] = blockfile.BlockCipher(h, keys[rel], vk)
 
-            def raw_pass():
+            # each pass runs within this iteration: bind its values, not the loop's names
+            def raw_pass(rels=rels, paths=paths, ciphers=ciphers):
                 for rel in rels:
                     with open(paths[rel], "rb") as f:
                         blob = f.read()
                     c = ciphers[rel]
                     c.open_chunks(0, c.header.nchunks, memoryview(blob)[HEADER_SIZE:])
 
-            def volume_pass():
+            def volume_pass(rels=rels, vol=vol, bs=bs, infos=infos):
                 for rel in rels:
                     if len(vol.read(rel, 0, bs, infos[rel])) != bs:
                         raise AssertionError(rel)

@@ -194,7 +194,7 @@ class Workers:
             conn.close()
         self.procs, self.conns = [], []
 
-    def __enter__(self) -> "Workers":
+    def __enter__(self) -> Workers:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -100,7 +100,7 @@ class Runner:
         """One epoch of one group of workers: `args[i]` to worker i."""
         return self._measure_together(system, [_Run(workers, cmd, [args], base)])[0]
 
-    def _measure_together(self, system: System, runs: list["_Run"]) -> list[dict]:
+    def _measure_together(self, system: System, runs: list[_Run]) -> list[dict]:
         """One epoch of each run, their slices taken in turn (run 0's first
         slice, run 1's first, ..., then each run's second); one row per run.
 
@@ -140,7 +140,7 @@ class Runner:
         cache_bytes = disk_bytes(system.cache_dirs())
         return [self._row(system, r, r.srv_cpu + pause_cpu, cache_bytes) for r in runs]
 
-    def _row(self, system: System, run: "_Run", srv_cpu: float, cache_bytes: int) -> dict:
+    def _row(self, system: System, run: _Run, srv_cpu: float, cache_bytes: int) -> dict:
         base, wall, answers = run.base, run.wall, run.answers
         lat = sorted(x for a in answers for x in a["lat"])
         items = sum(a["items"] for a in answers)

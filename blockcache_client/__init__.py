@@ -1,10 +1,11 @@
-"""blockcache client library: the contract (keys, block file format, wire
-protocol, on-disk layout) and everything a reader needs on top of it.
+"""blockcache client library: the contract (`contract/`: block keys, block file
+format, wire protocol, on-disk layout), shared utilities (`common/`) and
+everything a reader needs on top of them.
 
 The public names are importable from here (`from blockcache_client import
 Volume`); `__all__` lists them. They load on first use, so the daemon, which
-imports only the contract modules (`keys`, `blockfile`, `protocol`, `wire`,
-`layout`, `units`, `errors`), does not load the reader, fsspec or botocore.
+imports only `contract` and `common`, does not load the reader, fsspec or
+botocore.
 """
 
 from __future__ import annotations
@@ -19,25 +20,25 @@ _EXPORTS = {
     "FileInfo": "backend",
     "BlockcachedFileSystem": "fsspec_fs",
     # volume keys
-    "generate_key_file": "keyfile",
-    "load_key_file": "keyfile",
+    "generate_key_file": "volumekey",
+    "load_key_file": "volumekey",
     # talking to the daemon
     "Client": "client",
     "AsyncClient": "client",
-    "default_socket": "protocol",
+    "default_socket": "contract.protocol",
     # the contract: block keys and sealed block files
-    "BlockKey": "keys",
-    "seal": "blockfile",
-    "unseal": "blockfile",
+    "BlockKey": "contract.blockkey",
+    "seal": "contract.blockfile",
+    "unseal": "contract.blockfile",
     # errors
-    "BlockcacheError": "errors",
-    "ConfigError": "errors",
-    "DaemonError": "errors",
-    "DaemonUnavailable": "errors",
-    "FormatError": "errors",
-    "IntegrityError": "errors",
-    "InvalidKey": "errors",
-    "ProtocolError": "errors",
+    "BlockcacheError": "contract.errors",
+    "ConfigError": "contract.errors",
+    "DaemonError": "contract.errors",
+    "DaemonUnavailable": "contract.errors",
+    "FormatError": "contract.errors",
+    "IntegrityError": "contract.errors",
+    "InvalidKey": "contract.errors",
+    "ProtocolError": "contract.errors",
 }
 
 __all__ = sorted(_EXPORTS)

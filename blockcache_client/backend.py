@@ -35,16 +35,16 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import fsspec
 from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
 
-from .parts import read_parts
 from . import s3direct
+from .parts import read_parts
 from .s3direct import Declined, DirectS3, direct_reader
 
 log = logging.getLogger(__name__)
@@ -118,13 +118,14 @@ def _mtime_ns(raw: dict) -> int:
             continue
         if isinstance(v, datetime.datetime):
             if v.tzinfo is None:
-                v = v.replace(tzinfo=datetime.timezone.utc)
+                v = v.replace(tzinfo=datetime.UTC)
             return int(v.timestamp() * 1_000_000) * 1000
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return int(round(v * 1e9))
         if isinstance(v, str):
             try:
-                return _mtime_ns({"mtime": datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))})
+                when = datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))
+                return _mtime_ns({"mtime": when})
             except ValueError:
                 continue
     return 0

@@ -18,15 +18,16 @@ import functools
 import json
 import sys
 import time
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import click
 
-from . import protocol
 from .client import Client
-from .errors import BlockcacheError, DaemonError, DaemonUnavailable
+from .contract import protocol
+from .contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
+from .contract.units import format_size
 from .keygen import keygen_command
-from .units import format_size
 
 EXIT_REFUSED = 1
 EXIT_UNAVAILABLE = 3

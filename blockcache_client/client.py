@@ -31,12 +31,19 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from . import protocol
-from .errors import ConfigError, DaemonError, DaemonUnavailable, ProtocolError, UntrustedPeer
-from .forks import generation as _forks
-from .protocol import LENGTH
+from .common.forks import generation as _forks
+from .contract import protocol
+from .contract.errors import (
+    ConfigError,
+    DaemonError,
+    DaemonUnavailable,
+    ProtocolError,
+    UntrustedPeer,
+)
+from .contract.protocol import LENGTH
 
 DEFAULT_TIMEOUT = 5.0
 # Asked for the socket's send buffer: room for a whole put, so its block goes
@@ -211,7 +218,7 @@ class Client(_Ops):
         """Whether this process has a connection open (calls may still fail)."""
         return self._sock is not None and self._fork == _forks[0]
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -513,7 +520,7 @@ class AsyncClient(_Ops):
                 pass
         self._fail_pending("connection closed")
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -532,9 +539,10 @@ class AsyncClient(_Ops):
             if self._writer is None or self._writer.is_closing():
                 try:
                     reader, writer = await asyncio.wait_for(
-                        asyncio.open_unix_connection(self.socket_path, limit=protocol.MAX_FRAME + 8),
+                        asyncio.open_unix_connection(self.socket_path,
+                                                     limit=protocol.MAX_FRAME + 8),
                         self.timeout)
-                except (OSError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, OSError) as exc:
                     raise DaemonUnavailable(
                         f"cannot connect to blockcached at {self.socket_path}: {exc}; is the "
                         f"daemon running? (set --socket or ${protocol.SOCKET_ENV})") from None
@@ -577,7 +585,7 @@ class AsyncClient(_Ops):
         try:
             writer.write(protocol.encode_frame({"id": rid, "op": op, **args}))
             reply = await asyncio.wait_for(fut, self.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._pending.pop(rid, None)
             await self.close()
             raise DaemonUnavailable(f"blockcached at {self.socket_path} did not answer "

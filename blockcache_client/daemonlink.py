@@ -44,13 +44,13 @@ import logging
 import os
 import random
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from .client import Client
+from .contract.errors import BlockcacheError, DaemonError, DaemonUnavailable, UntrustedPeer
+from .contract.layout import Layout
+from .contract.protocol import MAX_BATCH
 from .counters import Counters
-from .errors import BlockcacheError, DaemonError, DaemonUnavailable, UntrustedPeer
-from .layout import Layout
-from .protocol import MAX_BATCH
 
 log = logging.getLogger(__name__)
 

@@ -7,12 +7,13 @@ only) has it in `blockcache-cli`. Each tool reports a failure its own way.
 
 from __future__ import annotations
 
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 import click
 
-from .errors import BlockcacheError
-from .keyfile import generate_key_file
+from .contract.errors import BlockcacheError
+from .volumekey import generate_key_file
 
 
 def keygen_command(fail: Callable[[str], NoReturn]) -> click.Command:

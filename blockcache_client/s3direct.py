@@ -76,7 +76,7 @@ def switched_on() -> bool:
     return os.environ.get("BLOCKCACHE_S3_DIRECT", "1") != "0"
 
 
-def direct_reader(fs, timeout: float, pool_size: int) -> "DirectS3 | None":
+def direct_reader(fs, timeout: float, pool_size: int) -> DirectS3 | None:
     """A `DirectS3` for this s3fs filesystem, or None where it must not (or
     cannot) stand in for s3fs's own GET (see the module docstring)."""
     why = _ineligible(fs)
@@ -161,7 +161,7 @@ class DirectS3:
         self._bases: dict[str, tuple[str, str]] = {}  # bucket: (URL of its keys, region)
         self._lock = threading.Lock()
 
-    def for_child(self) -> "DirectS3":
+    def for_child(self) -> DirectS3:
         """This reader for a forked child: the same botocore client and
         credentials (no sockets in them), its own connections."""
         import urllib3

@@ -14,7 +14,8 @@ claim must always be settled (value or error), or its waiters wait forever.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class _Call:

@@ -24,8 +24,8 @@ import stat
 import sys
 import time
 
-from blockcache_client import logsetup
-from blockcache_client.errors import BlockcacheError, ConfigError
+from blockcache_client.common import logsetup
+from blockcache_client.contract.errors import BlockcacheError, ConfigError
 
 from . import config as configmod
 from . import lockfile
@@ -46,7 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="blockcached", description="Per-host block cache daemon.")
     p.add_argument("--config", metavar="FILE.toml")
     p.add_argument("--socket", metavar="PATH",
-                   help="unix socket (default $BLOCKCACHE_SOCKET or /run/blockcache/blockcached.sock)")
+                   help="unix socket (default $BLOCKCACHE_SOCKET or "
+                        "/run/blockcache/blockcached.sock)")
     p.add_argument("--cache-dir", dest="cache_dirs", action="append", metavar="DIR[:SIZE]",
                    type=configmod.parse_cache_dir_flag, default=[])
     p.add_argument("--socket-mode", metavar="0660")

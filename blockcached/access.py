@@ -8,15 +8,15 @@ default) or for admins only ("admin"). Once any table exists or unlisted
 volumes are closed, access is "configured": listing every volume's keys
 then needs an admin too. `lookup`, `touch`, `ping`, `hello` and `stats`
 stay open to every peer the socket admits: they change no blocks, and
-block names are keyed hashes (`keys`) that say nothing without the key.
+block names are keyed hashes (`contract.blockkey`) that say nothing without the key.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from blockcache_client.errors import ProtocolError
-from blockcache_client.protocol import ErrorCode
+from blockcache_client.contract.errors import ProtocolError
+from blockcache_client.contract.protocol import ErrorCode
 
 from .config import Config
 

@@ -13,11 +13,12 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Iterator
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from blockcache_client.keys import key_prefix
-from blockcache_client.layout import CacheDir, Layout
+from blockcache_client.contract.blockkey import key_prefix
+from blockcache_client.contract.layout import CacheDir, Layout
 
 from .capacity import DirCapacity
 from .config import Config

@@ -39,7 +39,8 @@ class DirCapacity:
         """Record a statvfs taken while the dir held `used` bytes in `entries` files."""
         self.free_bytes, self.free_inodes = free_bytes, free_inodes
         self.fs_byte_limit = used + self.reserved + max(0, free_bytes - self.min_free_bytes)
-        self.fs_entry_limit = entries + self.reserved_entries + max(0, free_inodes - self.min_free_inodes)
+        self.fs_entry_limit = (entries + self.reserved_entries
+                               + max(0, free_inodes - self.min_free_inodes))
 
     def byte_limit(self) -> int:
         return min(self.capacity, self.fs_byte_limit)

@@ -11,15 +11,16 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from blockcache_client import protocol
-from blockcache_client.errors import ConfigError, InvalidKey
-from blockcache_client.keys import check_volume_name
-from blockcache_client.metrics import parse_addr
-from blockcache_client.units import parse_size
+from blockcache_client.common.metrics import parse_addr
+from blockcache_client.common.tomlfile import read_toml
+from blockcache_client.contract import protocol
+from blockcache_client.contract.blockkey import check_volume_name
+from blockcache_client.contract.errors import ConfigError, InvalidKey
+from blockcache_client.contract.units import parse_size
 
 DEFAULT_DIR_SIZE = "10G"
 
@@ -93,7 +94,8 @@ def _group(value: Any, what: str) -> int | None:
     try:
         return grp.getgrnam(str(value)).gr_gid
     except KeyError:
-        raise ConfigError(f"{what}: no group named {value!r}; give an existing group name or gid") from None
+        raise ConfigError(f"{what}: no group named {value!r}; give an existing group name "
+                          f"or gid") from None
 
 
 def _user(value: Any, what: str) -> int:
@@ -104,7 +106,8 @@ def _user(value: Any, what: str) -> int:
     try:
         return pwd.getpwnam(str(value)).pw_uid
     except KeyError:
-        raise ConfigError(f"{what}: no user named {value!r}; give an existing user name or uid") from None
+        raise ConfigError(f"{what}: no user named {value!r}; give an existing user name "
+                          f"or uid") from None
 
 
 def _uids(value: Any, what: str) -> frozenset[int]:
@@ -273,13 +276,7 @@ def parse_volume_access_flag(text: str) -> tuple[str, VolumeAccess]:
 
 def load_file(path: str) -> dict[str, Any]:
     """Read a TOML config file into Config keyword arguments."""
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    data = read_toml(path, [*_FIELDS, "cache_dirs", "volumes"])
     out: dict[str, Any] = {}
     for key, value in data.items():
         if key == "cache_dirs":
@@ -289,12 +286,9 @@ def load_file(path: str) -> dict[str, Any]:
                                  for i, t in enumerate(value)]
         elif key == "volumes":
             out["volumes"] = _volume_tables(value, f"{path}: volumes")
-        elif key in _FIELDS:
+        else:
             name, conv = _FIELDS[key]
             out[name] = conv(value, f"{path}: {key}")
-        else:
-            raise ConfigError(f"{path}: unknown key {key!r}; allowed: "
-                              f"{', '.join(sorted([*_FIELDS, 'cache_dirs', 'volumes']))}")
     return out
 
 

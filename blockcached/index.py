@@ -17,7 +17,7 @@ what to evict and the dir workers delete the files.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from sortedcontainers import SortedList
 
@@ -206,7 +206,8 @@ class Index:
             self.remove(key)
         return len(keys)
 
-    def pop_lru(self, dir_index: int, free_bytes: int, free_entries: int = 0) -> list[tuple[str, int]]:
+    def pop_lru(self, dir_index: int, free_bytes: int,
+                free_entries: int = 0) -> list[tuple[str, int]]:
         """Remove least recently used entries of one dir until at least
         `free_bytes` bytes and `free_entries` entries are freed (or the dir is
         empty); returns (key, size) of each."""

@@ -13,7 +13,7 @@ import fcntl
 import os
 import stat
 
-from blockcache_client.errors import ConfigError
+from blockcache_client.contract.errors import ConfigError
 
 
 class LockHeld(ConfigError):

@@ -24,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from blockcache_client.metrics import Histogram, MetricsServer
+from blockcache_client.common.metrics import Histogram, MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,8 @@ def _totals(s: dict[str, Any]) -> Iterator[Metric]:
     yield misses
     yield _c("blockcache_hit_bytes_total", "Block-file bytes of the hits readers reported",
              s.get("touch_bytes", 0))
-    yield _c("blockcache_put_bytes_total", "Block-file bytes offered by puts", s.get("put_bytes", 0))
+    yield _c("blockcache_put_bytes_total", "Block-file bytes offered by puts",
+             s.get("put_bytes", 0))
     puts = CounterMetricFamily("blockcache_puts_total", "Puts by outcome (queued, exists, "
                                "duplicate, queue_full, no_space, ...)", labels=["result"])
     for reason, n in sorted((s.get("put_results") or {}).items()):

@@ -38,11 +38,11 @@ import stat
 import struct
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
-from blockcache_client import protocol
-from blockcache_client.errors import ProtocolError
-from blockcache_client.protocol import ErrorCode
+from blockcache_client.contract import protocol
+from blockcache_client.contract.errors import ProtocolError
+from blockcache_client.contract.protocol import ErrorCode
 
 from .config import Config
 from .service import Peer, Service
@@ -184,7 +184,7 @@ class Connection(asyncio.BufferedProtocol):
     read, which costs an mmap, an mremap and a munmap on every request.
     """
 
-    def __init__(self, server: "Server"):
+    def __init__(self, server: Server):
         self.server = server
         self.svc = server.service
         self.loop = server.loop

@@ -1,6 +1,6 @@
 """Operation handlers: one request map in, one reply map out.
 
-Exactly the operations `blockcache_client.protocol` documents. Every key is
+Exactly the operations `blockcache_client.contract.protocol` documents. Every key is
 parsed with `BlockKey.parse` before anything builds a path from it, and every
 put's blob is checked with `BlockHeader.parse` + `check_file_size`, so only
 well-formed blocks under canonical names ever reach the disk.
@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from blockcache_client import blockfile, protocol
-from blockcache_client.errors import FormatError, InvalidKey, ProtocolError
-from blockcache_client.keys import KEY_FORMAT, BlockKey, check_inode, check_volume_name
-from blockcache_client.metrics import Histogram
-from blockcache_client.protocol import ErrorCode, arg, key_list
+from blockcache_client.common.metrics import Histogram
+from blockcache_client.contract import blockfile, protocol
+from blockcache_client.contract.blockkey import KEY_FORMAT, BlockKey, check_inode, check_volume_name
+from blockcache_client.contract.errors import FormatError, InvalidKey, ProtocolError
+from blockcache_client.contract.protocol import ErrorCode, arg, key_list
 
 from .access import Access, Peer
 from .cache import Cache
@@ -104,7 +105,8 @@ class Service:
             self.count_error(ErrorCode.UNKNOWN_OP)
             # the op may be any msgpack value of up to MAX_FRAME bytes: never
             # repr it whole (a 16 MiB op made a reply over the frame limit)
-            shown = repr(op) if isinstance(op, str) and len(op) <= 64 else f"of type {type(op).__name__}"
+            shown = (repr(op) if isinstance(op, str) and len(op) <= 64
+                     else f"of type {type(op).__name__}")
             return protocol.error(rid, ErrorCode.UNKNOWN_OP,
                                   f"unknown op {shown}; known: {', '.join(protocol.OPS)}")
         self.requests[op] = self.requests.get(op, 0) + 1
@@ -118,7 +120,8 @@ class Service:
             code, message = ErrorCode.INVALID_BLOCK, f"put rejected: {exc}"
         except Exception:  # a bug must cost one request, not the daemon
             log.exception("op %s failed", op)
-            code, message = ErrorCode.INTERNAL, f"internal error handling {op!r}; see the daemon log"
+            code = ErrorCode.INTERNAL
+            message = f"internal error handling {op!r}; see the daemon log"
         self.count_error(code)
         return protocol.error(rid, code, message)
 
@@ -130,7 +133,8 @@ class Service:
         if version != protocol.PROTOCOL_VERSION:
             raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION,
                                 f"protocol version {version} is not supported; this daemon "
-                                f"speaks version {protocol.PROTOCOL_VERSION}: upgrade the older side")
+                                f"speaks version {protocol.PROTOCOL_VERSION}: upgrade the "
+                                f"older side")
         return {"version": protocol.PROTOCOL_VERSION, "layout": self.cache.layout.to_wire(),
                 "layout_epoch": self.cache.epoch, "max_frame": protocol.MAX_FRAME,
                 "max_batch": protocol.MAX_BATCH, "key_format": KEY_FORMAT,

@@ -12,7 +12,7 @@ read cache, whose every byte can be fetched again, and readers authenticate
 every chunk, so what an OS crash or power loss can leave (a short, empty or
 torn file under a block name) is a miss, never wrong bytes (DESIGN.md,
 "Why blocks are not fsynced"). Paths come only from
-`blockcache_client.layout`, from keys that `BlockKey.parse` accepted.
+`blockcache_client.contract.layout`, from keys that `BlockKey.parse` accepted.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ import shutil
 import subprocess
 import sys
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
-from blockcache_client import blockfile, layout, safeopen
-from blockcache_client.keys import _KEY_RE, MAX_INODE
+from blockcache_client import safeopen
+from blockcache_client.contract import blockfile, layout
+from blockcache_client.contract.blockkey import is_block_name
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class Run:
     sizes: array
 
     @classmethod
-    def sorted_from(cls, names: list[str], mtimes: array, sizes: array) -> "Run":
+    def sorted_from(cls, names: list[str], mtimes: array, sizes: array) -> Run:
         order = sorted(range(len(names)), key=mtimes.__getitem__)
         return cls([names[j] for j in order], array("q", (mtimes[j] for j in order)),
                    array("q", (sizes[j] for j in order)))
@@ -79,7 +80,7 @@ class ScanResult:
         return heapq.merge(*(zip(r.mtimes, r.names, r.sizes) for r in self.runs))
 
     @classmethod
-    def merge(cls, parts: list["ScanResult"]) -> "ScanResult":
+    def merge(cls, parts: list[ScanResult]) -> ScanResult:
         return cls([r for p in parts for r in p.runs], sum(p.scanned for p in parts),
                    sum(p.removed for p in parts))
 
@@ -296,7 +297,8 @@ class Store:
                 result.removed += unlinked
                 return result
             except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as exc:
-                log.warning("parallel scan of %s failed (%s); scanning in one thread", self.path, exc)
+                log.warning("parallel scan of %s failed (%s); scanning in one thread",
+                            self.path, exc)
         result = _scan_tops(tops, placement, me)
         result.removed += unlinked
         return result
@@ -337,7 +339,7 @@ def _own_dir(parent: int, name: str, where: str) -> int:
 _CHILD = "from blockcached.store import scan_child; scan_child()"
 
 
-def _scan_in_children(jobs: list[tuple[list[str], "Placement | None", int]]) -> list[ScanResult]:
+def _scan_in_children(jobs: list[tuple[list[str], Placement | None, int]]) -> list[ScanResult]:
     """Run `_scan_tops` for each job in its own Python process, at once."""
     procs = []
     # the child must import the same blockcached as this process
@@ -428,14 +430,6 @@ def _scan_tops(tops: list[str], placement: Placement | None, me: int) -> ScanRes
                         _remove_any(e.path)
                         removed += 1
     return ScanResult([Run.sorted_from(names, mtimes, sizes)], scanned, removed + links[0])
-
-
-def is_block_name(name: str) -> bool:
-    """Whether `BlockKey.parse(name)` would accept `name`, without building a
-    BlockKey: the key pattern, and an inode below 2**63 (the pattern allows
-    19 digits). A third of the scan's time per file went to parse."""
-    m = _KEY_RE.fullmatch(name)
-    return m is not None and (len(m[2]) < 19 or int(m[2]) <= MAX_INODE)
 
 
 _MAX_FILE = blockfile.BlockHeader(b"\0" * 8, b"\0" * 16, blockfile.MAX_PLAINTEXT,

@@ -21,9 +21,9 @@ from typing import Any, NoReturn
 
 import click
 
-from blockcache_client.errors import BlockcacheError
+from blockcache_client.common.logsetup import FORMATS, LEVELS, setup_logging
+from blockcache_client.contract.errors import BlockcacheError
 from blockcache_client.keygen import keygen_command
-from blockcache_client.logsetup import FORMATS, LEVELS, setup_logging
 
 from .config import build_config, load_toml, parse_dir_ttl_flag
 

@@ -31,15 +31,16 @@ from __future__ import annotations
 
 import math
 import os
-import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
-from blockcache_client.errors import ConfigError, InvalidKey
-from blockcache_client.keys import check_volume_name
-from blockcache_client.metrics import parse_addr
-from blockcache_client.units import parse_size
+from blockcache_client.common.metrics import parse_addr
+from blockcache_client.common.tomlfile import read_toml
+from blockcache_client.contract.blockkey import check_volume_name
+from blockcache_client.contract.errors import ConfigError, InvalidKey
+from blockcache_client.contract.units import parse_size
 
 DEFAULT_BLOCK_SIZE = 4 << 20
 DEFAULT_META_TTL = 60.0
@@ -63,7 +64,7 @@ class TtlPolicy:
     prefixes: tuple[tuple[str, float], ...] = ()
 
     @classmethod
-    def build(cls, default: float, prefixes: Mapping[str, float]) -> "TtlPolicy":
+    def build(cls, default: float, prefixes: Mapping[str, float]) -> TtlPolicy:
         norm: dict[str, float] = {}
         for prefix, ttl in prefixes.items():
             p = prefix.strip("/")
@@ -130,28 +131,18 @@ class MountConfig:
         return opts
 
 
-# Every key a volume TOML file may hold.
+# Every key a volume TOML file may hold: the daemon's and Volume's names.
 _KEYS = {"volume", "source", "mountpoint", "key_file", "socket", "block_size", "meta_ttl",
          "allow_other", "readahead_blocks", "options", "dir_ttl", "storage_options",
-         "memory_cache", "fill_queue", "meta_cache_entries", "threads", "metrics_addr"}
+         "memory_cache_bytes", "fill_queue_bytes", "meta_cache_entries", "threads",
+         "metrics_addr"}
+# Old spellings, still read (with a warning naming the new key).
+_RENAMED = {"memory_cache": "memory_cache_bytes", "fill_queue": "fill_queue_bytes"}
 
 
 def load_toml(path: str) -> dict[str, Any]:
     """Read a volume TOML file; ConfigError names the file and the problem."""
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - _KEYS)
-    if unknown:
-        raise ConfigError(f"config file {path}: unknown key(s) {', '.join(unknown)}; "
-                          f"valid keys are {', '.join(sorted(_KEYS))}")
-    return data
+    return read_toml(path, _KEYS, _RENAMED)
 
 
 def parse_dir_ttl_flag(text: str) -> tuple[str, float]:
@@ -256,8 +247,9 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         readahead_blocks=_int(data, "readahead_blocks", 2, 0, 64),
         options=tuple(dict.fromkeys(options)),
         storage_options=MappingProxyType(dict(storage)),
-        memory_cache_bytes=parse_size(data.get("memory_cache", 64 << 20), "memory_cache"),
-        fill_queue_bytes=parse_size(data.get("fill_queue", 256 << 20), "fill_queue"),
+        memory_cache_bytes=parse_size(data.get("memory_cache_bytes", 64 << 20),
+                                      "memory_cache_bytes"),
+        fill_queue_bytes=parse_size(data.get("fill_queue_bytes", 256 << 20), "fill_queue_bytes"),
         meta_cache_entries=_int(data, "meta_cache_entries", 200_000, 100, 100_000_000),
         threads=_int(data, "threads", 32, 1, 512),
         metrics_addr=_metrics_addr(_str(data, "metrics_addr", False)),

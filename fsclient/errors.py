@@ -14,7 +14,8 @@ import errno
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pyfuse3
 
@@ -48,7 +49,7 @@ def fuse_op(gone: int = errno.ENOENT) -> Callable:
         name = fn.__name__
 
         @functools.wraps(fn)
-        async def handler(self: "BlockcacheFS", *args: Any) -> Any:
+        async def handler(self: BlockcacheFS, *args: Any) -> Any:
             self.ops[name] += 1
             timed = self.op_latency
             start = time.perf_counter() if timed is not None else 0.0

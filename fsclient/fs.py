@@ -32,21 +32,21 @@ from typing import TYPE_CHECKING, Any
 import pyfuse3
 import pyfuse3.asyncio
 
-from blockcache_client.backend import FileInfo
 from blockcache_client import Volume
+from blockcache_client.backend import FileInfo
 
 from . import fuseloop
 from .config import MountConfig
 from .errors import EioLog, erofs, fuse_op
 from .handles import OpenFiles
-from .inodes import ROOT_INODE, InodeTable
+from .inodes import InodeTable
 from .lookups import Lookups
 from .metacache import MetaCache, parent_of
 from .pool import LoopPool
 from .xattrs import XATTR_PREFIX, Xattrs
 
 if TYPE_CHECKING:
-    from blockcache_client.metrics import Histogram
+    from blockcache_client.common.metrics import Histogram
 
 pyfuse3.asyncio.enable()
 fuseloop.install()  # a request already queued is read without a loop round trip
@@ -140,7 +140,8 @@ class BlockcacheFS(pyfuse3.Operations):
     # metadata
 
     @fuse_op()
-    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext | None = None):
+    async def lookup(self, parent_inode: int, name: bytes,
+                     ctx: pyfuse3.RequestContext | None = None):
         parent = self.nodes.path(parent_inode)
         sname = name.decode(_FS_ENCODING, _FS_ERRORS)  # os.fsdecode, minus its type checks
         if sname == ".":
@@ -256,7 +257,8 @@ class BlockcacheFS(pyfuse3.Operations):
         return self.xattrs.names(inode, info.is_dir)
 
     @fuse_op()
-    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext | None = None) -> bytes:
+    async def getxattr(self, inode: int, name: bytes,
+                       ctx: pyfuse3.RequestContext | None = None) -> bytes:
         if not name.startswith(XATTR_PREFIX):  # (security.*, system.*: no stat for them)
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         info = await self.lookups.stat(self.nodes.path(inode))

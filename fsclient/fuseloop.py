@@ -34,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import select
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyfuse3.asyncio
 

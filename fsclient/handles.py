@@ -24,9 +24,9 @@ import logging
 
 import pyfuse3
 
+from blockcache_client import Volume
 from blockcache_client.backend import FileInfo
 from blockcache_client.reader.sequential import SEQ_SLACK, Stream
-from blockcache_client import Volume
 
 from .config import MountConfig
 from .inodes import Node

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import pyfuse3
 

@@ -18,8 +18,8 @@ import time
 
 import pyfuse3
 
-from blockcache_client.backend import FileInfo
 from blockcache_client import Volume
+from blockcache_client.backend import FileInfo
 
 from .metacache import NEGATIVE, DirListing, MetaCache, TtlLru, parent_of
 from .pool import LoopPool
@@ -122,13 +122,13 @@ class Lookups:
         entries = await self._pool.call(self.volume.listdir, path, max_age=0)
         return self.meta.put_listing(path, entries)
 
-    def _listing_done(self, parent: str, task: "asyncio.Task") -> None:
+    def _listing_done(self, parent: str, task: asyncio.Task) -> None:
         self._tasks.pop(parent, None)
         if not task.cancelled() and task.exception() is not None:
             log.debug("background listing of %r failed: %s", parent, task.exception())
 
 
-async def _await_listing(task: "asyncio.Task", wait_until: float) -> bool:
+async def _await_listing(task: asyncio.Task, wait_until: float) -> bool:
     """Wait for a listing in flight until `wait_until` (LISTING_WAIT, or the
     directory's TTL if shorter, after it started); True if it finished
     (answered or failed: the caller looks in the cache either way, and asks

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from blockcache_client.metrics import Histogram, LockedHistogram, MetricsServer
+from blockcache_client.common.metrics import Histogram, LockedHistogram, MetricsServer
 
 log = logging.getLogger(__name__)
 

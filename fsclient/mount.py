@@ -30,13 +30,13 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from blockcache_client.client import Client
-from blockcache_client.errors import BlockcacheError, DaemonError, DaemonUnavailable
-from blockcache_client.keyfile import load_key_file
-from blockcache_client import latencyfs  # noqa: F401  registers latency:: (demo, bench)
-from blockcache_client import protocol
+from blockcache_client.contract import protocol
+from blockcache_client.contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
+from blockcache_client.volumekey import load_key_file
 
 from . import mountpoint as mp
 from .config import MountConfig
@@ -187,7 +187,8 @@ def run(cfg: MountConfig, readiness: Readiness) -> int:
             readiness.error(f"cannot mount {cfg.source} on {mountpoint}: {exc} (is /dev/fuse "
                             f"available, and are you root or is fusermount3 setuid?)")
             return 1
-        fs.open_files.store_pages = True  # a FUSE session exists now: notify_store has somewhere to go
+        # a FUSE session exists now: notify_store has somewhere to go
+        fs.open_files.store_pages = True
         try:
             return asyncio.run(_serve(fs, mountpoint, readiness))
         finally:

@@ -21,10 +21,11 @@ import shutil
 import stat
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from blockcache_client.errors import BlockcacheError
+from blockcache_client.contract.errors import BlockcacheError
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger("fsclient.fs")
 
@@ -24,7 +25,7 @@ class LoopPool:
     def __init__(self, threads: int):
         self.executor = ThreadPoolExecutor(threads, thread_name_prefix="fsclient-io")
 
-    def call(self, fn: Callable, *args: Any, **kwargs: Any) -> "asyncio.Future":
+    def call(self, fn: Callable, *args: Any, **kwargs: Any) -> asyncio.Future:
         """Run a blocking call on the pool; its result as an asyncio future.
         No concurrent Future chained to this one: run_in_executor's extra
         locks and callbacks cost the read path a measurable share of its CPU."""
@@ -48,7 +49,7 @@ class LoopPool:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _settle(fut: "asyncio.Future", result: Any, exc: BaseException | None) -> None:
+def _settle(fut: asyncio.Future, result: Any, exc: BaseException | None) -> None:
     if fut.cancelled():  # the handler waiting for it was cancelled (interrupt)
         return
     if exc is not None:
@@ -57,14 +58,14 @@ def _settle(fut: "asyncio.Future", result: Any, exc: BaseException | None) -> No
         fut.set_result(result)
 
 
-def retrieve(fut: "asyncio.Future") -> None:
+def retrieve(fut: asyncio.Future) -> None:
     """Done callback of a read nobody may await (a file closed unread): no
     "exception never retrieved"; the read that awaits it reports errors."""
     if not fut.cancelled():
         fut.exception()
 
 
-def log_prefetch_failure(fut: "asyncio.Future") -> None:
+def log_prefetch_failure(fut: asyncio.Future) -> None:
     if fut.cancelled():
         return
     exc = fut.exception()

@@ -46,16 +46,16 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, TextIO
+from typing import Any, TextIO
 
 from blockcache_client.backend import FileInfo, normalize
-from blockcache_client.errors import BlockcacheError, ConfigError
-from blockcache_client.units import format_size
+from blockcache_client.contract.errors import BlockcacheError, ConfigError
+from blockcache_client.contract.units import format_size
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,8 @@ def read_file_list(stream: TextIO) -> Iterator[str]:
             yield line
 
 
-def targets(paths: Iterable[str], file_list: Iterable[str], mountpoint: str | None) -> Iterator[Target]:
+def targets(paths: Iterable[str], file_list: Iterable[str],
+            mountpoint: str | None) -> Iterator[Target]:
     """Every path argument, then every file list entry; the root if there are none."""
     any_given = False
     for source in (paths, file_list):
@@ -261,7 +262,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="warmup-progress", daemon=True)
 
-    def start(self) -> "Progress":
+    def start(self) -> Progress:
         self._thread.start()
         return self
 

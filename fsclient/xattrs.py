@@ -4,12 +4,13 @@ settings on the mount's root (`getfattr -n user.blockcache.stats /mnt`)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyfuse3
 
-from blockcache_client.backend import FileInfo
 from blockcache_client import Volume
+from blockcache_client.backend import FileInfo
 
 from .config import MountConfig
 from .inodes import ROOT_INODE

@@ -6,7 +6,7 @@ import tempfile
 
 import pytest
 
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 
 @pytest.fixture

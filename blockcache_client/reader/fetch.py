@@ -17,7 +17,7 @@ that read instead of any of them being served or cached.
 from __future__ import annotations
 
 import errno
-from typing import Callable
+from collections.abc import Callable
 
 from ..backend import Backend, FileInfo
 from ..blockmem import BlockMemory

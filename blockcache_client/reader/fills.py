@@ -7,8 +7,8 @@ on the reader's thread for a small block with nothing queued ahead of it).
 
 from __future__ import annotations
 
-from .. import blockfile
-from ..blockfile import HEADER_SIZE
+from ..contract import blockfile
+from ..contract.blockfile import HEADER_SIZE
 from .hits import Ciphers
 
 

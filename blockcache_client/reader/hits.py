@@ -24,11 +24,11 @@ import stat
 import threading
 
 from .. import nowait
-from ..blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
 from ..blockmem import BlockMemory
+from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
+from ..contract.errors import FormatError, IntegrityError
 from ..counters import Counters
 from ..daemonlink import DaemonLink
-from ..errors import FormatError, IntegrityError
 from ..nowait import Unsupported
 from ..nowait import open_cached as nowait_open
 

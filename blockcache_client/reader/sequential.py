@@ -13,7 +13,7 @@ read (random 4 KiB) brings its block only.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..backend import FileInfo
 

@@ -51,15 +51,15 @@ import logging
 import os
 import weakref
 
-from .. import blockfile, protocol
 from ..backend import Backend, FileInfo, normalize
 from ..blockmem import BlockMemory
+from ..common.forks import generation as _forks
+from ..contract import blockfile, protocol
+from ..contract.blockkey import KeyNamer, check_volume_name
+from ..contract.errors import ConfigError, DaemonError, DaemonUnavailable
 from ..counters import Counters
 from ..daemonlink import DaemonLink
-from ..errors import ConfigError, DaemonError, DaemonUnavailable
-from ..forks import generation as _forks
-from ..keyfile import load_key_file
-from ..keys import KeyNamer, check_volume_name
+from ..volumekey import load_key_file
 from .fetch import Fetcher
 from .fills import Sealer
 from .hits import Ciphers, HitReader, deliver
@@ -78,7 +78,7 @@ _IDENT_LIMIT = 1 << 18     # cached (path, version) -> key prefix entries
 COALESCE_BYTES = 32 << 20
 
 
-def _rebuild_volume(args: tuple, storage_options: dict) -> "Volume":
+def _rebuild_volume(args: tuple, storage_options: dict) -> Volume:
     """Unpickle a `Volume`: construct it again in this process."""
     return Volume(*args, **storage_options)
 
@@ -181,7 +181,7 @@ class Volume:
             self._link.close()
             self.backend.close()
 
-    def __enter__(self) -> "Volume":
+    def __enter__(self) -> Volume:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -405,9 +405,9 @@ class Volume:
         """Plaintext bytes of this file (this version) in the host cache now."""
         self._proc()
         total = 0
-        for _, info, key, boff in self._blocks(path, info):
+        for _, pinned, key, boff in self._blocks(path, info):
             if self._hits.is_cached(key):
-                total += self._block_len(info, boff)
+                total += self._block_len(pinned, boff)
         return total
 
     def block_map(self, path: str, info: FileInfo | None = None) -> list[tuple[int, int, bool]]:

@@ -1,4 +1,5 @@
-"""One emulated remote with the tiny dataset for the bench smoke tests (module-wide: uploads once)."""
+"""One emulated remote with the tiny dataset for the bench smoke tests (module-wide:
+uploads once)."""
 
 import pytest
 

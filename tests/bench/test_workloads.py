@@ -6,7 +6,6 @@ import os
 import pytest
 
 from bench import datasets
-
 from bench.systems import FsspecCache, LocalSystem, PassthroughSystem, S3fsDirect
 from bench.workloads import Runner
 

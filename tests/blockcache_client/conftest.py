@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from blockcache_client.keyfile import generate_key_file
-from tests.support.s3server import S3Server
+from blockcache_client.volumekey import generate_key_file
+from devtools.s3server import S3Server
 
 
 @pytest.fixture(scope="session")

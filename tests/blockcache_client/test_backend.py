@@ -9,10 +9,10 @@ import time
 
 import fsspec
 import pytest
-from hypothesis import given, strategies as st
 from fsspec.implementations.memory import MemoryFileSystem
+from hypothesis import given
+from hypothesis import strategies as st
 
-import blockcache_client.latencyfs  # noqa: F401  (registers latency::)
 from blockcache_client.backend import Backend, FileInfo, is_canonical_name, normalize
 
 
@@ -77,7 +77,8 @@ def test_file_info_s3_uses_etag(s3_server):
     b = Backend(s3_server.url("bk"), **s3_server.storage_options)
     try:
         info = b.stat("x.bin")
-        assert info.size == 3 and info.version == fs.info(f"{s3_server.bucket}/bk/x.bin")["ETag"].strip('"')
+        etag = fs.info(f"{s3_server.bucket}/bk/x.bin")["ETag"].strip('"')
+        assert info.size == 3 and info.version == etag
         assert info.mtime_ns > 0
         assert b.read("x.bin", 1, 3) == b"bc"
         with pytest.raises(FileNotFoundError):
@@ -190,7 +191,7 @@ def test_hung_s3_server_times_out():
     """An async backend (s3fs) is bounded by fsspec's own loop timeout."""
     import signal
 
-    from tests.support.s3server import S3Server
+    from devtools.s3server import S3Server
     with S3Server() as server:
         server.filesystem().pipe(f"{server.bucket}/h/x.bin", b"abc")
         b = Backend(server.url("h"), timeout=1.0, attempts=2, skip_instance_cache=True,

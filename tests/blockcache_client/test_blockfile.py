@@ -4,13 +4,22 @@ import os
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from blockcache_client import blockfile
-from blockcache_client.blockfile import (HEADER_SIZE, MIN_CHUNK, TAG_SIZE, BlockCipher,
-                                         BlockHeader, key_id, seal, unseal)
-from blockcache_client.errors import FormatError, IntegrityError
-from blockcache_client.keys import BlockKey
+from blockcache_client.contract import blockfile
+from blockcache_client.contract.blockfile import (
+    HEADER_SIZE,
+    MIN_CHUNK,
+    TAG_SIZE,
+    BlockCipher,
+    BlockHeader,
+    key_id,
+    seal,
+    unseal,
+)
+from blockcache_client.contract.blockkey import BlockKey
+from blockcache_client.contract.errors import FormatError, IntegrityError
 
 VK = bytes(range(32))
 OTHER_VK = bytes(range(1, 33))

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import threading
 
-from blockcache_client import blockfile
+from blockcache_client.contract import blockfile
+from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.counters import Counters
 from blockcache_client.daemonlink import COLLECT_AFTER, INLINE_FILL_MAX, DaemonLink
-from blockcache_client.keys import BlockKey
 from tests.blockcache_client.conftest import wait_for
 
 VOLUME_KEY = bytes(32)

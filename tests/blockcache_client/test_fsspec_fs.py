@@ -8,7 +8,7 @@ import fsspec
 import pytest
 
 from blockcache_client.fsspec_fs import BlockcachedFileSystem
-from blockcache_client.latencyfs import LatencyFileSystem
+from devtools.latencyfs import LatencyFileSystem
 from tests.blockcache_client.conftest import wait_for
 
 

@@ -4,10 +4,11 @@ import os
 from collections import Counter
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from blockcache_client.keys import BlockKey
-from blockcache_client.layout import CacheDir, Layout, block_relpath, fanout
+from blockcache_client.contract.blockkey import BlockKey
+from blockcache_client.contract.layout import CacheDir, Layout, block_relpath, fanout
 
 keys = st.builds(lambda i, o: str(BlockKey("vol", i, 0xABC, o)),
                  st.integers(1, 2**63 - 1), st.integers(0, 2**64 - 1))
@@ -84,7 +85,8 @@ def test_wire_round_trip_and_errors():
     lay = Layout([CacheDir("/a", 5), CacheDir("/b", 7, False)])
     again = Layout.from_wire(lay.to_wire())
     assert again.dirs == lay.dirs
-    for bad in ({}, {"dirs": [{"path": "/a"}]}, {"dirs": None}, {"dirs": [{"path": "/a", "weight": "x", "healthy": True}]}):
+    for bad in ({}, {"dirs": [{"path": "/a"}]}, {"dirs": None},
+                {"dirs": [{"path": "/a", "weight": "x", "healthy": True}]}):
         with pytest.raises(ValueError):
             Layout.from_wire(bad)
     with pytest.raises(ValueError):

@@ -4,16 +4,18 @@ import struct
 
 import msgpack
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from blockcache_client import protocol, wire
-from blockcache_client.errors import ProtocolError
-from blockcache_client.protocol import MAX_BATCH, MAX_FRAME, ErrorCode
+from blockcache_client.contract import protocol, wire
+from blockcache_client.contract.errors import ProtocolError
+from blockcache_client.contract.protocol import MAX_BATCH, MAX_FRAME, ErrorCode
 
 values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text(max_size=50)
     | st.binary(max_size=50) | st.floats(allow_nan=False),
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
+    lambda inner: (st.lists(inner, max_size=5)
+                   | st.dictionaries(st.text(max_size=10), inner, max_size=5)),
     max_leaves=20)
 
 
@@ -42,7 +44,7 @@ def test_encode_refuses_oversized():
 
 
 def test_largest_block_fits_a_frame():
-    from blockcache_client.blockfile import MAX_PLAINTEXT, BlockHeader
+    from blockcache_client.contract.blockfile import MAX_PLAINTEXT, BlockHeader
     h = BlockHeader(b"\0" * 8, b"\0" * 16, MAX_PLAINTEXT, 64 << 10)
     frame = protocol.encode_frame({"id": 2**32 - 1, "op": "put", "key": "v" * 63 + "_" * 60,
                                    "data": bytes(h.file_size)})

@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import blockcache_client
-from blockcache_client import blockfile, client, errors, keyfile, keys
+from blockcache_client import client, volumekey
+from blockcache_client.contract import blockfile, blockkey, errors
 from blockcache_client.reader import volume
 
 PUBLIC = [
@@ -25,8 +26,8 @@ def test_the_public_names_are_pinned():
 def test_each_public_name_is_the_object_its_module_defines():
     from blockcache_client import AsyncClient, BlockKey, Client, Volume, seal, unseal
     assert (Volume, Client, AsyncClient) == (volume.Volume, client.Client, client.AsyncClient)
-    assert (BlockKey, seal, unseal) == (keys.BlockKey, blockfile.seal, blockfile.unseal)
-    assert blockcache_client.generate_key_file is keyfile.generate_key_file
+    assert (BlockKey, seal, unseal) == (blockkey.BlockKey, blockfile.seal, blockfile.unseal)
+    assert blockcache_client.generate_key_file is volumekey.generate_key_file
     for name in PUBLIC:
         obj = getattr(blockcache_client, name)
         assert obj.__module__.startswith("blockcache_client."), name
@@ -45,7 +46,8 @@ def test_an_unknown_name_is_an_attribute_error():
 def test_the_contract_loads_without_the_reader():
     # the daemon imports contract modules only: the package must not drag in
     # the reader, fsspec or botocore with them
-    code = ("import sys, blockcache_client.keys, blockcache_client.blockfile; "
+    code = ("import sys, blockcache_client.contract.blockkey, "
+            "blockcache_client.contract.blockfile; "
             "print(sorted(m for m in ('blockcache_client.reader.volume', 'fsspec', 'botocore') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

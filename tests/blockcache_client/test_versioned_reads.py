@@ -9,7 +9,6 @@ import random
 
 import pytest
 
-import blockcache_client.latencyfs  # noqa: F401  (registers latency::)
 from tests.blockcache_client.test_volume import BS, settle, volume, wait_connected
 
 NBLOCKS = 4

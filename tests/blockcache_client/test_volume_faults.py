@@ -10,11 +10,11 @@ import random
 
 import pytest
 
-from blockcache_client.blockfile import HEADER_SIZE, unseal
-from blockcache_client.errors import ConfigError, IntegrityError
-from blockcache_client.keyfile import generate_key_file, load_key_file
-from blockcache_client.layout import Layout
 from blockcache_client import Volume
+from blockcache_client.contract.blockfile import HEADER_SIZE, unseal
+from blockcache_client.contract.errors import ConfigError, IntegrityError
+from blockcache_client.contract.layout import Layout
+from blockcache_client.volumekey import generate_key_file, load_key_file
 from tests.blockcache_client.conftest import wait_for
 from tests.blockcache_client.test_volume import BS, settle, volume, wait_connected
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import random
 
+from blockcache_client.contract.blockfile import HEADER_SIZE
+from blockcache_client.contract.blockkey import BlockKey, KeyNamer
 from blockcache_client.reader import hits as hits_mod
-from blockcache_client.blockfile import HEADER_SIZE
-from blockcache_client.keyfile import load_key_file
-from blockcache_client.keys import BlockKey, KeyNamer
+from blockcache_client.volumekey import load_key_file
 from tests.blockcache_client.test_volume import BS, settle, volume, wait_connected
 from tests.blockcache_client.test_volume_faults import cached_block_path
 
@@ -88,7 +88,8 @@ def test_filled_blocks_read_back_with_the_cipher_their_fill_sealed(local_source,
         assert vol.read("f.bin", 0, len(data)) == data
         s = vol.stats()
         assert s["hits"] == len(heads) and s["memory_hits"] == 0
-        assert all(vol._hits.ciphers.by_head[h] is kept[h] for h in heads)  # used, not derived again
+        # used, not derived again
+        assert all(vol._hits.ciphers.by_head[h] is kept[h] for h in heads)
 
 
 def test_open_of_listed_paths(local_source, key_file, daemon):

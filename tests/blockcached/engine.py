@@ -7,8 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from blockcache_client import blockfile
-from blockcache_client.keys import BlockKey
+from blockcache_client.contract import blockfile
+from blockcache_client.contract.blockkey import BlockKey
 from blockcached import config
 from blockcached.cache import Cache
 

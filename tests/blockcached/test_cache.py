@@ -14,8 +14,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from blockcache_client import layout
-from blockcache_client.keys import BlockKey
+from blockcache_client.contract import layout
+from blockcache_client.contract.blockkey import BlockKey
 from blockcached import cache as cache_mod
 
 from .engine import Engine, block, key

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from blockcache_client.errors import ConfigError
+from blockcache_client.contract.errors import ConfigError
 from blockcached.__main__ import load_config, parse_args
 
 TOML = """
@@ -59,7 +59,8 @@ def test_file_values(tmp_path):
 
 
 def test_flags_override_file(tmp_path):
-    c = cfg_of(tmp_path, TOML, "--socket", "/tmp/bc-test/y.sock", "--cache-dir", "/tmp/bc-test/c:1G",
+    c = cfg_of(tmp_path, TOML, "--socket", "/tmp/bc-test/y.sock",
+               "--cache-dir", "/tmp/bc-test/c:1G",
                "--high-watermark", "0.8", "--admin-gid", "9", "--socket-mode", "0600",
                "--min-free-bytes", "0", "--max-entries", "0")
     assert c.socket == "/tmp/bc-test/y.sock" and c.socket_mode == 0o600
@@ -99,11 +100,12 @@ def test_group_by_name(tmp_path):
 
 
 @pytest.mark.parametrize("toml, flags, words", [
-    ('sockett = "/x"\n[[cache_dirs]]\npath = "/a"', (), "unknown key 'sockett'"),
+    ('sockett = "/x"\n[[cache_dirs]]\npath = "/a"', (), "unknown key(s) sockett"),
     ('[[cache_dirs]]\npath = "/a"\nsise = "1G"', (), "unknown key(s) sise"),
     ('[[cache_dirs]]\nsize = "1G"', (), "'path' is required"),
     ("", (), "no cache dir configured"),
-    ('high_watermark = 0.5\nlow_watermark = 0.6\n[[cache_dirs]]\npath = "/a"', (), "below the high"),
+    ('high_watermark = 0.5\nlow_watermark = 0.6\n[[cache_dirs]]\npath = "/a"', (),
+     "below the high"),
     ('high_watermark = 1.5\n[[cache_dirs]]\npath = "/a"', (), "must be in (0, 1]"),
     ('socket_mode = "999"\n[[cache_dirs]]\npath = "/a"', (), "octal mode"),
     ('min_free_bytes = "lots"\n[[cache_dirs]]\npath = "/a"', (), "not a size"),
@@ -134,5 +136,5 @@ def test_daemon_refuses_bad_config_at_start(tmp_path):
     r = subprocess.run([sys.executable, "-m", "blockcached", "--config", str(bad)],
                        capture_output=True, text=True, timeout=20)
     assert r.returncode == 2
-    assert r.stderr.startswith("blockcached: ") and "unknown key 'cache_dir'" in r.stderr
+    assert r.stderr.startswith("blockcached: ") and "unknown key(s) cache_dir" in r.stderr
     assert "Traceback" not in r.stderr

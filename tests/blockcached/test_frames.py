@@ -3,11 +3,12 @@ daemon's large-frame path decodes with), and the server's frame buffer pool."""
 
 import msgpack
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from blockcache_client import protocol, wire
-from blockcache_client.errors import ProtocolError
-from blockcache_client.protocol import VIEW_MIN, ErrorCode
+from blockcache_client.contract import protocol, wire
+from blockcache_client.contract.errors import ProtocolError
+from blockcache_client.contract.protocol import VIEW_MIN, ErrorCode
 from blockcached.server import FRAME_CLASS, FramePool
 
 # bin lengths at every msgpack header boundary and at the view threshold
@@ -48,7 +49,8 @@ def test_views_decode_every_flat_map_as_unpack_does(body):
 
 
 @given(st.dictionaries(st.text(max_size=5), st.lists(scalars, max_size=3)
-                       | st.dictionaries(st.text(max_size=3), scalars, max_size=3), min_size=1, max_size=4))
+                       | st.dictionaries(st.text(max_size=3), scalars, max_size=3),
+                       min_size=1, max_size=4))
 def test_nested_maps_fall_back_to_unpack(body):
     frame = protocol.encode_frame(body)
     assert protocol.decode_body(frame[4:], views=True) == body

@@ -6,7 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from blockcache_client.keys import BlockKey, key_prefix
+from blockcache_client.contract.blockkey import BlockKey, key_prefix
 from blockcached.index import Index
 
 NDIRS = 2

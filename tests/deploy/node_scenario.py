@@ -43,7 +43,7 @@ def wait_until(check, timeout: float = WAIT) -> bool:
 
 
 def volume_key() -> bytes:
-    from blockcache_client.keyfile import generate_key_file
+    from blockcache_client.volumekey import generate_key_file
 
     path = Path(f"/tmp/blockcache-key-{os.getpid()}")
     try:

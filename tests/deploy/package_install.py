@@ -28,9 +28,9 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.deploy.paths import REPO
 # A module, not its names: unit_runner imports this module (through units).
 from tests.deploy import unit_runner
+from tests.deploy.paths import REPO
 
 DIST = "blockcache"
 EXTRAS = ("fuse", "s3", "metrics")     # what daemonset/Containerfile installs
@@ -149,7 +149,7 @@ def write_scripts(bin_path: Path) -> None:
 
 def open_to_all(top: Path) -> None:
     """Dirs 0755, files 0644 (0755 if executable), whatever the umask was."""
-    for d, dirs, files in os.walk(top):
+    for d, _dirs, files in os.walk(top):
         os.chmod(d, 0o755)
         for f in files:
             p = os.path.join(d, f)

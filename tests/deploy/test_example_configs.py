@@ -58,7 +58,8 @@ def test_every_key_of_an_example_has_a_comment_above_it(path):
     for i, line in enumerate(lines):
         if _ASSIGNMENT.match(line) and not line.lstrip().startswith("#"):
             block = i
-            while block > 0 and lines[block - 1].strip() and not lines[block - 1].lstrip().startswith("#"):
+            while (block > 0 and lines[block - 1].strip()
+                   and not lines[block - 1].lstrip().startswith("#")):
                 block -= 1      # a run of keys shares the comment above it
             assert block > 0 and lines[block - 1].lstrip().startswith("#"), \
                 f"{path.name}:{i + 1}: {line.strip()!r} has no comment"

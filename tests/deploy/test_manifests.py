@@ -15,8 +15,7 @@ import pytest
 
 from tests.deploy.k8s_models import round_trip
 from tests.deploy.paths import DAEMONSET, EXAMPLE
-from tests.deploy.render import (containers, kubectl, one, pod_spec, render,
-                                 render_without_kubectl)
+from tests.deploy.render import containers, kubectl, one, pod_spec, render, render_without_kubectl
 
 GPU_TAINT = "nvidia.com/gpu"
 

@@ -23,7 +23,8 @@ pytest.importorskip("blockcached", reason="the daemon package blockcached is not
 pytest.importorskip("fsclient.mount", reason="fsclient is not installed")
 pytestmark = [*unit_runner.fuse_marks(),
               pytest.mark.skipif(shutil.which("unshare") is None,
-                                 reason="needs unshare (util-linux) for the node's mount namespace")]
+                                 reason="needs unshare (util-linux) for the node's "
+                                        "mount namespace")]
 
 
 @pytest.fixture(scope="module")

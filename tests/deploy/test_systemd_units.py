@@ -55,7 +55,8 @@ def test_install_puts_units_configs_and_user_in_place(installed):
     for unit, script in (("blockcached.service", "blockcached"), ("fsclient@.service", "fsclient")):
         assert exec_start(installed.unit(unit))[0] == str(bin_dir() / script)
     etc = installed.etc
-    assert (etc / "blockcached.toml").read_text() == (SYSTEMD / "blockcached.toml.example").read_text()
+    example = (SYSTEMD / "blockcached.toml.example").read_text()
+    assert (etc / "blockcached.toml").read_text() == example
     assert (etc / "blockcached.toml.example").is_file()
     assert (etc / "volumes" / "volume.toml.example").is_file()
     assert stat.S_IMODE((etc / "keys").stat().st_mode) == 0o700
@@ -146,7 +147,8 @@ def test_sysusers_entry_creates_the_daemon_user(installed, tmp_path):
     subprocess.run(["systemd-sysusers", f"--root={tmp_path}",
                     str(installed.root / "etc/sysusers.d/blockcache.conf")],
                    check=True, capture_output=True, timeout=60)
-    users = {line.split(":")[0]: line.split(":") for line in (tmp_path / "etc/passwd").read_text().splitlines()}
+    users = {line.split(":")[0]: line.split(":")
+             for line in (tmp_path / "etc/passwd").read_text().splitlines()}
     groups = {line.split(":")[0] for line in (tmp_path / "etc/group").read_text().splitlines()}
     unit = installed.unit("blockcached.service")
     assert value(unit, "User") in users and value(unit, "Group") in groups

@@ -24,10 +24,10 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -52,7 +52,8 @@ def fuse_marks() -> list:
     reason = available()
     return [pytest.mark.fuse,
             pytest.mark.skipif(reason is not None, reason=str(reason)),
-            pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+            pytest.mark.skipif(not os.path.exists("/dev/fuse")
+                               or shutil.which("fusermount3") is None,
                                reason="needs /dev/fuse and fusermount3")]
 
 
@@ -111,7 +112,7 @@ class NotifyListener:
         while not self._closed:
             try:
                 data, anc, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(12))
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -13,10 +13,10 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from tests.support.procs import stop_process
+from devtools.procs import stop_process
 
 REPO = str(Path(__file__).resolve().parents[2])
 READY_TIMEOUT = 60.0
@@ -75,7 +75,7 @@ class FsclientMount:
         except FileNotFoundError:
             return ""
 
-    def start(self) -> "FsclientMount":
+    def start(self) -> FsclientMount:
         """Mount; raise RuntimeError with the reason and the log if not ready."""
         os.makedirs(self.mountpoint, exist_ok=True)
         r, w = os.pipe()
@@ -129,7 +129,7 @@ class FsclientMount:
         force_unmount(self.mountpoint)
         return code
 
-    def __enter__(self) -> "FsclientMount":
+    def __enter__(self) -> FsclientMount:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

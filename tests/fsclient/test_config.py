@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from blockcache_client.errors import ConfigError
-from fsclient.config import (TtlPolicy, build_config, load_toml, parse_dir_ttl_flag,
-                             split_options)
+from blockcache_client.contract.errors import ConfigError
+from fsclient.config import TtlPolicy, build_config, load_toml, parse_dir_ttl_flag, split_options
 
 BASE = {"volume": "imagenet", "source": "s3://b/p", "mountpoint": "/mnt/x", "key_file": "/k"}
 
@@ -118,7 +117,7 @@ def test_config_is_frozen():
 
 
 def test_keygen_writes_a_private_key_and_never_overwrites(tmp_path):
-    from blockcache_client.keyfile import load_key_file
+    from blockcache_client.volumekey import load_key_file
     from tests.fsclient.mounting import fsclient
 
     path = tmp_path / "v.key"
@@ -137,3 +136,21 @@ def test_a_relative_key_file_is_recorded_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = build_config({**BASE, "key_file": "keys/vol.key"})
     assert cfg.key_file == str(tmp_path / "keys" / "vol.key")
+
+
+def test_queue_and_memory_keys_are_spelled_as_the_daemon_and_volume_spell_them(tmp_path, caplog):
+    p = tmp_path / "v.toml"
+    p.write_text('memory_cache_bytes = "8M"\nfill_queue_bytes = "32M"\n')
+    cfg = build_config(load_toml(str(p)), **BASE)
+    assert (cfg.memory_cache_bytes, cfg.fill_queue_bytes) == (8 << 20, 32 << 20)
+    # the old spellings still work, with a warning that names the new key
+    p.write_text('memory_cache = "8M"\nfill_queue = "32M"\n')
+    with caplog.at_level("WARNING", logger="blockcache.config"):
+        cfg = build_config(load_toml(str(p)), **BASE)
+    assert (cfg.memory_cache_bytes, cfg.fill_queue_bytes) == (8 << 20, 32 << 20)
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "'memory_cache' is deprecated; call it 'memory_cache_bytes'" in warned
+    assert "'fill_queue' is deprecated; call it 'fill_queue_bytes'" in warned
+    p.write_text('fill_queue = "32M"\nfill_queue_bytes = "64M"\n')
+    with pytest.raises(ConfigError, match="'fill_queue' and 'fill_queue_bytes' are the same"):
+        load_toml(str(p))

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.fsclient.mounting import fsclient, force_unmount, is_mounted
+from tests.fsclient.mounting import force_unmount, fsclient, is_mounted
 from tests.fsclient.test_mount import snapshot
 
 pytestmark = pytest.mark.fuse

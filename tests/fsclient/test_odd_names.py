@@ -16,8 +16,8 @@ import boto3
 import pytest
 
 from blockcache_client import Volume
+from devtools.s3server import S3Server
 from tests.fsclient.mounting import FsclientMount
-from tests.support.s3server import S3Server
 
 pytestmark = pytest.mark.fuse
 

@@ -47,7 +47,7 @@ def test_daemon_restart_during_reads_fails_no_read(tree, daemon, mounts):
 
     def reader() -> None:
         while not stop.is_set():
-            for rel, (_, size, sha) in want.items():
+            for rel, (_, _size, sha) in want.items():
                 try:
                     with open(os.path.join(os.fsencode(m.mountpoint), rel), "rb") as f:
                         data = f.read()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import resource
 import signal
 import socket
 import subprocess
@@ -16,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from blockcache_client import blockfile, cli, layout, protocol, wire
+from blockcache_client import cli
 from blockcache_client.client import Client
-from blockcache_client.errors import BlockcacheError, DaemonError, DaemonUnavailable
-from blockcache_client.keys import BlockKey
-from blockcache_client.protocol import ErrorCode
+from blockcache_client.contract import blockfile, layout, protocol, wire
+from blockcache_client.contract.blockkey import BlockKey
+from blockcache_client.contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
+from blockcache_client.contract.protocol import ErrorCode
 from blockcached.server import BUDGETED_TIMEOUT, FRAME_CLASS, READ_SIZE, SMALL_FRAME
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
 
 VOLUME_KEY = bytes(range(32))
 
@@ -84,7 +84,8 @@ def test_evict_scopes_and_list(daemon):
 def test_bad_requests_get_errors_and_connection_survives(daemon):
     c = daemon.client()
     for bad in ("../../etc/passwd", "vol_1_000000000000000000000000000000ab_0000000000000000/x",
-                "vol_01_00000000000000000000000000000000_0000000000000000", "Vol_1_00000000000000000000000000000000_0000000000000000"):
+                "vol_01_00000000000000000000000000000000_0000000000000000",
+                "Vol_1_00000000000000000000000000000000_0000000000000000"):
         with pytest.raises(DaemonError) as err:
             c.lookup([bad])
         assert err.value.code == ErrorCode.INVALID_KEY
@@ -612,7 +613,8 @@ def test_client_times_out_on_a_stopped_daemon_then_reconnects(daemon):
 _SLEEPS_PER_LOOKUP = """
 import os, resource, sys, threading
 from blockcache_client.client import Client
-sock, spin, cpu, extra_thread = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+sock, spin, cpu = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+extra_thread = sys.argv[4] == "1"
 os.sched_setaffinity(0, {cpu})
 if extra_thread:
     threading.Thread(target=threading.Event().wait, daemon=True).start()

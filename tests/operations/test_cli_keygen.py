@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from blockcache_client.keyfile import load_key_file
+from blockcache_client.volumekey import load_key_file
 from tests.operations.conftest import run_cli
 
 

@@ -6,11 +6,11 @@ import socket
 
 import pytest
 
-from blockcache_client import blockfile
-from blockcache_client.keys import BlockKey
+from blockcache_client.contract import blockfile
+from blockcache_client.contract.blockkey import BlockKey
+from devtools.daemon import DaemonProcess
 from tests.operations.conftest import logged_port, run_cli
 from tests.operations.test_mount_ops import scrape, value
-from tests.support.daemon import DaemonProcess
 
 VOLUME_KEY = bytes(range(32))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 import pytest
 
-from blockcache_client.keyfile import load_key_file
+from blockcache_client.volumekey import load_key_file
 from tests.support.doc_commands import REPO, SCRIPTS, DocCommand, documented_commands
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from devtools.daemon import DaemonProcess
 from tests.operations.conftest import run_cli, warmup_args
-from tests.support.daemon import DaemonProcess
 
 
 def json_lines(text: str) -> list[dict]:

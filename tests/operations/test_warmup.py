@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from blockcache_client.keyfile import load_key_file
-from blockcache_client.keys import KeyNamer
 from blockcache_client import Volume
+from blockcache_client.contract.blockkey import KeyNamer
+from blockcache_client.volumekey import load_key_file
 from tests.fsclient.mounting import REPO, env
-from tests.operations.conftest import (BLOCK, VOLUME, blocks_of, run_cli, warmup_args)
+from tests.operations.conftest import BLOCK, VOLUME, blocks_of, run_cli, warmup_args
 
 
 def volume_keys(daemon) -> set[str]:
@@ -43,7 +43,7 @@ def test_warmup_then_reads_are_all_hits(daemon, tree, key_file):
     assert r.returncode == 0, r.stdout + r.stderr
     nblocks = sum(blocks_of(s) for s in files.values())
     assert f"{len(files)} files" in r.stdout
-    assert f"fetched" in r.stdout and f"({nblocks} blocks" in r.stdout, r.stdout
+    assert "fetched" in r.stdout and f"({nblocks} blocks" in r.stdout, r.stdout
     assert "links skipped   1" in r.stdout  # the tree's one symlink is not followed
     daemon.wait_idle()
     assert len(volume_keys(daemon)) == nblocks
@@ -136,7 +136,8 @@ def test_file_list_with_many_entries(daemon, tmp_path, key_file):
     assert f"{n} files" in r.stdout
     assert f"({n} blocks" in r.stdout
     assert "failed          1 path" in r.stdout and "d0/not-there: not found" in r.stdout
-    daemon.wait_idle(timeout=150)  # every block file is written before the check: slow on small disks
+    # every block file is written before the check: slow on small disks
+    daemon.wait_idle(timeout=150)
     assert len(volume_keys(daemon)) == n  # ... and every other entry is cached
 
 

@@ -11,14 +11,15 @@ import pwd
 import random
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from blockcache_client import blockfile
-from blockcache_client.keyfile import generate_key_file
+from blockcache_client.contract import blockfile
+from blockcache_client.volumekey import generate_key_file
+from devtools.daemon import DaemonProcess
 from tests.blockcache_client.conftest import wait_for as wait_until  # noqa: F401  (re-exported)
-from tests.support.daemon import DaemonProcess
 
 BS = 64 << 10  # the smallest block size fsclient accepts: many blocks from little data
 
@@ -189,7 +190,7 @@ def connected_volume(name: str, source: str, key_file: str, daemon: DaemonProces
 def fill(vol, daemon: DaemonProcess, files: dict[str, bytes]):
     """Read every file once (checked) and wait until the fills are on disk;
     returns the daemon's layout."""
-    from blockcache_client.layout import Layout
+    from blockcache_client.contract.layout import Layout
     for rel, data in files.items():
         assert vol.read(rel, 0, len(data)) == data
     assert vol.wait_fills(10)

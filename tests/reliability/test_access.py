@@ -6,7 +6,7 @@ Covered elsewhere and not repeated here: a non-admin `nobody` in the socket
 group is refused volume/all evictions through the CLI and an admin gid is not
 (tests/integration/test_daemon.py::test_admin_evictions_need_admin_peer); key
 files readable by group/others are refused by the loader, `Volume` and
-`fsclient mount` (tests/blockcache_client/test_keyfile.py,
+`fsclient mount` (tests/blockcache_client/test_volumekey.py,
 test_volume_faults.py::test_bad_input, tests/fsclient/test_lifecycle.py).
 """
 
@@ -20,16 +20,25 @@ import stat
 
 import pytest
 
-from blockcache_client import blockfile
-from blockcache_client.client import Client
-from blockcache_client.errors import DaemonError, IntegrityError
-from blockcache_client.keyfile import generate_key_file, load_key_file
-from blockcache_client.layout import Layout
-from blockcache_client.protocol import ErrorCode
 from blockcache_client import Volume
-from tests.reliability.conftest import (BS, ChildError, as_nobody, block_key, cache_files,
-                                        needs_root, record, wait_until, write_dataset)
-from tests.support.daemon import DaemonProcess
+from blockcache_client.client import Client
+from blockcache_client.contract import blockfile
+from blockcache_client.contract.errors import DaemonError, IntegrityError
+from blockcache_client.contract.layout import Layout
+from blockcache_client.contract.protocol import ErrorCode
+from blockcache_client.volumekey import generate_key_file, load_key_file
+from devtools.daemon import DaemonProcess
+from tests.reliability.conftest import (
+    BS,
+    ChildError,
+    as_nobody,
+    block_key,
+    cache_files,
+    needs_root,
+    record,
+    wait_until,
+    write_dataset,
+)
 
 pytestmark = needs_root
 
@@ -139,7 +148,7 @@ def test_pod_without_the_key_sees_only_ciphertext_and_cannot_write(tmp_path, sha
                                  for i in range(0, len(data) - 32, 4096)]
         assert not any(p in blob for blob in contents for p in plaintexts)
         # ... and cannot change anything: modes, and a real attempt by nobody
-        for dirpath, dirnames, filenames in os.walk(cache):
+        for dirpath, _dirnames, filenames in os.walk(cache):
             st = os.stat(dirpath)
             assert st.st_uid == 0 and not st.st_mode & 0o022, dirpath
             for n in filenames:
@@ -171,7 +180,7 @@ def test_foreign_and_forged_blocks(tmp_path, daemon):
             Volume("volb", str(src), key_b, socket_path=daemon.socket_path, block_size=BS,
                    memory_cache_bytes=0) as b:
         for v in (a, b):
-            wait_until(lambda: v.stats()["daemon_connected"], what="the volumes to connect")
+            wait_until(lambda v=v: v.stats()["daemon_connected"], what="the volumes to connect")
 
         # A's block, opened as B's in every way: B's key with A's name, with B's name
         assert a.read(good_rel, 0, BS) == good

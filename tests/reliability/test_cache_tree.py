@@ -21,16 +21,24 @@ from pathlib import Path
 
 import pytest
 
-from blockcache_client import blockfile, protocol
 from blockcache_client.client import Client
-from blockcache_client.errors import DaemonUnavailable
-from blockcache_client.keyfile import load_key_file
-from blockcache_client.layout import Layout, fanout
+from blockcache_client.contract import blockfile, protocol
+from blockcache_client.contract.errors import DaemonUnavailable
+from blockcache_client.contract.layout import Layout, fanout
+from devtools.daemon import DaemonProcess
 from tests.blockcached.engine import key as make_key
 from tests.fsclient.mounting import FsclientMount
-from tests.reliability.conftest import (BS, block_key, connected_volume, fill, needs_fuse,
-                                        needs_root, record, wait_until, write_dataset)
-from tests.support.daemon import DaemonProcess
+from tests.reliability.conftest import (
+    BS,
+    block_key,
+    connected_volume,
+    fill,
+    needs_fuse,
+    needs_root,
+    record,
+    wait_until,
+    write_dataset,
+)
 
 pytestmark = needs_root
 

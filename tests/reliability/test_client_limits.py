@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from blockcache_client import blockfile, layout, protocol
 from blockcache_client.client import Client
-from blockcache_client.errors import DaemonError, DaemonUnavailable
-from blockcache_client.keys import BlockKey
+from blockcache_client.contract import blockfile, layout, protocol
+from blockcache_client.contract.blockkey import BlockKey
+from blockcache_client.contract.errors import DaemonError, DaemonUnavailable
+from devtools.daemon import DaemonProcess
 from tests.reliability.conftest import as_nobody, needs_fuse, needs_root, record
-from tests.support.daemon import DaemonProcess
 from tests.support.faultyfs import FaultyMount
 
 # a pause this long means the loop ran one long job: today's matcher list made
@@ -46,7 +46,7 @@ class PingProbe:
             self.pings += 1
             self._stop.wait(0.01)
 
-    def __enter__(self) -> "PingProbe":
+    def __enter__(self) -> PingProbe:
         self._thread.start()
         return self
 

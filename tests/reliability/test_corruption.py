@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import os
 
-from blockcache_client.blockfile import HEADER_SIZE, unseal
-from blockcache_client.errors import IntegrityError
-from blockcache_client.keyfile import load_key_file
-from tests.reliability.conftest import (BS, block_key, connected_volume, fill, record, wait_until,
-                                        write_dataset)
+from blockcache_client.contract.blockfile import HEADER_SIZE, unseal
+from blockcache_client.contract.errors import IntegrityError
+from blockcache_client.volumekey import load_key_file
+from tests.reliability.conftest import (
+    BS,
+    block_key,
+    connected_volume,
+    fill,
+    record,
+    wait_until,
+    write_dataset,
+)
 
 
 def _authentic(key: str, path: str, vk: bytes) -> bool:

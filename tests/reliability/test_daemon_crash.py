@@ -16,12 +16,20 @@ import time
 
 import pytest
 
-from blockcache_client.keyfile import load_key_file
 from blockcache_client import Volume
+from blockcache_client.volumekey import load_key_file
+from devtools.daemon import DaemonProcess
 from tests.fsclient.mounting import FsclientMount, is_mounted
-from tests.reliability.conftest import (BS, check_index_matches_disk, needs_fuse, peak_rss_kib,
-                                        record, sha, wait_until, write_dataset)
-from tests.support.daemon import DaemonProcess
+from tests.reliability.conftest import (
+    BS,
+    check_index_matches_disk,
+    needs_fuse,
+    peak_rss_kib,
+    record,
+    sha,
+    wait_until,
+    write_dataset,
+)
 
 pytestmark = needs_fuse
 
@@ -98,7 +106,7 @@ def test_daemon_killed_under_load(tmp_path, key_file):
     # two dirs much smaller than the data: fills and evictions never stop
     daemon = DaemonProcess(tmp_path, cache_dirs=[(tmp_path / "c0", "1M"), (tmp_path / "c1", "1M")])
     cfg = tmp_path / "mount.toml"
-    cfg.write_text("memory_cache = 0\n")  # every FUSE read asks the cache disk or the source
+    cfg.write_text("memory_cache_bytes = 0\n")  # every FUSE read asks the cache disk or the source
     mounts = [FsclientMount(str(tmp_path / "src"), str(tmp_path / f"m{i}"), key_file,
                             daemon.socket_path, volume="vol",
                             args=["--block-size", str(BS), "--config", str(cfg)],

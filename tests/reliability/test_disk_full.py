@@ -17,11 +17,17 @@ import time
 
 import pytest
 
-from blockcache_client.keyfile import load_key_file
 from blockcache_client import Volume
-from tests.reliability.conftest import (BS, check_index_matches_disk, needs_root, record,
-                                        wait_until, write_dataset)
-from tests.support.daemon import DaemonProcess
+from blockcache_client.volumekey import load_key_file
+from devtools.daemon import DaemonProcess
+from tests.reliability.conftest import (
+    BS,
+    check_index_matches_disk,
+    needs_root,
+    record,
+    wait_until,
+    write_dataset,
+)
 
 pytestmark = needs_root
 

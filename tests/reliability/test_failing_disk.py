@@ -14,9 +14,17 @@ from __future__ import annotations
 import time
 
 from blockcache_client import Volume
-from tests.reliability.conftest import (BS, block_key, connected_volume, fill, needs_fuse, record,
-                                        wait_until, write_dataset)
-from tests.support.daemon import DaemonProcess
+from devtools.daemon import DaemonProcess
+from tests.reliability.conftest import (
+    BS,
+    block_key,
+    connected_volume,
+    fill,
+    needs_fuse,
+    record,
+    wait_until,
+    write_dataset,
+)
 from tests.support.faultyfs import FaultyMount
 
 pytestmark = needs_fuse

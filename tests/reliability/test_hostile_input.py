@@ -25,14 +25,15 @@ import time
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from blockcache_client import blockfile, protocol
 from blockcache_client.client import Client
-from blockcache_client.keys import BlockKey
-from blockcache_client.protocol import MAX_FRAME, ErrorCode
+from blockcache_client.contract import blockfile, protocol
+from blockcache_client.contract.blockkey import BlockKey
+from blockcache_client.contract.protocol import MAX_FRAME, ErrorCode
+from devtools.daemon import DaemonProcess
 from tests.reliability.conftest import peak_rss_kib, record
-from tests.support.daemon import DaemonProcess
 
 PROMPT = 5.0          # seconds: "answers others promptly", generous on a loaded box
 KNOWN_CODES = {v for k, v in vars(ErrorCode).items() if k.isupper()}
@@ -385,7 +386,8 @@ class Inotify:
 BAD_KEYS = [
     "../../etc/passwd", "vol_1_00000000000000000000000000000abc_0000000000000000/../../x",
     "vol/1_00000000000000000000000000000abc_0000000000000000", "..", ".", "/", "",
-    "vol_1_00000000000000000000000000000abc_0000000000000000\0", "vol\0_1_00000000000000000000000000000abc_0000000000000000",
+    "vol_1_00000000000000000000000000000abc_0000000000000000\0",
+    "vol\0_1_00000000000000000000000000000abc_0000000000000000",
     "vol_01_00000000000000000000000000000abc_0000000000000000",           # leading zero
     "vol_+1_00000000000000000000000000000abc_0000000000000000",
     "vol_0_00000000000000000000000000000abc_0000000000000000",            # inode 0

@@ -15,11 +15,18 @@ import time
 
 import fsspec
 
-from blockcache_client.keyfile import generate_key_file
 from blockcache_client import Volume
-from tests.reliability.conftest import (BS, as_nobody, connected_volume, fill, needs_root, record,
-                                        write_dataset)
-from tests.support.daemon import DaemonProcess
+from blockcache_client.volumekey import generate_key_file
+from devtools.daemon import DaemonProcess
+from tests.reliability.conftest import (
+    BS,
+    as_nobody,
+    connected_volume,
+    fill,
+    needs_root,
+    record,
+    write_dataset,
+)
 
 pytestmark = needs_root
 

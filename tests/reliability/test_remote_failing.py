@@ -17,9 +17,9 @@ import time
 import pytest
 
 from blockcache_client import Volume
+from devtools.s3server import S3Server
 from tests.fsclient.mounting import FsclientMount
 from tests.reliability.conftest import BS, needs_fuse, record, wait_until
-from tests.support.s3server import S3Server
 
 pytestmark = needs_fuse
 
@@ -35,7 +35,7 @@ def _upload(server: S3Server, files: dict[str, bytes]) -> None:
 
 def _toml(server: S3Server) -> str:
     o = server.storage_options
-    return (f'memory_cache = 0\nmeta_ttl = 3600\n[storage_options]\n'
+    return (f'memory_cache_bytes = 0\nmeta_ttl = 3600\n[storage_options]\n'
             f'endpoint_url = "{o["endpoint_url"]}"\nkey = "{o["key"]}"\n'
             f'secret = "{o["secret"]}"\ntimeout = {TIMEOUT}\nattempts = {ATTEMPTS}\n'
             f'[storage_options.client_kwargs]\nregion_name = "us-east-1"\n')

@@ -8,12 +8,12 @@ import grp
 import os
 import pwd
 
-from blockcache_client import blockfile
 from blockcache_client.client import Client
-from blockcache_client.errors import DaemonError
-from blockcache_client.keys import BlockKey
+from blockcache_client.contract import blockfile
+from blockcache_client.contract.blockkey import BlockKey
+from blockcache_client.contract.errors import DaemonError
+from devtools.daemon import DaemonProcess
 from tests.reliability.conftest import as_nobody, needs_root, record
-from tests.support.daemon import DaemonProcess
 
 pytestmark = needs_root
 
@@ -58,7 +58,8 @@ def _attack(path: str, victim: str) -> dict[str, str]:
         attempt("evict inode", lambda: c.evict(inode=(victim, 7)))
         attempt("evict volume", lambda: c.evict(volume=victim))
         attempt("put", lambda: c.put(str(BlockKey(victim, 9, 1, 0)),
-                                     blockfile.seal(str(BlockKey(victim, 9, 1, 0)), b"y", bytes(32)))[1])
+                                     blockfile.seal(str(BlockKey(victim, 9, 1, 0)), b"y",
+                                                    bytes(32)))[1])
         own = str(BlockKey("mine", 1, 1, 0))
         attempt("put own", lambda: c.put(own, blockfile.seal(own, b"y", bytes(32)))[1])
         attempt("list own", lambda: len(c.list("mine", 10)["keys"]))
@@ -137,7 +138,7 @@ def test_two_tenants_one_volume_name_different_keys(tmp_path, key_file):
     other's blocks as its own: each other's blocks are misses, never
     integrity failures, and nobody evicts anybody. Before key format 2 they
     evicted each other's blocks on every read."""
-    from blockcache_client.keyfile import generate_key_file
+    from blockcache_client.volumekey import generate_key_file
     from tests.reliability.conftest import connected_volume, write_dataset
     other_key = str(tmp_path / "other.key")
     generate_key_file(other_key)

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support.procs import stop_process
+from devtools.procs import stop_process
 
 MODES = {"ok": signal.SIGHUP, "eio": signal.SIGUSR1, "hang": signal.SIGUSR2}
 START_TIMEOUT = 20.0
@@ -47,7 +47,7 @@ class FaultyMount:
         self.log_path = self.mountpoint + ".log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "FaultyMount":
+    def start(self) -> FaultyMount:
         os.makedirs(self.source, exist_ok=True)
         os.makedirs(self.mountpoint, exist_ok=True)
         try:
@@ -102,7 +102,7 @@ class FaultyMount:
                            timeout=30)
         stop_process(proc)
 
-    def __enter__(self) -> "FaultyMount":
+    def __enter__(self) -> FaultyMount:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -155,7 +155,7 @@ def _serve(source: str, mountpoint: str, status: str) -> None:
         def child(self, parent: int, name: bytes) -> str:
             return os.path.join(self.path(parent), os.fsdecode(name))
 
-        def attrs(self, path: str) -> "pyfuse3.EntryAttributes":
+        def attrs(self, path: str) -> pyfuse3.EntryAttributes:
             try:
                 st = os.lstat(path)
             except OSError as exc:

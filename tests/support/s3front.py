@@ -93,7 +93,7 @@ class S3Front:
             self.regions.append(scope[2] if len(scope) > 2 else "")
             return self._faults.pop(0) if self._faults else None
 
-    def __enter__(self) -> "S3Front":
+    def __enter__(self) -> S3Front:
         self._thread.start()
         return self
 

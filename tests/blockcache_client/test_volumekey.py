@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from blockcache_client.blockfile import KEY_SIZE
-from blockcache_client.errors import ConfigError
-from blockcache_client.keyfile import generate_key_file, load_key_file
+from blockcache_client.contract.blockfile import KEY_SIZE
+from blockcache_client.contract.errors import ConfigError
+from blockcache_client.volumekey import generate_key_file, load_key_file
 
 
 def test_generate_and_load(tmp_path):

@@ -17,13 +17,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from blockcache_client.client import Client
-from blockcache_client.errors import BlockcacheError
-
-from tests.support.procs import stop_process
+from blockcache_client.contract.errors import BlockcacheError
+from devtools.procs import stop_process
 
 START_TIMEOUT = 10.0
 REBUILD_TIMEOUT = 60.0
@@ -54,7 +53,7 @@ class DaemonProcess:
             args += ["--cache-dir", f"{path}:{size}"]
         return args + list(_DEFAULT_ARGS) + self.extra_args
 
-    def start(self, wait_rebuilt: bool = True) -> "DaemonProcess":
+    def start(self, wait_rebuilt: bool = True) -> DaemonProcess:
         """Spawn the daemon and wait until it answers `ping` and (unless told
         not to) has finished its start-up scan: until then it answers puts with
         `rebuilding` and lookups of existing blocks with misses."""
@@ -116,7 +115,7 @@ class DaemonProcess:
         if self.proc is not None:
             self._log.close()
 
-    def restart(self) -> "DaemonProcess":
+    def restart(self) -> DaemonProcess:
         self.stop()
         return self.start()
 
@@ -153,7 +152,7 @@ class DaemonProcess:
             if client is None:
                 c.close()
 
-    def __enter__(self) -> "DaemonProcess":
+    def __enter__(self) -> DaemonProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -161,7 +160,7 @@ class DaemonProcess:
 
 
 def _repo_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
+    return str(Path(__file__).resolve().parents[1])
 
 
 def _env() -> dict[str, str]:

@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 
-from tests.support.procs import stop_process
+from devtools.procs import stop_process
 
 START_TIMEOUT = 30.0
 BUCKET = "data"
@@ -64,7 +64,7 @@ class S3Server:
         return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False,
                                  **self.storage_options)
 
-    def start(self) -> "S3Server":
+    def start(self) -> S3Server:
         self.port = self._fixed_port or free_port()
         env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                    AWS_DEFAULT_REGION="us-east-1")
@@ -82,11 +82,11 @@ class S3Server:
             try:
                 urllib.request.urlopen(self.endpoint_url + "/", timeout=1).close()
                 break
-            except (urllib.error.URLError, OSError):
+            except (urllib.error.URLError, OSError) as exc:
                 if time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(f"moto server did not answer on {self.endpoint_url} "
-                                       f"within {START_TIMEOUT:g}s")
+                                       f"within {START_TIMEOUT:g}s") from exc
                 time.sleep(0.1)
         req = urllib.request.Request(f"{self.endpoint_url}/{self.bucket}", method="PUT")
         urllib.request.urlopen(req, timeout=10).close()
@@ -104,7 +104,7 @@ class S3Server:
         self._log.seek(0)
         return self._log.read().decode(errors="replace")
 
-    def __enter__(self) -> "S3Server":
+    def __enter__(self) -> S3Server:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

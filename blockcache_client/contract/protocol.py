@@ -176,7 +176,8 @@ def key_list(body: dict[str, Any], name: str = "keys") -> list[str]:
     keys = arg(body, name, list)
     if len(keys) > MAX_BATCH:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
-                            f"'{name}' has {len(keys)} entries; the limit is {MAX_BATCH} per request")
+                            f"'{name}' has {len(keys)} entries; the limit is {MAX_BATCH} "
+                            f"per request")
     for k in keys:
         if not isinstance(k, str):
             raise ProtocolError(ErrorCode.BAD_REQUEST,

@@ -16,13 +16,13 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 from prometheus_client import start_http_server
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
-from .errors import ConfigError
+from ..contract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

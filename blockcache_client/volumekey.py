@@ -17,8 +17,8 @@ import re
 import secrets
 import stat
 
-from .blockfile import KEY_SIZE
-from .errors import ConfigError
+from .contract.blockfile import KEY_SIZE
+from .contract.errors import ConfigError
 
 
 def generate_key_file(path: str) -> None:

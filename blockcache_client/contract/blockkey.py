@@ -68,7 +68,7 @@ class BlockKey:
                 raise InvalidKey(f"invalid {name} {v!r}: must be an integer in 0..2**{bits}-1")
 
     @classmethod
-    def parse(cls, text: str) -> "BlockKey":
+    def parse(cls, text: str) -> BlockKey:
         """Parse the canonical form; raise InvalidKey (a ValueError) for anything else."""
         if not isinstance(text, str):
             raise InvalidKey(f"block key must be a string, not {type(text).__name__}")
@@ -86,6 +86,15 @@ class BlockKey:
 
     def __str__(self) -> str:
         return f"{self.vol}_{self.inode}_{self.extent:032x}_{self.offset:016x}"
+
+
+def is_block_name(name: str) -> bool:
+    """Whether `BlockKey.parse(name)` would accept `name`, without building a
+    BlockKey: the key pattern, and an inode below 2**63 (the pattern allows
+    19 digits). The daemon's scan checks every file name with it, cheaper
+    than a parse."""
+    m = _KEY_RE.fullmatch(name)
+    return m is not None and (len(m[2]) < 19 or int(m[2]) <= MAX_INODE)
 
 
 def key_prefix(vol: str, inode: int | None = None) -> str:
@@ -194,7 +203,8 @@ class KeyNamer:
         reader process computes this for every file it opens. `vol` must be a
         checked volume name."""
         part = _path_part(path)
-        return f"{vol}_{self._inode(part)}_{self._extent_hash(part, version, block_size).hexdigest()}_"
+        extent = self._extent_hash(part, version, block_size).hexdigest()
+        return f"{vol}_{self._inode(part)}_{extent}_"
 
     def file_ids(self, path: str, version: str, block_size: int) -> tuple[int, int]:
         """(`inode(path)`, `extent(path, version, block_size)`), encoding the path once."""

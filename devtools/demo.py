@@ -1,4 +1,4 @@
-"""`python -m fsclient.demo` (what `make demo` runs): the whole path in two minutes.
+"""`python -m devtools.demo` (what `make demo` runs): the whole path in two minutes.
 
 1. makes a sample dataset in a temporary "remote" directory: a few thousand
    image-sized files (~100 KiB) in a few dozen directories plus two large
@@ -34,12 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from blockcache_client.client import Client
-from blockcache_client.errors import BlockcacheError
-from blockcache_client.keyfile import generate_key_file
-
-from . import mountpoint as mp
-from .config import build_config, load_toml
-from .mount import spawn
+from blockcache_client.contract.errors import BlockcacheError
+from blockcache_client.volumekey import generate_key_file
+from fsclient import mountpoint as mp
+from fsclient.config import build_config, load_toml
+from fsclient.mount import spawn
 
 READERS = 8
 CHUNK = 1 << 20
@@ -308,7 +307,7 @@ class Demo:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fsclient.demo", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__.split("\n")[0])
     p.add_argument("--files", type=int, default=3000)
     p.add_argument("--dirs", type=int, default=30)
     p.add_argument("--large", type=int, default=2, help="number of large shards")

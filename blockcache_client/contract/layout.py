@@ -103,7 +103,7 @@ class Layout:
                          for d in self.dirs]}
 
     @classmethod
-    def from_wire(cls, data: dict) -> "Layout":
+    def from_wire(cls, data: dict) -> Layout:
         try:
             return cls([CacheDir(str(d["path"]), int(d["weight"]), bool(d["healthy"]))
                         for d in data["dirs"]])

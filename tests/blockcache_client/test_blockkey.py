@@ -1,10 +1,18 @@
 """Block keys: canonical round trip and strict rejection (DESIGN.md "Block key")."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from blockcache_client.errors import InvalidKey
-from blockcache_client.keys import MAX_INODE, ROOT_INODE, BlockKey, KeyNamer, key_prefix
+from blockcache_client.contract.blockkey import (
+    MAX_INODE,
+    ROOT_INODE,
+    BlockKey,
+    KeyNamer,
+    is_block_name,
+    key_prefix,
+)
+from blockcache_client.contract.errors import InvalidKey
 
 vol_names = st.from_regex(r"\A[a-z0-9][a-z0-9.-]{0,62}\Z")
 keys = st.builds(BlockKey, vol_names, st.integers(1, MAX_INODE),
@@ -29,7 +37,8 @@ GOOD = "imagenet_42_000000000000000000000000deadbeef_0000000000400000"
 
 
 @pytest.mark.parametrize("bad", [
-    "", "_", GOOD + "\0", "\0" + GOOD, GOOD + "/", "../" + GOOD, "a/b_42_000000000000000000000000deadbeef_0000000000400000",
+    "", "_", GOOD + "\0", "\0" + GOOD, GOOD + "/", "../" + GOOD,
+    "a/b_42_000000000000000000000000deadbeef_0000000000400000",
     "..", "._1_00000000000000000000000000000000_0000000000000000",
     "imagenet_042_000000000000000000000000deadbeef_0000000000400000",     # leading zero
     "imagenet_0_000000000000000000000000deadbeef_0000000000400000",       # inode 0
@@ -56,7 +65,8 @@ def test_rejects_non_canonical(bad):
         BlockKey.parse(bad)
 
 
-@pytest.mark.parametrize("bad", [None, 42, b"imagenet_42_000000000000000000000000deadbeef_0000000000400000", ["x"]])
+@pytest.mark.parametrize("bad", [None, 42, ["x"],
+                                 b"imagenet_42_000000000000000000000000deadbeef_0000000000400000"])
 def test_rejects_non_str(bad):
     with pytest.raises(InvalidKey):
         BlockKey.parse(bad)
@@ -73,7 +83,8 @@ def test_parse_accepts_only_what_it_prints(text):
 
 @pytest.mark.parametrize("args", [
     ("", 1, 0, 0), ("Vol", 1, 0, 0), ("v/x", 1, 0, 0), ("v", 0, 0, 0), ("v", 2**63, 0, 0),
-    ("v", True, 0, 0), ("v", 1, -1, 0), ("v", 1, 2**128, 0), ("v", 1, 0, 2**64), ("v", 1, 0, 1.5), ("v", 1, "0", 0),
+    ("v", True, 0, 0), ("v", 1, -1, 0), ("v", 1, 2**128, 0), ("v", 1, 0, 2**64), ("v", 1, 0, 1.5),
+    ("v", 1, "0", 0),
 ])
 def test_constructor_validates(args):
     with pytest.raises(InvalidKey):
@@ -124,15 +135,16 @@ def test_names_depend_on_the_volume_key(path, version):
 
 @pytest.mark.parametrize("bad", ["vol\n", "vol\n\n", "", "a" * 64, "_a", ".a", "a_b", "a/b"])
 def test_volume_name_rejected(bad):
-    from blockcache_client.keys import check_volume_name
+    from blockcache_client.contract.blockkey import check_volume_name
     with pytest.raises(InvalidKey):
         check_volume_name(bad)
 
 
 def _spec_digest(size: int, *parts: bytes) -> int:
-    """The ids' definition, written out (keys.py computes it from seeded states)."""
+    """The ids' definition, written out (blockkey.py computes it from seeded states)."""
     import hashlib
-    from blockcache_client.blockfile import hkdf_sha256
+
+    from blockcache_client.contract.blockfile import hkdf_sha256
     key = hkdf_sha256(KEY, b"", b"blockcache key names v2")
     h = hashlib.blake2b(digest_size=size, key=key, person=b"blockcache-id")
     for p in parts:
@@ -172,3 +184,26 @@ def test_ids_follow_their_definition(path, version, block_size):
     assert (inode_for_path(path), extent_for(path, version, block_size)) == (want_ino, want_ext)
     assert NAMES.file_prefix("v", path, version, block_size) == str(
         BlockKey("v", want_ino, want_ext, 0))[:-16]
+
+
+_NAME_CHARS = "abz09._-_/x\n"
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(
+    st.text(alphabet=_NAME_CHARS, max_size=60),
+    st.builds(lambda v, i, e, o: f"{v}_{i}_{e:032x}_{o:016x}",
+              st.from_regex(r"[a-z0-9][a-z0-9.-]{0,62}", fullmatch=True),
+              st.integers(0, 10**19 - 1), st.integers(0, 2**128 - 1), st.integers(0, 2**64 - 1)),
+    st.sampled_from([f"v_{2**63 - 1}_{0:032x}_{0:016x}", f"v_{2**63}_{0:032x}_{0:016x}",
+                     f"v_{10**18}_{0:032x}_{0:016x}", f"v_01_{0:032x}_{0:016x}",
+                     f"v_1_{0:032x}_{0:016x}\n"]),
+))
+def test_scan_name_check_agrees_with_parse(name):
+    """The daemon scan's cheap name check keeps exactly the names BlockKey.parse accepts."""
+    try:
+        BlockKey.parse(name)
+        parsed = True
+    except InvalidKey:
+        parsed = False
+    assert is_block_name(name) == parsed

@@ -39,11 +39,10 @@ import os
 import struct
 from dataclasses import dataclass
 
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import FormatError, IntegrityError
 
@@ -155,7 +154,7 @@ class BlockHeader:
                            self.plaintext_len, self.chunk_size)
 
     @classmethod
-    def parse(cls, data: bytes | memoryview) -> "BlockHeader":
+    def parse(cls, data: bytes | memoryview) -> BlockHeader:
         """Validate and parse a header without any key. Raises FormatError."""
         return cls(*_header_fields(data))
 
@@ -191,7 +190,7 @@ class BlockCipher:
 
     @classmethod
     def from_head(cls, head: bytes | memoryview, key: str, volume_key: bytes,
-                  kid: bytes) -> "BlockCipher":
+                  kid: bytes) -> BlockCipher:
         """The cipher of a block file whose first HEADER_SIZE bytes are `head`,
         for a volume key whose `key_id` the caller computed once (a new reader
         derives one cipher per block it reads, so this skips what it can: no

@@ -2,10 +2,10 @@
 
     blockcached [--config FILE.toml] [--socket PATH] [--cache-dir DIR[:SIZE]]...
                 [--socket-mode 0660] [--socket-group NAME|GID] [--admin-gid GID]...
-                [--high-watermark 0.95] [--low-watermark 0.70] [--min-free-bytes 1G]
+                [--high-watermark 0.98] [--low-watermark 0.95] [--min-free-bytes 1G]
                 [--min-free-inodes N] [--max-entries N] [--fill-queue-bytes 256M]
                 [--io-timeout SECONDS] [--log-level info] [--log-format text|json]
-                [--metrics-addr HOST:PORT]
+                [--metrics-addr HOST:PORT] [--admission-policy tinylfu|lru]
 """
 
 from __future__ import annotations
@@ -48,8 +48,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--socket-mode", metavar="0660")
     p.add_argument("--socket-group", metavar="NAME|GID")
     p.add_argument("--admin-gid", dest="admin_gids", action="append", metavar="GID")
-    p.add_argument("--high-watermark", type=float, metavar="0.95")
-    p.add_argument("--low-watermark", type=float, metavar="0.70")
+    p.add_argument("--high-watermark", type=float, metavar="0.98",
+                   help="a full dir is kept at this share of its limit (default 0.98)")
+    p.add_argument("--low-watermark", type=float, metavar="0.95",
+                   help="a dir found above the high watermark is trimmed to this (default 0.95)")
     p.add_argument("--min-free-bytes", metavar="1G")
     p.add_argument("--min-free-inodes", metavar="N")
     p.add_argument("--max-entries", metavar="N")
@@ -59,6 +61,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-format", metavar="text|json")
     p.add_argument("--metrics-addr", metavar="HOST:PORT",
                    help="serve Prometheus metrics there (default: off)")
+    p.add_argument("--admission-policy", metavar="tinylfu|lru",
+                   help="which blocks a full cache keeps: tinylfu (default: a block gets in "
+                        "only if asked for more often than the ones it would evict) or lru")
     return p.parse_args(argv)
 
 

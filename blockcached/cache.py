@@ -24,6 +24,7 @@ from .config import Config
 from .filler import DirWorker, FillQueue
 from .health import Health
 from .index import Index
+from .policy import Policy, decode_mtime_ns
 from .store import Placement, ScanResult, Store
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,9 @@ class Cache:
                              write_errors=0, evictions=0, evicted_bytes=0, touches=0,
                              touch_bytes=0)
         self.put_reasons: dict[str, int] = {}
+        # which blocks a full dir keeps; None = plain LRU (admit every block)
+        self.policy = Policy() if cfg.admission_policy != "lru" else None
+        self.evicted_by: dict[str, int] = {}  # eviction reason -> blocks
         # per volume: [touches, touch_bytes, puts, put_bytes]. Readers find hits
         # through the layout and report them by touch, and put a block after a
         # miss, so touches and puts are the reader hits and misses the daemon
@@ -135,7 +139,8 @@ class Cache:
 
     def _index_scanned(self, i: int, entries: Iterator[tuple[int, str, int]]) -> None:
         """Index one chunk of scan results (oldest first), then yield the loop."""
-        chunk = list(itertools.islice(entries, REBUILD_CHUNK))
+        chunk = [self._restored(ns, key, size)
+                 for ns, key, size in itertools.islice(entries, REBUILD_CHUNK)]
         if self._rebuild_evictions:
             matches = self._rebuild_evictions
             evicted = [e[1] for e in chunk if any(m(e[1]) for m in matches)]
@@ -147,11 +152,21 @@ class Cache:
         if len(chunk) == REBUILD_CHUNK:
             self._loop.call_soon(self._index_scanned, i, entries)
             return
+        if self.policy is not None:
+            self.policy.fit(len(self.index))
         log.info("cache dir %s: rebuilt %d entries (%d bytes)", self.paths[i],
                  len(self.index.dirs[i]), self.index.dirs[i].used_bytes)
         self._rebuild_done(i)
         self._space_due[i] = 0.0
         self._trim(i)
+
+    def _restored(self, mtime_ns: int, key: str, size: int) -> tuple[int, str, int]:
+        """A scanned block as `Index.add_many` takes it, its frequency restored
+        from its mtime's nanoseconds (see `policy`)."""
+        seconds, count = decode_mtime_ns(mtime_ns)
+        if self.policy is not None:
+            self.policy.restore(key, count)
+        return seconds, key, size
 
     def _rebuild_done(self, i: int) -> None:
         self.rebuilding[i] = False
@@ -168,17 +183,20 @@ class Cache:
         out: list[str | None] = []
         healthy = self.health.healthy
         hits = 0
+        policy = self.policy
         for key in keys:
             i, stale = self.index.touch(key, now, TOUCH_PERSIST_AFTER)
             if i >= 0 and healthy[i]:
                 out.append(self.stores[i].block_path(key))
                 hits += 1
-                if stale:
+                if (policy is not None and policy.hit(key)) or stale:
                     self._note_utime(i, key, now)
             else:
                 out.append(None)
         self.counters["hits"] += hits
         self.counters["misses"] += len(keys) - hits
+        if policy is not None:
+            policy.hits(hits)
         return out
 
     def touch(self, keys: list[str]) -> int:
@@ -187,10 +205,13 @@ class Cache:
         nbytes = 0
         dirs = self.index.dirs
         per_volume: dict[str, list[int]] = {}
+        policy = self.policy
         for key in keys:
             i, stale = self.index.touch(key, now, TOUCH_PERSIST_AFTER)
             if i >= 0:
                 n += 1
+                if policy is not None and policy.hit(key):
+                    stale = True  # persist the frequency now
                 size = dirs[i].lru[key] >> 32
                 nbytes += size
                 c = per_volume.setdefault(key[:key.index("_")], [0, 0])
@@ -200,6 +221,8 @@ class Cache:
                     self._note_utime(i, key, now)
         self.counters["touches"] += n
         self.counters["touch_bytes"] += nbytes
+        if policy is not None:
+            policy.hits(n)
         for vol, (count, size) in per_volume.items():
             c = self._volume_counter(vol)
             if c is not None:
@@ -216,7 +239,9 @@ class Cache:
     def _note_utime(self, i: int, key: str, now: int) -> None:
         pending = self._utimes[i]
         if len(pending) < MAX_PENDING_UTIMES:
-            pending[key] = now
+            # the mtime in ns: its nanoseconds carry the policy's frequency
+            pending[key] = (now * 1_000_000_000 if self.policy is None
+                            else self.policy.mtime_ns(key, now))
 
     # -- puts --------------------------------------------------------------
 
@@ -259,10 +284,10 @@ class Cache:
         reason = self.fill.offer(key, size)
         if reason is not None:
             return reason
-        if not self._make_room(i, size):
+        reason = self._make_room(i, key, size)
+        if reason != "queued":
             self.fill.finish(key)
-            return "no_space"
-        return "queued"
+        return reason
 
     def _check_present(self, i: int, key: str) -> None:
         """A put of an indexed key means a reader missed it: check, on the
@@ -286,26 +311,35 @@ class Cache:
         if hit is not None:
             log.warning("cache dir %s: block %s vanished from disk; dropped from the index so "
                         "it is filled again", self.paths[hit[0]], key)
-            self.counters["evictions"] += 1
-            self.counters["evicted_bytes"] += hit[1]
+            self._count_evictions("vanished", 1, hit[1])
 
     def _reserved_entries(self) -> int:
         return sum(c.reserved_entries for c in self.caps)
 
-    def _make_room(self, i: int, size: int) -> bool:
+    def _make_room(self, i: int, key: str, size: int) -> str:
+        """Evict what admitting `key` needs, if the policy admits it over
+        those blocks: "queued", "not_admitted" or "no_space"."""
         cap, d = self.caps[i], self.index.dirs[i]
         need_bytes = cap.need_bytes(d.used_bytes, size)
         need_entries = cap.need_entries(len(d))
-        if need_bytes or need_entries:
-            self._evict_lru(i, need_bytes, need_entries)
+        policy = self.policy
+        if policy is not None:
+            policy.fit(len(self.index))
+            before = policy.miss(key)
+            victims = self.index.peek_lru(i, need_bytes, need_entries)
+            if policy.admit(before, [k for k, _ in victims]) is None:
+                return "not_admitted"
+            self._evict(i, victims, "admission")
+        elif need_bytes or need_entries:
+            self._evict(i, self.index.peek_lru(i, need_bytes, need_entries), "admission")
         max_entries = self.cfg.max_entries
         if max_entries:
             after = len(self.index) + self._reserved_entries() + 1
             if after > self.cfg.high_watermark * max_entries:
                 self._evict_entries(i, after - int(self.cfg.low_watermark * max_entries))
             if len(self.index) + self._reserved_entries() + 1 > max_entries:
-                return False
-        return cap.fits(d.used_bytes, len(d), size)
+                return "no_space"
+        return "queued" if cap.fits(d.used_bytes, len(d), size) else "no_space"
 
     def _evict_entries(self, i: int, count: int) -> None:
         """Evict `count` LRU entries for max_entries: this dir first, then the
@@ -315,7 +349,8 @@ class Cache:
         for j in order:
             if count <= 0:
                 break
-            count -= len(self._evict_lru(j, 0, min(count, len(self.index.dirs[j]))))
+            count -= len(self._evict(j, self.index.peek_lru(j, 0, min(count, len(self.index.dirs[j]))),
+                                     "max_entries"))
 
     def _written(self, i: int, key: str, size: int, _: Any, exc: BaseException | None) -> None:
         pending = self.fill.finish(key)
@@ -332,7 +367,10 @@ class Cache:
         if pending.cancelled:
             self._unlink(i, [key])
             return
-        self.index.add(key, i, size, int(time.time()))
+        now = int(time.time())
+        self.index.add(key, i, size, now)
+        if self.policy is not None and self.policy.sketch.estimate(key) > 1:
+            self._note_utime(i, key, now)  # admitted on its frequency: keep it across a restart
         self.counters["writes"] += 1
         self.counters["write_bytes"] += size
         # Admission evicts only indexed blocks, so with many puts in flight a
@@ -354,14 +392,20 @@ class Cache:
         for start in range(0, len(keys), IO_BATCH):
             self.workers[i].submit(_unlink_all, store, keys[start:start + IO_BATCH])
 
-    def _evict_lru(self, i: int, free_bytes: int, free_entries: int) -> list[tuple[str, int]]:
-        victims = self.index.pop_lru(i, free_bytes, free_entries)
+    def _evict(self, i: int, victims: list[tuple[str, int]], reason: str) -> list[tuple[str, int]]:
+        """Evict `victims` (key, size) of dir `i`, counted under `reason`."""
         if victims:
-            self.counters["evictions"] += len(victims)
-            self.counters["evicted_bytes"] += sum(s for _, s in victims)
-            log.debug("cache dir %s: evicted %d LRU blocks", self.paths[i], len(victims))
+            for key, _ in victims:
+                self.index.remove(key)
+            self._count_evictions(reason, len(victims), sum(s for _, s in victims))
+            log.debug("cache dir %s: evicted %d blocks (%s)", self.paths[i], len(victims), reason)
             self._unlink(i, [k for k, _ in victims])
         return victims
+
+    def _count_evictions(self, reason: str, n: int, nbytes: int) -> None:
+        self.counters["evictions"] += n
+        self.counters["evicted_bytes"] += nbytes
+        self.evicted_by[reason] = self.evicted_by.get(reason, 0) + n
 
     def evict_key(self, key: str) -> int:
         self.fill.cancel(lambda k: k == key)
@@ -444,10 +488,10 @@ class Cache:
         """Evict down to the low watermark if a dir is above its high one
         (the free-space floor moved, or a rebuild found more than fits)."""
         cap, d = self.caps[i], self.index.dirs[i]
-        need_bytes = cap.need_bytes(d.used_bytes, 0)
+        need_bytes = cap.trim_bytes(d.used_bytes)
         need_entries = cap.need_entries(len(d), 0)
         if need_bytes or need_entries:
-            self._evict_lru(i, need_bytes, need_entries)
+            self._evict(i, self.index.peek_lru(i, need_bytes, need_entries), "trim")
         max_entries = self.cfg.max_entries
         if max_entries and len(self.index) > max_entries:
             self._evict_entries(i, len(self.index) - int(self.cfg.low_watermark * max_entries))
@@ -487,6 +531,9 @@ class Cache:
             **c,
             "drops": self.fill.drops,
             "put_results": dict(self.put_reasons),
+            "evictions_by_reason": dict(self.evicted_by),
+            "policy": (self.policy.stats() if self.policy is not None
+                       else {"name": "lru", "stale": False, "admitted": {}, "rejected": {}}),
             "queue": {"entries": len(self.fill), "bytes": self.fill.queued_bytes,
                       "limit_bytes": self.fill.limit},
             "rebuild": dict(self.rebuild_stats),

@@ -44,8 +44,8 @@ class Config:
     socket_mode: int = 0o660
     socket_group: int | None = None  # None = the daemon's own gid
     admin_gids: frozenset[int] = frozenset()
-    high_watermark: float = 0.95
-    low_watermark: float = 0.70
+    high_watermark: float = 0.98
+    low_watermark: float = 0.95
     min_free_bytes: int = 1 << 30
     min_free_inodes: int = 10000
     max_entries: int = 0  # 0 = no limit
@@ -54,6 +54,9 @@ class Config:
     log_level: str = "info"
     log_format: str = "text"
     metrics_addr: str | None = None  # HOST:PORT of the Prometheus endpoint; None = off
+    # which blocks a full dir keeps (policy.py): "tinylfu" (frequency-gated
+    # admission) or "lru" (admit every block, evict the least recently used)
+    admission_policy: str = "tinylfu"
 
 
 def _mode(value: Any, what: str) -> int:
@@ -158,6 +161,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "log_level": ("log_level", _choice("debug", "info", "warning", "error")),
     "log_format": ("log_format", _choice("text", "json")),
     "metrics_addr": ("metrics_addr", _addr),
+    "admission_policy": ("admission_policy", _choice("tinylfu", "lru")),
 }
 _DIR_KEYS = {"path", "size", "weight"}
 

@@ -201,19 +201,31 @@ class Index:
             self.remove(key)
         return len(keys)
 
+    def peek_lru(self, dir_index: int, free_bytes: int, free_entries: int = 0,
+                 volume: str | None = None) -> list[tuple[str, int]]:
+        """The least recently used entries of one dir (of one volume, if
+        given) that would free at least `free_bytes` bytes and `free_entries`
+        entries (fewer if the dir runs out), without removing them."""
+        victims = []
+        freed = 0
+        if free_bytes <= 0 and free_entries <= 0:
+            return victims
+        prefix = None if volume is None else volume + "_"
+        for key, v in self.dirs[dir_index].lru.items():
+            if prefix is not None and not key.startswith(prefix):
+                continue
+            size = v >> 32
+            victims.append((key, size))
+            freed += size
+            if freed >= free_bytes and len(victims) >= free_entries:
+                break
+        return victims
+
     def pop_lru(self, dir_index: int, free_bytes: int, free_entries: int = 0) -> list[tuple[str, int]]:
         """Remove least recently used entries of one dir until at least
         `free_bytes` bytes and `free_entries` entries are freed (or the dir is
         empty); returns (key, size) of each."""
-        d = self.dirs[dir_index]
-        victims = []
-        freed = 0
-        for key, v in d.lru.items():
-            if freed >= free_bytes and len(victims) >= free_entries:
-                break
-            size = v >> 32
-            victims.append((key, size))
-            freed += size
+        victims = self.peek_lru(dir_index, free_bytes, free_entries)
         for key, _ in victims:
             self.remove(key)
         return victims

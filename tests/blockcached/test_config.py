@@ -73,7 +73,8 @@ def test_defaults_and_env_socket(tmp_path, monkeypatch):
     c = cfg_of(tmp_path, None, "--cache-dir", "rel/dir")
     assert c.socket == "/tmp/bc-test/env.sock"
     assert c.cache_dirs[0].path == os.path.abspath("rel/dir")
-    assert c.socket_mode == 0o660 and c.high_watermark == 0.95 and c.low_watermark == 0.70
+    assert c.socket_mode == 0o660 and c.high_watermark == 0.98 and c.low_watermark == 0.95
+    assert c.admission_policy == "tinylfu"
     assert c.fill_queue_bytes == 256 << 20 and c.socket_group is None
 
 

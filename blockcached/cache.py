@@ -79,6 +79,8 @@ class Cache:
         # which blocks a full dir keeps; None = plain LRU (admit every block)
         self.policy = Policy() if cfg.admission_policy != "lru" else None
         self.evicted_by: dict[str, int] = {}  # eviction reason -> blocks
+        self.quotas = dict(cfg.volume_quotas)  # volume -> max bytes over all dirs
+        self._vol_reserved: dict[str, int] = {}  # volume -> bytes of admitted, unwritten puts
         # per volume: [touches, touch_bytes, puts, put_bytes]. Readers find hits
         # through the layout and report them by touch, and put a block after a
         # miss, so touches and puts are the reader hits and misses the daemon
@@ -265,6 +267,9 @@ class Cache:
             return False, reason
         i = self.layout.dir_index(key)
         self.caps[i].reserve(size)
+        if self.quotas:
+            vol = key[:key.index("_")]
+            self._vol_reserved[vol] = self._vol_reserved.get(vol, 0) + size
         self.workers[i].submit(self.stores[i].write, key, data,
                                done=partial(self._written, i, key, size), lazy=True)
         return True, reason
@@ -322,16 +327,29 @@ class Cache:
         cap, d = self.caps[i], self.index.dirs[i]
         need_bytes = cap.need_bytes(d.used_bytes, size)
         need_entries = cap.need_entries(len(d))
+        own = self._quota_victims(i, key, size)
+        if own is None:
+            return "over_quota"
+        if own:  # the volume's own blocks leave first; those in this dir make room here too
+            mine = {k for j, k, _ in own if j == i}
+            freed = sum(s for j, _, s in own if j == i)
+            need_bytes = max(0, need_bytes - freed)
+            need_entries = max(0, need_entries - len(mine))
+            victims = [v for v in self.index.peek_lru(i, need_bytes + freed,
+                                                      need_entries + len(mine))
+                       if v[0] not in mine]
+            victims = _enough(victims, need_bytes, need_entries)
+        else:
+            victims = self.index.peek_lru(i, need_bytes, need_entries)
         policy = self.policy
         if policy is not None:
             policy.fit(len(self.index))
             before = policy.miss(key)
-            victims = self.index.peek_lru(i, need_bytes, need_entries)
-            if policy.admit(before, [k for k, _ in victims]) is None:
+            if policy.admit(before, [k for _, k, _ in own] + [k for k, _ in victims]) is None:
                 return "not_admitted"
-            self._evict(i, victims, "admission")
-        elif need_bytes or need_entries:
-            self._evict(i, self.index.peek_lru(i, need_bytes, need_entries), "admission")
+        for j in sorted({j for j, _, _ in own}):
+            self._evict(j, [(k, s) for jj, k, s in own if jj == j], "quota")
+        self._evict(i, victims, "admission")
         max_entries = self.cfg.max_entries
         if max_entries:
             after = len(self.index) + self._reserved_entries() + 1
@@ -340,6 +358,29 @@ class Cache:
             if len(self.index) + self._reserved_entries() + 1 > max_entries:
                 return "no_space"
         return "queued" if cap.fits(d.used_bytes, len(d), size) else "no_space"
+
+    def _quota_victims(self, i: int, key: str, size: int) -> list[tuple[int, str, int]] | None:
+        """(dir, key, size) of the blocks of `key`'s volume that must leave for
+        it to stay within its quota, least recently used first, this dir's
+        first; [] if it is within, None if even all of them would not do."""
+        if not self.quotas:
+            return []
+        vol = key[:key.index("_")]
+        quota = self.quotas.get(vol)
+        if quota is None:
+            return []
+        if size > quota:
+            return None
+        used = self.index.volumes.get(vol, (0, 0))[1]
+        over = used + self._vol_reserved.get(vol, 0) + size - quota
+        out: list[tuple[int, str, int]] = []
+        for j in [i] + [j for j in range(len(self.stores)) if j != i]:
+            if over <= 0:
+                break
+            for k, s in self.index.peek_lru(j, over, volume=vol):
+                out.append((j, k, s))
+                over -= s
+        return out if over <= 0 else None
 
     def _evict_entries(self, i: int, count: int) -> None:
         """Evict `count` LRU entries for max_entries: this dir first, then the
@@ -355,6 +396,13 @@ class Cache:
     def _written(self, i: int, key: str, size: int, _: Any, exc: BaseException | None) -> None:
         pending = self.fill.finish(key)
         self.caps[i].release(size)
+        if self.quotas:
+            vol = key[:key.index("_")]
+            left = self._vol_reserved.get(vol, 0) - size
+            if left > 0:
+                self._vol_reserved[vol] = left
+            else:
+                self._vol_reserved.pop(vol, None)
         if exc is not None:
             self.counters["write_errors"] += 1
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -492,6 +540,10 @@ class Cache:
         need_entries = cap.need_entries(len(d), 0)
         if need_bytes or need_entries:
             self._evict(i, self.index.peek_lru(i, need_bytes, need_entries), "trim")
+        for vol, quota in self.quotas.items():  # a quota lowered since the blocks came in
+            over = self.index.volumes.get(vol, (0, 0))[1] + self._vol_reserved.get(vol, 0) - quota
+            if over > 0:
+                self._evict(i, self.index.peek_lru(i, over, volume=vol), "quota")
         max_entries = self.cfg.max_entries
         if max_entries and len(self.index) > max_entries:
             self._evict_entries(i, len(self.index) - int(self.cfg.low_watermark * max_entries))
@@ -545,12 +597,25 @@ class Cache:
     def _volume_stats(self) -> dict[str, dict[str, int]]:
         out = {}
         counted, indexed = self.volume_counters, self.index.volumes
-        for v in sorted(indexed.keys() | counted.keys()):
+        for v in sorted(indexed.keys() | counted.keys() | self.quotas.keys()):
             n, b = indexed.get(v, (0, 0))
             touches, touch_bytes, puts, put_bytes = counted.get(v, (0, 0, 0, 0))
             out[v] = {"entries": n, "used_bytes": b, "touches": touches,
-                      "touch_bytes": touch_bytes, "puts": puts, "put_bytes": put_bytes}
+                      "touch_bytes": touch_bytes, "puts": puts, "put_bytes": put_bytes,
+                      "quota_bytes": self.quotas.get(v, 0)}
         return out
+
+
+def _enough(victims: list[tuple[str, int]], free_bytes: int,
+            free_entries: int) -> list[tuple[str, int]]:
+    """The shortest prefix of `victims` that frees `free_bytes` and `free_entries`."""
+    out, freed = [], 0
+    for v in victims:
+        if freed >= free_bytes and len(out) >= free_entries:
+            break
+        out.append(v)
+        freed += v[1]
+    return out
 
 
 def _always(_: str) -> bool:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from blockcache_client import protocol
-from blockcache_client.errors import ConfigError
+from blockcache_client.errors import ConfigError, InvalidKey
+from blockcache_client.keys import check_volume_name
 from blockcache_client.metrics import parse_addr
 from blockcache_client.units import parse_size
 
@@ -57,6 +58,9 @@ class Config:
     # which blocks a full dir keeps (policy.py): "tinylfu" (frequency-gated
     # admission) or "lru" (admit every block, evict the least recently used)
     admission_policy: str = "tinylfu"
+    # (volume, max_bytes) from [volumes.NAME] tables: a volume's blocks never
+    # take more than its max_bytes of the cache, summed over the dirs
+    volume_quotas: tuple[tuple[str, int], ...] = ()
 
 
 def _mode(value: Any, what: str) -> int:
@@ -164,6 +168,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "admission_policy": ("admission_policy", _choice("tinylfu", "lru")),
 }
 _DIR_KEYS = {"path", "size", "weight"}
+_VOLUME_KEYS = {"max_bytes"}
 
 
 def parse_cache_dir_flag(text: str) -> CacheDirConfig:
@@ -190,6 +195,30 @@ def _cache_dir(table: Any, what: str) -> CacheDirConfig:
                           _count(table.get("weight", 0), f"{what}: weight"))
 
 
+def _volume_quotas(tables: Any, what: str) -> tuple[tuple[str, int], ...]:
+    """`[volumes.NAME] max_bytes = SIZE` tables, as (name, bytes) pairs."""
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{what}: must be tables like [volumes.imagenet] with max_bytes = \"2T\"")
+    out = []
+    for name, table in sorted(tables.items()):
+        where = f"{what}.{name}"
+        try:
+            check_volume_name(name)
+        except InvalidKey as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: must be a table with max_bytes = SIZE")
+        unknown = set(table) - _VOLUME_KEYS
+        if unknown or "max_bytes" not in table:
+            raise ConfigError(f"{where}: give exactly max_bytes = SIZE (for example \"2T\")"
+                              + (f"; unknown key(s) {', '.join(sorted(unknown))}" if unknown else ""))
+        size = parse_size(table["max_bytes"], f"{where}: max_bytes")
+        if size <= 0:
+            raise ConfigError(f"{where}: max_bytes must be more than 0")
+        out.append((name, size))
+    return tuple(out)
+
+
 def load_file(path: str) -> dict[str, Any]:
     """Read a TOML config file into Config keyword arguments."""
     try:
@@ -206,12 +235,14 @@ def load_file(path: str) -> dict[str, Any]:
                 raise ConfigError(f"{path}: cache_dirs must be an array of tables ([[cache_dirs]])")
             out["cache_dirs"] = [_cache_dir(t, f"{path}: cache_dirs[{i}]")
                                  for i, t in enumerate(value)]
+        elif key == "volumes":
+            out["volume_quotas"] = _volume_quotas(value, f"{path}: volumes")
         elif key in _FIELDS:
             name, conv = _FIELDS[key]
             out[name] = conv(value, f"{path}: {key}")
         else:
             raise ConfigError(f"{path}: unknown key {key!r}; allowed: "
-                              f"{', '.join(sorted([*_FIELDS, 'cache_dirs']))}")
+                              f"{', '.join(sorted([*_FIELDS, 'cache_dirs', 'volumes']))}")
     return out
 
 

@@ -170,14 +170,16 @@ def test_a_restart_keeps_what_the_policy_learned(engines):
 @given(reads=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 59), st.integers(0, 3)),
                       min_size=20, max_size=150))
 def test_capacity_never_exceeded_and_a_restart_keeps_the_decisions(reads):
-    """Random reads of three volumes' blocks (sizes 0-3 KB): the hard limit
-    holds after every put; every eviction made room for an admitted block;
-    and a restarted engine keeps the same blocks and refuses whatever the
-    running one would have refused."""
+    """Random reads of three volumes' blocks (sizes 0-3 KB), v0 with a quota
+    of a third of the dir: the hard limit and the quota hold after every put
+    (counting admitted, unwritten puts); every eviction made room for an
+    admitted block; and a restarted engine keeps the same blocks and refuses
+    whatever the running one would have refused."""
     tmp = Path(tempfile.mkdtemp(prefix="bc-policy-"))
     try:
         cap = 12 * FILE
-        e = Engine(tmp, [cap])
+        quota = cap // 3
+        e = Engine(tmp, [cap], volume_quotas=(("v0", quota),))
         try:
             for vol, inode, size in reads:
                 k = key(vol=f"v{vol}", inode=inode + 1, offset=size << 20)
@@ -185,10 +187,12 @@ def test_capacity_never_exceeded_and_a_restart_keeps_the_decisions(reads):
                     e.cache.put(k, block(k, size * 1000))
                     c = e.cache.caps[0]
                     assert e.cache.index.dirs[0].used_bytes + c.reserved <= cap
+                    v0 = e.cache.index.volumes.get("v0", (0, 0))[1]
+                    assert v0 + e.cache._vol_reserved.get("v0", 0) <= quota
                     e.settle()
             s = e.cache.stats()
-            assert s["evictions"] == s["evictions_by_reason"].get("admission", 0)
-            assert s["evictions"] <= sum(s["policy"]["admitted"].values())
+            by = s["evictions_by_reason"]
+            assert s["evictions"] == by.get("admission", 0) + by.get("quota", 0)
             e.run_for(0.05)
             cached = sorted(e.cache.index.range())
             probe = [key(vol="new", inode=i + 1) for i in range(5)]
@@ -196,7 +200,7 @@ def test_capacity_never_exceeded_and_a_restart_keeps_the_decisions(reads):
                       for _ in probe]
         finally:
             e.close()
-        e2 = Engine(tmp, [cap])
+        e2 = Engine(tmp, [cap], volume_quotas=(("v0", quota),))
         try:
             assert sorted(e2.cache.index.range()) == cached
             after = [e2.cache.policy.admit(0, [v for v, _ in e2.cache.index.peek_lru(0, 1)])

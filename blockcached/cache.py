@@ -23,8 +23,8 @@ from .capacity import DirCapacity
 from .config import Config
 from .filler import DirWorker, FillQueue
 from .health import Health
-from .index import Index
-from .policy import Policy, decode_mtime_ns
+from .index import COUNT_MASK, TIME_GRAIN, Index
+from .policy import Policy, decode_mtime_ns, encode_mtime_ns
 from .store import Placement, ScanResult, Store
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ SCAN_PROCESSES = max(1, min(4, os.cpu_count() or 1))
 # Volumes with reader counters (touches/puts per volume); keys of further
 # volumes still work, they are only not counted per volume.
 MAX_COUNTED_VOLUMES = 4096
+AGING_CHUNK = 20_000          # cached blocks whose counts one tick halves (the policy's aging)
 
 
 class Cache:
@@ -81,6 +82,8 @@ class Cache:
         self.evicted_by: dict[str, int] = {}  # eviction reason -> blocks
         self.quotas = dict(cfg.volume_quotas)  # volume -> max bytes over all dirs
         self._vol_reserved: dict[str, int] = {}  # volume -> bytes of admitted, unwritten puts
+        self._aged = 0  # sketch halvings whose aging of the cached blocks' counts has started
+        self._aging: list[tuple[int, list[str]]] = []  # (dir, keys) still to halve
         # per volume: [touches, touch_bytes, puts, put_bytes]. Readers find hits
         # through the layout and report them by touch, and put a block after a
         # miss, so touches and puts are the reader hits and misses the daemon
@@ -163,12 +166,10 @@ class Cache:
         self._trim(i)
 
     def _restored(self, mtime_ns: int, key: str, size: int) -> tuple[int, str, int]:
-        """A scanned block as `Index.add_many` takes it, its frequency restored
-        from its mtime's nanoseconds (see `policy`)."""
+        """A scanned block as `Index.add_many` takes it, its count restored
+        from its mtime's nanoseconds (see `policy`): at least 1, it was put."""
         seconds, count = decode_mtime_ns(mtime_ns)
-        if self.policy is not None:
-            self.policy.restore(key, count)
-        return seconds, key, size
+        return (seconds & -TIME_GRAIN) | max(1, count), key, size
 
     def _rebuild_done(self, i: int) -> None:
         self.rebuilding[i] = False
@@ -185,20 +186,17 @@ class Cache:
         out: list[str | None] = []
         healthy = self.health.healthy
         hits = 0
-        policy = self.policy
         for key in keys:
             i, stale = self.index.touch(key, now, TOUCH_PERSIST_AFTER)
             if i >= 0 and healthy[i]:
                 out.append(self.stores[i].block_path(key))
                 hits += 1
-                if (policy is not None and policy.hit(key)) or stale:
+                if stale:
                     self._note_utime(i, key, now)
             else:
                 out.append(None)
         self.counters["hits"] += hits
         self.counters["misses"] += len(keys) - hits
-        if policy is not None:
-            policy.hits(hits)
         return out
 
     def touch(self, keys: list[str]) -> int:
@@ -207,13 +205,10 @@ class Cache:
         nbytes = 0
         dirs = self.index.dirs
         per_volume: dict[str, list[int]] = {}
-        policy = self.policy
         for key in keys:
             i, stale = self.index.touch(key, now, TOUCH_PERSIST_AFTER)
             if i >= 0:
                 n += 1
-                if policy is not None and policy.hit(key):
-                    stale = True  # persist the frequency now
                 size = dirs[i].lru[key] >> 32
                 nbytes += size
                 c = per_volume.setdefault(key[:key.index("_")], [0, 0])
@@ -223,8 +218,6 @@ class Cache:
                     self._note_utime(i, key, now)
         self.counters["touches"] += n
         self.counters["touch_bytes"] += nbytes
-        if policy is not None:
-            policy.hits(n)
         for vol, (count, size) in per_volume.items():
             c = self._volume_counter(vol)
             if c is not None:
@@ -241,9 +234,8 @@ class Cache:
     def _note_utime(self, i: int, key: str, now: int) -> None:
         pending = self._utimes[i]
         if len(pending) < MAX_PENDING_UTIMES:
-            # the mtime in ns: its nanoseconds carry the policy's frequency
-            pending[key] = (now * 1_000_000_000 if self.policy is None
-                            else self.policy.mtime_ns(key, now))
+            # the mtime in ns: its nanoseconds carry the block's access count
+            pending[key] = encode_mtime_ns(now, self.index.dirs[i].lru[key] & COUNT_MASK)
 
     # -- puts --------------------------------------------------------------
 
@@ -327,29 +319,24 @@ class Cache:
         cap, d = self.caps[i], self.index.dirs[i]
         need_bytes = cap.need_bytes(d.used_bytes, size)
         need_entries = cap.need_entries(len(d))
-        own = self._quota_victims(i, key, size)
+        own = self._quota_victims(i, key, size) if self.quotas else []
         if own is None:
             return "over_quota"
-        if own:  # the volume's own blocks leave first; those in this dir make room here too
-            mine = {k for j, k, _ in own if j == i}
-            freed = sum(s for j, _, s in own if j == i)
-            need_bytes = max(0, need_bytes - freed)
-            need_entries = max(0, need_entries - len(mine))
-            victims = [v for v in self.index.peek_lru(i, need_bytes + freed,
-                                                      need_entries + len(mine))
-                       if v[0] not in mine]
-            victims = _enough(victims, need_bytes, need_entries)
-        else:
-            victims = self.index.peek_lru(i, need_bytes, need_entries)
         policy = self.policy
-        if policy is not None:
-            policy.fit(len(self.index))
-            before = policy.miss(key)
-            if policy.admit(before, [k for _, k, _ in own] + [k for k, _ in victims]) is None:
-                return "not_admitted"
-        for j in sorted({j for j, _, _ in own}):
-            self._evict(j, [(k, s) for jj, k, s in own if jj == j], "quota")
-        self._evict(i, victims, "admission")
+        if need_bytes or need_entries or own:
+            victims = self._dir_victims(i, own, need_bytes, need_entries)
+            if policy is not None:
+                before = policy.miss(key, self.counters["hits"] + self.counters["touches"])
+                counts = [self.index.count_of(k) for _, k, _ in own]
+                counts += [self.index.count_of(k) for k, _ in victims]
+                if policy.admit(before, counts) is None:
+                    return "not_admitted"
+            for j in sorted({j for j, _, _ in own}):
+                self._evict(j, [(k, s) for jj, k, s in own if jj == j], "quota")
+            self._evict(i, victims, "admission")
+        elif policy is not None:  # room to spare: admitted, its miss still counted
+            policy.miss(key, self.counters["hits"] + self.counters["touches"])
+            policy.admitted_room += 1
         max_entries = self.cfg.max_entries
         if max_entries:
             after = len(self.index) + self._reserved_entries() + 1
@@ -359,12 +346,25 @@ class Cache:
                 return "no_space"
         return "queued" if cap.fits(d.used_bytes, len(d), size) else "no_space"
 
+    def _dir_victims(self, i: int, own: list[tuple[int, str, int]], need_bytes: int,
+                     need_entries: int) -> list[tuple[str, int]]:
+        """The least recently used blocks of dir `i` that make room for a
+        put, besides `own` (its volume's blocks leaving for its quota, which
+        make room here too when they are in this dir)."""
+        if not own:
+            return self.index.peek_lru(i, need_bytes, need_entries)
+        mine = {k for j, k, _ in own if j == i}
+        freed = sum(s for j, _, s in own if j == i)
+        need_bytes = max(0, need_bytes - freed)
+        need_entries = max(0, need_entries - len(mine))
+        victims = [v for v in self.index.peek_lru(i, need_bytes + freed, need_entries + len(mine))
+                   if v[0] not in mine]
+        return _enough(victims, need_bytes, need_entries)
+
     def _quota_victims(self, i: int, key: str, size: int) -> list[tuple[int, str, int]] | None:
         """(dir, key, size) of the blocks of `key`'s volume that must leave for
         it to stay within its quota, least recently used first, this dir's
         first; [] if it is within, None if even all of them would not do."""
-        if not self.quotas:
-            return []
         vol = key[:key.index("_")]
         quota = self.quotas.get(vol)
         if quota is None:
@@ -416,9 +416,13 @@ class Cache:
             self._unlink(i, [key])
             return
         now = int(time.time())
-        self.index.add(key, i, size, now)
-        if self.policy is not None and self.policy.sketch.estimate(key) > 1:
-            self._note_utime(i, key, now)  # admitted on its frequency: keep it across a restart
+        count = 1
+        if self.policy is not None:
+            count = max(1, self.policy.sketch.estimate(key))
+            self.policy.fit(len(self.index) + 1)
+        self.index.add(key, i, size, now, count)
+        if count > 1:
+            self._note_utime(i, key, now)  # admitted on its count: keep it across a restart
         self.counters["writes"] += 1
         self.counters["write_bytes"] += size
         # Admission evicts only indexed blocks, so with many puts in flight a
@@ -443,7 +447,10 @@ class Cache:
     def _evict(self, i: int, victims: list[tuple[str, int]], reason: str) -> list[tuple[str, int]]:
         """Evict `victims` (key, size) of dir `i`, counted under `reason`."""
         if victims:
+            policy = self.policy
             for key, _ in victims:
+                if policy is not None:
+                    policy.evicted(key, self.index.count_of(key))
                 self.index.remove(key)
             self._count_evictions(reason, len(victims), sum(s for _, s in victims))
             log.debug("cache dir %s: evicted %d blocks (%s)", self.paths[i], len(victims), reason)
@@ -508,6 +515,23 @@ class Cache:
                 batch, self._utimes[i] = list(self._utimes[i].items()), {}
                 for start in range(0, len(batch), IO_BATCH):
                     worker.submit(self.stores[i].touch_times, batch[start:start + IO_BATCH])
+        self._age_counts()
+
+    def _age_counts(self) -> None:
+        """After the policy's sketch halved, halve the cached blocks' counts
+        too, a chunk per tick (a pass over millions would stall the loop)."""
+        policy = self.policy
+        if policy is None:
+            return
+        if not self._aging and policy.ages > self._aged:
+            self._aged = policy.ages
+            self._aging = [(i, list(d.lru)) for i, d in enumerate(self.index.dirs) if len(d)]
+        if self._aging:
+            i, keys = self._aging[-1]
+            self.index.halve_counts(i, keys[-AGING_CHUNK:])
+            del keys[-AGING_CHUNK:]
+            if not keys:
+                self._aging.pop()
 
     def _probed(self, i: int, _: Any, exc: BaseException | None) -> None:
         self._probe_pending[i] = False

@@ -4,8 +4,11 @@ Layout, chosen for memory (target <= 250 bytes of RSS per entry):
 
 - one plain dict per cache dir, `key -> packed int`, whose insertion order IS
   the LRU order (oldest first): a touch pops and re-inserts the key. The value
-  packs `size << 32 | last_touch_seconds` so an entry costs one str, one int
-  and one dict slot; no per-entry object.
+  packs `size << 32 | last_touch_seconds | count` so an entry costs one str,
+  one int and one dict slot; no per-entry object. Touch times are kept to
+  16 s, and the 4 bits below them count the block's accesses (saturating at
+  15, halved by `halve_counts`): the capacity policy's frequency of a cached
+  block, kept here because a touch rewrites the value anyway.
 - one `SortedList` of all keys (the same str objects), for ordered listing and
   cheap range evictions: all keys of a volume start with `vol_`, of an inode
   with `vol_inode_`, and '_' cannot occur in a volume name.
@@ -27,6 +30,10 @@ _TIME_MASK = 0xFFFFFFFF
 # entries' packed values equal, and equal values share one int object.
 TIME_GRAIN = 16
 _VALUE_CACHE_MAX = 1 << 16
+COUNT_MASK = TIME_GRAIN - 1  # the access count, in the low bits of the time field
+# Counts at which a touch asks for the block's mtime to be written at once
+# (it carries the count across a restart): at most 4 extra writes per block.
+_PERSIST_AT = frozenset((2, 4, 8, COUNT_MASK))
 # Greater than every character a key may contain ([a-z0-9._-]).
 _PREFIX_END = "\x7f"
 
@@ -58,9 +65,10 @@ class Index:
         self._values: dict[int, int] = {}
 
     def _pack(self, size: int, touched: int) -> int:
-        """`size << 32 | touched`, one shared int object per distinct value
-        (32 bytes saved per entry whose value another entry already has)."""
-        v = (size << 32) | (touched & _TIME_MASK & -TIME_GRAIN)
+        """`size << 32 | touched`, the low 4 bits of `touched` being the
+        count; one shared int object per distinct value (32 bytes saved per
+        entry whose value another entry already has)."""
+        v = (size << 32) | (touched & _TIME_MASK)
         cache = self._values
         shared = cache.get(v)
         if shared is None:
@@ -86,6 +94,14 @@ class Index:
             if key in d.lru:
                 return i
         return -1
+
+    def count_of(self, key: str) -> int:
+        """How often `key` was accessed (0..15, 0 if absent)."""
+        for d in self.dirs:
+            v = d.lru.get(key)
+            if v is not None:
+                return v & COUNT_MASK
+        return 0
 
     def size_of(self, key: str) -> int | None:
         for d in self.dirs:
@@ -114,12 +130,12 @@ class Index:
 
     # -- updates -----------------------------------------------------------
 
-    def add(self, key: str, dir_index: int, size: int, touched: int) -> bool:
+    def add(self, key: str, dir_index: int, size: int, touched: int, count: int = 1) -> bool:
         """Insert as most recently used; False (and no change) if present."""
         if key in self:
             return False
         d = self.dirs[dir_index]
-        d.lru[key] = self._pack(size, touched)
+        d.lru[key] = self._pack(size, (touched & -TIME_GRAIN) | min(count, COUNT_MASK))
         d.used_bytes += size
         self.keys.add(key)
         self._count(key, 1, size)
@@ -127,7 +143,8 @@ class Index:
 
     def add_many(self, dir_index: int, items: Iterable[tuple[int, str, int]]) -> int:
         """Bulk insert `(touched, key, size)`, given oldest first, each as more
-        recent than the previous; keys already present are skipped."""
+        recent than the previous; keys already present are skipped. The low 4
+        bits of `touched` are the entry's count."""
         d = self.dirs[dir_index]
         lru = d.lru
         fresh = []
@@ -150,19 +167,34 @@ class Index:
         return len(fresh)
 
     def touch(self, key: str, now: int, every: int) -> tuple[int, bool]:
-        """Make `key` most recently used. Returns (dir or -1, whether its
-        recorded touch time is older than `every` seconds and was renewed)."""
+        """Make `key` most recently used and count the access. Returns (dir or
+        -1, whether to persist it now: its recorded touch time was older than
+        `every` seconds and was renewed, or its count reached 2, 4, 8 or 15)."""
         for i, d in enumerate(self.dirs):
             lru = d.lru
             v = lru.pop(key, None)
             if v is None:
                 continue
-            stale = now - (v & _TIME_MASK) >= every
+            count = v & COUNT_MASK
+            stale = now - (v & _TIME_MASK & -TIME_GRAIN) >= every
             if stale:
-                v = self._pack(v >> 32, now)
+                v = self._pack(v >> 32, (now & -TIME_GRAIN) | count)
+            if count < COUNT_MASK:
+                v = self._pack(v >> 32, (v & _TIME_MASK) + 1)
+                stale = stale or count + 1 in _PERSIST_AT
             lru[key] = v
             return i, stale
         return -1, False
+
+    def halve_counts(self, dir_index: int, keys: Iterable[str]) -> None:
+        """Halve the counts of `keys` in one dir (the policy's aging), keeping
+        their LRU places; keys gone meanwhile are skipped."""
+        lru = self.dirs[dir_index].lru
+        for key in keys:
+            v = lru.get(key)
+            if v is not None and v & COUNT_MASK > 1:
+                count = v & COUNT_MASK
+                lru[key] = self._pack(v >> 32, (v & _TIME_MASK) - count + (count >> 1))
 
     def remove(self, key: str) -> tuple[int, int] | None:
         """Drop `key`; returns (dir, size) or None if absent."""

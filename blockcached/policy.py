@@ -9,9 +9,13 @@ subset (the best a cache without prefetch can do) instead of LRU's evicting
 each block shortly before its turn comes; a one-off sweep of cold blocks
 never displaces a hot set. DESIGN.md ("Capacity policy") argues the choice.
 
-Frequencies live in a `FrequencySketch` (a byte per slot, two slots per key,
-the estimate is the smaller), counted on hits and misses alike and halved
-every `SAMPLE_FACTOR` x entries increments, so old popularity fades. A pure
+A cached block's frequency is its access count in the index (`Index.touch`
+counts it in bits the entry already has: nothing per hit here). Blocks not
+cached are counted in a `FrequencySketch` (a byte per slot, two slots per
+key, the estimate is the smaller) on each miss; an evicted block's count goes
+back into the sketch, an admitted one's comes out of it. Every `SAMPLE_FACTOR`
+x entries misses the sketch is halved and `ages` grows, and the cache then
+halves the cached blocks' counts too, so both sides fade alike. A pure
 frequency gate never lets a new working set in while the old one still
 looks popular, so the policy also watches the cache as a whole: when its
 cached blocks have stopped being hit while blocks it refused keep coming
@@ -20,8 +24,8 @@ last two windows of a quarter of the entries' accesses), the cache is `stale`
 and any block asked for before is admitted over the LRU.
 
 What the policy knows of cached blocks survives a restart in the block
-files' mtimes: the nanoseconds field carries the frequency
-(`encode_mtime_ns`), written with the recency the daemon persists anyway.
+files' mtimes: the nanoseconds field carries the count (`encode_mtime_ns`),
+written with the recency the daemon persists anyway.
 """
 
 from __future__ import annotations
@@ -38,21 +42,19 @@ MIN_WINDOW = 64        # accesses per stale-detection window, at least
 # A mtime whose nanoseconds are MTIME_MARK + f carries frequency f; any
 # other value (a block just written, a file system without ns times) reads 0.
 MTIME_MARK = 314_159_000
-# Counts at which a hit persists the block's frequency at once (a utime on
-# the dir's worker), not only with the 60 s recency: at most 4 per block.
-PERSIST_AT = frozenset((2, 4, 8, MAX_COUNT))
 _HALVE = bytes(i >> 1 for i in range(256))
 
 
 class FrequencySketch:
     """Approximate access counts of recently seen keys, in fixed memory."""
 
-    __slots__ = ("table", "mask", "added", "sample")
+    __slots__ = ("table", "mask", "added", "sample", "ages")
 
     def __init__(self, slots: int = MIN_SLOTS):
         self.table = bytearray(slots)
         self.mask = slots - 1
         self.added = 0
+        self.ages = 0
         self.sample = SAMPLE_FACTOR * slots // SLOTS_PER_ENTRY
 
     def estimate(self, key: str) -> int:
@@ -92,6 +94,7 @@ class FrequencySketch:
         """Halve every count (TinyLFU's reset), so popularity fades."""
         self.table = bytearray(self.table.translate(_HALVE))
         self.added = 0
+        self.ages += 1
 
     def fit(self, entries: int) -> None:
         """Grow the table for `entries` cached blocks; counts are kept (each
@@ -109,40 +112,36 @@ class Policy:
 
     def __init__(self) -> None:
         self.sketch = FrequencySketch()
-        # stale detection: [hits, returning misses, accesses] of this window and the last
-        self._window = [0, 0, 0]
-        self._last = [0, 0, 0]
+        # stale detection: this window's start (hits, misses) and its returning
+        # misses; the last window's (hits, returning misses)
+        self._window_hits = self._window_misses = self._misses = self._returning = 0
+        self._last = (0, 0)
         self.window_size = MIN_WINDOW
         self.stale = False
         self.admitted: dict[str, int] = {}   # reason -> count
+        self.admitted_room = 0  # admitted with room to spare (counted apart: the common put)
         self.rejected: dict[str, int] = {}
 
     # -- what readers do ---------------------------------------------------
 
-    def hit(self, key: str) -> bool:
-        """Count a hit; True if the block's frequency should be persisted now."""
-        return self.sketch.add(key) + 1 in PERSIST_AT
-
-    def hits(self, n: int) -> None:
-        """`n` hits were answered (counted once per request, not per key)."""
-        self._window[0] += n
-        self._window[2] += n
-
-    def miss(self, key: str) -> int:
-        """A block was offered after a miss; returns how often it was asked
-        for before (the candidate's frequency for `admit`)."""
+    def miss(self, key: str, hits_total: int) -> int:
+        """A block was offered after a miss, the cache having answered
+        `hits_total` hits so far (its own counter: nothing is done per hit
+        here); returns how often the block was asked for before (the
+        candidate's frequency for `admit`)."""
         before = self.sketch.add(key)
-        w = self._window
+        self._misses += 1
+        hits = hits_total - self._window_hits
         if before:
-            w[1] += 1
-            last = self._last
+            self._returning += 1
+            last_hits, last_returning = self._last
             # cached blocks no longer hit while refused ones come back: over
             # this window and the last, far more returning misses than hits
-            self.stale = w[1] + last[1] >= STALE_RATIO * (w[0] + last[0]) or (
-                w[0] + last[0] == 0)
-        w[2] += 1
-        if w[2] >= self.window_size:
-            self._last, self._window = w, [0, 0, 0]
+            self.stale = (self._returning + last_returning
+                          >= STALE_RATIO * (hits + last_hits))
+        if hits + self._misses - self._window_misses >= self.window_size:
+            self._last = (hits, self._returning)
+            self._window_hits, self._window_misses, self._returning = hits_total, self._misses, 0
         return before
 
     def fit(self, entries: int) -> None:
@@ -152,12 +151,11 @@ class Policy:
 
     # -- decisions ---------------------------------------------------------
 
-    def admit(self, before: int, victims: Iterable[str]) -> str | None:
-        """Whether a block asked for `before` times before may displace
-        `victims` (the blocks that would leave for it, LRU first): the reason
-        it is admitted, or None."""
-        est = self.sketch.estimate
-        coldest = max((est(v) for v in victims), default=-1)
+    def admit(self, before: int, victim_counts: Iterable[int]) -> str | None:
+        """Whether a block asked for `before` times before may displace the
+        blocks with `victim_counts` (those that would leave for it): the
+        reason it is admitted, or None."""
+        coldest = max(victim_counts, default=-1)
         if coldest < 0:
             return self._count(self.admitted, "room")
         if before > coldest:
@@ -167,27 +165,24 @@ class Policy:
         self.rejected["less_frequent"] = self.rejected.get("less_frequent", 0) + 1
         return None
 
-    def admit_free(self) -> str:
-        """Admission with room to spare: nothing leaves."""
-        return self._count(self.admitted, "room")
-
     @staticmethod
     def _count(counts: dict[str, int], reason: str) -> str:
         counts[reason] = counts.get(reason, 0) + 1
         return reason
 
-    # -- persistence in mtimes -----------------------------------------------
+    def evicted(self, key: str, count: int) -> None:
+        """An evicted block remembers its count, should it come back."""
+        self.sketch.raise_to(key, count)
 
-    def mtime_ns(self, key: str, seconds: int) -> int:
-        """The mtime (ns) to give `key`'s file: `seconds`, carrying its frequency."""
-        return encode_mtime_ns(seconds, self.sketch.estimate(key))
-
-    def restore(self, key: str, count: int) -> None:
-        """A scanned block's frequency from its mtime; at least 1 (it was put)."""
-        self.sketch.raise_to(key, max(1, count))
+    @property
+    def ages(self) -> int:
+        return self.sketch.ages
 
     def stats(self) -> dict:
-        return {"name": self.name, "stale": self.stale, "admitted": dict(self.admitted),
+        admitted = dict(self.admitted)
+        if self.admitted_room:
+            admitted["room"] = admitted.get("room", 0) + self.admitted_room
+        return {"name": self.name, "stale": self.stale, "admitted": admitted,
                 "rejected": dict(self.rejected)}
 
 

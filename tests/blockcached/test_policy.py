@@ -152,12 +152,12 @@ def test_a_restart_keeps_what_the_policy_learned(engines):
         read(e, shuffled(data, epoch))
     e.run_for(0.1)  # the tick persists the frequencies in the files' mtimes
     cached = sorted(e.cache.index.range())
-    estimates = {k: e.cache.policy.sketch.estimate(k) for k in cached}
+    estimates = {k: e.cache.index.count_of(k) for k in cached}
     e.close()
 
     e2 = engines([DIR], sub="r")
     assert sorted(e2.cache.index.range()) == cached
-    restored = {k: e2.cache.policy.sketch.estimate(k) for k in cached}
+    restored = {k: e2.cache.index.count_of(k) for k in cached}
     assert all(restored[k] >= min(estimates[k], 2) for k in cached), (estimates, restored)
     # a block seen before the restart is still refused in favour of the cached ones
     assert read(e2, shuffled(data, 3)) >= 0.9 * usable_blocks(e2) / len(data)
@@ -196,15 +196,15 @@ def test_capacity_never_exceeded_and_a_restart_keeps_the_decisions(reads):
             e.run_for(0.05)
             cached = sorted(e.cache.index.range())
             probe = [key(vol="new", inode=i + 1) for i in range(5)]
-            before = [e.cache.policy.admit(0, [v for v, _ in e.cache.index.peek_lru(0, 1)])
-                      for _ in probe]
+            before = [e.cache.policy.admit(0, [e.cache.index.count_of(v) for v, _ in
+                                               e.cache.index.peek_lru(0, 1)]) for _ in probe]
         finally:
             e.close()
         e2 = Engine(tmp, [cap], volume_quotas=(("v0", quota),))
         try:
             assert sorted(e2.cache.index.range()) == cached
-            after = [e2.cache.policy.admit(0, [v for v, _ in e2.cache.index.peek_lru(0, 1)])
-                     for _ in probe]
+            after = [e2.cache.policy.admit(0, [e2.cache.index.count_of(v) for v, _ in
+                                               e2.cache.index.peek_lru(0, 1)]) for _ in probe]
             assert [a is None for a in after] == [b is None for b in before] or all(
                 a is None for a in after)
         finally:
@@ -215,12 +215,28 @@ def test_capacity_never_exceeded_and_a_restart_keeps_the_decisions(reads):
 
 def test_policy_admits_on_frequency_or_a_stale_cache():
     p = Policy()
-    for _ in range(3):
-        p.hit("v_1_0_0")
     assert p.admit(0, []) == "room"
-    assert p.admit(3, ["v_1_0_0"]) is None       # ties stay with the cached block
-    assert p.admit(4, ["v_1_0_0"]) == "more_frequent"
+    assert p.admit(3, [1, 3]) is None       # ties stay with the cached block
+    assert p.admit(4, [1, 3]) == "more_frequent"
     p.stale = True
-    assert p.admit(1, ["v_1_0_0"]) == "stale_cache"
-    assert p.admit(0, ["v_1_0_0"]) is None       # never seen before: still refused
+    assert p.admit(1, [3]) == "stale_cache"
+    assert p.admit(0, [3]) is None          # never seen before: still refused
     assert p.stats()["rejected"] == {"less_frequent": 2}
+
+
+def test_an_evicted_block_keeps_its_count_for_its_return():
+    p = Policy()
+    p.evicted("v_1_0_0", 6)
+    assert p.miss("v_1_0_0", 0) == 6
+
+
+def test_aging_halves_cached_counts_too(engines):
+    e = engines([DIR])
+    data = [key(inode=i + 1) for i in range(20)]
+    for epoch in range(5):
+        read(e, data)
+    assert {e.cache.index.count_of(k) for k in data} == {5}
+    e.cache.policy.sketch.age()
+    e.run_for(0.1)
+    assert {e.cache.index.count_of(k) for k in data} == {2}
+    assert e.cache.index.lru_order(0) == data  # places kept

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from .index import COUNT_MASK
+
 NAME = "tinylfu"  # frequency-gated admission in front of LRU
-MAX_COUNT = 15
+MAX_COUNT = COUNT_MASK  # counts saturate here, in the sketch as in the index
 SAMPLE_FACTOR = 10     # halve all counts every SAMPLE_FACTOR x slots/8 increments
 MIN_SLOTS = 1 << 16
 SLOTS_PER_ENTRY = 8    # table slots (bytes) per cached block: few collisions

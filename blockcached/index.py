@@ -33,7 +33,9 @@ _VALUE_CACHE_MAX = 1 << 16
 COUNT_MASK = TIME_GRAIN - 1  # the access count, in the low bits of the time field
 # Counts at which a touch asks for the block's mtime to be written at once
 # (it carries the count across a restart): at most 4 extra writes per block.
-_PERSIST_AT = frozenset((2, 4, 8, COUNT_MASK))
+# Held as the counts before the touch that reaches 2, 4, 8 and 15.
+_PERSIST_BEFORE = frozenset((1, 3, 7, COUNT_MASK - 1))
+_TOUCHED_MASK = _TIME_MASK & -TIME_GRAIN  # the touch time, without the count
 # Greater than every character a key may contain ([a-z0-9._-]).
 _PREFIX_END = "\x7f"
 
@@ -176,14 +178,17 @@ class Index:
             if v is None:
                 continue
             count = v & COUNT_MASK
-            stale = now - (v & _TIME_MASK & -TIME_GRAIN) >= every
-            if stale:
-                v = self._pack(v >> 32, (now & -TIME_GRAIN) | count)
-            if count < COUNT_MASK:
-                v = self._pack(v >> 32, (v & _TIME_MASK) + 1)
-                stale = stale or count + 1 in _PERSIST_AT
-            lru[key] = v
-            return i, stale
+            if now - (v & _TOUCHED_MASK) < every:  # the common case: time recorded recently
+                if count < COUNT_MASK:
+                    # a plain +1, not shared through `_pack` (a lookup per hit):
+                    # the value is shared again when its time is renewed
+                    lru[key] = v + 1
+                    return i, count in _PERSIST_BEFORE
+                lru[key] = v
+                return i, False
+            count += count < COUNT_MASK
+            lru[key] = self._pack(v >> 32, (now & -TIME_GRAIN) | count)
+            return i, True
         return -1, False
 
     def halve_counts(self, dir_index: int, keys: Iterable[str]) -> None:

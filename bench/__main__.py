@@ -5,6 +5,7 @@
     python -m bench --size large                 # bigger data, longer run
     python -m bench --publish                    # also write the run into docs/
     python -m bench --from-json docs/benchmarks-results.json --publish   # docs only, no run
+    python -m bench capacity                     # the daemon's hit ratios when data outgrows it
 
 Set-up is part of the run: matplotlib is pip-installed into this interpreter
 when missing, rclone and s3fs-fuse are apt-installed when missing (a system
@@ -26,12 +27,15 @@ import subprocess
 import sys
 import time
 
-from . import PROJECT_ROOT, datasets, report
+from . import PROJECT_ROOT, capacity, datasets, report
 from .remote import DEFAULT_RTT_MS, Remote
 from .systems import Ctx, _project_version, all_systems
 from .workloads import WORKLOADS, Runner
 
 log = logging.getLogger("bench")
+
+# `capacity` runs on our daemon alone, without the remote or the other systems
+ALL_WORKLOADS = [*WORKLOADS, "capacity"]
 
 RESULTS = os.path.join(PROJECT_ROOT, "bench", "results")
 
@@ -50,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("workloads", nargs="*", metavar="WORKLOAD",
-                   help=f"workloads to run (default: all): {', '.join(WORKLOADS)}")
+                   help=f"workloads to run (default: all): {', '.join(ALL_WORKLOADS)}")
     p.add_argument("--systems", default=",".join(names),
                    help=f"comma-separated systems (default: all): {','.join(names)}")
     p.add_argument("--size", default="default", choices=["tiny", "small", "default", "large"])
@@ -73,8 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="run nothing: rebuild tables and plots (and --publish) from a results file")
     args = p.parse_args(argv)
     for w in args.workloads:
-        if w not in WORKLOADS:
-            p.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+        if w not in ALL_WORKLOADS:
+            p.error(f"unknown workload {w!r}; choose from {', '.join(ALL_WORKLOADS)}")
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     for s in args.systems:
         if s not in names:
@@ -129,6 +133,27 @@ def _version(module: str) -> str:
         return "?"
 
 
+def run_capacity(args: argparse.Namespace) -> int:
+    """Workload `capacity` (bench/capacity.py): one daemon of ours per
+    scenario, no remote; prints each hit ratio beside its optimum and saves
+    the table beside the other results. 0 if every target is met."""
+    scale = capacity.SCALES[args.size]
+    log.info("workload capacity: cache of %d blocks of %d bytes", scale.blocks, scale.block_bytes)
+    t0 = time.monotonic()
+    os.makedirs(args.workdir, exist_ok=True)
+    results = capacity.run_all(scale, tmp_root=args.workdir)
+    text = capacity.table(results)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    stem = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    path = os.path.join(args.out, f"{stem}-capacity-{args.size}.md")
+    with open(path, "w") as f:
+        f.write(f"commit {_project_version()}, {os.cpu_count()} CPUs, "
+                f"{time.monotonic() - t0:.0f} s\n\n```\n{text}\n```\n")
+    print(f"results: {path}")
+    return 0 if all(r.met for r in results) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -139,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
             result = json.load(f)
         stem = os.path.splitext(os.path.basename(args.from_json))[0]
     else:
+        capacity_ok = True
+        if not args.workloads or "capacity" in args.workloads:
+            capacity_ok = run_capacity(args) == 0
+            if args.workloads == ["capacity"]:
+                return 0 if capacity_ok else 1
+            if args.workloads:
+                args.workloads.remove("capacity")
         result = run(args)
         stem = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         if args.workloads or set(args.systems) != {s.name for s in all_systems()}:

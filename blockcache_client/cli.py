@@ -146,7 +146,8 @@ def render_stats(s: dict[str, Any]) -> str:
         f"(by bytes {_ratio(s.get('touch_bytes', 0), s.get('put_bytes', 0))})",
         f"puts         {s.get('puts', 0)} ({format_size(s.get('put_bytes', 0))}), "
         f"written {s.get('writes', 0)}, dropped {s.get('drops', 0)}",
-        f"evictions    {s.get('evictions', 0)}",
+        f"evictions    {s.get('evictions', 0)}{_reasons(s.get('evictions_by_reason'))}",
+        _admission_line(s.get("policy") or {}),
         f"rebuild      {rebuild.get('state', '?')} (scanned {rebuild.get('scanned', 0)}, "
         f"removed {rebuild.get('removed', 0)})",
         f"connections  {s.get('connections', 0)}",
@@ -157,17 +158,34 @@ def render_stats(s: dict[str, Any]) -> str:
     lines += _dir_lines(s.get("dirs", []))
     vols = s.get("volumes") or {}
     if vols:
-        lines += ["", f"{'VOLUME':<28} {'ENTRIES':>9} {'USED':>11} {'HITS':>9} {'PUTS':>9} "
-                      f"{'HIT RATIO':>9} {'BY BYTES':>9}"]
+        lines += ["", f"{'VOLUME':<28} {'ENTRIES':>9} {'USED':>11} {'QUOTA':>11} {'HITS':>9} "
+                      f"{'PUTS':>9} {'HIT RATIO':>9} {'BY BYTES':>9}"]
         for name, v in sorted(vols.items()):
             hits, puts = v.get("touches", 0), v.get("puts", 0)
+            quota = v.get("quota_bytes", 0)
             lines.append(f"{name:<28} {v['entries']:>9} {format_size(v['used_bytes']):>11} "
+                         f"{format_size(quota) if quota else '-':>11} "
                          f"{hits:>9} {puts:>9} {_ratio(hits, puts):>9} "
                          f"{_ratio(v.get('touch_bytes', 0), v.get('put_bytes', 0)):>9}")
         lines += ["hit ratio = hits / (hits + puts): blocks readers reported reading from the",
                   "cache over those plus blocks they filled after a miss (reads served from a",
                   "reader's own memory cache are not reported)"]
     return "\n".join(lines)
+
+
+def _reasons(counts: dict[str, int] | None) -> str:
+    """ " (a 3, b 1)" from {reason: count}, or "" when there are none."""
+    if not counts:
+        return ""
+    return " (" + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ")"
+
+
+def _admission_line(p: dict[str, Any]) -> str:
+    """What the capacity policy admitted and refused, and why."""
+    admitted, refused = p.get("admitted") or {}, p.get("rejected") or {}
+    stale = ", cache stale: admitting returning blocks" if p.get("stale") else ""
+    return (f"admission    {p.get('name', '?')}: admitted {sum(admitted.values())}"
+            f"{_reasons(admitted)}, refused {sum(refused.values())}{_reasons(refused)}{stale}")
 
 
 def _ratio(hits: int, misses: int) -> str:
@@ -187,7 +205,7 @@ def _dir_lines(dirs: list[dict[str, Any]]) -> list[str]:
         use = f"{100 * used / limit:.1f}%" if limit else "-"
         lines.append(f"{d['path']:<36} {health:<10} {d.get('entries', 0):>9} "
                      f"{format_size(used):>11} {format_size(limit):>11} {use:>6}  "
-                     f"evict at {100 * d.get('high_watermark', 0):.0f}% down to "
+                     f"kept under {100 * d.get('high_watermark', 0):.0f}%, trimmed to "
                      f"{100 * d.get('low_watermark', 0):.0f}%")
         if not d.get("healthy") and d.get("unhealthy_reason"):
             lines.append(f"    taken out: {d['unhealthy_reason']}")

@@ -5,10 +5,10 @@
                 [--admin-uid UID]... [--volume-access VOL=uid:U,gid:G]...
                 [--unlisted-volumes open|admin] [--max-connections-per-uid 1024]
                 [--max-reply-bytes-per-uid 64M] [--fill-queue-share 0.5] [--max-volumes 4096]
-                [--high-watermark 0.95] [--low-watermark 0.70] [--min-free-bytes 1G]
+                [--high-watermark 0.98] [--low-watermark 0.95] [--min-free-bytes 1G]
                 [--min-free-inodes N] [--max-entries N] [--fill-queue-bytes 256M]
                 [--io-timeout SECONDS] [--log-level info] [--log-format text|json]
-                [--metrics-addr HOST:PORT]
+                [--metrics-addr HOST:PORT] [--admission-policy tinylfu|lru]
 """
 
 from __future__ import annotations
@@ -63,8 +63,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-reply-bytes-per-uid", metavar="64M")
     p.add_argument("--fill-queue-share", type=float, metavar="0.5")
     p.add_argument("--max-volumes", metavar="N")
-    p.add_argument("--high-watermark", type=float, metavar="0.95")
-    p.add_argument("--low-watermark", type=float, metavar="0.70")
+    p.add_argument("--high-watermark", type=float, metavar="0.98",
+                   help="a full dir is kept at this share of its limit (default 0.98)")
+    p.add_argument("--low-watermark", type=float, metavar="0.95",
+                   help="a dir found above the high watermark is trimmed to this (default 0.95)")
     p.add_argument("--min-free-bytes", metavar="1G")
     p.add_argument("--min-free-inodes", metavar="N")
     p.add_argument("--max-entries", metavar="N")
@@ -74,6 +76,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-format", metavar="text|json")
     p.add_argument("--metrics-addr", metavar="HOST:PORT",
                    help="serve Prometheus metrics there (default: off)")
+    p.add_argument("--admission-policy", metavar="tinylfu|lru",
+                   help="which blocks a full cache keeps: tinylfu (default: a block gets in "
+                        "only if asked for more often than the ones it would evict) or lru")
     return p.parse_args(argv)
 
 

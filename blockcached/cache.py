@@ -24,7 +24,8 @@ from .capacity import DirCapacity
 from .config import Config
 from .filler import DirWorker, FillQueue
 from .health import Health
-from .index import Index
+from .index import COUNT_MASK, TIME_GRAIN, Index
+from .policy import Policy, decode_mtime_ns, encode_mtime_ns
 from .store import Placement, ScanResult, Store, TreeMoved
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ IO_BATCH = 2_000              # unlinks / mtime updates per worker job
 SCAN_PROCESSES = max(1, min(4, os.cpu_count() or 1))
 # single-key evictions remembered while a rebuild runs (~100 B each)
 MAX_REBUILD_EVICTIONS = 200_000
+AGING_CHUNK = 20_000          # cached blocks whose counts one tick halves (the policy's aging)
 
 
 class Cache:
@@ -75,6 +77,13 @@ class Cache:
                              write_errors=0, evictions=0, evicted_bytes=0, touches=0,
                              touch_bytes=0)
         self.put_reasons: dict[str, int] = {}
+        # which blocks a full dir keeps; None = plain LRU (admit every block)
+        self.policy = Policy() if cfg.admission_policy != "lru" else None
+        self.evicted_by: dict[str, int] = {}  # eviction reason -> blocks
+        self.quotas = dict(cfg.volume_quotas)  # volume -> max bytes over all dirs
+        self._vol_reserved: dict[str, int] = {}  # volume -> bytes of admitted, unwritten puts
+        self._aged = 0  # sketch halvings whose aging of the cached blocks' counts has started
+        self._aging: list[tuple[int, list[str]]] = []  # (dir, keys) still to halve
         # per volume: [touches, touch_bytes, puts, put_bytes]. Readers find hits
         # through the layout and report them by touch, and put a block after a
         # miss, so touches and puts are the reader hits and misses the daemon
@@ -135,7 +144,8 @@ class Cache:
 
     def _index_scanned(self, i: int, entries: Iterator[tuple[int, str, int]]) -> None:
         """Index one chunk of scan results (oldest first), then yield the loop."""
-        chunk = list(itertools.islice(entries, REBUILD_CHUNK))
+        chunk = [self._restored(ns, key, size)
+                 for ns, key, size in itertools.islice(entries, REBUILD_CHUNK)]
         more = len(chunk) == REBUILD_CHUNK  # before evictions shorten it
         if self._rebuild_evictions:
             evicted = self._rebuild_evictions.matching([e[1] for e in chunk])
@@ -147,11 +157,19 @@ class Cache:
         if more:
             self._loop.call_soon(self._index_scanned, i, entries)
             return
+        if self.policy is not None:
+            self.policy.fit(len(self.index))
         log.info("cache dir %s: rebuilt %d entries (%d bytes)", self.paths[i],
                  len(self.index.dirs[i]), self.index.dirs[i].used_bytes)
         self._rebuild_done(i)
         self._space_due[i] = 0.0
         self._trim(i)
+
+    def _restored(self, mtime_ns: int, key: str, size: int) -> tuple[int, str, int]:
+        """A scanned block as `Index.add_many` takes it, its count restored
+        from its mtime's nanoseconds (see `policy`): at least 1, it was put."""
+        seconds, count = decode_mtime_ns(mtime_ns)
+        return (seconds & -TIME_GRAIN) | max(1, count), key, size
 
     def _rebuild_done(self, i: int) -> None:
         self.rebuilding[i] = False
@@ -239,7 +257,8 @@ class Cache:
     def _note_utime(self, i: int, key: str, now: int) -> None:
         pending = self._utimes[i]
         if len(pending) < MAX_PENDING_UTIMES:
-            pending[key] = now
+            # the mtime in ns: its nanoseconds carry the block's access count
+            pending[key] = encode_mtime_ns(now, self.index.dirs[i].lru[key] & COUNT_MASK)
 
     # -- puts --------------------------------------------------------------
 
@@ -267,6 +286,9 @@ class Cache:
             return False, reason
         i = self.layout.dir_index(key)
         self.caps[i].reserve(size)
+        if self.quotas:
+            vol = key[:key.index("_")]
+            self._vol_reserved[vol] = self._vol_reserved.get(vol, 0) + size
         self.workers[i].submit(self.stores[i].write, key, data,
                                done=partial(self._written, i, key, size), lazy=True)
         return True, reason
@@ -288,10 +310,10 @@ class Cache:
         reason = self.fill.offer(key, size, owner)
         if reason is not None:
             return reason
-        if not self._make_room(i, size):
+        reason = self._make_room(i, key, size)
+        if reason != "queued":
             self.fill.finish(key)
-            return "no_space"
-        return "queued"
+        return reason
 
     def _check_present(self, i: int, key: str) -> None:
         """A put of an indexed key means a reader missed it: check, on the
@@ -315,26 +337,79 @@ class Cache:
         if hit is not None:
             log.warning("cache dir %s: block %s vanished from disk; dropped from the index so "
                         "it is filled again", self.paths[hit[0]], key)
-            self.counters["evictions"] += 1
-            self.counters["evicted_bytes"] += hit[1]
+            self._count_evictions("vanished", 1, hit[1])
 
     def _reserved_entries(self) -> int:
         return sum(c.reserved_entries for c in self.caps)
 
-    def _make_room(self, i: int, size: int) -> bool:
+    def _make_room(self, i: int, key: str, size: int) -> str:
+        """Evict what admitting `key` needs, if the policy admits it over
+        those blocks: "queued", "not_admitted" or "no_space"."""
         cap, d = self.caps[i], self.index.dirs[i]
         need_bytes = cap.need_bytes(d.used_bytes, size)
         need_entries = cap.need_entries(len(d))
-        if need_bytes or need_entries:
-            self._evict_lru(i, need_bytes, need_entries)
+        own = self._quota_victims(i, key, size) if self.quotas else []
+        if own is None:
+            return "over_quota"
+        policy = self.policy
+        if need_bytes or need_entries or own:
+            victims = self._dir_victims(i, own, need_bytes, need_entries)
+            if policy is not None:
+                before = policy.miss(key, self.counters["hits"] + self.counters["touches"])
+                counts = [self.index.count_of(k) for _, k, _ in own]
+                counts += [self.index.count_of(k) for k, _ in victims]
+                if policy.admit(before, counts) is None:
+                    return "not_admitted"
+            for j in sorted({j for j, _, _ in own}):
+                self._evict(j, [(k, s) for jj, k, s in own if jj == j], "quota")
+            self._evict(i, victims, "admission")
+        elif policy is not None:  # room to spare: admitted, its miss still counted
+            policy.miss(key, self.counters["hits"] + self.counters["touches"])
+            policy.admitted_room += 1
         max_entries = self.cfg.max_entries
         if max_entries:
             after = len(self.index) + self._reserved_entries() + 1
             if after > self.cfg.high_watermark * max_entries:
                 self._evict_entries(i, after - int(self.cfg.low_watermark * max_entries))
             if len(self.index) + self._reserved_entries() + 1 > max_entries:
-                return False
-        return cap.fits(d.used_bytes, len(d), size)
+                return "no_space"
+        return "queued" if cap.fits(d.used_bytes, len(d), size) else "no_space"
+
+    def _dir_victims(self, i: int, own: list[tuple[int, str, int]], need_bytes: int,
+                     need_entries: int) -> list[tuple[str, int]]:
+        """The least recently used blocks of dir `i` that make room for a
+        put, besides `own` (its volume's blocks leaving for its quota, which
+        make room here too when they are in this dir)."""
+        if not own:
+            return self.index.peek_lru(i, need_bytes, need_entries)
+        mine = {k for j, k, _ in own if j == i}
+        freed = sum(s for j, _, s in own if j == i)
+        need_bytes = max(0, need_bytes - freed)
+        need_entries = max(0, need_entries - len(mine))
+        victims = [v for v in self.index.peek_lru(i, need_bytes + freed, need_entries + len(mine))
+                   if v[0] not in mine]
+        return _enough(victims, need_bytes, need_entries)
+
+    def _quota_victims(self, i: int, key: str, size: int) -> list[tuple[int, str, int]] | None:
+        """(dir, key, size) of the blocks of `key`'s volume that must leave for
+        it to stay within its quota, least recently used first, this dir's
+        first; [] if it is within, None if even all of them would not do."""
+        vol = key[:key.index("_")]
+        quota = self.quotas.get(vol)
+        if quota is None:
+            return []
+        if size > quota:
+            return None
+        used = self.index.volumes.get(vol, (0, 0))[1]
+        over = used + self._vol_reserved.get(vol, 0) + size - quota
+        out: list[tuple[int, str, int]] = []
+        for j in [i] + [j for j in range(len(self.stores)) if j != i]:
+            if over <= 0:
+                break
+            for k, s in self.index.peek_lru(j, over, volume=vol):
+                out.append((j, k, s))
+                over -= s
+        return out if over <= 0 else None
 
     def _evict_entries(self, i: int, count: int) -> None:
         """Evict `count` LRU entries for max_entries: this dir first, then the
@@ -344,11 +419,19 @@ class Cache:
         for j in order:
             if count <= 0:
                 break
-            count -= len(self._evict_lru(j, 0, min(count, len(self.index.dirs[j]))))
+            oldest = self.index.peek_lru(j, 0, min(count, len(self.index.dirs[j])))
+            count -= len(self._evict(j, oldest, "max_entries"))
 
     def _written(self, i: int, key: str, size: int, _: Any, exc: BaseException | None) -> None:
         pending = self.fill.finish(key)
         self.caps[i].release(size)
+        if self.quotas:
+            vol = key[:key.index("_")]
+            left = self._vol_reserved.get(vol, 0) - size
+            if left > 0:
+                self._vol_reserved[vol] = left
+            else:
+                self._vol_reserved.pop(vol, None)
         if exc is not None:
             self.counters["write_errors"] += 1
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -361,7 +444,14 @@ class Cache:
         if pending.cancelled:
             self._unlink(i, [key])
             return
-        self.index.add(key, i, size, int(time.time()))
+        now = int(time.time())
+        count = 1
+        if self.policy is not None:
+            count = max(1, self.policy.sketch.estimate(key))
+            self.policy.fit(len(self.index) + 1)
+        self.index.add(key, i, size, now, count)
+        if count > 1:
+            self._note_utime(i, key, now)  # admitted on its count: keep it across a restart
         self.counters["writes"] += 1
         self.counters["write_bytes"] += size
         # Admission evicts only indexed blocks, so with many puts in flight a
@@ -383,14 +473,23 @@ class Cache:
         for start in range(0, len(keys), IO_BATCH):
             self.workers[i].submit(_unlink_all, store, keys[start:start + IO_BATCH])
 
-    def _evict_lru(self, i: int, free_bytes: int, free_entries: int) -> list[tuple[str, int]]:
-        victims = self.index.pop_lru(i, free_bytes, free_entries)
+    def _evict(self, i: int, victims: list[tuple[str, int]], reason: str) -> list[tuple[str, int]]:
+        """Evict `victims` (key, size) of dir `i`, counted under `reason`."""
         if victims:
-            self.counters["evictions"] += len(victims)
-            self.counters["evicted_bytes"] += sum(s for _, s in victims)
-            log.debug("cache dir %s: evicted %d LRU blocks", self.paths[i], len(victims))
+            policy = self.policy
+            for key, _ in victims:
+                if policy is not None:
+                    policy.evicted(key, self.index.count_of(key))
+                self.index.remove(key)
+            self._count_evictions(reason, len(victims), sum(s for _, s in victims))
+            log.debug("cache dir %s: evicted %d blocks (%s)", self.paths[i], len(victims), reason)
             self._unlink(i, [k for k, _ in victims])
         return victims
+
+    def _count_evictions(self, reason: str, n: int, nbytes: int) -> None:
+        self.counters["evictions"] += n
+        self.counters["evicted_bytes"] += nbytes
+        self.evicted_by[reason] = self.evicted_by.get(reason, 0) + n
 
     def evict_key(self, key: str) -> int:
         self.fill.cancel_key(key)
@@ -448,6 +547,23 @@ class Cache:
                 batch, self._utimes[i] = list(self._utimes[i].items()), {}
                 for start in range(0, len(batch), IO_BATCH):
                     worker.submit(self.stores[i].touch_times, batch[start:start + IO_BATCH])
+        self._age_counts()
+
+    def _age_counts(self) -> None:
+        """After the policy's sketch halved, halve the cached blocks' counts
+        too, a chunk per tick (a pass over millions would stall the loop)."""
+        policy = self.policy
+        if policy is None:
+            return
+        if not self._aging and policy.ages > self._aged:
+            self._aged = policy.ages
+            self._aging = [(i, list(d.lru)) for i, d in enumerate(self.index.dirs) if len(d)]
+        if self._aging:
+            i, keys = self._aging[-1]
+            self.index.halve_counts(i, keys[-AGING_CHUNK:])
+            del keys[-AGING_CHUNK:]
+            if not keys:
+                self._aging.pop()
 
     def _probed(self, i: int, _: Any, exc: BaseException | None) -> None:
         self._probe_pending[i] = False
@@ -479,10 +595,14 @@ class Cache:
         """Evict down to the low watermark if a dir is above its high one
         (the free-space floor moved, or a rebuild found more than fits)."""
         cap, d = self.caps[i], self.index.dirs[i]
-        need_bytes = cap.need_bytes(d.used_bytes, 0)
+        need_bytes = cap.trim_bytes(d.used_bytes)
         need_entries = cap.need_entries(len(d), 0)
         if need_bytes or need_entries:
-            self._evict_lru(i, need_bytes, need_entries)
+            self._evict(i, self.index.peek_lru(i, need_bytes, need_entries), "trim")
+        for vol, quota in self.quotas.items():  # a quota lowered since the blocks came in
+            over = self.index.volumes.get(vol, (0, 0))[1] + self._vol_reserved.get(vol, 0) - quota
+            if over > 0:
+                self._evict(i, self.index.peek_lru(i, over, volume=vol), "quota")
         max_entries = self.cfg.max_entries
         if max_entries and len(self.index) > max_entries:
             self._evict_entries(i, len(self.index) - int(self.cfg.low_watermark * max_entries))
@@ -523,6 +643,9 @@ class Cache:
             "drops": self.fill.drops,
             "over_share": self.fill.over_share,
             "put_results": dict(self.put_reasons),
+            "evictions_by_reason": dict(self.evicted_by),
+            "policy": (self.policy.stats() if self.policy is not None
+                       else {"name": "lru", "stale": False, "admitted": {}, "rejected": {}}),
             "queue": {"entries": len(self.fill), "bytes": self.fill.queued_bytes,
                       "limit_bytes": self.fill.limit},
             "rebuild": dict(self.rebuild_stats),
@@ -534,11 +657,12 @@ class Cache:
     def _volume_stats(self) -> dict[str, dict[str, int]]:
         out = {}
         counted, indexed = self.volume_counters, self.index.volumes
-        for v in sorted(indexed.keys() | counted.keys()):
+        for v in sorted(indexed.keys() | counted.keys() | self.quotas.keys()):
             n, b = indexed.get(v, (0, 0))
             touches, touch_bytes, puts, put_bytes = counted.get(v, (0, 0, 0, 0))
             out[v] = {"entries": n, "used_bytes": b, "touches": touches,
-                      "touch_bytes": touch_bytes, "puts": puts, "put_bytes": put_bytes}
+                      "touch_bytes": touch_bytes, "puts": puts, "put_bytes": put_bytes,
+                      "quota_bytes": self.quotas.get(v, 0)}
         return out
 
 
@@ -598,6 +722,18 @@ class RebuildEvictions:
         self.prefixes.clear()
         self.everything = False
         self.forgotten = 0
+
+
+def _enough(victims: list[tuple[str, int]], free_bytes: int,
+            free_entries: int) -> list[tuple[str, int]]:
+    """The shortest prefix of `victims` that frees `free_bytes` and `free_entries`."""
+    out, freed = [], 0
+    for v in victims:
+        if freed >= free_bytes and len(out) >= free_entries:
+            break
+        out.append(v)
+        freed += v[1]
+    return out
 
 
 def _always(_: str) -> bool:

@@ -10,8 +10,11 @@ Three limits, the smallest wins:
 Bytes count as used from the moment a put is admitted (`reserved`) until the
 eviction that frees them, so concurrent puts cannot overshoot: admission
 happens on the event loop, one put at a time. When a put would cross the high
-watermark of the effective limit, least recently used blocks are evicted down
-to the low watermark (batch eviction keeps it rare and cheap).
+watermark of the effective limit, just enough blocks leave to keep it there
+(the policy picks them, or refuses the put), so a full dir stays within a
+block of its high watermark instead of idling a quarter of its disk after a
+batch. Only a dir found above its high watermark (the free-space floor moved,
+a rebuild found more than fits) is trimmed down to the low one.
 """
 
 from __future__ import annotations
@@ -46,10 +49,15 @@ class DirCapacity:
         return min(self.capacity, self.fs_byte_limit)
 
     def need_bytes(self, used: int, size: int) -> int:
-        """Bytes to evict before admitting `size` more (0 = none). Crossing the
-        high watermark evicts down to the low one."""
-        limit = self.byte_limit()
+        """Bytes to evict before admitting `size` more (0 = none): what would
+        cross the high watermark."""
         after = used + self.reserved + size
+        return max(0, after - int(self.high * self.byte_limit()))
+
+    def trim_bytes(self, used: int) -> int:
+        """Bytes to evict from a dir found above its high watermark: down to the low one."""
+        limit = self.byte_limit()
+        after = used + self.reserved
         if after <= self.high * limit:
             return 0
         return max(0, after - int(self.low * limit))

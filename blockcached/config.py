@@ -64,8 +64,8 @@ class Config:
     max_reply_bytes_per_uid: int = 64 << 20
     fill_queue_share: float = 0.5
     max_volumes: int = 4096  # distinct volume names indexed and counted at once
-    high_watermark: float = 0.95
-    low_watermark: float = 0.70
+    high_watermark: float = 0.98
+    low_watermark: float = 0.95
     min_free_bytes: int = 1 << 30
     min_free_inodes: int = 10000
     max_entries: int = 0  # 0 = no limit
@@ -74,6 +74,12 @@ class Config:
     log_level: str = "info"
     log_format: str = "text"
     metrics_addr: str | None = None  # HOST:PORT of the Prometheus endpoint; None = off
+    # which blocks a full dir keeps (policy.py): "tinylfu" (frequency-gated
+    # admission) or "lru" (admit every block, evict the least recently used)
+    admission_policy: str = "tinylfu"
+    # (volume, max_bytes) from [volumes.NAME] tables: a volume's blocks never
+    # take more than its max_bytes of the cache, summed over the dirs
+    volume_quotas: tuple[tuple[str, int], ...] = ()
 
 
 def _mode(value: Any, what: str) -> int:
@@ -203,9 +209,11 @@ _FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "log_level": ("log_level", _choice("debug", "info", "warning", "error")),
     "log_format": ("log_format", _choice("text", "json")),
     "metrics_addr": ("metrics_addr", _addr),
+    "admission_policy": ("admission_policy", _choice("tinylfu", "lru")),
 }
 _DIR_KEYS = {"path", "size", "weight"}
 _ACCESS_KEYS = {"uids", "gids"}
+_QUOTA_KEYS = {"max_bytes"}
 
 
 def parse_cache_dir_flag(text: str) -> CacheDirConfig:
@@ -239,7 +247,8 @@ def _cache_dir(table: Any, what: str) -> CacheDirConfig:
 
 
 def _volume_tables(value: Any, what: str) -> dict[str, VolumeAccess]:
-    """`[volumes.NAME]` tables: `uids` and `gids` that may use volume NAME."""
+    """`[volumes.NAME]` tables: `uids` and `gids` that may use volume NAME (a
+    table naming neither, only a quota, sets no access rule)."""
     if not isinstance(value, dict):
         raise ConfigError(f"{what}: must be tables, one per volume: [volumes.NAME]")
     out = {}
@@ -249,10 +258,30 @@ def _volume_tables(value: Any, what: str) -> dict[str, VolumeAccess]:
             check_volume_name(name)
         except InvalidKey as exc:
             raise ConfigError(f"{where}: {exc}") from None
-        _table(table, _ACCESS_KEYS, where, "must be a table with uids and/or gids")
-        out[name] = VolumeAccess(_uids(table.get("uids", []), f"{where}: uids"),
-                                 _gids(table.get("gids", []), f"{where}: gids"))
+        _table(table, _ACCESS_KEYS | _QUOTA_KEYS, where,
+               "must be a table with uids, gids and/or max_bytes")
+        if not table:
+            raise ConfigError(f"{where}: an empty table; give uids/gids (who may use the "
+                              f"volume) and/or max_bytes (its quota, for example \"2T\")")
+        if "uids" in table or "gids" in table:
+            out[name] = VolumeAccess(_uids(table.get("uids", []), f"{where}: uids"),
+                                     _gids(table.get("gids", []), f"{where}: gids"))
     return out
+
+
+def _volume_quotas(tables: dict[str, Any], what: str) -> tuple[tuple[str, int], ...]:
+    """`max_bytes = SIZE` of the `[volumes.NAME]` tables (checked by
+    `_volume_tables`), as (name, bytes) pairs."""
+    out = []
+    for name, table in sorted(tables.items()):
+        if "max_bytes" not in table:
+            continue
+        where = f"{what}.{name}"
+        size = parse_size(table["max_bytes"], f"{where}: max_bytes")
+        if size <= 0:
+            raise ConfigError(f"{where}: max_bytes must be more than 0")
+        out.append((name, size))
+    return tuple(out)
 
 
 def parse_volume_access_flag(text: str) -> tuple[str, VolumeAccess]:
@@ -286,6 +315,7 @@ def load_file(path: str) -> dict[str, Any]:
                                  for i, t in enumerate(value)]
         elif key == "volumes":
             out["volumes"] = _volume_tables(value, f"{path}: volumes")
+            out["volume_quotas"] = _volume_quotas(value, f"{path}: volumes")
         else:
             name, conv = _FIELDS[key]
             out[name] = conv(value, f"{path}: {key}")

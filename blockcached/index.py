@@ -4,8 +4,11 @@ Layout, chosen for memory (target <= 250 bytes of RSS per entry):
 
 - one plain dict per cache dir, `key -> packed int`, whose insertion order IS
   the LRU order (oldest first): a touch pops and re-inserts the key. The value
-  packs `size << 32 | last_touch_seconds` so an entry costs one str, one int
-  and one dict slot; no per-entry object.
+  packs `size << 32 | last_touch_seconds | count` so an entry costs one str,
+  one int and one dict slot; no per-entry object. Touch times are kept to
+  16 s, and the 4 bits below them count the block's accesses (saturating at
+  15, halved by `halve_counts`): the capacity policy's frequency of a cached
+  block, kept here because a touch rewrites the value anyway.
 - one `SortedList` of all keys (the same str objects), for ordered listing and
   cheap range evictions: all keys of a volume start with `vol_`, of an inode
   with `vol_inode_`, and '_' cannot occur in a volume name.
@@ -27,6 +30,12 @@ _TIME_MASK = 0xFFFFFFFF
 # entries' packed values equal, and equal values share one int object.
 TIME_GRAIN = 16
 _VALUE_CACHE_MAX = 1 << 16
+COUNT_MASK = TIME_GRAIN - 1  # the access count, in the low bits of the time field
+# Counts at which a touch asks for the block's mtime to be written at once
+# (it carries the count across a restart): at most 4 extra writes per block.
+# Held as the counts before the touch that reaches 2, 4, 8 and 15.
+_PERSIST_BEFORE = frozenset((1, 3, 7, COUNT_MASK - 1))
+_TOUCHED_MASK = _TIME_MASK & -TIME_GRAIN  # the touch time, without the count
 # Greater than every character a key may contain ([a-z0-9._-]).
 _PREFIX_END = "\x7f"
 
@@ -58,9 +67,10 @@ class Index:
         self._values: dict[int, int] = {}
 
     def _pack(self, size: int, touched: int) -> int:
-        """`size << 32 | touched`, one shared int object per distinct value
-        (32 bytes saved per entry whose value another entry already has)."""
-        v = (size << 32) | (touched & _TIME_MASK & -TIME_GRAIN)
+        """`size << 32 | touched`, the low 4 bits of `touched` being the
+        count; one shared int object per distinct value (32 bytes saved per
+        entry whose value another entry already has)."""
+        v = (size << 32) | (touched & _TIME_MASK)
         cache = self._values
         shared = cache.get(v)
         if shared is None:
@@ -86,6 +96,14 @@ class Index:
             if key in d.lru:
                 return i
         return -1
+
+    def count_of(self, key: str) -> int:
+        """How often `key` was accessed (0..15, 0 if absent)."""
+        for d in self.dirs:
+            v = d.lru.get(key)
+            if v is not None:
+                return v & COUNT_MASK
+        return 0
 
     def size_of(self, key: str) -> int | None:
         for d in self.dirs:
@@ -119,12 +137,12 @@ class Index:
 
     # -- updates -----------------------------------------------------------
 
-    def add(self, key: str, dir_index: int, size: int, touched: int) -> bool:
+    def add(self, key: str, dir_index: int, size: int, touched: int, count: int = 1) -> bool:
         """Insert as most recently used; False (and no change) if present."""
         if key in self:
             return False
         d = self.dirs[dir_index]
-        d.lru[key] = self._pack(size, touched)
+        d.lru[key] = self._pack(size, (touched & -TIME_GRAIN) | min(count, COUNT_MASK))
         d.used_bytes += size
         self.keys.add(key)
         self._count(key, 1, size)
@@ -132,7 +150,8 @@ class Index:
 
     def add_many(self, dir_index: int, items: Iterable[tuple[int, str, int]]) -> int:
         """Bulk insert `(touched, key, size)`, given oldest first, each as more
-        recent than the previous; keys already present are skipped."""
+        recent than the previous; keys already present are skipped. The low 4
+        bits of `touched` are the entry's count."""
         d = self.dirs[dir_index]
         lru = d.lru
         fresh = []
@@ -155,19 +174,37 @@ class Index:
         return len(fresh)
 
     def touch(self, key: str, now: int, every: int) -> tuple[int, bool]:
-        """Make `key` most recently used. Returns (dir or -1, whether its
-        recorded touch time is older than `every` seconds and was renewed)."""
+        """Make `key` most recently used and count the access. Returns (dir or
+        -1, whether to persist it now: its recorded touch time was older than
+        `every` seconds and was renewed, or its count reached 2, 4, 8 or 15)."""
         for i, d in enumerate(self.dirs):
             lru = d.lru
             v = lru.pop(key, None)
             if v is None:
                 continue
-            stale = now - (v & _TIME_MASK) >= every
-            if stale:
-                v = self._pack(v >> 32, now)
-            lru[key] = v
-            return i, stale
+            count = v & COUNT_MASK
+            if now - (v & _TOUCHED_MASK) < every:  # the common case: time recorded recently
+                if count < COUNT_MASK:
+                    # a plain +1, not shared through `_pack` (a lookup per hit):
+                    # the value is shared again when its time is renewed
+                    lru[key] = v + 1
+                    return i, count in _PERSIST_BEFORE
+                lru[key] = v
+                return i, False
+            count += count < COUNT_MASK
+            lru[key] = self._pack(v >> 32, (now & -TIME_GRAIN) | count)
+            return i, True
         return -1, False
+
+    def halve_counts(self, dir_index: int, keys: Iterable[str]) -> None:
+        """Halve the counts of `keys` in one dir (the policy's aging), keeping
+        their LRU places; keys gone meanwhile are skipped."""
+        lru = self.dirs[dir_index].lru
+        for key in keys:
+            v = lru.get(key)
+            if v is not None and v & COUNT_MASK > 1:
+                count = v & COUNT_MASK
+                lru[key] = self._pack(v >> 32, (v & _TIME_MASK) - count + (count >> 1))
 
     def remove(self, key: str) -> tuple[int, int] | None:
         """Drop `key`; returns (dir, size) or None if absent."""
@@ -206,20 +243,32 @@ class Index:
             self.remove(key)
         return len(keys)
 
+    def peek_lru(self, dir_index: int, free_bytes: int, free_entries: int = 0,
+                 volume: str | None = None) -> list[tuple[str, int]]:
+        """The least recently used entries of one dir (of one volume, if
+        given) that would free at least `free_bytes` bytes and `free_entries`
+        entries (fewer if the dir runs out), without removing them."""
+        victims = []
+        freed = 0
+        if free_bytes <= 0 and free_entries <= 0:
+            return victims
+        prefix = None if volume is None else volume + "_"
+        for key, v in self.dirs[dir_index].lru.items():
+            if prefix is not None and not key.startswith(prefix):
+                continue
+            size = v >> 32
+            victims.append((key, size))
+            freed += size
+            if freed >= free_bytes and len(victims) >= free_entries:
+                break
+        return victims
+
     def pop_lru(self, dir_index: int, free_bytes: int,
                 free_entries: int = 0) -> list[tuple[str, int]]:
         """Remove least recently used entries of one dir until at least
         `free_bytes` bytes and `free_entries` entries are freed (or the dir is
         empty); returns (key, size) of each."""
-        d = self.dirs[dir_index]
-        victims = []
-        freed = 0
-        for key, v in d.lru.items():
-            if freed >= free_bytes and len(victims) >= free_entries:
-                break
-            size = v >> 32
-            victims.append((key, size))
-            freed += size
+        victims = self.peek_lru(dir_index, free_bytes, free_entries)
         for key, _ in victims:
             self.remove(key)
         return victims

@@ -141,6 +141,25 @@ def _totals(s: dict[str, Any]) -> Iterator[Metric]:
              "from the index because their file vanished (evict requests are not counted)",
              s.get("evictions", 0))
     yield _c("blockcache_evicted_bytes_total", "Bytes evicted", s.get("evicted_bytes", 0))
+    by = CounterMetricFamily("blockcache_evictions_by_reason_total", "Blocks evicted, by "
+                             "reason: admission (room for an admitted block), quota (its "
+                             "volume's max_bytes), trim (the dir was above its high watermark), "
+                             "max_entries, vanished (file gone behind the daemon's back)",
+                             labels=["reason"])
+    for reason, n in sorted((s.get("evictions_by_reason") or {}).items()):
+        by.add_metric([reason], n)
+    yield by
+    p = s.get("policy") or {}
+    adm = CounterMetricFamily("blockcache_admissions_total", "Admission decisions of the "
+                              "capacity policy on puts: result admitted (reason room, "
+                              "more_frequent, stale_cache) or refused (less_frequent)",
+                              labels=["result", "reason"])
+    for result, key in (("admitted", "admitted"), ("refused", "rejected")):
+        for reason, n in sorted((p.get(key) or {}).items()):
+            adm.add_metric([result, reason], n)
+    yield adm
+    yield _g("blockcache_policy_stale", "1 while the cached blocks are no longer hit and "
+             "returning blocks are admitted over them", 1 if p.get("stale") else 0)
     yield _g("blockcache_entries", "Blocks in the cache", s.get("entries", 0))
     yield _g("blockcache_used_bytes", "Bytes of blocks in the cache", s.get("used_bytes", 0))
     yield _g("blockcache_capacity_bytes", "Configured capacity over all dirs",
@@ -222,6 +241,8 @@ def _volumes(volumes: dict[str, dict[str, int]]) -> Iterator[Metric]:
                  "cache", [name], v.get("entries", 0))
         rows.add(GaugeMetricFamily, "blockcache_volume_used_bytes", "Bytes of the volume's "
                  "blocks in the cache", [name], v.get("used_bytes", 0))
+        rows.add(GaugeMetricFamily, "blockcache_volume_quota_bytes", "The volume's max_bytes "
+                 "in the cache (0: no quota)", [name], v.get("quota_bytes", 0))
         rows.add(CounterMetricFamily, "blockcache_volume_hits_total", "Hits readers of the "
                  "volume reported (touches)", [name], v.get("touches", 0))
         rows.add(CounterMetricFamily, "blockcache_volume_hit_bytes_total", "Block-file bytes "

@@ -45,7 +45,8 @@ _HEX2 = frozenset(f"{i:02x}" for i in range(256))
 
 @dataclass(slots=True)
 class Run:
-    """Blocks found by one scanner, as columns sorted by mtime (oldest first).
+    """Blocks found by one scanner, as columns sorted by mtime (oldest first;
+    mtimes in ns: their nanoseconds carry the policy's frequency, see `policy`).
 
     Columns rather than a tuple per file: at millions of files, tuples built
     in the daemon would be left behind as fragmented heap (measured: +160 B
@@ -76,7 +77,7 @@ class ScanResult:
         return sum(len(r.names) for r in self.runs)
 
     def oldest_first(self) -> Iterator[tuple[int, str, int]]:
-        """(mtime, key, size) of every block, oldest first, one at a time."""
+        """(mtime_ns, key, size) of every block, oldest first, one at a time."""
         return heapq.merge(*(zip(r.mtimes, r.names, r.sizes) for r in self.runs))
 
     @classmethod
@@ -209,14 +210,15 @@ class Store:
             os.close(leaf)
 
     def touch_times(self, keys: list[tuple[str, int]]) -> None:
-        """Set mtimes (seconds) so a restart restores approximate LRU order."""
-        for key, t in keys:
+        """Set mtimes (ns) so a restart restores approximate LRU order, and
+        the policy's frequency in their nanoseconds (`policy.encode_mtime_ns`)."""
+        for key, ns in keys:
             try:
                 leaf = self._leaf(layout.fanout(key), create=False)
             except FileNotFoundError:
                 continue  # evicted meanwhile
             try:
-                os.utime(key, (t, t), dir_fd=leaf, follow_symlinks=False)
+                os.utime(key, ns=(ns, ns), dir_fd=leaf, follow_symlinks=False)
             except FileNotFoundError:
                 pass
             finally:
@@ -423,7 +425,7 @@ def _scan_tops(tops: list[str], placement: Placement | None, me: int) -> ScanRes
                               and MIN_BLOCK_FILE <= st.st_size <= _MAX_FILE)
                     if ok:
                         names.append(name)
-                        mtimes.append(int(st.st_mtime))
+                        mtimes.append(st.st_mtime_ns)
                         sizes.append(st.st_size)
                     else:
                         log.info("scan: removing %s (not a block this dir owns)", e.path)

@@ -9,7 +9,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -19,20 +18,6 @@ from blockcache_client.contract.blockkey import BlockKey
 from blockcached import cache as cache_mod
 
 from .engine import Engine, block, key
-
-
-@pytest.fixture
-def engines(tmp_path):
-    made = []
-
-    def make(sizes=(1 << 20,), sub="e", **values):
-        e = Engine(tmp_path / sub, list(sizes), **values)
-        made.append(e)
-        return e
-    yield make
-    for e in made:
-        e.close()
-
 
 CAP = 48 << 10
 VOLS = ("a", "b")
@@ -136,7 +121,7 @@ TestCacheMachine.settings = settings(max_examples=15, stateful_step_count=12, de
 
 
 def test_lru_evicts_least_recently_touched_first(engines):
-    e = engines([40_000], high_watermark=0.9, low_watermark=0.5)
+    e = engines([40_000], high_watermark=0.9, low_watermark=0.5, admission_policy="lru")
     keys = [key(inode=i + 1) for i in range(8)]
     for k in keys:
         e.cache.put(k, block(k, 4000))  # 4144-byte files: 8 fit under 36000
@@ -145,13 +130,12 @@ def test_lru_evicts_least_recently_touched_first(engines):
     k9 = key(inode=99)
     assert e.cache.put(k9, block(k9, 4000)) == (True, "queued")
     e.settle()
-    # crossing 90% evicted down to 50%: the oldest untouched go first
+    # crossing 90% evicted just enough to stay under it: the oldest untouched
     remaining = e.cache.index.lru_order(0)
-    assert remaining[-1] == k9
-    assert keys[0] in remaining and keys[1] in remaining
-    assert keys[2] not in remaining
-    assert e.cache.index.dirs[0].used_bytes <= 20_000
+    assert remaining == keys[3:] + keys[:2] + [k9]
+    assert e.cache.index.dirs[0].used_bytes == 8 * e.cache.index.size_of(k9) <= 0.9 * 40_000
     assert set(e.files()) == set(remaining)
+    assert e.cache.stats()["evictions_by_reason"] == {"admission": 1}
 
 
 def test_fill_queue_share_and_volume_bound(engines):

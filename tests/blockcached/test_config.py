@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grp
 import os
+import re
 import subprocess
 import sys
 
@@ -74,7 +75,8 @@ def test_defaults_and_env_socket(tmp_path, monkeypatch):
     c = cfg_of(tmp_path, None, "--cache-dir", "rel/dir")
     assert c.socket == "/tmp/bc-test/env.sock"
     assert c.cache_dirs[0].path == os.path.abspath("rel/dir")
-    assert c.socket_mode == 0o660 and c.high_watermark == 0.95 and c.low_watermark == 0.70
+    assert c.socket_mode == 0o660 and c.high_watermark == 0.98 and c.low_watermark == 0.95
+    assert c.admission_policy == "tinylfu"
     assert c.fill_queue_bytes == 256 << 20 and c.socket_group is None
 
 
@@ -138,3 +140,22 @@ def test_daemon_refuses_bad_config_at_start(tmp_path):
     assert r.returncode == 2
     assert r.stderr.startswith("blockcached: ") and "unknown key(s) cache_dir" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_volume_quotas(tmp_path):
+    c = cfg_of(tmp_path, '[[cache_dirs]]\npath = "/x"\n\n[volumes.imagenet]\nmax_bytes = "2T"\n\n'
+                         '[volumes.coco]\nmax_bytes = 1000\n')
+    assert c.volume_quotas == (("coco", 1000), ("imagenet", 2 << 40))
+    assert cfg_of(tmp_path, '[[cache_dirs]]\npath = "/x"\n').volume_quotas == ()
+
+
+@pytest.mark.parametrize("table, message", [
+    ('[volumes.Big_Name]\nmax_bytes = "1G"', "volumes.Big_Name"),
+    ('[volumes.a]\nweight = 2', "unknown key(s) weight"),
+    ('[volumes.a]\nmax_bytes = 0', "more than 0"),
+    ('[volumes.a]', "an empty table"),
+    ('volumes = 3', "must be tables, one per volume"),
+])
+def test_bad_volume_quotas_are_named(tmp_path, table, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        cfg_of(tmp_path, table + '\n\n[[cache_dirs]]\npath = "/x"\n')

@@ -130,7 +130,18 @@ def test_add_many_keeps_given_order_and_skips_present():
 def test_touch_reports_stale_once_per_interval():
     idx = Index(1)
     k = "v_1_00000000000000000000000000000000_0000000000000000"
-    idx.add(k, 0, 1, 100)
+    idx.add(k, 0, 1, 100, count=15)  # a saturated count: only time makes it stale
     assert idx.touch(k, 130, 60) == (0, False)
     assert idx.touch(k, 160, 60) == (0, True)   # 60 s since the recorded 100
     assert idx.touch(k, 200, 60) == (0, False)  # recorded time is now 160
+
+
+def test_touch_counts_accesses_and_asks_to_persist_at_milestones():
+    idx = Index(1)
+    k = "v_1_0000000000000000_0000000000000000"
+    idx.add(k, 0, 7, 96)
+    persisted = [c for c in range(2, 20) if idx.touch(k, 100, 10_000)[1]]
+    assert idx.count_of(k) == 15 and idx.size_of(k) == 7
+    assert persisted == [2, 4, 8, 15]  # the count each touch reached
+    idx.halve_counts(0, [k, "v_2_0000000000000000_0000000000000000"])
+    assert idx.count_of(k) == 7 and idx.size_of(k) == 7

@@ -56,7 +56,7 @@ def test_put_lookup_touch_stats(daemon):
     # the reader-side view per volume: one touch (a hit), two puts (fills after misses)
     assert s["volumes"] == {"vol": {"entries": 1, "used_bytes": len(blob), "touches": 1,
                                     "touch_bytes": len(blob), "puts": 2,
-                                    "put_bytes": 2 * len(blob)}}
+                                    "put_bytes": 2 * len(blob), "quota_bytes": 0}}
     assert os.stat(path).st_mode & 0o777 == 0o644
 
 

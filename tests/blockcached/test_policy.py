@@ -1,0 +1,242 @@
+"""The capacity policy (frequency-gated admission) on the cache engine, with real dirs.
+
+A "reader" here does what fsclient and `Volume` do: look a block up, and on a
+miss put it. Sizes are small: blocks of ~1 KB in dirs of ~100 blocks.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from blockcached import policy as policymod
+from blockcached.policy import FrequencySketch, Policy, decode_mtime_ns, encode_mtime_ns
+
+from .engine import Engine, block, key
+
+BLOCK = 1000
+FILE = len(block(key(), BLOCK))
+DIR = 100 * FILE
+
+
+def read(e: Engine, keys: list[str]) -> float:
+    """One pass over `keys` in order; the hit ratio. Writes land as they would
+    between a reader's requests (each request first accounts for them)."""
+    hits = 0
+    for k in keys:
+        e.cache.finish_writes()
+        if e.cache.lookup([k])[0] is not None:
+            hits += 1
+        else:
+            e.cache.put(k, block(k, BLOCK))
+            e.settle()
+    return hits / len(keys)
+
+
+def shuffled(keys: list[str], seed: int) -> list[str]:
+    out = list(keys)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def usable_blocks(e: Engine) -> int:
+    return int(e.cfg.high_watermark * DIR) // FILE
+
+
+# -- the sketch and the mtime encoding ---------------------------------------
+
+def test_sketch_counts_saturate_and_halve():
+    s = FrequencySketch()
+    assert [s.add("v_1_0_0") for _ in range(3)] == [0, 1, 2]
+    for _ in range(40):
+        s.add("v_1_0_0")
+    assert s.estimate("v_1_0_0") == policymod.MAX_COUNT
+    s.age()
+    assert s.estimate("v_1_0_0") == policymod.MAX_COUNT // 2
+    assert s.estimate("v_2_0_0") == 0
+
+
+def test_sketch_growth_keeps_counts():
+    s = FrequencySketch()
+    keys = [f"v_{i}_0_0" for i in range(1000)]
+    for i, k in enumerate(keys):
+        for _ in range(i % 5):
+            s.add(k)
+    before = [s.estimate(k) for k in keys]
+    s.fit(1 << 20)
+    assert len(s.table) >= policymod.SLOTS_PER_ENTRY << 20
+    assert [s.estimate(k) for k in keys] == before
+
+
+@given(seconds=st.integers(0, 1 << 33), count=st.integers(0, 100))
+def test_mtime_carries_the_frequency(seconds, count):
+    assert decode_mtime_ns(encode_mtime_ns(seconds, count)) == (seconds, min(count, 15))
+
+
+def test_an_ordinary_mtime_carries_no_frequency():
+    assert decode_mtime_ns(1_700_000_000_123_456_789) == (1_700_000_000, 0)
+
+
+# -- behaviours on the engine ----------------------------------------------------
+
+@pytest.mark.parametrize("times", [1.5, 3])
+def test_shuffled_epochs_keep_a_fixed_subset(engines, times):
+    e = engines([DIR])
+    data = [key(inode=i + 1) for i in range(int(100 * times))]
+    optimum = usable_blocks(e) / len(data)
+    ratios = [read(e, shuffled(data, epoch)) for epoch in range(4)]
+    assert ratios[0] == 0
+    assert min(ratios[1:]) >= 0.9 * optimum, (ratios, optimum)
+    s = e.cache.stats()
+    assert s["policy"]["rejected"]["less_frequent"] > 0
+    assert s["used_bytes"] >= 0.9 * DIR  # the disk is used, not left a quarter empty
+
+
+def test_lru_thrashes_on_the_same_epochs(engines):
+    """The same reads under plain LRU: what the policy is for."""
+    e = engines([DIR], admission_policy="lru")
+    data = [key(inode=i + 1) for i in range(150)]
+    optimum = usable_blocks(e) / len(data)
+    ratios = [read(e, shuffled(data, epoch)) for epoch in range(4)]
+    assert max(ratios[1:]) < 0.75 * optimum, ratios
+
+
+def test_a_dataset_that_fits_is_all_hits(engines):
+    e = engines([DIR])
+    data = [key(inode=i + 1) for i in range(90)]
+    ratios = [read(e, shuffled(data, epoch)) for epoch in range(3)]
+    assert ratios[1:] == [1.0, 1.0]
+
+
+def test_one_pass_over_a_cold_set_leaves_the_hot_set(engines):
+    e = engines([DIR])
+    hot = [key(vol="hot", inode=i + 1) for i in range(50)]
+    for epoch in range(3):
+        read(e, shuffled(hot, epoch))
+    cold = [key(vol="cold", inode=i + 1) for i in range(300)]
+    hits = total = 0
+    rng = random.Random(7)
+    for i, k in enumerate(cold):  # a validation sweep while training goes on
+        read(e, [k])
+        if i % 2:
+            total += 1
+            hits += read(e, [rng.choice(hot)])
+    assert hits / total >= 0.9
+    assert read(e, hot) >= 0.9
+    assert e.cache.stats()["policy"]["rejected"]["less_frequent"] >= 200
+
+
+def test_a_new_working_set_replaces_the_old(engines):
+    e = engines([DIR])
+    a = [key(vol="a", inode=i + 1) for i in range(150)]
+    for epoch in range(3):
+        read(e, shuffled(a, epoch))
+    b = [key(vol="b", inode=i + 1) for i in range(80)]
+    ratios = [read(e, shuffled(b, 10 + epoch)) for epoch in range(3)]
+    assert ratios[2] >= 0.95, ratios
+    s = e.cache.stats()
+    assert s["policy"]["admitted"].get("stale_cache", 0) > 0
+    assert s["volumes"]["b"]["entries"] == 80
+
+
+def test_a_restart_keeps_what_the_policy_learned(engines):
+    e = engines([DIR], sub="r")
+    data = [key(inode=i + 1) for i in range(150)]
+    for epoch in range(3):
+        read(e, shuffled(data, epoch))
+    e.run_for(0.1)  # the tick persists the frequencies in the files' mtimes
+    cached = sorted(e.cache.index.range())
+    estimates = {k: e.cache.index.count_of(k) for k in cached}
+    e.close()
+
+    e2 = engines([DIR], sub="r")
+    assert sorted(e2.cache.index.range()) == cached
+    restored = {k: e2.cache.index.count_of(k) for k in cached}
+    assert all(restored[k] >= min(estimates[k], 2) for k in cached), (estimates, restored)
+    # a block seen before the restart is still refused in favour of the cached ones
+    assert read(e2, shuffled(data, 3)) >= 0.9 * usable_blocks(e2) / len(data)
+    assert sorted(e2.cache.index.range()) == cached
+
+
+# -- properties -------------------------------------------------------------------
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reads=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 59), st.integers(0, 3)),
+                      min_size=20, max_size=150))
+def test_capacity_never_exceeded_and_a_restart_keeps_the_decisions(reads):
+    """Random reads of three volumes' blocks (sizes 0-3 KB), v0 with a quota
+    of a third of the dir: the hard limit and the quota hold after every put
+    (counting admitted, unwritten puts); every eviction made room for an
+    admitted block; and a restarted engine keeps the same blocks and refuses
+    whatever the running one would have refused."""
+    tmp = Path(tempfile.mkdtemp(prefix="bc-policy-"))
+    try:
+        cap = 12 * FILE
+        quota = cap // 3
+        e = Engine(tmp, [cap], volume_quotas=(("v0", quota),))
+        try:
+            for vol, inode, size in reads:
+                k = key(vol=f"v{vol}", inode=inode + 1, offset=size << 20)
+                if e.cache.lookup([k])[0] is None:
+                    e.cache.put(k, block(k, size * 1000))
+                    c = e.cache.caps[0]
+                    assert e.cache.index.dirs[0].used_bytes + c.reserved <= cap
+                    v0 = e.cache.index.volumes.get("v0", (0, 0))[1]
+                    assert v0 + e.cache._vol_reserved.get("v0", 0) <= quota
+                    e.settle()
+            s = e.cache.stats()
+            by = s["evictions_by_reason"]
+            assert s["evictions"] == by.get("admission", 0) + by.get("quota", 0)
+            e.run_for(0.05)
+            cached = sorted(e.cache.index.range())
+            probe = [key(vol="new", inode=i + 1) for i in range(5)]
+            before = [e.cache.policy.admit(0, [e.cache.index.count_of(v) for v, _ in
+                                               e.cache.index.peek_lru(0, 1)]) for _ in probe]
+        finally:
+            e.close()
+        e2 = Engine(tmp, [cap], volume_quotas=(("v0", quota),))
+        try:
+            assert sorted(e2.cache.index.range()) == cached
+            after = [e2.cache.policy.admit(0, [e2.cache.index.count_of(v) for v, _ in
+                                               e2.cache.index.peek_lru(0, 1)]) for _ in probe]
+            assert [a is None for a in after] == [b is None for b in before] or all(
+                a is None for a in after)
+        finally:
+            e2.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_policy_admits_on_frequency_or_a_stale_cache():
+    p = Policy()
+    assert p.admit(0, []) == "room"
+    assert p.admit(3, [1, 3]) is None       # ties stay with the cached block
+    assert p.admit(4, [1, 3]) == "more_frequent"
+    p.stale = True
+    assert p.admit(1, [3]) == "stale_cache"
+    assert p.admit(0, [3]) is None          # never seen before: still refused
+    assert p.stats()["rejected"] == {"less_frequent": 2}
+
+
+def test_an_evicted_block_keeps_its_count_for_its_return():
+    p = Policy()
+    p.evicted("v_1_0_0", 6)
+    assert p.miss("v_1_0_0", 0) == 6
+
+
+def test_aging_halves_cached_counts_too(engines):
+    e = engines([DIR])
+    data = [key(inode=i + 1) for i in range(20)]
+    for _epoch in range(5):
+        read(e, data)
+    assert {e.cache.index.count_of(k) for k in data} == {5}
+    e.cache.policy.sketch.age()
+    e.run_for(0.1)
+    assert {e.cache.index.count_of(k) for k in data} == {2}
+    assert e.cache.index.lru_order(0) == data  # places kept

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import os
 
-from . import safeopen
-from .safeopen import Unsupported
+from .common import safeopen
+from .common.safeopen import Unsupported
 
 __all__ = ["SUPPORTED", "Unsupported", "open_cached"]
 

@@ -30,7 +30,7 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from blockcache_client import safeopen
+from blockcache_client.common import safeopen
 from blockcache_client.contract import blockfile, layout
 from blockcache_client.contract.blockkey import is_block_name
 

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from blockcache_client import safeopen
+from blockcache_client.common import safeopen
 
 
 @pytest.fixture(params=["openat2", "walk"])

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from blockcache_client.client import Client
 from blockcache_client.contract.errors import BlockcacheError
 from blockcache_client.volumekey import generate_key_file
+from devtools.daemon import DaemonProcess
 from fsclient import mountpoint as mp
 from fsclient.config import build_config, load_toml
 from fsclient.mount import spawn
@@ -163,42 +164,16 @@ class Demo:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.tmp = tempfile.mkdtemp(prefix="blockcache-demo-")
-        self.socket = os.path.join(self.tmp, "blockcached.sock")
+        self.socket = os.path.join(self.tmp, "blockcached.sock")  # DaemonProcess's socket
         self.mountpoint = os.path.join(self.tmp, "mnt")
-        self.daemon: subprocess.Popen | None = None
+        self.daemon: DaemonProcess | None = None
         self.mount_proc: subprocess.Popen | None = None
 
     def say(self, text: str) -> None:
         print(text, flush=True)
 
     def start_daemon(self) -> None:
-        log = open(os.path.join(self.tmp, "blockcached.log"), "ab")
-        self.daemon = subprocess.Popen(
-            [sys.executable, "-m", "blockcached", "--socket", self.socket,
-             "--cache-dir", f"{os.path.join(self.tmp, 'cache')}:4G",
-             "--min-free-bytes", "0", "--min-free-inodes", "0"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        log.close()
-        deadline = time.monotonic() + 20
-        with Client(self.socket, timeout=1.0) as c:
-            while True:
-                if self.daemon.poll() is not None:
-                    raise RuntimeError(f"blockcached exited at start; see "
-                                       f"{self.tmp}/blockcached.log:\n{self._tail('blockcached.log')}")
-                try:
-                    c.ping()
-                    return
-                except BlockcacheError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("blockcached did not answer within 20s") from None
-                    time.sleep(0.05)
-
-    def _tail(self, name: str) -> str:
-        try:
-            with open(os.path.join(self.tmp, name), errors="replace") as f:
-                return "".join(f.readlines()[-20:])
-        except OSError:
-            return ""
+        self.daemon = DaemonProcess(self.tmp, [(os.path.join(self.tmp, "cache"), "4G")]).start()
 
     def write_config(self, remote: str) -> str:
         path = os.path.join(self.tmp, "demo.toml")
@@ -245,13 +220,8 @@ class Demo:
             self.unmount()
         except Exception as exc:  # keep going: the daemon and temp dir still need cleaning
             print(f"demo: cleanup: {exc}", file=sys.stderr)
-        if self.daemon is not None and self.daemon.poll() is None:
-            self.daemon.send_signal(signal.SIGTERM)
-            try:
-                self.daemon.wait(20)
-            except subprocess.TimeoutExpired:
-                self.daemon.kill()
-                self.daemon.wait()
+        if self.daemon is not None:
+            self.daemon.stop()
         if self.args.keep:
             return
         if mp.is_mounted(self.mountpoint):

@@ -1,6 +1,6 @@
 """`fsclient warmup`: load a volume's files into the host cache, check or evict them.
 
-    fsclient warmup --config VOLUME.toml [PATHS...] [-f FILELIST] [-p N]
+    fsclient warmup --config VOLUME.toml [PATHS...] [-f FILELIST] [-p N] [--shard I/N]
     fsclient warmup --mount MOUNTPOINT   [PATHS...] [--check | --evict]
     fsclient warmup SOURCE --volume NAME --key-file FILE [--block-size 4M] [PATHS...]
 
@@ -27,6 +27,10 @@ How it works, and what it promises
 - Fills are never silently lost: the reader's fill queue drops blocks when
   it is full, so fetches wait while it is more than `FILL_HIGH` full, and any
   fills dropped anyway are reported as a failure (exit 1; run it again).
+- Cooperative (`--shard I/N`, `shard.py`): N hosts each warm the files of
+  their shard from the remote, so every file is fetched once over all of
+  them; the hosts then read the rest from the cluster tier. Which files are
+  a shard's depends on the volume path alone, so hosts agree without talking.
 - `--check` prints, per path given, how much of it is in the cache now
   (bytes and percent, by blocks present); `--evict` removes the blocks of
   those files (all versions) through the daemon.
@@ -38,8 +42,9 @@ list must not fill a cache it never reads again.
 Symbolic links are not followed (a link is listed as skipped), so a walk
 cannot loop or leave the volume.
 
-Modules: this entry point; `targets` (which files), `fetch` (the fetching
-and its summary), `check` (`--check`, `--evict`), `progress`, `interrupts`.
+Modules: this entry point; `targets` (which files), `shard` (which of them
+are this host's), `fetch` (the fetching and its summary), `check` (`--check`,
+`--evict`), `progress`, `interrupts`.
 """
 
 from __future__ import annotations
@@ -58,9 +63,11 @@ from .check import run_check
 from .fetch import Warmup, summary
 from .interrupts import EXIT_FAILED, EXIT_INTERRUPTED, raise_interrupted
 from .progress import Progress
+from .shard import Shard, parse_shard
 from .targets import Target, read_file_list, targets
 
-__all__ = ["default_parallel", "mount_config", "read_file_list", "run", "targets"]
+__all__ = ["Shard", "default_parallel", "mount_config", "parse_shard", "read_file_list", "run",
+           "targets"]
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +108,9 @@ def mount_config(mountpoint: str) -> dict[str, Any]:
 
 
 def run(volume: Any, mode: str, items: Iterable[Target], parallel: int, fill_queue_bytes: int,
-        out: TextIO, err: TextIO, progress_interval: float) -> int:
-    """Run one mode to the end; returns the exit code."""
+        out: TextIO, err: TextIO, progress_interval: float, shard: Shard | None = None) -> int:
+    """Run one mode to the end; returns the exit code. `shard` (warming only):
+    warm just that shard's files."""
     if not wait_connected(volume):
         err.write(f"fsclient: error: blockcached is not reachable at {volume.socket_path}; "
                   f"warmup needs the daemon (start it, or check --socket)\n")
@@ -110,7 +118,8 @@ def run(volume: Any, mode: str, items: Iterable[Target], parallel: int, fill_que
     old = {s: signal.signal(s, raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if mode == "warm":
-            return _warm(volume, items, parallel, fill_queue_bytes, out, err, progress_interval)
+            return _warm(volume, items, parallel, fill_queue_bytes, out, err, progress_interval,
+                         shard)
         return run_check(volume, mode, items, parallel, out)
     finally:
         for s, h in old.items():
@@ -118,8 +127,8 @@ def run(volume: Any, mode: str, items: Iterable[Target], parallel: int, fill_que
 
 
 def _warm(volume: Any, items: Iterable[Target], parallel: int, fill_queue_bytes: int,
-          out: TextIO, err: TextIO, progress_interval: float) -> int:
-    w = Warmup(volume, parallel, fill_queue_bytes)
+          out: TextIO, err: TextIO, progress_interval: float, shard: Shard | None) -> int:
+    w = Warmup(volume, parallel, fill_queue_bytes, shard)
     before = volume.stats()
     started = time.monotonic()
     progress = Progress(w.tally, err, err.isatty(), progress_interval).start()

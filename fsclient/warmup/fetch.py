@@ -17,6 +17,7 @@ from blockcache_client.contract.units import format_size
 
 from .interrupts import Interrupted
 from .progress import Tally
+from .shard import Shard
 from .targets import Target, reason, resolved, walk
 
 DRAIN_TIMEOUT = 30.0       # seconds to hand in-flight fills to the daemon at the end
@@ -24,11 +25,14 @@ FILL_HIGH = 0.5            # fraction of the reader's fill queue above which fet
 
 
 class Warmup:
-    """Fetch every uncached block of the targets, `parallel` at a time."""
+    """Fetch every uncached block of the targets, `parallel` at a time; with a
+    `shard`, only of the files that are that shard's."""
 
-    def __init__(self, volume: Any, parallel: int, fill_queue_bytes: int):
+    def __init__(self, volume: Any, parallel: int, fill_queue_bytes: int,
+                 shard: Shard | None = None):
         self.volume = volume
         self.parallel = parallel
+        self.shard = shard
         self.fill_limit = int(fill_queue_bytes * FILL_HIGH)
         self.tally = Tally()
         self.interrupted: str | None = None
@@ -46,7 +50,10 @@ class Warmup:
                 try:
                     for f in walk(self.volume, info, lambda d, exc: t.fail(d, reason(exc)),
                                   self._stats_pool, on_link=self._link):
-                        self._file(f)
+                        if self.shard is None or self.shard.owns(f.path):
+                            self._file(f)
+                        else:
+                            self._other_shard(f)
                 except (OSError, BlockcacheError) as exc:
                     t.fail(target.given, reason(exc))
             t.listed_all = True
@@ -62,6 +69,11 @@ class Warmup:
     def _link(self, info: FileInfo) -> None:
         with self.tally.lock:
             self.tally.skipped_links += 1
+
+    def _other_shard(self, info: FileInfo) -> None:
+        with self.tally.lock:
+            self.tally.other_shard_files += 1
+            self.tally.other_shard_bytes += info.size
 
     def _file(self, info: FileInfo) -> None:
         t = self.tally
@@ -109,6 +121,8 @@ def summary(w: Warmup, elapsed: float, stats: dict[str, Any]) -> str:
     """The end-of-run report."""
     t = w.tally
     state = f"interrupted ({w.interrupted})" if w.interrupted else "done"
+    if w.shard is not None:
+        state = f"of shard {w.shard} {state}"
     # What came from the source, by the reader's own counts: a read of a
     # file's first block fetches the blocks after it in the same request
     # (coalesced), so an interrupted run may have fetched (and handed over)
@@ -128,6 +142,9 @@ def summary(w: Warmup, elapsed: float, stats: dict[str, Any]) -> str:
     if stats.get("fills_dropped"):
         lines.append(f"  fills dropped   {stats['fills_dropped']} (fetched but not cached: "
                      f"blockcached was unreachable or full; run warmup again)")
+    if w.shard is not None:
+        lines.append(f"  other shards    {t.other_shard_files} files, "
+                     f"{format_size(t.other_shard_bytes)} (the other hosts' share)")
     if t.skipped_links:
         lines.append(f"  links skipped   {t.skipped_links}")
     for path, why in t.failures.items():

@@ -23,6 +23,8 @@ class Tally:
     fetched_bytes: int = 0
     failed_bytes: int = 0
     skipped_links: int = 0
+    other_shard_files: int = 0   # with --shard: files left to the other hosts
+    other_shard_bytes: int = 0
     failures: dict[str, str] = field(default_factory=dict)
     failed_count: int = 0
     listed_all: bool = False   # enumeration finished: `bytes` is the total

@@ -9,8 +9,7 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := fuse,s3,metrics,test,bench
 # fuse3: fusermount3 + the kernel protocol helpers; libfuse3-dev + pkg-config:
 # to build pyfuse3 from source when no wheel fits. memcached: the cluster
-# tier's engine; tests start their own servers on loopback ports (Debian's
-# package also enables memcached.service: harmless, it listens on 127.0.0.1).
+# tier's tests start their own servers on loopback ports.
 SYSPKGS := fuse3 libfuse3-dev pkg-config memcached
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

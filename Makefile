@@ -1,6 +1,6 @@
 # Everything a newcomer needs, installed on demand: `make demo`, `make test`.
 # Runs as root on a fresh Debian machine with no stdin (CI); elsewhere uses sudo
-# for the few system packages FUSE needs.
+# for the few system packages FUSE and the cluster tier's tests need.
 
 PYTHON  ?= python3
 VENV    := .venv
@@ -8,8 +8,9 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 EXTRAS  := fuse,s3,metrics,test,bench
 # fuse3: fusermount3 + the kernel protocol helpers; libfuse3-dev + pkg-config:
-# to build pyfuse3 from source when no wheel fits.
-SYSPKGS := fuse3 libfuse3-dev pkg-config
+# to build pyfuse3 from source when no wheel fits. memcached: the cluster
+# tier's tests start their own servers on loopback ports.
+SYSPKGS := fuse3 libfuse3-dev pkg-config memcached
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup sysdeps test demo bench clean install-systemd

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
 import time
 
@@ -94,8 +95,12 @@ class HostFill:
         self._run = max(1, min(volume._window, budget.limit // (4 * volume.block_size)))
         self._budget = budget
         self._cancelled = cancelled
-        self._client = Client(volume.socket_path, timeout=PUT_TIMEOUT,
-                              daemon_uid=volume._daemon_uid)
+        self._connect = lambda: Client(volume.socket_path, timeout=PUT_TIMEOUT,
+                                       daemon_uid=volume._daemon_uid)
+        # idle connections: a Client carries one request at a time, so puts
+        # sharing one would queue behind each other's round trips; there are
+        # at most as many as puts ever ran at once (<= the threads)
+        self._clients: queue.SimpleQueue[Client] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self.reading = 0       # source requests in flight now
         self.max_reading = 0   # and at most so far
@@ -106,7 +111,11 @@ class HostFill:
         return self._link.connected
 
     def close(self) -> None:
-        self._client.close()
+        while True:
+            try:
+                self._clients.get_nowait().close()
+            except queue.Empty:
+                return
 
     def fill(self, info: FileInfo) -> str:
         """Put `info`'s blocks into the host cache: "cached" (all were),
@@ -164,10 +173,16 @@ class HostFill:
         pause = 0.01
         for attempt in range(BUSY_RETRIES + 1):
             try:
-                accepted, reason = self._client.put(key, blob)
+                client = self._clients.get_nowait()
+            except queue.Empty:
+                client = self._connect()
+            try:
+                accepted, reason = client.put(key, blob)
             except (DaemonUnavailable, DaemonError) as exc:
                 log.debug("prefetch put %s: %s", key, exc)
                 return False
+            finally:
+                self._clients.put(client)
             if accepted or reason in _ON_ITS_WAY or reason == "exists":
                 return True
             if reason not in _BUSY or attempt == BUSY_RETRIES or self._cancelled.wait(pause):
@@ -183,7 +198,8 @@ class HostFill:
         pause = 0.001
         for key in keys:
             while not self._hits.is_cached(key):
-                if time.monotonic() > deadline or self._cancelled.wait(pause):
+                if time.monotonic() > deadline or self._cancelled.is_set():
                     return False
+                time.sleep(pause)  # Event.wait would build a lock per call
                 pause = min(0.02, pause * 2)
         return True

@@ -82,7 +82,6 @@ class HostFill:
 
     def __init__(self, volume, budget: ByteBudget, cancelled: threading.Event):
         volume._proc()  # this process's parts, built anew after a fork
-        self.volume_name = volume.name
         self.block_size = volume.block_size
         self._key_prefix = volume._key_prefix
         self._hits = volume._hits

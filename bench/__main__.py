@@ -6,6 +6,7 @@
     python -m bench --publish                    # also write the run into docs/
     python -m bench --from-json docs/benchmarks-results.json --publish   # docs only, no run
     python -m bench capacity                     # the daemon's hit ratios when data outgrows it
+    python -m bench prefetch                     # cold epochs with and without prefetch_ahead
 
 Set-up is part of the run: matplotlib is pip-installed into this interpreter
 when missing, rclone and s3fs-fuse are apt-installed when missing (a system
@@ -27,15 +28,16 @@ import subprocess
 import sys
 import time
 
-from . import PROJECT_ROOT, capacity, datasets, report
+from . import PROJECT_ROOT, capacity, datasets, prefetch, report
 from .remote import DEFAULT_RTT_MS, Remote
 from .systems import Ctx, _project_version, all_systems
 from .workloads import WORKLOADS, Runner
 
 log = logging.getLogger("bench")
 
-# `capacity` runs on our daemon alone, without the remote or the other systems
-ALL_WORKLOADS = [*WORKLOADS, "capacity"]
+# `capacity` runs on our daemon alone, `prefetch` on ours over `latency::`:
+# without the S3 remote or the other systems
+ALL_WORKLOADS = [*WORKLOADS, "capacity", "prefetch"]
 
 RESULTS = os.path.join(PROJECT_ROOT, "bench", "results")
 
@@ -154,6 +156,14 @@ def run_capacity(args: argparse.Namespace) -> int:
     return 0 if all(r.met for r in results) else 1
 
 
+def run_prefetch(args: argparse.Namespace) -> int:
+    """Workload `prefetch` (bench/prefetch.py): 3,000 files read cold with and
+    without `prefetch_ahead` (300 with `--size tiny`). 0 if every target is met."""
+    files = 300 if args.size == "tiny" else prefetch.DEFAULT_FILES
+    log.info("workload prefetch: %d files, cold, with and without prefetch_ahead", files)
+    return prefetch.main(["--files", str(files), "--out", args.out])
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -164,13 +174,14 @@ def main(argv: list[str] | None = None) -> int:
             result = json.load(f)
         stem = os.path.splitext(os.path.basename(args.from_json))[0]
     else:
-        capacity_ok = True
-        if not args.workloads or "capacity" in args.workloads:
-            capacity_ok = run_capacity(args) == 0
-            if args.workloads == ["capacity"]:
-                return 0 if capacity_ok else 1
-            if args.workloads:
-                args.workloads.remove("capacity")
+        own_ok = True
+        for name, run_own in (("capacity", run_capacity), ("prefetch", run_prefetch)):
+            if not args.workloads or name in args.workloads:
+                own_ok &= run_own(args) == 0
+                if args.workloads:
+                    args.workloads.remove(name)
+                    if not args.workloads:
+                        return 0 if own_ok else 1
         result = run(args)
         stem = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         if args.workloads or set(args.systems) != {s.name for s in all_systems()}:

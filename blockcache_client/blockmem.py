@@ -54,7 +54,7 @@ class BlockMemory:
     def get_bound(self, key: str) -> tuple[bytes | None, bytes | None]:
         """A block and the header it was sealed with (None if not bound yet),
         read together: the header is that of exactly these bytes."""
-        if not self._blocks:
+        if key not in self._blocks:  # lock-free: absent now is a miss either way
             return None, None
         with self._lock:
             data = self._blocks.get(key)

@@ -19,10 +19,11 @@ import errno
 import logging
 import os
 
-from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, chunk_span
+from ..contract.blockfile import HEADER_SIZE, TAG_SIZE
 from ..contract.errors import FormatError, IntegrityError
+from ..contract.layout import Layout
 from .blockfds import BlockFiles
-from .chunks import ChunkCache, assemble
+from .chunks import ChunkCache, assemble, cut
 from .hits import _O_RDONLY, HitReader, check_block_stat
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class ChunkedHits:
         self._bad_block = hits.bad_block
         self.cache = cache
         self.files = files
+        self._mem_get = cache.mem.get
 
     def fetched(self, key: str, data: bytes, lo: int, hi: int) -> None:
         """A miss read [lo, hi) of the block `data` it fetched: its chunks are
@@ -47,21 +49,23 @@ class ChunkedHits:
         held, head = self.cache.mem.get_bound(key)
         self.cache.saw(key, data, head if held is data else None, lo, hi)
 
-    def read(self, path: str | None, key: str, blen: int, lo: int, hi: int,
+    def read(self, layout: Layout, key: str, blen: int, lo: int, hi: int,
              out: memoryview | None, holder: set[str] | None):
-        """Plaintext [lo, hi) of `key`'s cached block (bytes, or the length
-        stored in `out`), or None for a miss. `holder`: the key set of an
-        open handle, which keeps the block file open."""
-        if path is None:  # its cache dir is unhealthy
-            return None
+        """Plaintext [lo, hi) (lo < hi <= blen) of `key`'s cached block
+        (bytes, or the length stored in `out`), or None for a miss; a hit is
+        counted and touched. `holder`: the key set of an open handle, which
+        keeps the block file open."""
         c = self._chunk_size
-        first, end = chunk_span(blen, c, lo, hi - lo)
+        first, end = lo // c, (hi - 1) // c + 1
         ent = self.files.borrow(key, holder) if holder is not None else None
         mine = -1  # a descriptor this read opened and must close (not the table's)
         try:
             if ent is not None:
                 fd, head, size = ent.fd, ent.head, ent.size
             else:
+                path = layout.path(key)
+                if path is None:  # its cache dir is unhealthy
+                    return None
                 fd, head, size = self._open(path, key)
                 if fd < 0:
                     return None
@@ -69,18 +73,28 @@ class ChunkedHits:
                     mine = fd
                 else:
                     ent = self.files.adopt(key, fd, head, size, holder)
+            if end - first == 1:  # the usual small read: one chunk, no list
+                piece = self._mem_get((key, head, first))
+                if piece is not None:
+                    self.counters.add3("hits", "hit_bytes", hi - lo, "chunk_hits")
+                    got = cut(piece, lo - first * c, hi - lo, out)
+                    self._link.touch(key)
+                    return got
             pieces = self.cache.pieces(key, head, first, end)
             if None in pieces:
                 self._decrypt(fd, key, head, size, blen, first, pieces)
+                self.counters.add2("hits", "hit_bytes", hi - lo)
             else:
-                self.counters.add("chunk_hits")
-            return assemble(pieces, first, c, lo, hi, out)
+                self.counters.add3("hits", "hit_bytes", hi - lo, "chunk_hits")
+            got = assemble(pieces, first, c, lo, hi, out)
+            self._link.touch(key)
+            return got
         except (FormatError, IntegrityError, OSError) as exc:
             if ent is not None:  # stale or bad: not lent again
                 self.files.give_back(ent, drop=True)
                 ent = None
             if isinstance(exc, OSError):  # a failing cache disk is a miss, never an error
-                log.debug("cannot read cached block %s: %s", path, exc)
+                log.debug("cannot read cached block %s: %s", key, exc)
             else:
                 self._bad_block(key, exc)
             return None

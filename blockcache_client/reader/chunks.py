@@ -108,6 +108,14 @@ class ChunkCache:
                 self.mem.put((key, head, i), chunk)
 
 
+def cut(piece: bytes, skip: int, n: int, out: memoryview | None):
+    """piece[skip:skip + n] as bytes, or stored in `out` and its length returned."""
+    if out is None:
+        return piece[skip:skip + n]
+    out[:n] = memoryview(piece)[skip:skip + n]
+    return n
+
+
 def assemble(pieces: list[bytes], first: int, chunk_size: int, lo: int, hi: int,
              out: memoryview | None):
     """Plaintext [lo, hi) of a block from its chunks `first`.. (`pieces`): as
@@ -115,10 +123,7 @@ def assemble(pieces: list[bytes], first: int, chunk_size: int, lo: int, hi: int,
     skip = lo - first * chunk_size
     n = hi - lo
     if len(pieces) == 1:
-        if out is None:
-            return pieces[0][skip:skip + n]
-        out[:n] = memoryview(pieces[0])[skip:skip + n]
-        return n
+        return cut(pieces[0], skip, n, out)
     views = []
     left = n
     for p in pieces:

@@ -136,10 +136,9 @@ class HitReader:
             return None
         if nowait and not self.nowait:
             return None
-        if keep and not nowait:
-            got = chunks.read(layout.path(key), key, blen, lo, hi, out, holder)
-        else:
-            got = self._read_file(layout.path(key), key, blen, lo, hi, out, nowait=nowait)
+        if keep and not nowait:  # counts its hits itself
+            return chunks.read(layout, key, blen, lo, hi, out, holder)
+        got = self._read_file(layout.path(key), key, blen, lo, hi, out, nowait=nowait)
         if got is not None:
             self.counters.add2("hits", "hit_bytes", hi - lo)
             self.link.touch(key)

@@ -69,6 +69,8 @@ def test_random_reads_match_and_warm_reads_come_from_chunks(local_source, key_fi
     with volume(local_source, key_file, daemon) as vol:
         wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
         reads = [(o, n) for o in EDGES for n in LENGTHS]
+        # shuffled: reads near the last one would look like a stream (`sequential`)
+        random.Random(11).shuffle(reads)
         with vol.open("f.bin") as f:
             for _ in range(2):  # the second pass finds the chunks the first kept
                 for off, n in reads:
@@ -93,7 +95,7 @@ def test_random_reads_match_and_warm_reads_come_from_chunks(local_source, key_fi
         s = vol.stats()
         assert s["open_block_files"] == 0  # closed with the handle
         assert s["misses"] == 0 and s["integrity_failures"] == 0
-        assert s["chunk_hits"] > len(reads)  # the second pass at least
+        assert s["chunk_hits"] > 2 * len(reads)  # most of the second pass at least
         assert 0 < s["chunk_bytes"] <= s["memory_bytes"] <= 64 << 20
 
 

@@ -16,10 +16,10 @@ exact bytes object sealed is bound, and replacing or dropping the block
 drops the binding.
 
 A block fetched for one small random read is *transient*: worth keeping
-only while its fill is on the way, so when room is needed it goes before
-anything else (but never the entry being put). Without this, each cold
-random read's 4 MiB block would push out 64 chunks that the next epoch
-reads.
+only while its fill is on the way. It is kept only in free room or in the
+place of older transient blocks, and when room is needed it goes before
+anything else. Without this, each cold random read's 4 MiB block would push
+out 64 chunks that the next epoch reads.
 """
 
 from __future__ import annotations
@@ -68,17 +68,18 @@ class BlockMemory:
             return
         with self._lock:
             self._drop(key)
+            if transient:
+                while self._bytes + len(data) > self.capacity and self._transient:
+                    self._drop(next(iter(self._transient)))
+                if self._bytes + len(data) > self.capacity:
+                    return  # it would push out chunks or a stream's blocks
+                self._transient[key] = None
             self._blocks[key] = data
             self._bytes += len(data)
             if type(key) is tuple:
                 self.chunk_bytes += len(data)
-            elif transient:
-                self._transient[key] = None
-            while self._bytes > self.capacity:
-                victim = next(iter(self._transient), key)
-                if victim == key:  # no other transient block: the least recently used
-                    victim = next(iter(self._blocks))
-                self._drop(victim)
+            while self._bytes > self.capacity:  # transient blocks first, then by recency
+                self._drop(next(iter(self._transient), None) or next(iter(self._blocks)))
 
     def bind_head(self, key: str, data: bytes, head: bytes) -> bool:
         """Note that the block `data` (this very object) was sealed with

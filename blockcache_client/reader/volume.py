@@ -373,7 +373,8 @@ class Volume:
         got = self._hits.read(key, blen, lo, hi, out, False, holder, keep)
         if got is not None:
             return got
-        data = self._fetcher.fetch(rel, info, key, boff, run, keep)
+        # transient: a small random read's block (one at offset 0 may start a stream)
+        data = self._fetcher.fetch(rel, info, key, boff, run, keep and lo > 0)
         if keep:
             chunks.fetched(key, data, lo, hi)
         self.counters.add2("misses", "miss_bytes", hi - lo)

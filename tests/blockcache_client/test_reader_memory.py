@@ -63,8 +63,10 @@ def test_transient_blocks_go_first_and_chunks_stay():
     mem.put("w", b"wwwww")  # a window's block: the transient ones go first
     assert mem.get("b2") is None and mem.get("b3") is None
     assert mem.get(("a", b"h", 1)) == b"34" and mem.used <= 10
-    mem.put("b4", b"qq", transient=True)  # the only transient: LRU order decides
-    assert mem.get("b4") == b"qq" and mem.used <= 10
+    mem.put("b4", b"qqq", transient=True)  # no room but chunks and w: not kept
+    assert mem.get("b4") is None and mem.get(("a", b"h", 1)) == b"34" and mem.used <= 10
+    mem.put("b5", b"q", transient=True)  # free room: kept
+    assert mem.get("b5") == b"q"
 
 
 def test_a_file_held_by_a_read_is_closed_when_given_back(tmp_path):

@@ -373,8 +373,7 @@ class Volume:
         got = self._hits.read(key, blen, lo, hi, out, False, holder, keep)
         if got is not None:
             return got
-        # transient: a small random read's block (one at offset 0 may start a stream)
-        data = self._fetcher.fetch(rel, info, key, boff, run, keep and lo > 0)
+        data = self._fetcher.fetch(rel, info, key, boff, run, keep)  # keep: transient
         if keep:
             chunks.fetched(key, data, lo, hi)
         self.counters.add2("misses", "miss_bytes", hi - lo)

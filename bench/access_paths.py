@@ -193,9 +193,6 @@ class VolumeReader(_FileAPIReader):
     def _open(self, path: str):
         return self.volume.open(path)
 
-    def read_range(self, path: str, offset: int, size: int) -> bytes:
-        return self.volume.read(path, offset, size)
-
     def stat(self, path: str) -> int:
         return self.volume.stat(path).size
 

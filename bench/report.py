@@ -100,6 +100,10 @@ def targets(result: dict) -> list[dict]:
             add(f"cold Volume >= 1.0x {peer}", "small-files", config, "volume", peer, 1, 1.0)
         for peer in ("rclone", "s3fs-fuse"):
             add(f"cold FUSE >= 1.0x {peer}", "small-files", config, "fuse", peer, 1, 1.0)
+    # issue 22: warm small random reads through Volume, files held open
+    for config, want in (("4 KiB", 0.5), ("128 KiB", 1.0)):
+        add(f"warm random reads: Volume >= {want:.1f}x fsspec-simplecache", "random", config,
+            "volume", "fsspec-simplecache", 2, want)
     shared = defaultdict(list)
     for r in result["rows"]:
         if r["workload"] == "shared" and r["system"] in ("volume", "fuse"):

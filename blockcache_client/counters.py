@@ -8,6 +8,7 @@ VOLUME_COUNTERS = (
     "hits", "misses", "hit_bytes", "miss_bytes", "memory_hits", "backend_bytes",
     "backend_requests", "fills_sent", "fills_dropped", "integrity_failures",
     "daemon_unavailable", "prefetches", "prefetches_dropped", "version_checks",
+    "chunk_hits",
 )
 
 

@@ -52,7 +52,7 @@ class BlockcachedFileSystem(ChainedFileSystem):
                  fs: fsspec.AbstractFileSystem | None = None, root: str | None = None,
                  fo: str | None = None, block_size: int = 4 << 20, meta_ttl: float = 60.0,
                  memory_cache_bytes: int = 64 << 20, fill_queue_bytes: int = 256 << 20,
-                 daemon_uid: int | None = None, **kwargs):
+                 daemon_uid: int | None = None, chunk_cache: bool = True, **kwargs):
         super().__init__(**kwargs)
         if fs is None:
             fs = fsspec.filesystem(target_protocol or "file", **(target_options or {}))
@@ -63,7 +63,8 @@ class BlockcachedFileSystem(ChainedFileSystem):
         self.volume = Volume(volume, self.root or "/", key_file, socket_path,
                              block_size=block_size, meta_ttl=meta_ttl,
                              memory_cache_bytes=memory_cache_bytes,
-                             fill_queue_bytes=fill_queue_bytes, daemon_uid=daemon_uid, fs=fs)
+                             fill_queue_bytes=fill_queue_bytes, daemon_uid=daemon_uid,
+                             chunk_cache=chunk_cache, fs=fs)
 
     @staticmethod
     def _default_root(fs, fo: str | None) -> str:

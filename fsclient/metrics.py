@@ -48,6 +48,8 @@ COUNTERS = {
                            "Readahead jobs dropped (too many queued)"),
     "version_checks": ("blockcache_client_version_checks_total", "Extra stats confirming a "
                        "multi-block file did not change during a block read"),
+    "chunk_hits": ("blockcache_client_chunk_hits_total", "Hits served from decrypted chunks "
+                   "kept in memory (no decryption)"),
 }
 
 

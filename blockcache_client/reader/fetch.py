@@ -43,17 +43,20 @@ class Fetcher:
         self._forget_version = forget_version  # a path whose version changed under us
         self.flight = SingleFlight()
 
-    def fetch(self, rel: str, info: FileInfo, key: str, boff: int, run: int = 1) -> bytes:
+    def fetch(self, rel: str, info: FileInfo, key: str, boff: int, run: int = 1,
+              transient: bool = False) -> bytes:
         """The whole block from the backend, once per key however many ask;
-        the same request may bring up to `run` - 1 following blocks."""
-        data, _ = self.flight.do(key, lambda: self._load(rel, info, key, boff, run))
+        the same request may bring up to `run` - 1 following blocks.
+        `transient`: for one small random read (see `blockmem`)."""
+        data, _ = self.flight.do(key, lambda: self._load(rel, info, key, boff, run, transient))
         return data
 
     def busy(self, key: str) -> bool:
         """Someone is fetching `key` now."""
         return self.flight.busy(key)
 
-    def _load(self, rel: str, info: FileInfo, key: str, boff: int, run: int) -> bytes:
+    def _load(self, rel: str, info: FileInfo, key: str, boff: int, run: int,
+              transient: bool) -> bytes:
         """`fetch`'s leader: claim the following blocks nobody has (up to
         `run` in all, stopping at the first one in memory, on the cache disk or
         being fetched: the range stays contiguous), read them all with one
@@ -86,7 +89,7 @@ class Fetcher:
             for k, call in claims:
                 self.flight.settle(k, call, error=exc)
             raise
-        self._keep(key, blocks[0])
+        self._keep(key, blocks[0], transient)
         for (k, call), block in zip(claims, blocks[1:]):
             self._keep(k, block)
             self.flight.settle(k, call, block)
@@ -94,8 +97,8 @@ class Fetcher:
             self.counters.add("prefetches", len(claims))
         return blocks[0]
 
-    def _keep(self, key: str, data: bytes) -> None:
-        self.mem.put(key, data)
+    def _keep(self, key: str, data: bytes, transient: bool = False) -> None:
+        self.mem.put(key, data, transient)
         if self._link.connected:
             self._link.offer_fill(key, data)
 

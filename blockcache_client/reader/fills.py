@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..contract import blockfile
 from ..contract.blockfile import HEADER_SIZE
+from .chunks import ChunkCache
 from .hits import Ciphers
 
 
@@ -22,18 +23,23 @@ class Sealer:
     differs and this entry is simply never used. Holds no reference to the
     Volume (the link's threads would keep it alive)."""
 
-    __slots__ = ("_volume_key", "_chunk_size", "_ciphers", "_buf")
+    __slots__ = ("_volume_key", "_chunk_size", "_ciphers", "_buf", "_chunks")
 
-    def __init__(self, volume_key: bytes, chunk_size: int, ciphers: Ciphers) -> None:
+    def __init__(self, volume_key: bytes, chunk_size: int, ciphers: Ciphers,
+                 chunks: ChunkCache | None = None) -> None:
         self._volume_key = volume_key
         self._chunk_size = chunk_size
         self._ciphers = ciphers
         self._buf = bytearray()
+        self._chunks = chunks  # told each block's header, to cache chunks under it
 
     def __call__(self, key: str, plaintext: bytes) -> memoryview:
         """The block file's bytes: valid until the next call."""
         blob, cipher = blockfile.seal_into(key, plaintext, self._volume_key, self._chunk_size,
                                            self._buf)
         self._buf = blob.obj  # the larger one, if it had to grow
-        self._ciphers.keep((key, blob[:HEADER_SIZE].tobytes()), cipher)
+        head = blob[:HEADER_SIZE].tobytes()
+        self._ciphers.keep((key, head), cipher)
+        if self._chunks is not None:
+            self._chunks.sealed(key, plaintext, head)
         return blob

@@ -57,6 +57,13 @@ _SCRATCH_KEPT = 4           # idle buffers kept for reuse
 _SCRATCH_MIN = 64 << 10
 
 
+def check_block_stat(st: os.stat_result, owner: int | None, path: str) -> None:
+    """FormatError unless `st` is a regular file of the daemon's uid `owner`."""
+    if not stat.S_ISREG(st.st_mode) or (owner is not None and st.st_uid != owner):
+        raise FormatError(f"{path} is not a regular file owned by the daemon's uid "
+                          f"{owner} (mode {st.st_mode:o}, uid {st.st_uid})")
+
+
 def deliver(data: bytes, lo: int, hi: int, out: memoryview | None):
     """data[lo:hi] as bytes, or stored in `out` and its length returned."""
     if out is None:
@@ -93,43 +100,54 @@ class HitReader:
     def __init__(self, name: str, volume_key: bytes, key_id: bytes, chunk_size: int,
                  mem: BlockMemory, link: DaemonLink, counters: Counters, ciphers: Ciphers):
         self.name = name
-        self._volume_key = volume_key
-        self._key_id = key_id
-        self._chunk_size = chunk_size
+        self.volume_key = volume_key
+        self.key_id = key_id
+        self.chunk_size = chunk_size
         self.mem = mem
-        self._link = link
+        self.link = link
         self.counters = counters
         self.ciphers = ciphers
         self._scratch: list[memoryview] = []  # idle hit buffers (see _SCRATCH_KEPT)
         self.nowait = nowait.SUPPORTED  # cleared if the kernel or cache fs refuses it
+        self.chunks = None  # a `chunkhits.ChunkedHits`: small partial reads keep chunks
 
     def read(self, key: str, blen: int, lo: int, hi: int, out: memoryview | None,
-             nowait: bool = False):
+             nowait: bool = False, holder: set[str] | None = None, keep: bool = False):
         """Plaintext [lo, hi) of `key`'s block (`blen` bytes) from the memory
         LRU or the cache disk, counted as a hit (bytes, or the length stored
         in `out`); None for a miss. `nowait`: only what the kernel's caches
-        hold, and a miss is neither counted nor judged."""
-        data = self.mem.get(key)
+        hold, and a miss is neither counted nor judged. `holder`: the key
+        set of the open handle reading (its block files stay open);
+        `keep`: the read keeps its chunks (`chunks.ChunkCache.wants` said so)."""
+        chunks = self.chunks
+        if keep:
+            data, head = self.mem.get_bound(key)
+            if data is not None:
+                chunks.cache.saw(key, data, head, lo, hi)
+        else:
+            data = self.mem.get(key)
         if data is not None:
             self.counters.add3("hits", "hit_bytes", hi - lo, "memory_hits")
             return deliver(data, lo, hi, out)
-        layout = self._link.layout
+        layout = self.link.layout
         if layout is None:
             if not nowait:
                 self.counters.add("daemon_unavailable")
             return None
         if nowait and not self.nowait:
             return None
+        if keep and not nowait:  # counts its hits itself
+            return chunks.read(layout, key, blen, lo, hi, out, holder)
         got = self._read_file(layout.path(key), key, blen, lo, hi, out, nowait=nowait)
         if got is not None:
             self.counters.add2("hits", "hit_bytes", hi - lo)
-            self._link.touch(key)
+            self.link.touch(key)
         return got
 
     def is_cached(self, key: str) -> bool:
         """True if `key`'s block file is there: a regular file of the daemon's
         uid, as `read` would use it (a link or a FIFO is not a block)."""
-        layout = self._link.layout
+        layout = self.link.layout
         path = layout.path(key) if layout is not None else None
         if path is None:
             return False
@@ -137,7 +155,7 @@ class HitReader:
             st = os.lstat(path)
         except OSError:
             return False
-        owner = self._link.daemon_uid
+        owner = self.link.daemon_uid
         return stat.S_ISREG(st.st_mode) and (owner is None or st.st_uid == owner)
 
     def held(self, key: str) -> bool:
@@ -160,23 +178,19 @@ class HitReader:
             if isinstance(exc, Unsupported):
                 self._nowait_refused(exc)
             elif exc.errno == errno.ELOOP and not nowait:  # a symlink in the cache tree
-                self._bad_block(key, f"a symlink on its path {path}")
+                self.bad_block(key, f"a symlink on its path {path}")
                 return None
             log.debug("cannot open cached block %s: %s", path, exc)
             return None
         scratch = None
         try:
-            st = os.fstat(fd)
-            owner = self._link.daemon_uid
-            if not stat.S_ISREG(st.st_mode) or (owner is not None and st.st_uid != owner):
-                raise FormatError(f"{path} is not a regular file owned by the daemon's uid "
-                                  f"{owner} (mode {st.st_mode:o}, uid {st.st_uid})")
+            check_block_stat(os.fstat(fd), self.link.daemon_uid, path)
             # Where the chunks must be follows from the block length and this
             # volume's chunk size, so one pread usually gets header and chunks
             # together; the header read back must agree, and a read that
             # reaches the last chunk asks for one byte more to catch a file
             # that is longer or shorter than its header says.
-            chunk = self._chunk_size
+            chunk = self.chunk_size
             n = hi - lo
             if n == blen:  # the whole block (a small file's every read)
                 first, end = 0, -(-blen // chunk) or 1
@@ -215,19 +229,7 @@ class HitReader:
             else:
                 head = os.pread(fd, HEADER_SIZE, 0)
                 body = scratch[:os.preadv(fd, [scratch[:want]], start)]
-            head = bytes(head)
-            ck = (key, head)
-            cipher = self.ciphers.get(ck)  # a dict get is atomic: no lock on the hit path
-            if cipher is None:
-                # a header seen before was validated then, and its HKDF subkey
-                # is derived once: FormatError for a bad header, IntegrityError
-                # for a foreign key
-                cipher = BlockCipher.from_head(head, key, self._volume_key, self._key_id)
-                self.ciphers.keep(ck, cipher)
-            if cipher.plaintext_len != blen or cipher.chunk_size != chunk:
-                raise FormatError(f"block holds {cipher.plaintext_len} bytes in chunks of "
-                                  f"{cipher.chunk_size}; this file version needs {blen} in "
-                                  f"chunks of {chunk}")
+            cipher = self.cipher(key, bytes(head), blen)
             if len(body) != stop - start:  # one byte over: longer; under: truncated
                 raise FormatError(f"block file is shorter or longer than its header says "
                                   f"({len(body)} bytes where {stop - start} belong)")
@@ -240,7 +242,7 @@ class HitReader:
         except (FormatError, IntegrityError) as exc:
             if nowait:  # judged once, by the blocking read that follows
                 return None
-            self._bad_block(key, exc)
+            self.bad_block(key, exc)
             return None
         except OSError as exc:  # a failing cache disk is a miss, never an error
             if nowait and exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
@@ -252,12 +254,28 @@ class HitReader:
             if scratch is not None and len(self._scratch) < _SCRATCH_KEPT:
                 self._scratch.append(scratch)
 
-    def _bad_block(self, key: str, why: object) -> None:
+    def cipher(self, key: str, head: bytes, blen: int) -> BlockCipher:
+        """The cipher of `key`'s block file with header `head`, which must hold
+        `blen` bytes in this volume's chunks. A header seen before was
+        validated then, and its HKDF subkey is derived once: FormatError for a
+        bad header or another length, IntegrityError for a foreign key."""
+        ck = (key, head)
+        cipher = self.ciphers.get(ck)  # a dict get is atomic: no lock on the hit path
+        if cipher is None:
+            cipher = BlockCipher.from_head(head, key, self.volume_key, self.key_id)
+            self.ciphers.keep(ck, cipher)
+        if cipher.plaintext_len != blen or cipher.chunk_size != self.chunk_size:
+            raise FormatError(f"block holds {cipher.plaintext_len} bytes in chunks of "
+                              f"{cipher.chunk_size}; this file version needs {blen} in "
+                              f"chunks of {self.chunk_size}")
+        return cipher
+
+    def bad_block(self, key: str, why: object) -> None:
         """Count a cache file that is not an authentic block of ours, and have
         the daemon evict it (the refill replaces it)."""
         self.counters.add("integrity_failures")
         log.warning("cached block %s is bad (%s); evicting it and reading the backend", key, why)
-        self._link.evict_later(key)
+        self.link.evict_later(key)
 
     def _nowait_refused(self, exc: OSError) -> None:
         if self.nowait:

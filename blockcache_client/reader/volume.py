@@ -4,10 +4,10 @@
 handling, block keys, and the walk of one read down the parts in this
 package (see `__init__`):
 
-1. `hits`: the memory LRU (`blockmem`: fetched moments ago), then the cache
-   disk, read and decrypted by the reader itself with the layout from the
-   daemon's `hello` (no round trip; accesses are reported in batched
-   `touch`es);
+1. `hits`: the memory LRU (`blockmem`: blocks fetched moments ago, and
+   decrypted chunks of small reads, `chunks`), then the cache disk, read and
+   decrypted by the reader itself with the layout from the daemon's `hello`
+   (no round trip; accesses are reported in batched `touch`es);
 2. `fetch`: a miss reads the whole block from the source once however many
    threads ask, keeps it in the memory LRU and hands it to the fill queue
    (`fills`: sealed and `put` in the background; a full queue drops and
@@ -21,10 +21,9 @@ Invariants:
   gets new keys; every cached byte returned was authenticated under this
   volume's key and this exact key string; a read of a version the source no
   longer holds raises ESTALE (`fetch`), never serves or caches other bytes.
-- Bounded memory: a coalesced request is at most `_window` blocks, and
-  `_window` is at most half the memory LRU, so a reader's current window and
-  the one fetched ahead of it both fit; the fill queue stays bounded (full:
-  drop and count).
+- Bounded memory: blocks and chunks share one LRU budget; a coalesced
+  request is at most `_window` blocks, at most half the LRU, so a reader's
+  window and the one fetched ahead both fit; the fill queue stays bounded.
 - A read never fails because of the cache: a missing, corrupt, truncated or
   foreign block file, an unhealthy dir, or an unreachable daemon is a miss
   (counted); a bad block is evicted through the daemon and refilled.
@@ -61,6 +60,8 @@ from ..counters import Counters
 from ..daemonlink import DaemonLink
 from ..fileinfo import FileInfo, normalize
 from ..volumekey import load_key_file
+from .blockfds import BlockFiles
+from .chunkhits import ChunkCache, ChunkedHits
 from .fetch import Fetcher
 from .fills import Sealer
 from .hits import Ciphers, HitReader, deliver
@@ -99,12 +100,12 @@ class Volume:
     def __init__(self, name: str, source: str, key_file: str, socket_path: str | None = None,
                  block_size: int = 4 << 20, meta_ttl: float = 60.0,
                  fill_queue_bytes: int = 256 << 20, memory_cache_bytes: int = 64 << 20,
-                 daemon_uid: int | None = None, **storage_options):
+                 daemon_uid: int | None = None, chunk_cache: bool = True, **storage_options):
         self.name = check_volume_name(name)
         # what a pickle carries to rebuild this volume in another process: the
         # key file's path, never the key
         self._init_args = (name, source, key_file, socket_path, block_size, meta_ttl,
-                           fill_queue_bytes, memory_cache_bytes, daemon_uid)
+                           fill_queue_bytes, memory_cache_bytes, daemon_uid, chunk_cache)
         self._storage_options = dict(storage_options)
         if (not isinstance(block_size, int) or isinstance(block_size, bool)
                 or not blockfile.MIN_CHUNK <= block_size <= blockfile.MAX_PLAINTEXT):
@@ -122,7 +123,8 @@ class Volume:
         self.socket_path = socket_path or protocol.default_socket()
         self._daemon_uid = daemon_uid
         self._fill_queue_bytes = fill_queue_bytes
-        self._memory_cache_bytes = memory_cache_bytes
+        self._memory_cache_bytes = memory_cache_bytes  # blocks and chunks together
+        self._chunk_cache = bool(chunk_cache)
         # blocks one sequential request may bring: two windows (the one being
         # read, the one fetched ahead) fit in the memory LRU; 1 = no coalescing
         self._window = max(1, min(COALESCE_BYTES // block_size,
@@ -146,9 +148,11 @@ class Volume:
         self._idents: dict[tuple[str, str], str] = {}
         self._meta = Metadata(self.backend, self.meta_ttl)
         self._mem = BlockMemory(self._memory_cache_bytes)
+        chunks = ChunkCache(self._mem, self._chunk_size, self._chunk_cache)
+        self._files = BlockFiles.renew(getattr(self, "_files", None))
         ciphers = Ciphers()
         # the sealer must not reference self, or the link's threads would keep us alive
-        seal = Sealer(self._volume_key, self._chunk_size, ciphers)
+        seal = Sealer(self._volume_key, self._chunk_size, ciphers, chunks)
         self._link = DaemonLink(self.socket_path, self.counters, seal,
                                 self._fill_queue_bytes, client_name=f"volume:{self.name}",
                                 daemon_uid=self._daemon_uid)
@@ -156,6 +160,7 @@ class Volume:
         weakref.finalize(self, self._link.close, 0.2)
         self._hits = HitReader(self.name, self._volume_key, self._key_id, self._chunk_size,
                                self._mem, self._link, self.counters, ciphers)
+        self._hits.chunks = ChunkedHits(self._hits, chunks, self._files) if chunks.enabled else None
         self._fetcher = Fetcher(self.name, self.backend, self.block_size, self._mem,
                                 self._link, self.counters, self._hits.is_cached,
                                 self._meta.forget)
@@ -179,6 +184,7 @@ class Volume:
         self._closed = True
         if self._pid == os.getpid():
             self._prefetcher.shutdown()
+            self._files.close_all()
             self._link.close()
             self.backend.close()
 
@@ -227,10 +233,8 @@ class Volume:
         prefix = self._idents.get(ident)
         if prefix is None:
             # BlockKey's canonical form, written out: every part is valid by
-            # construction (the name was checked at __init__, the inode and
-            # extent are 63/64-bit hashes), and a new process computes this for
-            # every file it opens, so the dataclass's checks are skipped
-            # (tests/blockcache_client compares it with str(BlockKey(...))).
+            # construction, and the dataclass's checks per file opened are
+            # skipped (tests/blockcache_client compares it with BlockKey's).
             prefix = self.names.file_prefix(self.name, rel, version, self.block_size)
             if len(self._idents) >= _IDENT_LIMIT:
                 self._idents.clear()
@@ -272,11 +276,10 @@ class Volume:
         return self._read_pinned(rel, offset, size, info)
 
     def _read_pinned(self, rel: str, offset: int, size: int, info: FileInfo,
-                     out: memoryview | None = None):
-        """`read` after its checks: `rel` normalized, `info` its pinned version,
-        offset and size valid (VolumeFile calls this directly). With `out` (a
-        writable byte view of `size` bytes) the bytes are stored there and
-        their count returned, with no intermediate copy."""
+                     out: memoryview | None = None, holder: set[str] | None = None):
+        """`read` after its checks (VolumeFile calls this directly, `holder`
+        its set of block files kept open). With `out` (a writable byte view of
+        `size` bytes) the bytes are stored there and their count returned."""
         if self._fork_gen != _forks[0] or self._closed:
             self._proc()
         end = min(offset + size, info.size)
@@ -291,17 +294,20 @@ class Volume:
             st = self._sequential.follow(prefix, offset, end, last > first)
         if first == last and st is None:
             boff = first * bs
-            return self._read_block(rel, info, prefix, boff, offset - boff, end - boff, out)
+            return self._read_block(rel, info, prefix, boff, offset - boff, end - boff, out,
+                                    1, holder)
+        chunky = st is None or not st.streaming  # a stream's chunks are not read again
         parts = []
         pos = 0
         for b in range(first, last + 1):
             boff = b * bs
             run = 1 if st is None else self._sequential.plan(st, rel, info, prefix, b, last)
             lo, hi = max(offset, boff) - boff, min(end, boff + bs) - boff
+            got = self._read_block(rel, info, prefix, boff, lo, hi,
+                                   None if out is None else out[pos:pos + hi - lo], run, holder,
+                                   chunky)
             if out is None:
-                parts.append(self._read_block(rel, info, prefix, boff, lo, hi, None, run))
-            else:
-                self._read_block(rel, info, prefix, boff, lo, hi, out[pos:pos + hi - lo], run)
+                parts.append(got)
             pos += hi - lo
         return b"".join(parts) if out is None else pos
 
@@ -342,8 +348,7 @@ class Volume:
     def open(self, path: str):
         """A read-only binary file object (read, readinto, seek, tell) pinned
         to the version of `path` seen now."""
-        # A path the metadata cache holds fresh is canonical (only normalized
-        # paths are remembered), so a dataset
+        # A path the metadata cache holds fresh is canonical, so a dataset
         # opening the paths it listed skips `normalize` and `_resolve`.
         if type(path) is str and self._fork_gen == _forks[0] and not self._closed:
             info = self._meta.cached(path)
@@ -356,17 +361,22 @@ class Volume:
         return min(self.block_size, info.size - boff)
 
     def _read_block(self, rel: str, info: FileInfo, prefix: str, boff: int,
-                    lo: int, hi: int, out: memoryview | None = None, run: int = 1):
-        """Plaintext [lo, hi) of the block at `boff`: as bytes, or stored in
-        `out` (hi - lo bytes long) and its length returned. A miss may fetch
-        up to `run` blocks from `boff` in one request."""
+                    lo: int, hi: int, out: memoryview | None = None, run: int = 1,
+                    holder: set[str] | None = None, chunky: bool = True):
+        """Plaintext [lo, hi) of the block at `boff` (as `deliver`). A miss may
+        fetch up to `run` blocks in one request. `holder`: `HitReader.read`;
+        `chunky`: not part of a stream, so its chunks may be kept (`chunks`)."""
         key = prefix + format(boff, "016x")
         blen = info.size - boff  # `_block_len`, inline: the hit path's every call counts
-        got = self._hits.read(key, blen if blen < self.block_size else self.block_size, lo, hi,
-                              out)
+        blen = blen if blen < self.block_size else self.block_size
+        chunks = self._hits.chunks
+        keep = chunky and chunks is not None and chunks.cache.wants(key, blen, lo, hi)
+        got = self._hits.read(key, blen, lo, hi, out, False, holder, keep)
         if got is not None:
             return got
-        data = self._fetcher.fetch(rel, info, key, boff, run)
+        data = self._fetcher.fetch(rel, info, key, boff, run, keep)  # keep: transient
+        if keep:
+            chunks.fetched(key, data, lo, hi)
         self.counters.add2("misses", "miss_bytes", hi - lo)
         return deliver(data, lo, hi, out)
 
@@ -446,5 +456,6 @@ class Volume:
         out["daemon_connected"] = self._link.connected
         out["layout_epoch"] = self._link.layout_epoch
         out["fill_queue_bytes"] = self._link.pending_fill_bytes()
-        out["memory_bytes"] = self._mem.used
+        out["memory_bytes"] = self._mem.used  # blocks and chunks: at most memory_cache_bytes
+        out.update(chunk_bytes=self._mem.chunk_bytes, open_block_files=len(self._files))
         return out

@@ -25,6 +25,12 @@ class VolumeFile(io.RawIOBase):
         self.info = info
         self.size = info.size
         self._pos = 0
+        self._blocks: set[str] = set()  # block files kept open for this handle's reads
+
+    def close(self) -> None:
+        if self._blocks:
+            self._volume._files.disown(self._blocks)
+        super().close()
 
     def readable(self) -> bool:
         return True
@@ -56,7 +62,8 @@ class VolumeFile(io.RawIOBase):
             raise ValueError(f"I/O operation on closed file {self.name}")
         if size is None or size < 0:
             size = max(0, self.size - self._pos)
-        data = self._volume._read_pinned(self.name, self._pos, size, self.info)
+        data = self._volume._read_pinned(self.name, self._pos, size, self.info, None,
+                                         self._blocks)
         self._pos += len(data)
         return data
 
@@ -65,7 +72,9 @@ class VolumeFile(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         self._check_closed()
-        n = self._volume.readinto(self.name, self._pos, buffer, self.info)
+        view = memoryview(buffer).cast("B")
+        n = self._volume._read_pinned(self.name, self._pos, len(view), self.info, view,
+                                      self._blocks)
         self._pos += n
         return n
 

@@ -73,6 +73,22 @@ def test_read_only(local_source, key_file, tmp_path):
         fs.cat(f"{local_source.root}/missing")
 
 
+@pytest.mark.parametrize("chunk_cache", [True, False])
+def test_chunk_cache_option(local_source, key_file, daemon, chunk_cache):
+    data = random.Random(2).randbytes(200_000)
+    local_source.write("a.bin", data)
+    fs = fsspec.filesystem("blockcached", root=local_source.root,
+                           **opts(key_file, daemon.socket_path, chunk_cache=chunk_cache))
+    path = f"{local_source.root}/a.bin"
+    try:
+        wait_for(lambda: fs.stats()["daemon_connected"], what="the daemon")
+        for _ in range(3):
+            assert fs.cat_file(path, 70_000, 74_096) == data[70_000:74_096]
+        assert (fs.stats()["chunk_bytes"] > 0) is chunk_cache
+    finally:
+        fs.volume.close()
+
+
 def test_latency_chain_counts_requests(local_source):
     data = bytes(range(256)) * 100
     local_source.write("x/y.bin", data)

@@ -1,0 +1,157 @@
+"""Small partial hits of cached blocks through the chunk cache.
+
+`HitReader` sends here the reads `ChunkCache.wants` (small, not a whole
+block, not a nowait probe). The block file is the one a handle holds open
+(`blockfds`, revalidated) or opened for this read; its header names the
+chunks (`chunks`): those kept are served from memory, the others are read,
+decrypted one by one and kept. Judged like every hit (`hits`): a missing
+file is a miss, a bad one is evicted through the daemon.
+
+A chunk in memory was authenticated when it was decrypted (or was sealed by
+this process): as long as the file in place carries the same header, it is
+the same block, and serving the chunk is right even if bytes of the file
+were damaged since.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+from ..contract.blockfile import HEADER_SIZE, TAG_SIZE
+from ..contract.errors import FormatError, IntegrityError
+from ..contract.layout import Layout
+from .blockfds import BlockFiles
+from .chunks import ChunkCache, assemble, cut
+from .hits import _O_RDONLY, HitReader, check_block_stat
+
+log = logging.getLogger(__name__)
+
+
+class ChunkedHits:
+    """The chunk cache's side of the hit path, for one volume in one process."""
+
+    def __init__(self, hits: HitReader, cache: ChunkCache, files: BlockFiles):
+        self._chunk_size = hits.chunk_size
+        self._link = hits.link
+        self._cipher = hits.cipher
+        self.counters = hits.counters
+        self._bad_block = hits.bad_block
+        self.cache = cache
+        self.files = files
+        self._mem_get = cache.mem.get
+
+    def fetched(self, key: str, data: bytes, lo: int, hi: int) -> None:
+        """A miss read [lo, hi) of the block `data` it fetched: its chunks are
+        kept now if the block was sealed already (a small one, inline), else
+        once it is."""
+        held, head = self.cache.mem.get_bound(key)
+        self.cache.saw(key, data, head if held is data else None, lo, hi)
+
+    def read(self, layout: Layout, key: str, blen: int, lo: int, hi: int,
+             out: memoryview | None, holder: set[str] | None):
+        """Plaintext [lo, hi) (lo < hi <= blen) of `key`'s cached block
+        (bytes, or the length stored in `out`), or None for a miss; a hit is
+        counted and touched. `holder`: the key set of an open handle, which
+        keeps the block file open."""
+        c = self._chunk_size
+        first, end = lo // c, (hi - 1) // c + 1
+        ent = self.files.borrow(key, holder) if holder is not None else None
+        mine = -1  # a descriptor this read opened and must close (not the table's)
+        try:
+            if ent is not None:
+                fd, head, size = ent.fd, ent.head, ent.size
+            else:
+                path = layout.path(key)
+                if path is None:  # its cache dir is unhealthy
+                    return None
+                fd, head, size = self._open(path, key)
+                if fd < 0:
+                    return None
+                if holder is None:
+                    mine = fd
+                else:
+                    ent = self.files.adopt(key, fd, head, size, holder)
+            if end - first == 1:  # the usual small read: one chunk, no list
+                piece = self._mem_get((key, head, first))
+                if piece is not None:
+                    self.counters.add3("hits", "hit_bytes", hi - lo, "chunk_hits")
+                    got = cut(piece, lo - first * c, hi - lo, out)
+                    self._link.touch(key)
+                    return got
+            pieces = self.cache.pieces(key, head, first, end)
+            if None in pieces:
+                self._decrypt(fd, key, head, size, blen, first, pieces)
+                self.counters.add2("hits", "hit_bytes", hi - lo)
+            else:
+                self.counters.add3("hits", "hit_bytes", hi - lo, "chunk_hits")
+            got = assemble(pieces, first, c, lo, hi, out)
+            self._link.touch(key)
+            return got
+        except (FormatError, IntegrityError, OSError) as exc:
+            if ent is not None:  # stale or bad: not lent again
+                self.files.give_back(ent, drop=True)
+                ent = None
+            if isinstance(exc, OSError):  # a failing cache disk is a miss, never an error
+                log.debug("cannot read cached block %s: %s", key, exc)
+            else:
+                self._bad_block(key, exc)
+            return None
+        finally:
+            if ent is not None:
+                self.files.give_back(ent)
+            elif mine >= 0:
+                os.close(mine)
+
+    def _open(self, path: str, key: str) -> tuple[int, bytes, int]:
+        """(fd, header bytes, file size) of the block file at `path`; fd -1
+        if there is none. FormatError (after closing it) for a file that is
+        not the daemon's regular file, or whose header is short."""
+        try:
+            fd = os.open(path, _O_RDONLY)
+        except FileNotFoundError:
+            return -1, b"", 0
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symlink in the cache tree
+                raise FormatError(f"a symlink on its path {path}") from None
+            raise
+        try:
+            st = os.fstat(fd)
+            check_block_stat(st, self._link.daemon_uid, path)
+            head = os.pread(fd, HEADER_SIZE, 0)
+            if len(head) != HEADER_SIZE:
+                raise FormatError(f"block file {path} is {st.st_size} bytes: no whole header")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, head, st.st_size
+
+    def _decrypt(self, fd: int, key: str, head: bytes, size: int, blen: int, first: int,
+                 pieces: list[bytes | None]) -> None:
+        """Read and decrypt the chunks missing from `pieces` (chunks `first`..),
+        fill them in and keep them."""
+        c = self._chunk_size
+        cipher = self._cipher(key, head, blen)
+        nchunks = -(-blen // c) or 1
+        if size != HEADER_SIZE + blen + nchunks * TAG_SIZE:
+            raise FormatError(f"block file is {size} bytes; its header says "
+                              f"{HEADER_SIZE + blen + nchunks * TAG_SIZE}")
+        step = c + TAG_SIZE
+        i = 0
+        while i < len(pieces):
+            if pieces[i] is not None:
+                i += 1
+                continue
+            j = i + 1  # one pread for each run of missing chunks
+            while j < len(pieces) and pieces[j] is None:
+                j += 1
+            start = HEADER_SIZE + (first + i) * step
+            data = memoryview(os.pread(fd, min(size, HEADER_SIZE + (first + j) * step) - start,
+                                       start))
+            for k in range(i, j):
+                index, at = first + k, (k - i) * step
+                plain = cipher.open_chunks(index, index + 1, data[at:at + step])
+                self.cache.keep(key, head, index, plain)
+                pieces[k] = plain
+            i = j

@@ -78,7 +78,7 @@ class Cache:
                              touch_bytes=0)
         self.put_reasons: dict[str, int] = {}
         # which blocks a full dir keeps; None = plain LRU (admit every block)
-        self.policy = Policy() if cfg.admission_policy != "lru" else None
+        self.policy = Policy(self.index) if cfg.admission_policy != "lru" else None
         self.evicted_by: dict[str, int] = {}  # eviction reason -> blocks
         self.quotas = dict(cfg.volume_quotas)  # volume -> max bytes over all dirs
         self._vol_reserved: dict[str, int] = {}  # volume -> bytes of admitted, unwritten puts
@@ -360,12 +360,14 @@ class Cache:
                 counts += [self.index.count_of(k) for k, _ in victims]
                 if policy.admit(before, counts) is None:
                     return "not_admitted"
+                self.fill.pending[key].count = before + 1
             for j in sorted({j for j, _, _ in own}):
                 self._evict(j, [(k, s) for jj, k, s in own if jj == j], "quota")
             self._evict(i, victims, "admission")
         elif policy is not None:  # room to spare: admitted, its miss still counted
-            policy.miss(key, self.counters["hits"] + self.counters["touches"])
-            policy.admitted_room += 1
+            before = policy.miss(key, self.counters["hits"] + self.counters["touches"])
+            if before:  # asked for before (most are not): its count, not the default 1
+                self.fill.pending[key].count = before + 1
         max_entries = self.cfg.max_entries
         if max_entries:
             after = len(self.index) + self._reserved_entries() + 1
@@ -445,10 +447,7 @@ class Cache:
             self._unlink(i, [key])
             return
         now = int(time.time())
-        count = 1
-        if self.policy is not None:
-            count = max(1, self.policy.sketch.estimate(key))
-            self.policy.fit(len(self.index) + 1)
+        count = pending.count  # the policy's, at admission (1 under plain LRU)
         self.index.add(key, i, size, now, count)
         if count > 1:
             self._note_utime(i, key, now)  # admitted on its count: keep it across a restart

@@ -137,6 +137,7 @@ class Pending:
     size: int
     owner: int | None = None  # uid of the peer that put it (None: held to no share)
     cancelled: bool = False  # evicted while queued: delete instead of indexing
+    count: int = 1  # accesses the block is indexed with (the policy's count at admission)
 
 
 class FillQueue:

@@ -13,15 +13,18 @@ A cached block's frequency is its access count in the index (`Index.touch`
 counts it in bits the entry already has: nothing per hit here). Blocks not
 cached are counted in a `FrequencySketch` (a byte per slot, two slots per
 key, the estimate is the smaller) on each miss; an evicted block's count goes
-back into the sketch, an admitted one's comes out of it. Every `SAMPLE_FACTOR`
-x entries misses the sketch is halved and `ages` grows, and the cache then
-halves the cached blocks' counts too, so both sides fade alike. A pure
+back into the sketch, an admitted one takes the count its miss found into
+the index. Every `SAMPLE_FACTOR` x entries misses the sketch is halved and
+`ages` grows, and the cache then halves the cached blocks' counts too, so
+both sides fade alike. A pure
 frequency gate never lets a new working set in while the old one still
 looks popular, so the policy also watches the cache as a whole: when its
 cached blocks have stopped being hit while blocks it refused keep coming
 back (`STALE_RATIO` returning misses per hit, or none hit at all, over the
-last two windows of a quarter of the entries' accesses), the cache is `stale`
-and any block asked for before is admitted over the LRU.
+last two windows of a quarter of the entries' accesses, each sized when it
+starts), the cache is `stale` and any block asked for before is admitted
+over the LRU. A put pays for all this with one call, `miss` (issue #21: a
+put's cost stays near plain LRU's): nothing runs per hit or per write.
 
 What the policy knows of cached blocks survives a restart in the block
 files' mtimes: the nanoseconds field carries the count (`encode_mtime_ns`),
@@ -30,7 +33,7 @@ written with the recency the daemon persists anyway.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 
 from .index import COUNT_MASK
 
@@ -48,40 +51,22 @@ _HALVE = bytes(i >> 1 for i in range(256))
 
 
 class FrequencySketch:
-    """Approximate access counts of recently seen keys, in fixed memory."""
+    """Approximate access counts of recently seen keys, in fixed memory. The
+    increment is `Policy.miss`'s, inline: it runs once per put."""
 
-    __slots__ = ("table", "mask", "added", "sample", "ages")
+    __slots__ = ("table", "mask", "sample", "ages")
 
     def __init__(self, slots: int = MIN_SLOTS):
         self.table = bytearray(slots)
         self.mask = slots - 1
-        self.added = 0
         self.ages = 0
-        self.sample = SAMPLE_FACTOR * slots // SLOTS_PER_ENTRY
+        self.sample = SAMPLE_FACTOR * slots // SLOTS_PER_ENTRY  # increments between halvings
 
     def estimate(self, key: str) -> int:
         h = hash(key)
         t, m = self.table, self.mask
         a, b = t[h & m], t[(h >> 32) & m]
         return a if a < b else b
-
-    def add(self, key: str) -> int:
-        """Count one access of `key`; returns its estimate before it."""
-        h = hash(key)
-        t, m = self.table, self.mask
-        i, j = h & m, (h >> 32) & m
-        a, b = t[i], t[j]
-        before = a if a < b else b
-        if before < MAX_COUNT:
-            # conservative update: raise only the slots at the minimum
-            if a == before:
-                t[i] = a + 1
-            if b == before:
-                t[j] = b + 1
-        self.added += 1
-        if self.added >= self.sample:
-            self.age()
-        return before
 
     def raise_to(self, key: str, count: int) -> None:
         """Make `key`'s estimate at least `count` (restoring a restart's state)."""
@@ -94,35 +79,45 @@ class FrequencySketch:
 
     def age(self) -> None:
         """Halve every count (TinyLFU's reset), so popularity fades."""
-        self.table = bytearray(self.table.translate(_HALVE))
-        self.added = 0
+        self.table[:] = self.table.translate(_HALVE)  # in place: `Policy` holds the table
         self.ages += 1
 
     def fit(self, entries: int) -> None:
         """Grow the table for `entries` cached blocks; counts are kept (each
         key's new slot is a copy of its old one)."""
         while len(self.table) < SLOTS_PER_ENTRY * entries:
-            self.table = self.table * 2
+            self.table += bytes(self.table)
             self.mask = len(self.table) - 1
             self.sample = SAMPLE_FACTOR * len(self.table) // SLOTS_PER_ENTRY
 
 
 class Policy:
-    """Admission decisions and the counters that explain them."""
+    """Admission decisions and the counters that explain them. `cached` is
+    the cache's index (its len() is the cached blocks), read once a window."""
 
     name = NAME
 
-    def __init__(self) -> None:
+    def __init__(self, cached: Sized = ()) -> None:
         self.sketch = FrequencySketch()
-        # stale detection: this window's start (hits, misses) and its returning
-        # misses; the last window's (hits, returning misses)
-        self._window_hits = self._window_misses = self._misses = self._returning = 0
+        # the sketch's table (grown and halved in place) and mask, for `miss`
+        self._table, self._mask = self.sketch.table, self.sketch.mask
+        self._cached = cached
+        self._misses = 0
+        self._aged_at = 0  # misses at the sketch's last halving
+        self._age_at = self.sketch.sample
+        # stale detection: this window's start (hits, misses), where it ends
+        # (hits + misses) and its returning misses; the last window's (hits, returning)
+        self._window_hits = self._window_misses = self._returning = 0
+        self._window_end = MIN_WINDOW
+        # hits + misses at which `_upkeep` is next due: one test per miss. Hits
+        # only grow, so a halving (at `_age_at` misses) is never due before
+        # the hits known then + `_age_at`.
+        self._next_upkeep = MIN_WINDOW
         self._last = (0, 0)
-        self.window_size = MIN_WINDOW
         self.stale = False
         self.admitted: dict[str, int] = {}   # reason -> count
-        self.admitted_room = 0  # admitted with room to spare (counted apart: the common put)
         self.rejected: dict[str, int] = {}
+        self._decided = 0  # misses `admit` decided; the others had room to spare
 
     # -- what readers do ---------------------------------------------------
 
@@ -130,26 +125,59 @@ class Policy:
         """A block was offered after a miss, the cache having answered
         `hits_total` hits so far (its own counter: nothing is done per hit
         here); returns how often the block was asked for before (the
-        candidate's frequency for `admit`)."""
-        before = self.sketch.add(key)
-        self._misses += 1
-        hits = hits_total - self._window_hits
+        candidate's frequency for `admit`). Runs at every put that reaches
+        admission, so the sketch's increment is inline here."""
+        h = hash(key)
+        t, m = self._table, self._mask
+        i, j = h & m, (h >> 32) & m
+        a, b = t[i], t[j]
+        # conservative update: raise only the slots at the minimum
+        if a == b:  # the common case (a key never seen: both 0)
+            before = a
+            if a < MAX_COUNT:
+                t[i] = t[j] = a + 1
+        elif a < b:
+            before = a
+            t[i] = a + 1
+        else:
+            before = b
+            t[j] = b + 1
+        misses = self._misses = self._misses + 1
         if before:
             self._returning += 1
+            hits = hits_total - self._window_hits
             last_hits, last_returning = self._last
             # cached blocks no longer hit while refused ones come back: over
             # this window and the last, far more returning misses than hits
             self.stale = (self._returning + last_returning
                           >= STALE_RATIO * (hits + last_hits))
-        if hits + self._misses - self._window_misses >= self.window_size:
-            self._last = (hits, self._returning)
-            self._window_hits, self._window_misses, self._returning = hits_total, self._misses, 0
+        if hits_total + misses >= self._next_upkeep:
+            self._upkeep(hits_total)
         return before
 
+    def _upkeep(self, hits_total: int) -> None:
+        """The sketch's halving and the window's end, when one is due."""
+        misses = self._misses
+        if misses >= self._age_at:
+            self.sketch.age()
+            self._aged_at = misses
+            self._age_at = misses + self.sketch.sample
+        if hits_total + misses >= self._window_end:
+            self._last = (hits_total - self._window_hits, self._returning)
+            self._window_hits, self._window_misses, self._returning = hits_total, misses, 0
+            self.fit(len(self._cached))
+        self._next_upkeep = min(self._window_end, hits_total + self._age_at)
+
     def fit(self, entries: int) -> None:
-        """Size the sketch and the stale window for `entries` cached blocks."""
+        """Size the sketch, and the stale window from its start, for
+        `entries` cached blocks (at each window's start and after a rebuild:
+        not per put, whose cost it would add to)."""
         self.sketch.fit(entries)
-        self.window_size = max(MIN_WINDOW, entries // 4)
+        self._mask = self.sketch.mask
+        self._age_at = self._aged_at + self.sketch.sample
+        self._window_end = (self._window_hits + self._window_misses
+                            + max(MIN_WINDOW, entries // 4))
+        self._next_upkeep = min(self._window_end, self._window_hits + self._age_at)
 
     # -- decisions ---------------------------------------------------------
 
@@ -157,6 +185,7 @@ class Policy:
         """Whether a block asked for `before` times before may displace the
         blocks with `victim_counts` (those that would leave for it): the
         reason it is admitted, or None."""
+        self._decided += 1
         coldest = max(victim_counts, default=-1)
         if coldest < 0:
             return self._count(self.admitted, "room")
@@ -182,8 +211,11 @@ class Policy:
 
     def stats(self) -> dict:
         admitted = dict(self.admitted)
-        if self.admitted_room:
-            admitted["room"] = admitted.get("room", 0) + self.admitted_room
+        # each miss is decided by `admit` unless its dir had room to spare:
+        # those are counted here, not per put (0 if `admit` ran on its own)
+        room = self._misses - self._decided
+        if room > 0:
+            admitted["room"] = admitted.get("room", 0) + room
         return {"name": self.name, "stale": self.stale, "admitted": admitted,
                 "rejected": dict(self.rejected)}
 

@@ -6,6 +6,7 @@ miss put it. Sizes are small: blocks of ~1 KB in dirs of ~100 blocks.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import tempfile
@@ -16,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blockcached import policy as policymod
-from blockcached.policy import FrequencySketch, Policy, decode_mtime_ns, encode_mtime_ns
+from blockcached.policy import Policy, decode_mtime_ns, encode_mtime_ns
 
 from .engine import Engine, block, key
 
@@ -52,26 +53,57 @@ def usable_blocks(e: Engine) -> int:
 # -- the sketch and the mtime encoding ---------------------------------------
 
 def test_sketch_counts_saturate_and_halve():
-    s = FrequencySketch()
-    assert [s.add("v_1_0_0") for _ in range(3)] == [0, 1, 2]
+    p = Policy()  # a miss is how the sketch counts an access
+    assert [p.miss("v_1_0_0", 0) for _ in range(3)] == [0, 1, 2]
     for _ in range(40):
-        s.add("v_1_0_0")
+        p.miss("v_1_0_0", 0)
+    s = p.sketch
     assert s.estimate("v_1_0_0") == policymod.MAX_COUNT
     s.age()
     assert s.estimate("v_1_0_0") == policymod.MAX_COUNT // 2
     assert s.estimate("v_2_0_0") == 0
+    assert p.miss("v_1_0_0", 0) == policymod.MAX_COUNT // 2  # the table halved in place
 
 
 def test_sketch_growth_keeps_counts():
-    s = FrequencySketch()
+    p = Policy()
     keys = [f"v_{i}_0_0" for i in range(1000)]
     for i, k in enumerate(keys):
         for _ in range(i % 5):
-            s.add(k)
-    before = [s.estimate(k) for k in keys]
-    s.fit(1 << 20)
-    assert len(s.table) >= policymod.SLOTS_PER_ENTRY << 20
-    assert [s.estimate(k) for k in keys] == before
+            p.miss(k, 0)
+    before = [p.sketch.estimate(k) for k in keys]
+    p.fit(1 << 20)
+    assert len(p.sketch.table) >= policymod.SLOTS_PER_ENTRY << 20
+    assert [p.sketch.estimate(k) for k in keys] == before
+    assert [p.miss(k, 0) for k in keys] == before  # misses count in the grown table
+
+
+def test_the_sketch_halves_every_sample_misses():
+    p = Policy()
+    sample = p.sketch.sample
+    for i in range(sample - 1):
+        p.miss(f"v_{i}_0_0", 0)
+    assert p.ages == 0
+    p.miss("v_x_0_0", 0)
+    assert p.ages == 1
+    for i in range(sample):
+        p.miss(f"v_{i}_1_0", 0)
+    assert p.ages == 2
+
+
+def test_a_window_is_a_quarter_of_the_entries_read_at_its_start():
+    """The stale check's window: a quarter of the cached blocks' accesses
+    (hits and misses), its length read at its start, not at every put."""
+    cached: list[str] = []
+    p = Policy(cached)
+    cached.extend(f"v_{i}_0_0" for i in range(1000))
+    for i in range(policymod.MIN_WINDOW):  # the first window: sized for an empty cache
+        p.miss(f"v_{i}_9_0", hits_total=0)
+    cached.extend(f"v_{i}_1_0" for i in range(1000))  # grows during the next window...
+    p.miss("v_new_0_0", hits_total=1000 // 4 - 2)
+    assert p._last == (0, 0)  # ...which stays 1000 // 4 long
+    p.miss("v_new_1_0", hits_total=1000 // 4 - 1)
+    assert p._last == (1000 // 4 - 1, 0)  # closed: hits in it, returning misses in it
 
 
 @given(seconds=st.integers(0, 1 << 33), count=st.integers(0, 100))
@@ -240,3 +272,23 @@ def test_aging_halves_cached_counts_too(engines):
     e.run_for(0.1)
     assert {e.cache.index.count_of(k) for k in data} == {2}
     assert e.cache.index.lru_order(0) == data  # places kept
+
+
+def test_a_block_is_indexed_with_its_count_at_admission(engines):
+    """A put with room to spare is indexed with the count its miss found
+    (+1 for this access), kept across a restart through its mtime; the
+    admissions with room are counted, though not one by one."""
+    e = engines([DIR])
+    back, new = key(inode=1), key(inode=2)
+    e.cache.policy.evicted(back, 6)  # it was cached once, asked for 6 times
+    for k in (back, new):
+        assert e.cache.lookup([k]) == [None]
+        assert e.cache.put(k, block(k, BLOCK)) == (True, "queued")
+    e.settle()
+    e.run_for(0.05)  # persists the counts in the mtimes
+    assert e.cache.index.count_of(back) == 7
+    assert e.cache.index.count_of(new) == 1
+    assert e.cache.stats()["policy"]["admitted"] == {"room": 2}
+    mtimes = {p.name: os.stat(p).st_mtime_ns for p in Path(e.cfg.cache_dirs[0].path).rglob("*")
+              if p.is_file() and p.name in (back, new)}
+    assert decode_mtime_ns(mtimes[back])[1] == 7

@@ -151,6 +151,9 @@ def test_evicted_block_is_never_served_from_chunks(local_source, key_file, daemo
             assert read() == old[off:off + n]
             assert read() == old[off:off + n]
             assert vol.stats()["chunk_hits"] >= 1
+            # a read that missed under load (a slow open) fills the old block:
+            # let that land before the evict, or it would come back after it
+            settle(vol, daemon)
             cli_evict(daemon, vol, "f.bin")
             same_version_rewrite(local_source, "f.bin", new)
             assert vol.stat("f.bin", max_age=0).version == f.info.version

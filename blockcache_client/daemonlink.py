@@ -10,10 +10,12 @@ Readers never wait on this module. It owns two threads per process:
   one interval. While it is not connected `layout` is None and every read goes
   to the backend.
 - filler: takes jobs from a queue bounded in bytes, in order, on its own
-  connection: `("evict", key)` and `("put", key, plaintext)` (sealed here, off
-  the reader's thread). Keeping an integrity eviction and its refill on one
-  ordered queue means the daemon sees the evict before the new put and does
-  not discard the put as a duplicate of the bad file.
+  connection: `("evict", key)`, `("put", key, plaintext)` (sealed here, off
+  the reader's thread, and handed to `on_sealed` too: the cluster tier's
+  fill) and `("sealed", key, block file)` (a block from the tier, as it
+  came). Keeping an integrity eviction and its refill on one ordered queue
+  means the daemon sees the evict before the new put and does not discard
+  the put as a duplicate of the bad file.
 
 A small fill (up to `INLINE_FILL_MAX`) offered while the queue is empty, the
 filler idle and the fill connection open is sealed and sent on the reader's
@@ -47,6 +49,7 @@ import threading
 from collections.abc import Callable
 
 from .client import Client
+from .contract.cluster import ClusterConfig
 from .contract.errors import BlockcacheError, DaemonError, DaemonUnavailable, UntrustedPeer
 from .contract.layout import Layout
 from .contract.protocol import MAX_BATCH
@@ -83,6 +86,9 @@ class DaemonLink:
         self.layout_epoch: int | None = None
         # the uid that owns the block files: hello's, else the peer's (SO_PEERCRED)
         self.daemon_uid: int | None = None
+        self.cluster: ClusterConfig | None = None  # hello's memcached pool, if any
+        # called with (key, block file bytes) after each seal: the tier's fill
+        self.on_sealed: Callable[[str, memoryview], None] | None = None
         self._warned = ""  # the last untrusted peer warned about
         self._counters = counters
         self._seal = seal
@@ -133,10 +139,11 @@ class DaemonLink:
         if full:
             self._wake.set()
 
-    def offer_fill(self, key: str, plaintext: bytes) -> bool:
+    def offer_fill(self, key: str, plaintext: bytes, sealed: bool = False) -> bool:
         """Have a block sealed and put: now, if it is small and nothing is
-        ahead of it (see the module doc), else queued. False (and counted)
-        if dropped."""
+        ahead of it (see the module doc), else queued. `sealed`: `plaintext`
+        is already the block file's bytes (from the tier). False (and
+        counted) if dropped."""
         with self._fill_cv:
             if key in self._queued:
                 return True
@@ -144,11 +151,11 @@ class DaemonLink:
                 self._counters.add("fills_dropped")
                 return False
             # connected: a reader must not wait in connect(2) for a full backlog
-            inline = (len(plaintext) <= INLINE_FILL_MAX and self.layout is not None
+            inline = (not sealed and len(plaintext) <= INLINE_FILL_MAX and self.layout is not None
                       and self._filler_client.connected
                       and not self._fills and not self._busy and self._tail is None)
             if not inline:
-                self._fills.append(("put", key, plaintext))
+                self._fills.append(("sealed" if sealed else "put", key, plaintext))
                 self._queued.add(key)
                 self._fill_bytes += len(plaintext)
                 self._fill_cv.notify()
@@ -217,6 +224,7 @@ class DaemonLink:
         self.layout_epoch = reply.get("layout_epoch")
         uid = reply.get("uid", self._control.peer_uid)
         self.daemon_uid = uid if isinstance(uid, int) and not isinstance(uid, bool) else None
+        self.cluster = ClusterConfig.from_wire(reply.get("cluster"))
         self.layout = Layout.from_wire(reply["layout"])
         log.info("connected to blockcached at %s (layout epoch %s, %d dir(s))",
                  self.socket_path, self.layout_epoch, len(self.layout.dirs))
@@ -304,7 +312,7 @@ class DaemonLink:
             finally:
                 with self._fill_cv:
                     self._busy = False
-                    if job is not None and job[0] == "put":
+                    if job is not None and job[0] != "evict":
                         self._queued.discard(job[1])
                         self._fill_bytes -= len(job[2])
                     self._idle_cv.notify_all()
@@ -329,11 +337,13 @@ class DaemonLink:
 
     def _run_fill(self, op: str, key: str, data: bytes) -> None:
         if self.layout is None:  # daemon down: nothing to fill into
-            if op == "put":
+            if op != "evict":
                 self._counters.add("fills_dropped")
+            if op == "put" and self.on_sealed is not None:  # the tier still takes it
+                self.on_sealed(key, self._seal(key, data))
             return
-        if op == "put":
-            self._put(key, data, inline=False)
+        if op != "evict":
+            self._put(key, data, inline=False, sealed=op == "sealed")
             return
         try:  # posted puts' replies read meanwhile are kept for `_collect`
             self._filler_client.evict(key)
@@ -341,16 +351,20 @@ class DaemonLink:
             log.debug("evict %s not delivered: %s", key, exc)
         self._count_lost()
 
-    def _put(self, key: str, data: bytes, inline: bool) -> None:
-        """Seal and post one block (the caller holds `_busy`). Inline, the
-        part of the frame the socket could not take is left to the filler."""
+    def _put(self, key: str, data: bytes, inline: bool, sealed: bool = False) -> None:
+        """Seal (unless `sealed`) and post one block (the caller holds `_busy`).
+        Inline, the part of the frame the socket could not take is left to
+        the filler."""
         client = self._filler_client
         if client.posted >= COLLECT_AFTER:
             self._collect(wait=False)
         try:
             # the sealer may reuse one buffer: the blob is overwritten by the
             # next seal, so it is sent now (a tail left for later is a copy)
-            tail = client.post("put", {"key": key, "data": self._seal(key, data)})
+            blob = data if sealed else self._seal(key, data)
+            if not sealed and self.on_sealed is not None:
+                self.on_sealed(key, blob)
+            tail = client.post("put", {"key": key, "data": blob})
         except DaemonUnavailable as exc:
             log.debug("put %s not delivered: %s", key, exc)
             self._counters.add("fills_dropped")

@@ -135,10 +135,14 @@ class Service:
                                 f"protocol version {version} is not supported; this daemon "
                                 f"speaks version {protocol.PROTOCOL_VERSION}: upgrade the "
                                 f"older side")
-        return {"version": protocol.PROTOCOL_VERSION, "layout": self.cache.layout.to_wire(),
-                "layout_epoch": self.cache.epoch, "max_frame": protocol.MAX_FRAME,
-                "max_batch": protocol.MAX_BATCH, "key_format": KEY_FORMAT,
-                "uid": self._uid}
+        reply = {"version": protocol.PROTOCOL_VERSION, "layout": self.cache.layout.to_wire(),
+                 "layout_epoch": self.cache.epoch, "max_frame": protocol.MAX_FRAME,
+                 "max_batch": protocol.MAX_BATCH, "key_format": KEY_FORMAT,
+                 "uid": self._uid}
+        cluster = self.cache.cfg.cluster
+        if cluster is not None:  # readers talk to the pool themselves
+            reply["cluster"] = cluster.to_wire()
+        return reply
 
     def ping(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         return {"time": time.time(), "layout_epoch": self.cache.epoch}

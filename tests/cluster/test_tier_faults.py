@@ -38,6 +38,16 @@ def _epoch(volume, files) -> float:
     return worst
 
 
+def _filled(cluster, root, key_file, files, nservers: int = 1):
+    """`nservers` memcached servers that a first host filled with `files`;
+    (the servers, {block key: length})."""
+    servers = cluster.memcached(nservers)
+    v1 = cluster.volume(cluster.host(), str(root), key_file)
+    _epoch(v1, files)
+    assert v1.wait_fills(10)
+    return servers, block_keys(v1, files)
+
+
 def _raw(m) -> RawClient:
     return RawClient(("127.0.0.1", m.port), timeout=2)
 
@@ -46,10 +56,7 @@ def test_a_server_killed_mid_epoch(cluster, key_file, tmp_path):
     root = tmp_path / "remote"
     root.mkdir()
     files = _files(root, 24, 300_000)
-    servers = cluster.memcached(3)
-    v1 = cluster.volume(cluster.host(), str(root), key_file)
-    _epoch(v1, files)
-    assert v1.wait_fills(10)
+    servers, _ = _filled(cluster, root, key_file, files, 3)
 
     v2 = cluster.volume(cluster.host(), str(root), key_file)
     names = sorted(files)
@@ -69,10 +76,7 @@ def test_a_stalled_server_costs_a_bounded_delay_and_is_retried(cluster, key_file
     root = tmp_path / "remote"
     root.mkdir()
     files = _files(root, 16, 200_000)
-    servers = cluster.memcached(2)
-    v1 = cluster.volume(cluster.host(), str(root), key_file)
-    _epoch(v1, files)
-    assert v1.wait_fills(10)
+    servers, _ = _filled(cluster, root, key_file, files, 2)
 
     servers[1].stall()  # SIGSTOP: the kernel accepts connections, nothing answers
     try:
@@ -93,14 +97,6 @@ def test_a_stalled_server_costs_a_bounded_delay_and_is_retried(cluster, key_file
     assert s3["cluster_hits"] == len(files)
 
 
-def _filled(cluster, root, key_file, files):
-    servers = cluster.memcached(1)
-    v1 = cluster.volume(cluster.host(), str(root), key_file)
-    _epoch(v1, files)
-    assert v1.wait_fills(10)
-    return servers[0], block_keys(v1, files)
-
-
 def test_poisoned_items_are_never_served_and_are_removed(cluster, key_file, tmp_path):
     root = tmp_path / "remote"
     root.mkdir()
@@ -108,7 +104,7 @@ def test_poisoned_items_are_never_served_and_are_removed(cluster, key_file, tmp_
              "c.bin": os.urandom(2 << 20), "d.bin": os.urandom(300_000)}
     for rel, data in files.items():
         (root / rel).write_bytes(data)
-    server, keys = _filled(cluster, root, key_file, files)
+    (server,), keys = _filled(cluster, root, key_file, files)
     by_len = sorted(keys.items(), key=lambda kv: kv[1])
     ka, kb, kd = [k for k, blen in by_len if blen == 300_000]
     (kc, _), = [(k, b) for k, b in by_len if b == 2 << 20]
@@ -148,7 +144,7 @@ def test_a_bad_slice_found_by_a_range_read_is_removed(cluster, key_file, tmp_pat
     root.mkdir()
     files = {"big.bin": os.urandom(4 << 20)}
     (root / "big.bin").write_bytes(files["big.bin"])
-    server, keys = _filled(cluster, root, key_file, files)
+    (server,), keys = _filled(cluster, root, key_file, files)
     (key,) = keys
     raw = _raw(server)
     try:
@@ -190,7 +186,7 @@ def test_another_key_learns_nothing_and_forged_items_are_refused(cluster, key_fi
     root.mkdir()
     files = {"a.bin": os.urandom(300_000)}
     (root / "a.bin").write_bytes(files["a.bin"])
-    server, keys = _filled(cluster, root, key_file, files)
+    (server,), keys = _filled(cluster, root, key_file, files)
     (key,) = keys
 
     # the same volume name under another key: other block names, so misses

@@ -15,13 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from blockcache_client.common.metrics import parse_addr
+from blockcache_client.common import convert
 from blockcache_client.common.tomlfile import read_toml
 from blockcache_client.contract import protocol
 from blockcache_client.contract.blockkey import check_volume_name
 from blockcache_client.contract.cluster import ClusterConfig
 from blockcache_client.contract.errors import ConfigError, InvalidKey
-from blockcache_client.contract.units import parse_size
 
 DEFAULT_DIR_SIZE = "10G"
 
@@ -86,16 +85,6 @@ class Config:
     cluster: ClusterConfig | None = None
 
 
-def _mode(value: Any, what: str) -> int:
-    try:
-        mode = int(value, 8) if isinstance(value, str) else int(value)
-    except ValueError:
-        raise ConfigError(f"{what}: {value!r} is not an octal mode like 0660") from None
-    if not 0 <= mode <= 0o777:
-        raise ConfigError(f"{what}: {value!r} is not a permission mode (0..0777)")
-    return mode
-
-
 def _group(value: Any, what: str) -> int | None:
     if value in ("", None):
         return None
@@ -137,83 +126,29 @@ def _gids(value: Any, what: str) -> frozenset[int]:
     return frozenset(out)
 
 
-def _ratio(value: Any, what: str) -> float:
-    try:
-        r = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what}: {value!r} is not a number between 0 and 1") from None
-    if not 0.0 < r <= 1.0:
-        raise ConfigError(f"{what}: {value!r} must be in (0, 1]")
-    return r
-
-
-def _count(value: Any, what: str) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(f"{what}: {value!r} is not a count")
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what}: {value!r} is not a whole number") from None
-    if n < 0:
-        raise ConfigError(f"{what}: {value!r} must not be negative")
-    return n
-
-
-def _seconds(value: Any, what: str) -> float:
-    try:
-        s = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what}: {value!r} is not a number of seconds") from None
-    if not s > 0:
-        raise ConfigError(f"{what}: must be more than 0 seconds")
-    return s
-
-
-def _choice(*options: str) -> Callable[[Any, str], str]:
-    def check(value: Any, what: str) -> str:
-        v = str(value).lower()
-        if v not in options:
-            raise ConfigError(f"{what}: {value!r} is not one of {', '.join(options)}")
-        return v
-    return check
-
-
-def _path(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{what}: must be a non-empty path")
-    return os.path.abspath(value)
-
-
-def _addr(value: Any, what: str) -> str | None:
-    if value in ("", None):
-        return None
-    parse_addr(value, what)
-    return value
-
-
 # file key -> (Config field, converter). Flags use the same converters.
 _FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
-    "socket": ("socket", _path),
-    "socket_mode": ("socket_mode", _mode),
+    "socket": ("socket", convert.path),
+    "socket_mode": ("socket_mode", convert.mode),
     "socket_group": ("socket_group", _group),
     "admin_gids": ("admin_gids", _gids),
     "admin_uids": ("admin_uids", _uids),
-    "unlisted_volumes": ("unlisted_volumes", _choice("open", "admin")),
-    "max_connections_per_uid": ("max_connections_per_uid", _count),
-    "max_reply_bytes_per_uid": ("max_reply_bytes_per_uid", parse_size),
-    "fill_queue_share": ("fill_queue_share", _ratio),
-    "max_volumes": ("max_volumes", _count),
-    "high_watermark": ("high_watermark", _ratio),
-    "low_watermark": ("low_watermark", _ratio),
-    "min_free_bytes": ("min_free_bytes", parse_size),
-    "min_free_inodes": ("min_free_inodes", _count),
-    "max_entries": ("max_entries", _count),
-    "fill_queue_bytes": ("fill_queue_bytes", parse_size),
-    "io_timeout": ("io_timeout", _seconds),
-    "log_level": ("log_level", _choice("debug", "info", "warning", "error")),
-    "log_format": ("log_format", _choice("text", "json")),
-    "metrics_addr": ("metrics_addr", _addr),
-    "admission_policy": ("admission_policy", _choice("tinylfu", "lru")),
+    "unlisted_volumes": ("unlisted_volumes", convert.choice("open", "admin")),
+    "max_connections_per_uid": ("max_connections_per_uid", convert.count),
+    "max_reply_bytes_per_uid": ("max_reply_bytes_per_uid", convert.size),
+    "fill_queue_share": ("fill_queue_share", convert.ratio),
+    "max_volumes": ("max_volumes", convert.count),
+    "high_watermark": ("high_watermark", convert.ratio),
+    "low_watermark": ("low_watermark", convert.ratio),
+    "min_free_bytes": ("min_free_bytes", convert.size),
+    "min_free_inodes": ("min_free_inodes", convert.count),
+    "max_entries": ("max_entries", convert.count),
+    "fill_queue_bytes": ("fill_queue_bytes", convert.size),
+    "io_timeout": ("io_timeout", convert.duration),
+    "log_level": ("log_level", convert.choice("debug", "info", "warning", "error")),
+    "log_format": ("log_format", convert.choice("text", "json")),
+    "metrics_addr": ("metrics_addr", convert.address),
+    "admission_policy": ("admission_policy", convert.choice("tinylfu", "lru")),
 }
 _DIR_KEYS = {"path", "size", "weight"}
 _ACCESS_KEYS = {"uids", "gids"}
@@ -243,11 +178,11 @@ def _cache_dir(table: Any, what: str) -> CacheDirConfig:
     _table(table, _DIR_KEYS, what, "each [[cache_dirs]] entry must be a table")
     if "path" not in table:
         raise ConfigError(f"{what}: 'path' is required")
-    size = parse_size(table.get("size", DEFAULT_DIR_SIZE), f"{what}: size")
+    size = convert.size(table.get("size", DEFAULT_DIR_SIZE), f"{what}: size")
     if size <= 0:
         raise ConfigError(f"{what}: size must be more than 0")
-    return CacheDirConfig(_path(table["path"], f"{what}: path"), size,
-                          _count(table.get("weight", 0), f"{what}: weight"))
+    return CacheDirConfig(convert.path(table["path"], f"{what}: path"), size,
+                          convert.count(table.get("weight", 0), f"{what}: weight"))
 
 
 def _volume_tables(value: Any, what: str) -> dict[str, VolumeAccess]:
@@ -281,7 +216,7 @@ def _volume_quotas(tables: dict[str, Any], what: str) -> tuple[tuple[str, int], 
         if "max_bytes" not in table:
             continue
         where = f"{what}.{name}"
-        size = parse_size(table["max_bytes"], f"{where}: max_bytes")
+        size = convert.size(table["max_bytes"], f"{where}: max_bytes")
         if size <= 0:
             raise ConfigError(f"{where}: max_bytes must be more than 0")
         out.append((name, size))

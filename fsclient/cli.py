@@ -56,7 +56,8 @@ def main(ctx: click.Context, log_level: str, log_format: str) -> None:
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="Volume TOML file; flags override its values.")
 @click.option("--block-size", help="Block size, e.g. 4M [default: 4M].")
-@click.option("--meta-ttl", type=float, help="Metadata TTL in seconds [default: 60].")
+@click.option("--meta-ttl", metavar="DURATION",
+              help="Metadata TTL, e.g. 60 or 2m [default: 60 seconds].")
 @click.option("--dir-ttl", multiple=True, metavar="PREFIX=SECONDS",
               help="Metadata TTL for a directory prefix (repeatable), e.g. code/=0.")
 @click.option("--readahead-blocks", type=int, help="Blocks prefetched ahead of a "
@@ -76,7 +77,7 @@ def main(ctx: click.Context, log_level: str, log_format: str) -> None:
 @click.pass_context
 def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume: str | None,
           key_file: str | None, socket: str | None, config_file: str | None,
-          block_size: str | None, meta_ttl: float | None, dir_ttl: tuple[str, ...],
+          block_size: str | None, meta_ttl: str | None, dir_ttl: tuple[str, ...],
           readahead_blocks: int | None, options: tuple[str, ...], foreground: bool,
           log_file: str | None, metrics_addr: str | None, mount_log_level: str | None,
           mount_log_format: str | None, ready_fd: int | None) -> None:

@@ -29,18 +29,16 @@ whether an open may keep the kernel page cache (only when TTL > 0).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from blockcache_client.common.metrics import parse_addr
+from blockcache_client.common import convert
 from blockcache_client.common.tomlfile import read_toml
 from blockcache_client.contract.blockkey import check_volume_name
 from blockcache_client.contract.errors import ConfigError, InvalidKey
-from blockcache_client.contract.units import parse_size
 
 DEFAULT_BLOCK_SIZE = 4 << 20
 DEFAULT_META_TTL = 60.0
@@ -87,12 +85,7 @@ class TtlPolicy:
 
 
 def _check_ttl(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{what}: {value!r} is not a number of seconds")
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{what}: {value!r} must be a finite number of seconds >= 0")
-    return value
+    return convert.duration(value, what, allow_zero=True)
 
 
 @dataclass(frozen=True)
@@ -150,11 +143,7 @@ def parse_dir_ttl_flag(text: str) -> tuple[str, float]:
     prefix, sep, seconds = text.rpartition("=")
     if not sep:
         raise ConfigError(f"--dir-ttl {text!r}: expected PREFIX=SECONDS, e.g. code/=0")
-    try:
-        value = float(seconds)
-    except ValueError:
-        raise ConfigError(f"--dir-ttl {text!r}: {seconds!r} is not a number of seconds") from None
-    return prefix, value
+    return prefix, convert.duration(seconds, f"--dir-ttl {text!r}", allow_zero=True)
 
 
 def split_options(values: tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -176,16 +165,11 @@ def _str(data: dict[str, Any], key: str, required: bool) -> str | None:
                 key, f"--{key.replace('_', '-')}")
             raise ConfigError(f"{key} is not set: give the {flag} or `{key} = ...` in --config")
         return None
-    if not isinstance(v, str) or not v:
-        raise ConfigError(f"{key}: {v!r} must be a non-empty string")
-    return v
+    return convert.string(v, key)
 
 
 def _int(data: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int:
-    v = data.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise ConfigError(f"{key}: {v!r} must be an integer in {lo}..{hi}")
-    return v
+    return convert.count(data.get(key, default), key, lo, hi)
 
 
 def build_config(file_data: Mapping[str, Any] | None = None,
@@ -220,12 +204,10 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         check_volume_name(volume)
     except InvalidKey as exc:
         raise ConfigError(str(exc)) from None
-    block_size = parse_size(data.get("block_size", DEFAULT_BLOCK_SIZE), "block_size")
+    block_size = convert.size(data.get("block_size", DEFAULT_BLOCK_SIZE), "block_size")
     if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
         raise ConfigError(f"block_size: {block_size} must be between 64K and 16M")
-    allow_other = data.get("allow_other", False)
-    if not isinstance(allow_other, bool):
-        raise ConfigError(f"allow_other: {allow_other!r} must be true or false")
+    allow_other = convert.boolean(data.get("allow_other", False), "allow_other")
     if "allow_other" in options:
         options.remove("allow_other")
         allow_other = True
@@ -247,16 +229,11 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         readahead_blocks=_int(data, "readahead_blocks", 2, 0, 64),
         options=tuple(dict.fromkeys(options)),
         storage_options=MappingProxyType(dict(storage)),
-        memory_cache_bytes=parse_size(data.get("memory_cache_bytes", 64 << 20),
-                                      "memory_cache_bytes"),
-        fill_queue_bytes=parse_size(data.get("fill_queue_bytes", 256 << 20), "fill_queue_bytes"),
+        memory_cache_bytes=convert.size(data.get("memory_cache_bytes", 64 << 20),
+                                        "memory_cache_bytes"),
+        fill_queue_bytes=convert.size(data.get("fill_queue_bytes", 256 << 20),
+                                      "fill_queue_bytes"),
         meta_cache_entries=_int(data, "meta_cache_entries", 200_000, 100, 100_000_000),
         threads=_int(data, "threads", 32, 1, 512),
-        metrics_addr=_metrics_addr(_str(data, "metrics_addr", False)),
+        metrics_addr=convert.address(data.get("metrics_addr"), "metrics_addr"),
     )
-
-
-def _metrics_addr(value: str | None) -> str | None:
-    if value is not None:
-        parse_addr(value, "metrics_addr")
-    return value

@@ -1,6 +1,5 @@
 """Prometheus plumbing shared by blockcached and fsclient.
 
-- `parse_addr`: the `--metrics-addr HOST:PORT` / `metrics_addr` value.
 - `serve`: prometheus-client's HTTP endpoint on its own daemon thread, for a
   registry holding our custom collectors; never on an event loop thread, so
   a slow scrape cannot stall request handling.
@@ -22,25 +21,13 @@ from prometheus_client import start_http_server
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
-from ..contract.errors import ConfigError
+from .convert import parse_addr
 
 log = logging.getLogger(__name__)
 
 # seconds: from a memory-answered request (tens of µs) to a slow remote read
 LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
-
-
-def parse_addr(text: str, what: str = "metrics_addr") -> tuple[str, int]:
-    """`HOST:PORT` (or `[v6]:PORT`, or `:PORT` for every address) -> (host, port)."""
-    if not isinstance(text, str):
-        raise ConfigError(f"{what}: {text!r} must be a string like 127.0.0.1:9101")
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{what}: {text!r} is not HOST:PORT, e.g. 127.0.0.1:9101 "
-                          f"(or :9101 for every address)")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
 
 
 class MetricsServer:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from blockcache_client.contract.errors import ConfigError
-from blockcached.__main__ import load_config, parse_args
+from blockcached.cli import config_from_args
 
 TOML = """
 socket = "/tmp/bc-test/x.sock"
@@ -43,7 +43,7 @@ def cfg_of(tmp_path, toml: str | None, *flags: str):
         p = tmp_path / "c.toml"
         p.write_text(toml)
         argv = ["--config", str(p)] + argv
-    return load_config(parse_args(argv))
+    return config_from_args(argv)
 
 
 def test_file_values(tmp_path):

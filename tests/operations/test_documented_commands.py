@@ -2,7 +2,7 @@
 
 The command lines come from the docs themselves (tests/support/doc_commands),
 so a documented subcommand or flag that does not exist fails here. Each is
-parsed by the program's own parser (click or argparse) with its actions
+parsed by the program's own parser (click, or argparse for bench) with its actions
 stubbed out, each documented subcommand answers --help from its installed
 script, and the examples that need only a daemon or nothing run for real.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 import pytest
 
+from blockcache_client.contract.errors import BlockcacheError
 from blockcache_client.volumekey import load_key_file
 from tests.support.doc_commands import REPO, SCRIPTS, DocCommand, documented_commands
 
@@ -68,16 +69,23 @@ def parse_click(cmd: DocCommand, monkeypatch) -> list[str]:
     return invoked
 
 
-def parse_argparse(cmd: DocCommand, capsys) -> None:
-    if cmd.program == "blockcached":
-        from blockcached.__main__ import load_config, parse_args
-    else:
-        from bench.__main__ import parse_args
-        load_config = None
+def parse_blockcached(cmd: DocCommand) -> None:
+    """Flags and their values (sizes, watermarks, addresses), as the daemon
+    would take them; a --config file named by the docs is not read."""
+    from blockcached.cli import config_from_args, main
     try:
-        args = parse_args(cmd.args)
-        if load_config is not None and args.config is None:
-            load_config(args)      # the values too: sizes, watermarks, addresses
+        if "--config" in cmd.args:
+            main.make_context("blockcached", list(cmd.args))
+        else:
+            config_from_args(cmd.args)
+    except (click.ClickException, BlockcacheError) as exc:
+        pytest.fail(f"{cmd}: {exc}")
+
+
+def parse_argparse(cmd: DocCommand, capsys) -> None:
+    from bench.__main__ import parse_args
+    try:
+        parse_args(cmd.args)
     except SystemExit as exc:
         pytest.fail(f"{cmd}: exit {exc.code}: {capsys.readouterr().err.strip()}")
 
@@ -98,7 +106,9 @@ def test_the_docs_show_commands_of_every_program():
 def test_documented_command_parses(cmd: DocCommand, monkeypatch, capsys):
     if cmd.program in ("fsclient", "blockcache-cli"):
         parse_click(cmd, monkeypatch)
-    elif cmd.program in ("blockcached", "python -m bench"):
+    elif cmd.program == "blockcached":
+        parse_blockcached(cmd)
+    elif cmd.program == "python -m bench":
         parse_argparse(cmd, capsys)
     elif cmd.program == "make":
         r = subprocess.run(["make", "-n", "-C", str(REPO), *cmd.args], capture_output=True,

@@ -30,12 +30,13 @@ def parse_server(entry: Any, what: str = "memcached") -> tuple[str, int]:
         raise ConfigError(f"{what}: {entry!r} is not HOST:PORT")
     text = entry.strip()
     host, sep, port = text.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
         host = host[1:-1]
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"{what}: {entry!r} is not HOST:PORT (a port in 1..65535); "
                           f"for example 10.0.0.5:11211 or memcached.blockcache:11211")
-    if ":" in host and not is_ip(host):
+    if ":" in host and not (bracketed and is_ip(host)):  # where would the port start?
         raise ConfigError(f"{what}: {entry!r}: write an IPv6 address in brackets, "
                           f"like [fd00::5]:11211")
     if any(c.isspace() for c in host):
@@ -72,19 +73,22 @@ class ClusterConfig:
         if unknown:
             raise ConfigError(f"{what}: unknown key(s) {', '.join(sorted(unknown))}; "
                               f"allowed: {', '.join(KEYS)}")
+        where = what if what.startswith("--") else f"{what} memcached"
         servers = table.get("memcached", [])
         if isinstance(servers, str):  # `--memcached a:1,b:2`
             servers = [s for s in servers.split(",") if s.strip()]
         if not isinstance(servers, (list, tuple)):
-            raise ConfigError(f"{what} memcached: a list of \"HOST:PORT\" strings")
+            raise ConfigError(f"{where}: a list of \"HOST:PORT\" strings")
         for s in servers:
-            parse_server(s, f"{what} memcached")
+            parse_server(s, where)
         if not servers:
             return None
         values: dict[str, Any] = {"memcached": tuple(s.strip() for s in servers)}
         for k in _DURATIONS:
             if k in table:
                 values[k] = parse_duration(table[k], f"{what} {k}")
+                if not values[k] > 0:
+                    raise ConfigError(f"{what} {k}: must be more than zero, like 50ms")
         if "fill_queue_bytes" in table:
             values["fill_queue_bytes"] = parse_size(table["fill_queue_bytes"],
                                                     f"{what} fill_queue_bytes")

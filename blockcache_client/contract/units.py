@@ -49,23 +49,3 @@ def format_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
-_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(text: str | int | float, what: str = "duration") -> float:
-    """Seconds from `20ms`, `5s`, `2m`, `1h` or a bare number of seconds;
-    more than zero. Raises ConfigError."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        seconds = float(text)
-    else:
-        m = _DURATION.match(str(text))
-        if not m:
-            raise ConfigError(f"{what}: {text!r} is not a duration; use a number with "
-                              f"ms, s, m or h, like 20ms or 5s")
-        seconds = float(m.group(1)) * _SECONDS[m.group(2) and m.group(2).lower()]
-    if not seconds > 0:
-        raise ConfigError(f"{what}: {text!r} must be more than zero")
-    return seconds

@@ -24,7 +24,7 @@ _EXPORTS = {
     "load_key_file": "volumekey",
     # talking to the daemon
     "Client": "client",
-    "AsyncClient": "client",
+    "AsyncClient": "asyncclient",
     "default_socket": "contract.protocol",
     # the contract: block keys and sealed block files
     "BlockKey": "contract.blockkey",

@@ -15,13 +15,9 @@ jitter backoff while a per-call retry budget lasts. Permanent errors (not
 found, access denied, is/not a directory, bad arguments) are raised at once as
 the matching OSError subclass, with the volume path in the message.
 
-Paths are always relative to the volume root, '/'-separated, without a
-leading '/'. Only '/' separates components: any other byte a POSIX name or
-an S3 key may hold (a backslash, a newline, '#', '%') is part of a name. A
-path with a `..` or `.` component, or a NUL byte, cannot name anything inside
-the volume and is refused (EINVAL), so no input can reach outside the root;
-a listing leaves out (with a warning) an entry whose name cannot be a path
-component, and keeps the rest.
+Paths are volume-relative in the one form `fileinfo.normalize` gives (no
+input reaches outside the root); a listing leaves out, with a warning, an
+entry whose name cannot be a path component, and keeps the rest.
 """
 
 from __future__ import annotations
@@ -29,14 +25,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import datetime
 import errno
 import logging
 import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import fsspec
 from fsspec.asyn import AsyncFileSystem, sync
@@ -44,6 +38,7 @@ from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
 
 from . import s3direct
+from .fileinfo import FileInfo, info_of, is_canonical_name, link_target, mtime_ns_of, stat_version
 from .parts import read_parts
 from .s3direct import Declined, DirectS3, direct_reader
 
@@ -62,92 +57,6 @@ _PERMANENT_ERRNOS = frozenset({
 _PERMANENT_TYPES = (FileNotFoundError, PermissionError, IsADirectoryError,
                     NotADirectoryError, FileExistsError, ValueError, TypeError,
                     NotImplementedError)
-
-
-@dataclass(frozen=True, slots=True)
-class FileInfo:
-    """What a volume knows about one entry.
-
-    `path` is relative to the volume root (no leading '/'; "" is the root).
-    `version` names this exact content: the ETag when the backend has one,
-    else f"{mtime_ns}-{size}"; block keys derive from it. For a symbolic link
-    (`is_link`) size and version are its target's, what a read gets; `target`
-    is the link's own text where the backend reports it (lstat's size is its
-    length).
-    """
-
-    path: str
-    name: str
-    size: int
-    is_dir: bool
-    is_link: bool
-    mtime_ns: int
-    version: str
-    mode: int | None = None
-    target: str | None = None
-
-
-def normalize(path: str) -> str:
-    """The canonical volume-relative form of `path`; OSError(EINVAL) if it could
-    name something outside the volume."""
-    if not isinstance(path, str):
-        raise TypeError(f"volume path must be a str, not {type(path).__name__}")
-    if "\0" in path:
-        raise OSError(errno.EINVAL, f"path {path!r} contains a NUL byte, which no file "
-                                    f"name can hold")
-    parts = [p for p in path.split("/") if p]
-    for p in parts:
-        if p in (".", ".."):
-            raise OSError(errno.EINVAL, f"path {path!r} has a {p!r} component and could "
-                                        f"escape the volume root; use a plain relative path")
-    return "/".join(parts)
-
-
-def is_canonical_name(name: str) -> bool:
-    """True if `name` is one path component `normalize` keeps exactly as it is
-    (not empty, no '/' or NUL, not '.' or '..'): only such entries are listed."""
-    return (bool(name) and name != "." and name != ".." and "/" not in name
-            and "\0" not in name)
-
-
-def _mtime_ns(raw: dict) -> int:
-    for name in ("mtime", "LastModified", "last_modified", "modified", "updated", "created",
-                 "timeCreated"):
-        v = raw.get(name)
-        if v is None:
-            continue
-        if isinstance(v, datetime.datetime):
-            if v.tzinfo is None:
-                v = v.replace(tzinfo=datetime.UTC)
-            return int(v.timestamp() * 1_000_000) * 1000
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return int(round(v * 1e9))
-        if isinstance(v, str):
-            try:
-                when = datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))
-                return _mtime_ns({"mtime": when})
-            except ValueError:
-                continue
-    return 0
-
-
-def stat_version(mtime_ns: int, size: int) -> str:
-    """The version of a file without an ETag: what its block keys derive from,
-    and what a versioned local read checks the open file against."""
-    return f"{mtime_ns}-{size}"
-
-
-def _link_target(raw: dict) -> str | None:
-    dest = raw.get("destination") if raw.get("islink") else None
-    return dest if isinstance(dest, str) else None
-
-
-def _etag(raw: dict) -> str | None:
-    for name in ("ETag", "etag", "e_tag", "md5Hash"):
-        v = raw.get(name)
-        if v:
-            return str(v).strip('"')
-    return None
 
 
 class Backend:
@@ -234,21 +143,7 @@ class Backend:
         return stripped.strip("/")
 
     def file_info(self, raw: dict) -> FileInfo:
-        rel = self._rel(raw["name"])
-        size = int(raw.get("size") or 0)
-        mtime_ns = _mtime_ns(raw)
-        mode = raw.get("mode")
-        return FileInfo(
-            path=rel,
-            name=rel.rsplit("/", 1)[-1],
-            size=size,
-            is_dir=raw.get("type") == "directory",
-            is_link=bool(raw.get("islink")),
-            mtime_ns=mtime_ns,
-            version=_etag(raw) or stat_version(mtime_ns, size),
-            mode=(int(mode) & 0o7777) if isinstance(mode, int) else None,
-            target=_link_target(raw),
-        )
+        return info_of(raw, self._rel(raw["name"]))
 
     # -- calls -------------------------------------------------------------------
 
@@ -456,7 +351,7 @@ class Backend:
         raw = self._call("readlink", rel, lambda **tkw: self.fs.info(full, **tkw))
         if not raw.get("islink"):
             raise OSError(errno.EINVAL, f"readlink {rel}: not a symbolic link in {self.source}")
-        dest = _link_target(raw)
+        dest = link_target(raw)
         if dest is None:
             raise OSError(errno.EINVAL, f"readlink {rel}: {self.source} does not report "
                                         f"link targets")
@@ -476,7 +371,7 @@ def _local_read_if(full: str, start: int, end: int, version: str,
     `version` (as `file_info` computes it from fsspec's float mtime) before
     and after the read, else None."""
     def same(st: os.stat_result) -> bool:
-        return stat_version(_mtime_ns({'mtime': st.st_mtime}), st.st_size) == version
+        return stat_version(mtime_ns_of({'mtime': st.st_mtime}), st.st_size) == version
     fd = os.open(full, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         if not same(os.fstat(fd)):

@@ -1,7 +1,8 @@
-"""Socket clients for `blockcached`: `Client` (blocking) and `AsyncClient`.
+"""`Client`: the blocking socket client of `blockcached` (and `AsyncClient`'s
+defaults: asyncclient.py).
 
-Both speak `protocol` and expose the same operations; every call has a
-timeout. Failures split in two, so callers can fail open:
+Both speak `protocol` and expose the same operations (daemonops.py); every
+call has a timeout. Failures split in two, so callers can fail open:
 
 - `DaemonUnavailable`: the socket is missing, refused, closed, or the daemon
   did not answer in time. The connection is dropped and the next call
@@ -9,21 +10,12 @@ timeout. Failures split in two, so callers can fail open:
 - `DaemonError`: the daemon answered with an error reply (`.code` is one of
   `protocol.ErrorCode`). The connection stays usable.
 
-Whoever answers on the socket must be the daemon: its uid (SO_PEERCRED)
-must be root's or `daemon_uid` (default $BLOCKCACHE_DAEMON_UID, else the
-owner of the socket's directory, which only that owner and root can create
-sockets in). Anyone else is treated as no daemon (`DaemonUnavailable`): a
-process that took the socket path could otherwise hand readers a layout of
-its own and take their fills.
-
-The operations are written once (`_Ops`); each client supplies `_call`, which
-for `AsyncClient` returns an awaitable, so `await aclient.lookup(keys)` and
-`client.lookup(keys)` read alike.
+Whoever answers on the socket must be the daemon (peercheck.py): anyone
+else is treated as no daemon.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import select
@@ -37,153 +29,25 @@ from typing import Any
 from .common.forks import generation as _forks
 from .contract import protocol
 from .contract.errors import (
-    ConfigError,
-    DaemonError,
     DaemonUnavailable,
     ProtocolError,
-    UntrustedPeer,
 )
 from .contract.protocol import LENGTH
+from .daemonops import DaemonOps, result_of
+from .peercheck import check_peer, configured_daemon_uid
 
 DEFAULT_TIMEOUT = 5.0
 # Asked for the socket's send buffer: room for a whole put, so its block goes
 # out in one sendmsg and the daemon takes it in one or two reads, not one
-# wake-up per 200 KiB on each side. The kernel caps it at net.core.wmem_max,
-# 208 KiB on a stock kernel (docs/deploy.md, "Socket buffers"); smaller only
-# costs wake-ups.
+# wake-up per chunk on each side. The kernel caps it at net.core.wmem_max
+# (docs/deploy.md, "Socket buffers"); smaller only costs wake-ups.
 SEND_BUFFER = 4 << 20
-# How long a blocking client polls for a reply before it sleeps. The daemon
-# answers a lookup in ~20-40 us of CPU; sleeping in poll(2) and being woken
-# costs more than that on a VM, where waking a halted vCPU takes 40-60 us
-# (a 1-key lookup: p50 ~115-145 us sleeping, ~35-70 us polling first).
+# How long a blocking client polls for a reply before it sleeps: the daemon
+# answers a lookup faster than a VM wakes a halted vCPU from poll(2).
 REPLY_SPIN = 100e-6
-DAEMON_UID_ENV = "BLOCKCACHE_DAEMON_UID"
-_PEERCRED = struct.Struct("3i")
 
 
-def configured_daemon_uid(daemon_uid: int | None = None) -> int | None:
-    """The uid the daemon is expected to run as: `daemon_uid`, else
-    $BLOCKCACHE_DAEMON_UID, else None (the owner of the socket's dir)."""
-    if daemon_uid is None:
-        text = os.environ.get(DAEMON_UID_ENV, "").strip()
-        if not text:
-            return None
-        try:
-            daemon_uid = int(text)
-        except ValueError:
-            raise ConfigError(f"${DAEMON_UID_ENV}={text!r} is not a uid; set it to the "
-                              f"numeric uid blockcached runs as, or unset it") from None
-    if isinstance(daemon_uid, bool) or not isinstance(daemon_uid, int) or daemon_uid < 0:
-        raise ConfigError(f"daemon_uid {daemon_uid!r} must be a uid (an integer >= 0)")
-    return daemon_uid
-
-
-def check_peer(sock: socket.socket, socket_path: str, daemon_uid: int | None) -> int:
-    """The uid of the process answering on `sock`; DaemonUnavailable if it
-    is neither root nor the expected daemon uid (see the module docstring)."""
-    _, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                 _PEERCRED.size))
-    if uid == 0 or uid == daemon_uid:
-        return uid
-    where = os.path.dirname(os.path.abspath(socket_path))
-    if daemon_uid is None:
-        try:
-            owner = os.stat(where).st_uid
-        except OSError:
-            owner = None
-        if uid == owner:
-            return uid
-        expected = f"root or uid {owner}, the owner of {where}"
-    else:
-        expected = f"root or uid {daemon_uid} (daemon_uid / ${DAEMON_UID_ENV})"
-    raise UntrustedPeer(f"the process answering on {socket_path} runs as uid {uid}, but "
-                            f"blockcached is expected to run as {expected}; treating it as "
-                            f"no daemon. If uid {uid} really is your blockcached, set "
-                            f"${DAEMON_UID_ENV}={uid}")
-
-
-class _Ops:
-    """The protocol's operations, over an abstract `_call`."""
-
-    def _call(self, op: str, args: dict[str, Any], pick: str | None = None) -> Any:
-        raise NotImplementedError
-
-    def hello(self, client: str = "blockcache_client"):
-        """Protocol version, cache layout and limits (the whole reply map)."""
-        return self._call("hello", {"version": protocol.PROTOCOL_VERSION, "client": client})
-
-    def ping(self):
-        return self._call("ping", {})
-
-    def lookup(self, keys: Iterable[Any]):
-        """Absolute block file path per key, None for a miss."""
-        return self._call("lookup", {"keys": [str(k) for k in keys]}, "paths")
-
-    def put(self, key: Any, blob: bytes):
-        """Hand a sealed block file to the daemon; returns (accepted, reason)."""
-        data = blob if isinstance(blob, (bytes, bytearray, memoryview)) else bytes(blob)
-        return self._call("put", {"key": str(key), "data": data}, "_put")
-
-    def touch(self, keys: Iterable[Any]):
-        """Report accesses (keeps LRU order right); returns the reply map."""
-        return self._call("touch", {"keys": [str(k) for k in keys]})
-
-    def evict(self, key: Any = None, *, inode: tuple[str, int] | None = None,
-              volume: str | None = None, all_: bool = False):
-        """Evict one key, one inode (vol, inode), a volume, or everything.
-        Returns the number of blocks evicted."""
-        scopes = [key is not None, inode is not None, volume is not None, bool(all_)]
-        if sum(scopes) != 1:
-            raise ValueError("evict takes exactly one of key=, inode=, volume=, all_=True")
-        if key is not None:
-            args: dict[str, Any] = {"key": str(key)}
-        elif inode is not None:
-            args = {"volume": inode[0], "inode": int(inode[1])}
-        elif volume is not None:
-            args = {"volume": volume}
-        else:
-            args = {"all": True}
-        return self._call("evict", args, "evicted")
-
-    def list(self, volume: str | None = None, limit: int = 1000, after: str | None = None):
-        """One page of cached keys (sorted), of one volume or all, after the
-        key `after`; the reply map (`truncated`: more follow)."""
-        args: dict[str, Any] = {"volume": volume, "limit": int(limit)}
-        if after is not None:
-            args["after"] = after
-        return self._call("list", args)
-
-    def list_all(self, volume: str | None = None, limit: int | None = None,
-                 page: int = protocol.LIST_PAGE) -> list[str]:
-        """Every cached key (of one volume or all), or the first `limit`,
-        fetched a page at a time."""
-        keys: list[str] = []
-        after = None
-        while limit is None or len(keys) < limit:
-            want = page if limit is None else min(page, limit - len(keys))
-            reply = self.list(volume, want, after)
-            keys += reply["keys"]
-            if not reply["truncated"] or not reply["keys"]:
-                break
-            after = reply["keys"][-1]
-        return keys
-
-    def stats(self):
-        return self._call("stats", {})
-
-
-def _result(reply: dict[str, Any], pick: str | None) -> Any:
-    if not reply.get("ok"):
-        raise DaemonError(str(reply.get("code", protocol.ErrorCode.INTERNAL)),
-                          str(reply.get("message", "daemon error without a message")))
-    if pick is None:
-        return reply
-    if pick == "_put":
-        return bool(reply.get("accepted")), str(reply.get("reason", ""))
-    return reply[pick]
-
-
-class Client(_Ops):
+class Client(DaemonOps):
     """Blocking client; thread-safe (one request on the wire at a time, or a
     batch through `pipeline`), and fork-safe (a child reconnects)."""
 
@@ -366,7 +230,7 @@ class Client(_Ops):
 
     def _call(self, op: str, args: dict[str, Any], pick: str | None = None) -> Any:
         reply = self._exchange([{"id": self._next_id(), "op": op, **args}])[0]
-        return _result(reply, pick)
+        return result_of(reply, pick)
 
     # -- posted requests: sent now, answered later -------------------------------
 
@@ -492,106 +356,3 @@ def _connect_unix(sock: socket.socket, path: str, timeout: float) -> None:
             pause = min(pause * 2, 0.05)
 
 
-class AsyncClient(_Ops):
-    """asyncio client; concurrent calls pipeline on one connection."""
-
-    def __init__(self, socket_path: str | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 daemon_uid: int | None = None):
-        self.socket_path = socket_path or protocol.default_socket()
-        self.timeout = timeout
-        self.daemon_uid = configured_daemon_uid(daemon_uid)
-        self.peer_uid: int | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task | None = None
-        self._pending: dict[int, asyncio.Future] = {}
-        self._ids = itertools.count(1)
-        self._connecting: asyncio.Lock | None = None
-
-    async def close(self) -> None:
-        writer, self._writer = self._writer, None
-        task, self._reader_task = self._reader_task, None
-        if task is not None:
-            task.cancel()
-        if writer is not None:
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except OSError:
-                pass
-        self._fail_pending("connection closed")
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def _fail_pending(self, why: str) -> None:
-        pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(DaemonUnavailable(f"blockcached at {self.socket_path}: {why}"))
-
-    async def _ensure(self) -> asyncio.StreamWriter:
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            if self._writer is None or self._writer.is_closing():
-                try:
-                    reader, writer = await asyncio.wait_for(
-                        asyncio.open_unix_connection(self.socket_path,
-                                                     limit=protocol.MAX_FRAME + 8),
-                        self.timeout)
-                except (TimeoutError, OSError) as exc:
-                    raise DaemonUnavailable(
-                        f"cannot connect to blockcached at {self.socket_path}: {exc}; is the "
-                        f"daemon running? (set --socket or ${protocol.SOCKET_ENV})") from None
-                try:
-                    self.peer_uid = check_peer(writer.get_extra_info("socket"),
-                                               self.socket_path, self.daemon_uid)
-                except BaseException:
-                    writer.close()
-                    raise
-                self._writer = writer
-                self._reader_task = asyncio.get_running_loop().create_task(self._read_loop(reader))
-            return self._writer
-
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        why = "daemon closed the connection"
-        try:
-            while True:
-                n = protocol.frame_length(await reader.readexactly(LENGTH.size))
-                body = protocol.decode_body(await reader.readexactly(n))
-                fut = self._pending.pop(body.get("id"), None)
-                if fut is not None and not fut.done():
-                    fut.set_result(body)
-                elif body.get("id") == 0:
-                    why = f"daemon rejected a frame: {body.get('message')}"
-                    break
-        except (OSError, asyncio.IncompleteReadError, ProtocolError) as exc:
-            why = str(exc) or why
-        except asyncio.CancelledError:
-            return
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        self._fail_pending(why)
-
-    async def _call(self, op: str, args: dict[str, Any], pick: str | None = None) -> Any:
-        writer = await self._ensure()
-        rid = next(self._ids) % (2**32 - 1) + 1
-        fut = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
-        try:
-            writer.write(protocol.encode_frame({"id": rid, "op": op, **args}))
-            reply = await asyncio.wait_for(fut, self.timeout)
-        except TimeoutError:
-            self._pending.pop(rid, None)
-            await self.close()
-            raise DaemonUnavailable(f"blockcached at {self.socket_path} did not answer "
-                                    f"{op!r} within {self.timeout:g}s") from None
-        except OSError as exc:
-            self._pending.pop(rid, None)
-            await self.close()
-            raise DaemonUnavailable(f"blockcached at {self.socket_path}: {exc}") from None
-        return _result(reply, pick)

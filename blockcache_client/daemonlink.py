@@ -21,8 +21,7 @@ A small fill (up to `INLINE_FILL_MAX`) offered while the queue is empty, the
 filler idle and the fill connection open is sealed and sent on the reader's
 thread instead, without waiting: the socket takes it or the rest is left to
 the filler. Handing it to the filler cost more than sealing it: a thread
-wake-up, GIL hand-offs and a wait for the reply, ~4-5 sleeps and ~0.3-0.9 ms
-of CPU per fill of a small file on a 2-CPU VM. Puts are posted
+wake-up, GIL hand-offs and a wait for the reply. Puts are posted
 (`Client.post`), never waited for one by one: their replies are read in
 batches, by a put once `COLLECT_AFTER` are unread (those that have arrived),
 by the filler when the control thread nudges it (every `touch_interval` while
@@ -63,13 +62,13 @@ CALL_TIMEOUT = 2.0
 # put replies that mean the block is (or is about to be) cached already
 _ALREADY_CACHED = frozenset({"exists", "duplicate"})
 # fills up to this size may be sealed and sent on the reader's thread (a
-# small file's block: sealing 256 KiB takes ~60 us); bigger ones are sealed
-# by the filler while the reader goes on
+# small file's block seals in less time than a thread hand-off); bigger ones
+# are sealed by the filler while the reader goes on
 INLINE_FILL_MAX = 256 << 10
 # posted puts whose replies a put leaves unread before it reads those that
 # have arrived: reading them one put at a time cost a poll and a recv per put
-# (~40 us of the reader's thread on a 2-CPU VM); 64 replies are ~4 KiB of
-# socket buffer, and the control thread has the rest read every interval
+# on the reader's thread; 64 replies fit a few KiB of socket buffer, and the
+# control thread has the rest read every interval
 COLLECT_AFTER = 64
 
 

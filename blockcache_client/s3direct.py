@@ -1,11 +1,10 @@
 """Ranged S3 GETs on the calling thread, without aiobotocore.
 
 A cold read of a small file is one GetObject. Through s3fs that GET costs
-3-4 ms of CPU per request on this kind of machine (aiobotocore's request
-pipeline on fsspec's event-loop thread, plus the hand-off to and from that
-thread); signed here with botocore's SigV4 and sent with urllib3 it costs
-1.3-1.5 ms. On a host whose cores also decode and augment the samples, that
-CPU is what a cold epoch waits for (docs/benchmarks.md).
+about twice the CPU (aiobotocore's request pipeline on fsspec's event-loop
+thread, plus the hand-off to and from that thread) of one signed here with
+botocore's SigV4 and sent with urllib3. On a host whose cores also decode
+and augment the samples, that CPU is what a cold epoch waits for.
 
 What it takes from the s3fs filesystem: its options only (key, secret,
 token, anon, endpoint_url, client_kwargs, config_kwargs, session kwargs such

@@ -129,8 +129,8 @@ def pin_mmap_threshold() -> None:
 
     By default glibc raises its mmap threshold each time such a block is
     freed, after which big blocks come from the heap and their holes are
-    never returned: measured 212 -> 166 B of RSS per index entry after a
-    rebuild. Not glibc: nothing to do."""
+    never returned, which grows the RSS per index entry after a rebuild.
+    Not glibc: nothing to do."""
     try:
         ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     except (OSError, AttributeError):

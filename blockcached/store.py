@@ -49,9 +49,9 @@ class Run:
     mtimes in ns: their nanoseconds carry the policy's frequency, see `policy`).
 
     Columns rather than a tuple per file: at millions of files, tuples built
-    in the daemon would be left behind as fragmented heap (measured: +160 B
-    of RSS per entry). Sorting happens in the scanner (a child process for
-    big dirs), so the daemon never materializes a sort over all entries.
+    in the daemon would be left behind as fragmented heap. Sorting happens in
+    the scanner (a child process for big dirs), so the daemon never
+    materializes a sort over all entries.
     """
 
     names: list[str]

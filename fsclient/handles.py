@@ -25,7 +25,7 @@ import logging
 import pyfuse3
 
 from blockcache_client import Volume
-from blockcache_client.backend import FileInfo
+from blockcache_client.fileinfo import FileInfo
 from blockcache_client.reader.sequential import SEQ_SLACK, Stream
 
 from .config import MountConfig

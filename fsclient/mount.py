@@ -54,11 +54,10 @@ KERNEL_READAHEAD_KB = 1024
 # Container allocations between two young-generation collections of the
 # cyclic garbage collector (Python's default: 700). A warm small file costs a
 # few allocations that outlive their request (inode table, open versions), so
-# at 700 the loop collected every ~250 files, and each collection also walked
-# the older generations now and then: 12-17 us of CPU per file in a measured
-# fresh-mount epoch. Garbage cycles are rare here (every request's objects
-# are freed by reference counting), so collecting less often costs little
-# memory.
+# at 700 the loop collected every few hundred files, and each collection also
+# walked the older generations now and then. Garbage cycles are rare here
+# (every request's objects are freed by reference counting), so collecting
+# less often costs little memory.
 GC_YOUNG_THRESHOLD = 10_000
 
 

@@ -53,9 +53,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from blockcache_client.backend import FileInfo, normalize
 from blockcache_client.contract.errors import BlockcacheError, ConfigError
 from blockcache_client.contract.units import format_size
+from blockcache_client.fileinfo import FileInfo, normalize
 
 log = logging.getLogger(__name__)
 

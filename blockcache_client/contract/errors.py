@@ -52,4 +52,4 @@ class DaemonUnavailable(BlockcacheError):
 
 class UntrustedPeer(DaemonUnavailable):
     """The process answering on the socket runs as a uid the daemon must not
-    have (`client.check_peer`): treated as no daemon, but worth a warning."""
+    have (`peercheck.check_peer`): treated as no daemon, but worth a warning."""

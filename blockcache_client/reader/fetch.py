@@ -27,10 +27,11 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 
-from ..backend import Backend, FileInfo
+from ..backend import Backend
 from ..blockmem import BlockMemory
 from ..counters import Counters
 from ..daemonlink import DaemonLink
+from ..fileinfo import FileInfo
 from ..singleflight import SingleFlight
 from .hits import deliver
 from .tier import TierReads

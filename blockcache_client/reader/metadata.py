@@ -17,7 +17,8 @@ import errno
 import logging
 import time
 
-from ..backend import Backend, FileInfo
+from ..backend import Backend
+from ..fileinfo import FileInfo
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ Invariants:
   following a symlink (O_NOFOLLOW) and without blocking (O_NONBLOCK), and
   used only if it is a regular file owned by the daemon's uid (`hello`);
   anything else counts as a bad block. The daemon itself is believed only
-  if SO_PEERCRED shows the expected uid (`client.check_peer`).
+  if SO_PEERCRED shows the expected uid (`peercheck.check_peer`).
 - Fork safe: every public call first checks the process; a child (a
   DataLoader worker) builds its parts anew (`_start_process`: caches,
   threads, connections) and drops what it inherited, including queued fills.
@@ -52,7 +52,7 @@ import logging
 import os
 import weakref
 
-from ..backend import Backend, FileInfo, normalize
+from ..backend import Backend
 from ..blockmem import BlockMemory
 from ..common.forks import generation as _forks
 from ..contract import blockfile, protocol
@@ -60,6 +60,7 @@ from ..contract.blockkey import KeyNamer, check_volume_name
 from ..contract.errors import ConfigError, DaemonError, DaemonUnavailable
 from ..counters import Counters
 from ..daemonlink import DaemonLink
+from ..fileinfo import FileInfo, normalize
 from ..volumekey import load_key_file
 from .fetch import Fetcher
 from .fills import Sealer
@@ -233,7 +234,7 @@ class Volume:
             # BlockKey's canonical form, written out: every part is valid by
             # construction (the name was checked at __init__, the inode and
             # extent are 63/64-bit hashes), and a new process computes this for
-            # every file it opens, so the dataclass's checks (~3 us) are skipped
+            # every file it opens, so the dataclass's checks are skipped
             # (tests/blockcache_client compares it with str(BlockKey(...))).
             prefix = self.names.file_prefix(self.name, rel, version, self.block_size)
             if len(self._idents) >= _IDENT_LIMIT:

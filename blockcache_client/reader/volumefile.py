@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import os
 
-from ..backend import FileInfo
+from ..fileinfo import FileInfo
 
 
 class VolumeFile(io.RawIOBase):

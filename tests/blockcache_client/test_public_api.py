@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import blockcache_client
-from blockcache_client import client, volumekey
+from blockcache_client import asyncclient, client, volumekey
 from blockcache_client.contract import blockfile, blockkey, errors
 from blockcache_client.reader import volume
 
@@ -25,7 +25,7 @@ def test_the_public_names_are_pinned():
 
 def test_each_public_name_is_the_object_its_module_defines():
     from blockcache_client import AsyncClient, BlockKey, Client, Volume, seal, unseal
-    assert (Volume, Client, AsyncClient) == (volume.Volume, client.Client, client.AsyncClient)
+    assert (Volume, Client, AsyncClient) == (volume.Volume, client.Client, asyncclient.AsyncClient)
     assert (BlockKey, seal, unseal) == (blockkey.BlockKey, blockfile.seal, blockfile.unseal)
     assert blockcache_client.generate_key_file is volumekey.generate_key_file
     for name in PUBLIC:

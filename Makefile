@@ -6,7 +6,7 @@ PYTHON  ?= python3
 VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-EXTRAS  := fuse,s3,metrics,cluster,test,bench
+EXTRAS  := fuse,s3,metrics,test,bench
 # fuse3: fusermount3 + the kernel protocol helpers; libfuse3-dev + pkg-config:
 # to build pyfuse3 from source when no wheel fits. memcached: the cluster
 # tier's tests start their own servers on loopback ports.

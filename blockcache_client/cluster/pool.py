@@ -10,8 +10,9 @@
   server in rendezvous order (a miss there, then a fill), and it is tried
   again after that. Every failure is counted (`cluster_errors`).
 - Membership: IP literals are used as given; a DNS name is resolved to all
-  its addresses on a background thread, again every `dns_refresh` seconds.
-  Until the first answer its addresses simply are not members (misses).
+  its addresses when the pool is made (a volume's first connection to the
+  daemon), then on a background thread every `dns_refresh` seconds. A name
+  that does not resolve has no members until it does (misses, not errors).
 - Fills: `add` (never overwrites what another host stored) on one filler
   thread, from a queue bounded in bytes that drops and counts when full.
 
@@ -30,29 +31,12 @@ import threading
 import time
 from collections.abc import Iterable
 
-from pymemcache.client.base import PooledClient
-from pymemcache.exceptions import MemcacheClientError, MemcacheError
-
 from ..contract.cluster import ClusterConfig, is_ip, parse_server
 from ..contract.layout import rendezvous_score
 from ..counters import Counters
+from .memcache import Memcache, Refused, ServerFailed
 
 log = logging.getLogger(__name__)
-
-# errors that mean the server (or the way to it) failed, not our request
-_SERVER_ERRORS = (OSError, MemcacheError)
-_POOL_PER_SERVER = 16   # connections kept per server (reader threads at once)
-
-
-class _TLSName:
-    """An SSL context that checks the name the entry was configured with,
-    not the address it resolved to (pymemcache passes the address)."""
-
-    def __init__(self, context: ssl.SSLContext, name: str):
-        self._context, self._name = context, name
-
-    def wrap_socket(self, sock: socket.socket, server_hostname: str | None = None):
-        return self._context.wrap_socket(sock, server_hostname=self._name)
 
 
 class Server:
@@ -60,13 +44,10 @@ class Server:
 
     __slots__ = ("name", "client", "dead_until")
 
-    def __init__(self, name: str, address: tuple[str, int], cfg: ClusterConfig,
-                 tls: _TLSName | None):
+    def __init__(self, name: str, client: Memcache):
         self.name = name
+        self.client = client
         self.dead_until = 0.0
-        self.client = PooledClient(address, connect_timeout=cfg.connect_timeout,
-                                   timeout=cfg.timeout, no_delay=True,
-                                   max_pool_size=_POOL_PER_SERVER, tls_context=tls)
 
 
 class Pool:
@@ -86,7 +67,9 @@ class Pool:
                 self._set_addresses(entry, host, [(host, port)])
             else:
                 names.append(entry)
-        self.live: list[Server] = list(self._servers.values())
+        for entry in names:  # once now, so the first reads find the servers
+            self._resolve(entry)
+        self._publish()
         # fills: (counters, item list, bytes) jobs, bounded by bytes
         self._fills: collections.deque = collections.deque()
         self._fill_bytes = 0
@@ -136,10 +119,10 @@ class Pool:
         for server, names in by_server.items():
             try:
                 found.update(server.client.get_many(names))
-            except MemcacheClientError as exc:  # our request, not the server: no skipping
-                log.debug("memcached refused a get at %s: %s", server.name, exc)
+            except Refused as exc:  # our request, not the server: no skipping
+                log.debug("memcached %s refused a get: %s", server.name, exc)
                 counters.add("cluster_errors")
-            except _SERVER_ERRORS as exc:
+            except ServerFailed as exc:
                 self.failed(server, exc, counters)
         return found
 
@@ -149,8 +132,10 @@ class Pool:
         if server is None:
             return
         try:
-            server.client.delete_many(list(names), noreply=False)
-        except _SERVER_ERRORS as exc:
+            server.client.delete_many(names)
+        except Refused as exc:
+            log.debug("memcached %s refused a delete: %s", server.name, exc)
+        except ServerFailed as exc:
             self.failed(server, exc, counters)
 
     def offer_fill(self, block_key: str, items: list[tuple[str, bytes]],
@@ -204,8 +189,12 @@ class Pool:
         try:
             for name, value in items:
                 # `add`: what the tier holds already (another host's copy) stays
-                stored |= bool(server.client.add(name, value, noreply=False))
-        except _SERVER_ERRORS as exc:
+                stored |= server.client.add(name, value)
+        except Refused as exc:  # out of memory, too large: this fill, not the server
+            log.debug("memcached %s refused a fill of %s: %s", server.name, block_key, exc)
+            counters.add("cluster_fills_dropped")
+            return
+        except ServerFailed as exc:
             self.failed(server, exc, counters)
             counters.add("cluster_fills_dropped")
             return
@@ -220,25 +209,31 @@ class Pool:
             name = f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
             names.append(name)
             if name not in self._servers:
-                tls = None if self._tls_context is None else _TLSName(self._tls_context, host)
-                self._servers[name] = Server(name, (addr, port), self.cfg, tls)
+                # TLS checks the configured name, not the address it resolved to
+                client = Memcache((addr, port), self.cfg.connect_timeout, self.cfg.timeout,
+                                  self._tls_context, server_name=host)
+                self._servers[name] = Server(name, client)
         self._by_entry[entry] = names
 
     def _dns_loop(self, entries: list[str]) -> None:
-        while not self._closed.is_set():
+        while not self._closed.wait(self.cfg.dns_refresh):
             for entry in entries:
-                host, port = parse_server(entry)
-                try:
-                    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-                except OSError as exc:  # keep the last answer; try again next round
-                    log.warning("memcached %s: cannot resolve %s (%s); keeping %d "
-                                "address(es)", entry, host, exc, len(self._by_entry.get(entry, ())))
-                    continue
-                addresses = sorted({(i[4][0], port) for i in infos})
-                with self._lock:
-                    self._set_addresses(entry, host, addresses)
-                    self._publish()
-            self._closed.wait(self.cfg.dns_refresh)
+                if self._resolve(entry):
+                    with self._lock:
+                        self._publish()
+
+    def _resolve(self, entry: str) -> bool:
+        """Set a DNS entry's servers to all the addresses its name has now;
+        False (the last answer kept) if it cannot be resolved."""
+        host, port = parse_server(entry)
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            log.warning("memcached %s: cannot resolve %s (%s); keeping %d address(es)",
+                        entry, host, exc, len(self._by_entry.get(entry, ())))
+            return False
+        self._set_addresses(entry, host, sorted({(i[4][0], port) for i in infos}))
+        return True
 
     def _publish(self) -> None:
         """Make the current members live; close the servers that left."""

@@ -50,6 +50,8 @@ class TierReads:
         self._ciphers = ciphers
         self._cfg: ClusterConfig | None = None
         self._pool: Pool | None = None
+        link.on_sealed = self.offer  # one seal (on the fill thread) for the daemon and the tier
+        self.pool()  # now, not on a first read: a DNS name is resolved at once
 
     def pool(self) -> Pool | None:
         """The pool the daemon names now, or None (no tier)."""

@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 import time
 
-from pymemcache.client.base import Client as RawClient
-
 from blockcache_client.cluster.items import item_key, split
+from blockcache_client.cluster.memcache import Memcache
 from blockcache_client.contract import blockfile
 from blockcache_client.volumekey import generate_key_file, load_key_file
 from tests.cluster.test_tier_reads import all_items, block_keys
@@ -48,8 +47,19 @@ def _filled(cluster, root, key_file, files, nservers: int = 1):
     return servers, block_keys(v1, files)
 
 
-def _raw(m) -> RawClient:
-    return RawClient(("127.0.0.1", m.port), timeout=2)
+class _Raw(Memcache):
+    """The server as anyone on the network may use it: set and get any item."""
+
+    def set(self, name: str, value: bytes) -> None:
+        self.delete_many([name])
+        assert self.add(name, value)
+
+    def get(self, name: str) -> bytes | None:
+        return self.get_many([name]).get(name)
+
+
+def _raw(m) -> _Raw:
+    return _Raw(("127.0.0.1", m.port), 2.0, 2.0)
 
 
 def test_a_server_killed_mid_epoch(cluster, key_file, tmp_path):

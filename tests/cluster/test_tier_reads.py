@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import random
 
-from pymemcache.client.base import Client as RawClient
-
 from blockcache_client.cluster.items import SLICE_LIMIT, Geometry, item_key
+from blockcache_client.cluster.memcache import Memcache
 from blockcache_client.contract import blockfile
 from blockcache_client.volumekey import load_key_file
 
@@ -30,7 +29,7 @@ def all_items(servers, keys: dict[str, int]) -> dict[str, bytes]:
              for i in range(Geometry(blen, 64 << 10).count)]
     out = {}
     for m in servers:
-        raw = RawClient(("127.0.0.1", m.port), timeout=2)
+        raw = Memcache(("127.0.0.1", m.port), 2.0, 2.0)
         try:
             out.update(raw.get_many(names))
         finally:

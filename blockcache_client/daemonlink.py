@@ -52,7 +52,7 @@ from .contract.cluster import ClusterConfig
 from .contract.errors import BlockcacheError, DaemonError, DaemonUnavailable, UntrustedPeer
 from .contract.layout import Layout
 from .contract.protocol import MAX_BATCH
-from .counters import Counters
+from .counters import CLUSTER_COUNTERS, Counters
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,8 @@ class DaemonLink:
     def __init__(self, socket_path: str, counters: Counters,
                  seal: Callable[[str, bytes], bytes | memoryview],
                  fill_queue_bytes: int, touch_interval: float = 0.5, touch_batch: int = 1024,
-                 client_name: str = "blockcache_client", daemon_uid: int | None = None):
+                 client_name: str = "blockcache_client", daemon_uid: int | None = None,
+                 volume: str | None = None):
         self.socket_path = socket_path
         self._pid = os.getpid()
         self.layout: Layout | None = None
@@ -94,6 +95,8 @@ class DaemonLink:
         self._touch_interval = touch_interval
         self._touch_batch = min(touch_batch, MAX_BATCH)
         self._client_name = client_name
+        self._volume = volume  # whose cluster counters the pings and touches report
+        self._reported = dict.fromkeys(CLUSTER_COUNTERS, 0)  # what the daemon has
         self._control = Client(socket_path, timeout=CALL_TIMEOUT, daemon_uid=daemon_uid)
         self._filler_client = Client(socket_path, timeout=CALL_TIMEOUT, daemon_uid=daemon_uid)
         self._closed = threading.Event()
@@ -273,14 +276,27 @@ class DaemonLink:
         if self.layout is None:
             return
         epoch = None
+        now, cluster = self._cluster_report()
         if not keys:
-            epoch = self._control.ping().get("layout_epoch")
+            epoch = self._control.ping(cluster).get("layout_epoch")
         for i in range(0, len(keys), MAX_BATCH):
-            epoch = self._control.touch(keys[i:i + MAX_BATCH]).get("layout_epoch")
+            epoch = self._control.touch(keys[i:i + MAX_BATCH],
+                                        cluster if i == 0 else None).get("layout_epoch")
+        self._reported = now  # delivered: the next report starts from here
         if epoch is not None and epoch != self.layout_epoch:
             log.info("blockcached layout epoch %s -> %s; fetching the new layout",
                      self.layout_epoch, epoch)
             self._connect()
+
+    def _cluster_report(self) -> tuple[dict[str, int], dict | None]:
+        """(the cluster counters now, the report of their growth since the
+        last delivered one, or None if nothing grew)."""
+        snap = self._counters.snapshot()
+        now = {k: snap[k] for k in CLUSTER_COUNTERS}
+        grown = {k: v - self._reported[k] for k, v in now.items() if v != self._reported[k]}
+        if not grown or self._volume is None:
+            return self._reported, None
+        return now, {"volume": self._volume, "counters": grown}
 
     # -- filler thread ---------------------------------------------------------
 

@@ -153,14 +153,13 @@ class Volume:
         seal = Sealer(self._volume_key, self._chunk_size, ciphers)
         self._link = DaemonLink(self.socket_path, self.counters, seal,
                                 self._fill_queue_bytes, client_name=f"volume:{self.name}",
-                                daemon_uid=self._daemon_uid)
+                                daemon_uid=self._daemon_uid, volume=self.name)
         # a Volume dropped without close() must not leave its threads reconnecting forever
         weakref.finalize(self, self._link.close, 0.2)
         self._hits = HitReader(self.name, self._volume_key, self._key_id, self._chunk_size,
                                self._mem, self._link, self.counters, ciphers)
         self._tier = TierReads(self._volume_key, self._key_id, self._chunk_size, self._link,
                                self.counters, ciphers)
-        self._link.on_sealed = self._tier.offer  # one seal for the daemon and the tier
         self._fetcher = Fetcher(self.name, self.backend, self.block_size, self._mem,
                                 self._link, self.counters, self._hits.is_cached,
                                 self._meta.forget, self._tier)
@@ -439,8 +438,7 @@ class Volume:
             return 0
 
     def wait_fills(self, timeout: float = 10.0) -> bool:
-        """Block until queued fills have been handed to the daemon and the
-        cluster tier (tests, warmup)."""
+        """Block until queued fills reached the daemon and the tier (tests, warmup)."""
         self._proc()
         return self._link.wait_idle(timeout) and self._tier.wait(timeout)
 

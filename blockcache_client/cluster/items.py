@@ -1,4 +1,4 @@
-"""How a sealed block is stored in memcached: slices of under 1 MiB each.
+"""How a sealed block is stored in memcached: slices of under 512 KiB each.
 
 Item `bc1:<block key>:<i>` (i = 0 .. count-1) holds, big-endian:
 
@@ -9,8 +9,11 @@ Item `bc1:<block key>:<i>` (i = 0 .. count-1) holds, big-endian:
     8      48    the block file's header (contract/blockfile.py)
     56     ...   the block file's chunks [i*k, (i+1)*k): ciphertext + tag each
 
-k (chunks per slice) is as many as fit in `SLICE_LIMIT`: 15 chunks of 64 KiB,
-so a 4 MiB block is 5 items and a 4 KiB read moves one item (< 1 MiB).
+k (chunks per slice) is as many as fit in `SLICE_LIMIT`: 7 chunks of 64 KiB,
+so a 4 MiB block is 10 items, and a 4 KiB read moves one item, or two where
+it straddles a slice boundary: under 1 MiB either way. (Slices of ~1 MiB
+would cost a straddling read 2 MiB.) Items under 512 KiB also fit one of
+memcached's slab chunks (`slab_chunk_max`) instead of being chained.
 Every slice repeats the block header, so a range read needs only its own
 slices and authenticates them on their own: the chunks' AEAD binds the
 header, the key string and each chunk's index. The size every slice must have
@@ -30,9 +33,9 @@ MAGIC = b"BCT1"
 PREFIX = "bc1:"
 _SLICE_HEAD = struct.Struct(">4sHH")
 SLICE_HEAD_SIZE = _SLICE_HEAD.size + HEADER_SIZE  # 56
-# memcached's default item limit is 1 MiB including its own item header and
-# the key; 4 KiB is left for those
-SLICE_LIMIT = (1 << 20) - (4 << 10)
+# half memcached's default 1 MiB item limit (see above), less 4 KiB for its
+# item header and the key
+SLICE_LIMIT = (512 << 10) - (4 << 10)
 MAX_KEY_LEN = 250  # memcached's limit
 
 

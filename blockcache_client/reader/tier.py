@@ -3,7 +3,7 @@
 - A read inside a block larger than one slice (`run` 1, not from the block's
   start) takes only the slices its chunks are in, with one multi-get, and
   decrypts just its range; the block stays where it is (a 4 KiB random read
-  of a 4 MiB block moves one item, under 1 MiB).
+  of a 4 MiB block moves one or two items, under 1 MiB).
 - Any other miss (a block's start: a scan begins there; a sequential window)
   takes whole blocks: every slice of each, one multi-get per server. Each
   block is authenticated whole, kept in the memory LRU and handed, sealed as

@@ -161,7 +161,7 @@ def test_a_bad_slice_found_by_a_range_read_is_removed(cluster, key_file, tmp_pat
         good = raw.get(item_key(key, 2))
         raw.set(item_key(key, 2), good[:len(good) // 2])  # truncated
         v2 = cluster.volume(cluster.host(), str(root), key_file)
-        off = 2 * 15 * (64 << 10) + 777  # inside slice 2
+        off = 2 * 7 * (64 << 10) + 777  # inside slice 2
         assert v2.read("big.bin", off, 4096) == files["big.bin"][off:off + 4096]
         s = v2.stats()
         assert s["cluster_bad"] == 1 and s["backend_bytes"] == 4 << 20

@@ -103,7 +103,7 @@ def test_items_hold_only_ciphertext_and_fills_never_overwrite(cluster, key_file,
     assert v1.wait_fills(10)
     keys = block_keys(v1, files)
     items = all_items(servers, keys)
-    assert len(items) == 1 + 2 + 5 + 5 + 1  # 100 kB; 1 MiB; 4 MiB, 4 MiB, 12345 B
+    assert len(items) == 1 + 3 + 10 + 10 + 1  # 100 kB; 1 MiB; 4 MiB, 4 MiB, 12345 B
     assert max(map(len, items.values())) <= SLICE_LIMIT
     for data in files.values():
         probe = data[1000:1064]

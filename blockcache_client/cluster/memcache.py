@@ -58,7 +58,7 @@ class Memcache:
 
     # -- requests --------------------------------------------------------------------
 
-    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+    def get_many(self, keys: list[str]) -> dict[str, bytearray]:
         """The values of the keys the server holds."""
         if not keys:
             return {}
@@ -73,11 +73,10 @@ class Memcache:
                 parts = line.split()
                 if len(parts) < 4 or parts[0] != b"VALUE":
                     _answer_error(line, "get")
-                size = int(parts[3])
-                data = c.file.read(size + 2)
-                if len(data) != size + 2 or not data.endswith(b"\r\n"):
+                value = bytearray(int(parts[3]))  # read into its place: no copies
+                if c.file.readinto(value) != len(value) or c.file.read(2) != b"\r\n":
                     raise ServerFailed(f"memcached {self.name}: a value was cut short")
-                found[parts[1].decode()] = data[:-2]
+                found[parts[1].decode()] = value
 
         self._use(talk)
         return found

@@ -1,4 +1,4 @@
-"""A small memcached client: the text protocol's get, add and delete, with
+"""A small memcached client: the text protocol's get, add, set and delete, with
 millisecond timeouts, optional TLS, and a few pooled connections per server.
 
 Why not pymemcache: it reads values 4 KiB per recv(2) in Python, about 70 ms
@@ -83,8 +83,15 @@ class Memcache:
 
     def add(self, key: str, value: bytes) -> bool:
         """Store `value` unless the server holds `key` already; whether it did."""
+        return self._store(b"add", key, value)
+
+    def set(self, key: str, value: bytes) -> bool:
+        """Store `value` whatever the server holds."""
+        return self._store(b"set", key, value)
+
+    def _store(self, verb: bytes, key: str, value: bytes) -> bool:
         def talk(c: _Conn) -> bool:
-            c.sock.sendall(b"add %s 0 0 %d\r\n" % (key.encode(), len(value)))
+            c.sock.sendall(b"%s %s 0 0 %d\r\n" % (verb, key.encode(), len(value)))
             c.sock.sendall(value)
             c.sock.sendall(b"\r\n")
             line = _line(c)
@@ -92,7 +99,7 @@ class Memcache:
                 return True
             if line in (b"NOT_STORED", b"EXISTS"):
                 return False
-            return _answer_error(line, "add")
+            return _answer_error(line, verb.decode())
 
         return self._use(talk)
 

@@ -13,7 +13,8 @@
   its addresses when the pool is made (a volume's first connection to the
   daemon), then on a background thread every `dns_refresh` seconds. A name
   that does not resolve has no members until it does (misses, not errors).
-- Fills: `add` (never overwrites what another host stored) on one filler
+- Fills: `add` of a block's first item, and the rest only if that went in
+  (never overwriting another host's copy, never mixing two), on one filler
   thread, from a queue bounded in bytes that drops and counts when full.
 
 One `Pool` per process and configuration (`pool_for`); a forked child makes
@@ -185,11 +186,15 @@ class Pool:
         if server is None:
             counters.add("cluster_fills_dropped")
             return
-        stored = False
         try:
-            for name, value in items:
-                # `add`: what the tier holds already (another host's copy) stays
-                stored |= server.client.add(name, value)
+            # The copy whose first item is stored owns the block: `add` it, and
+            # the rest only if it went in. Another host's copy (or its fill
+            # under way) stays whole; slices of two copies never mix.
+            (first, head), *rest = items
+            if not server.client.add(first, head):
+                return
+            for name, value in rest:
+                server.client.set(name, value)
         except Refused as exc:  # out of memory, too large: this fill, not the server
             log.debug("memcached %s refused a fill of %s: %s", server.name, block_key, exc)
             counters.add("cluster_fills_dropped")
@@ -198,8 +203,7 @@ class Pool:
             self.failed(server, exc, counters)
             counters.add("cluster_fills_dropped")
             return
-        if stored:
-            counters.add("cluster_fills_sent")
+        counters.add("cluster_fills_sent")
 
     # -- membership ----------------------------------------------------------------
 

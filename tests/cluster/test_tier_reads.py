@@ -3,9 +3,10 @@ remote, with real memcached servers and one real daemon per host."""
 
 from __future__ import annotations
 
+import os
 import random
 
-from blockcache_client.cluster.items import SLICE_LIMIT, Geometry, item_key
+from blockcache_client.cluster.items import SLICE_LIMIT, Geometry, item_key, split
 from blockcache_client.cluster.memcache import Memcache
 from blockcache_client.contract import blockfile
 from blockcache_client.volumekey import load_key_file
@@ -117,3 +118,31 @@ def test_items_hold_only_ciphertext_and_fills_never_overwrite(cluster, key_file,
     assert v2.wait_fills(10)
     assert all_items(servers, keys) == items
     assert v2.stats()["cluster_fills_sent"] == 0
+
+
+def test_two_hosts_copies_of_a_block_never_mix(cluster, key_file, tmp_path):
+    (m,) = cluster.memcached(1)
+    root = tmp_path / "remote"
+    root.mkdir()
+    v = cluster.volume(cluster.host(), str(root), key_file)
+    key = "ds_1_" + "0" * 32 + "_" + "0" * 16
+    plain = os.urandom(1 << 20)
+    copy_a = split(key, blockfile.seal(key, plain, load_key_file(key_file), 64 << 10))
+    copy_b = split(key, blockfile.seal(key, plain, load_key_file(key_file), 64 << 10))
+    raw = Memcache(("127.0.0.1", m.port), 2.0, 2.0)
+    try:
+        # host A's fill is under way: its first item is in, the rest not yet
+        assert raw.add(*copy_a[0])
+        v._tier.pool().offer_fill(key, copy_b, v.counters)
+        assert v._tier.wait(10)
+        held = raw.get_many([name for name, _ in copy_a])
+        assert held == {copy_a[0][0]: copy_a[0][1]}  # B added nothing of its own
+        # A's first item was evicted, its others stayed: B's copy replaces it whole
+        raw.delete_many([copy_a[0][0]])
+        for name, value in copy_a[1:]:
+            raw.add(name, value)
+        v._tier.pool().offer_fill(key, copy_b, v.counters)
+        assert v._tier.wait(10)
+        assert raw.get_many([name for name, _ in copy_b]) == dict(copy_b)
+    finally:
+        raw.close()

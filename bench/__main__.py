@@ -6,6 +6,7 @@
     python -m bench --publish                    # also write the run into docs/
     python -m bench --from-json docs/benchmarks-results.json --publish   # docs only, no run
     python -m bench capacity                     # the daemon's hit ratios when data outgrows it
+    python -m bench cluster                      # hosts sharing blocks through memcached
 
 Set-up is part of the run: matplotlib is pip-installed into this interpreter
 when missing, rclone and s3fs-fuse are apt-installed when missing (a system
@@ -27,15 +28,17 @@ import subprocess
 import sys
 import time
 
-from . import PROJECT_ROOT, capacity, datasets, report
+from . import PROJECT_ROOT, capacity, cluster, datasets, report
 from .remote import DEFAULT_RTT_MS, Remote
 from .systems import Ctx, _project_version, all_systems
 from .workloads import WORKLOADS, Runner
 
 log = logging.getLogger("bench")
 
-# `capacity` runs on our daemon alone, without the remote or the other systems
-ALL_WORKLOADS = [*WORKLOADS, "capacity"]
+# `capacity` runs on our daemon alone, `cluster` on our hosts and a memcached
+# pool: neither with the other systems
+ALL_WORKLOADS = [*WORKLOADS, "capacity", "cluster"]
+ALONE = ("capacity", "cluster")
 
 RESULTS = os.path.join(PROJECT_ROOT, "bench", "results")
 
@@ -133,6 +136,19 @@ def _version(module: str) -> str:
         return "?"
 
 
+def _save_alone(args: argparse.Namespace, name: str, text: str, t0: float,
+                note: str = "") -> None:
+    """Print a stand-alone workload's table and save it beside the other results."""
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    stem = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    path = os.path.join(args.out, f"{stem}-{name}-{args.size}.md")
+    with open(path, "w") as f:
+        f.write(f"commit {_project_version()}, {os.cpu_count()} CPUs, {note}"
+                f"{time.monotonic() - t0:.0f} s\n\n```\n{text}\n```\n")
+    print(f"results: {path}")
+
+
 def run_capacity(args: argparse.Namespace) -> int:
     """Workload `capacity` (bench/capacity.py): one daemon of ours per
     scenario, no remote; prints each hit ratio beside its optimum and saves
@@ -142,16 +158,19 @@ def run_capacity(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     os.makedirs(args.workdir, exist_ok=True)
     results = capacity.run_all(scale, tmp_root=args.workdir)
-    text = capacity.table(results)
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    stem = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-    path = os.path.join(args.out, f"{stem}-capacity-{args.size}.md")
-    with open(path, "w") as f:
-        f.write(f"commit {_project_version()}, {os.cpu_count()} CPUs, "
-                f"{time.monotonic() - t0:.0f} s\n\n```\n{text}\n```\n")
-    print(f"results: {path}")
+    _save_alone(args, "capacity", capacity.table(results), t0)
     return 0 if all(r.met for r in results) else 1
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    """Workload `cluster` (bench/cluster.py): 4 hosts and 3 memcached servers
+    over the delayed remote; prints its ratios and saves the table beside the
+    other results. 0 if every target is met."""
+    t0 = time.monotonic()
+    os.makedirs(args.workdir, exist_ok=True)
+    targets = cluster.run_all(args.size, args.rtt_ms, args.workdir)
+    _save_alone(args, "cluster", cluster.table(targets), t0, f"remote {args.rtt_ms:g} ms, ")
+    return 0 if all(t.met for t in targets) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,13 +183,15 @@ def main(argv: list[str] | None = None) -> int:
             result = json.load(f)
         stem = os.path.splitext(os.path.basename(args.from_json))[0]
     else:
-        capacity_ok = True
-        if not args.workloads or "capacity" in args.workloads:
-            capacity_ok = run_capacity(args) == 0
-            if args.workloads == ["capacity"]:
-                return 0 if capacity_ok else 1
-            if args.workloads:
-                args.workloads.remove("capacity")
+        alone_ok = True
+        only_alone = bool(args.workloads) and set(args.workloads) <= set(ALONE)
+        for name, runner in (("capacity", run_capacity), ("cluster", run_cluster)):
+            if not args.workloads or name in args.workloads:
+                alone_ok = runner(args) == 0 and alone_ok
+                if args.workloads:
+                    args.workloads.remove(name)
+        if only_alone:  # nothing else asked for: no suite run
+            return 0 if alone_ok else 1
         result = run(args)
         stem = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         if args.workloads or set(args.systems) != {s.name for s in all_systems()}:

@@ -227,6 +227,9 @@ class DaemonLink:
         uid = reply.get("uid", self._control.peer_uid)
         self.daemon_uid = uid if isinstance(uid, int) and not isinstance(uid, bool) else None
         self.cluster = ClusterConfig.from_wire(reply.get("cluster"))
+        if self.cluster is None and reply.get("cluster") is not None:
+            log.warning("blockcached at %s names a cluster tier this reader cannot use (%r); "
+                        "reading without it", self.socket_path, reply.get("cluster"))
         self.layout = Layout.from_wire(reply["layout"])
         log.info("connected to blockcached at %s (layout epoch %s, %d dir(s))",
                  self.socket_path, self.layout_epoch, len(self.layout.dirs))

@@ -1,6 +1,6 @@
 # Everything a newcomer needs, installed on demand: `make demo`, `make test`.
 # Runs as root on a fresh Debian machine with no stdin (CI); elsewhere uses sudo
-# for the few system packages FUSE needs.
+# for the few system packages FUSE and the cluster tier's tests need.
 
 PYTHON  ?= python3
 VENV    := .venv

@@ -5,6 +5,9 @@
   `workloads`, `worker` (reader processes), `access_paths` (how a worker reads
   through each system), `report`; `passthrough` is the minimal FUSE fs it
   compares with.
+- Workloads of our own beside the suite: `python -m bench capacity` (the
+  daemon's hit ratios), `python -m bench prefetch` (cold epochs with and
+  without `prefetch_ahead`).
 - Standalone benchmarks of one component: `python -m bench.daemon_ops`
   (blockcached's lookups, puts, rebuild), `python -m bench.fuse_vs_passthrough`
   (fsclient in a fresh mount), `python -m bench.volume_vs_fsspec` (the `Volume`

@@ -7,6 +7,7 @@
     python -m bench --from-json docs/benchmarks-results.json --publish   # docs only, no run
     python -m bench capacity                     # the daemon's hit ratios when data outgrows it
     python -m bench cluster                      # hosts sharing blocks through memcached
+    python -m bench prefetch                     # cold epochs with and without prefetch_ahead
 
 Set-up is part of the run: matplotlib is pip-installed into this interpreter
 when missing, rclone and s3fs-fuse are apt-installed when missing (a system
@@ -28,17 +29,16 @@ import subprocess
 import sys
 import time
 
-from . import PROJECT_ROOT, capacity, cluster, datasets, report
+from . import PROJECT_ROOT, capacity, cluster, datasets, prefetch, report
 from .remote import DEFAULT_RTT_MS, Remote
 from .systems import Ctx, _project_version, all_systems
 from .workloads import WORKLOADS, Runner
 
 log = logging.getLogger("bench")
 
-# `capacity` runs on our daemon alone, `cluster` on our hosts and a memcached
-# pool: neither with the other systems
-ALL_WORKLOADS = [*WORKLOADS, "capacity", "cluster"]
-ALONE = ("capacity", "cluster")
+# `capacity` runs on our daemon alone, `prefetch` on ours over `latency::`,
+# `cluster` on our hosts and a memcached pool: without the other systems
+ALL_WORKLOADS = [*WORKLOADS, "capacity", "prefetch", "cluster"]
 
 RESULTS = os.path.join(PROJECT_ROOT, "bench", "results")
 
@@ -173,6 +173,14 @@ def run_cluster(args: argparse.Namespace) -> int:
     return 0 if all(t.met for t in targets) else 1
 
 
+def run_prefetch(args: argparse.Namespace) -> int:
+    """Workload `prefetch` (bench/prefetch.py): 3,000 files read cold with and
+    without `prefetch_ahead` (300 with `--size tiny`). 0 if every target is met."""
+    files = 300 if args.size == "tiny" else prefetch.DEFAULT_FILES
+    log.info("workload prefetch: %d files, cold, with and without prefetch_ahead", files)
+    return prefetch.main(["--files", str(files), "--out", args.out])
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -183,15 +191,15 @@ def main(argv: list[str] | None = None) -> int:
             result = json.load(f)
         stem = os.path.splitext(os.path.basename(args.from_json))[0]
     else:
-        alone_ok = True
-        only_alone = bool(args.workloads) and set(args.workloads) <= set(ALONE)
-        for name, runner in (("capacity", run_capacity), ("cluster", run_cluster)):
+        own_ok = True
+        for name, run_own in (("capacity", run_capacity), ("prefetch", run_prefetch),
+                              ("cluster", run_cluster)):
             if not args.workloads or name in args.workloads:
-                alone_ok = runner(args) == 0 and alone_ok
+                own_ok &= run_own(args) == 0
                 if args.workloads:
                     args.workloads.remove(name)
-        if only_alone:  # nothing else asked for: no suite run
-            return 0 if alone_ok else 1
+                    if not args.workloads:
+                        return 0 if own_ok else 1
         result = run(args)
         stem = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         if args.workloads or set(args.systems) != {s.name for s in all_systems()}:

@@ -35,10 +35,10 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 
 from devtools.procs import stop_process
+from devtools.s3server import S3Server
 
 from . import PROJECT_ROOT
 
@@ -52,56 +52,6 @@ DEFAULT_RTT_MS = 2.0
 # approximates the request count (one request header is one write in practice).
 _METHODS = (b"GET ", b"HEAD ", b"PUT ", b"POST ", b"DELETE ")
 _CHUNK = 256 * 1024
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, timeout: float, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before "
-                               f"answering on {url}; see its log")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"nothing answered on {url} within {timeout:.0f} s") from None
-            time.sleep(0.05)
-
-
-class MotoServer:
-    """`moto.server` in its own process on 127.0.0.1 (an S3-protocol server)."""
-
-    def __init__(self, log_path: str | None = None):
-        self.port = 0
-        self.proc: subprocess.Popen | None = None
-        self.log_path = log_path or os.devnull
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> MotoServer:
-        self.port = free_port()
-        env = dict(os.environ, MOTO_S3_DEFAULT_KEY_BUFFER_SIZE=str(256 << 20))
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        _wait_http(self.endpoint + "/moto-api/", 30, self.proc)
-        log.info("moto server on %s (pid %d)", self.endpoint, self.proc.pid)
-        return self
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.proc = None
 
 
 # --- the latency proxy (runs in its own process: `python -m bench.remote proxy`) ---
@@ -288,7 +238,7 @@ class Remote:
     log_path: str | None = None
     method: str = ""
     note: str = ""
-    moto: MotoServer | None = None
+    moto: S3Server | None = None
     proxy: LatencyProxy | None = None
 
     def start(self) -> Remote:
@@ -300,7 +250,10 @@ class Remote:
         return self
 
     def _start(self) -> None:
-        self.moto = MotoServer(self.log_path).start()
+        # moto copies a whole object per ranged GET: large ones stay in memory
+        self.moto = S3Server(self.bucket, env={"MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(256 << 20)},
+                             log_path=self.log_path).start()
+        log.info("moto server on %s (pid %d)", self.moto.endpoint_url, self.moto.proc.pid)
         why = probe_netem()
         # The proxy is used either way: its counters are how the suite sees
         # each system's remote traffic. The probe's answer is recorded so a
@@ -309,7 +262,6 @@ class Remote:
             else f"tc netem unavailable: {why}"
         self.proxy = LatencyProxy(("127.0.0.1", self.moto.port), self.rtt_ms).start()
         self.method = f"latency proxy (user-space TCP, {self.rtt_ms:g} ms round trip)"
-        self._ensure_bucket()
 
     def stop(self) -> None:
         for part in (self.proxy, self.moto):
@@ -330,7 +282,7 @@ class Remote:
     @property
     def direct(self) -> str:
         """The undelayed endpoint, for uploading datasets."""
-        return self.moto.endpoint
+        return self.moto.endpoint_url
 
     def storage_options(self, direct: bool = False) -> dict:
         """s3fs keyword arguments for this remote."""
@@ -347,14 +299,6 @@ class Remote:
 
     def counters(self) -> dict:
         return self.proxy.counters()
-
-    def _ensure_bucket(self) -> None:
-        import boto3
-        # boto3, not s3fs: s3fs sends the region as a LocationConstraint,
-        # which S3 (and moto) refuse for us-east-1.
-        s3 = boto3.client("s3", endpoint_url=self.direct, region_name=REGION,
-                          aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
-        s3.create_bucket(Bucket=self.bucket)
 
 
 def _main(argv: list[str] | None = None) -> None:

@@ -19,6 +19,7 @@ _EXPORTS = {
     "VolumeFile": "reader.volumefile",
     "FileInfo": "backend",
     "BlockcachedFileSystem": "fsspec_fs",
+    "prefetch_ahead": "reader.ahead",
     # volume keys
     "generate_key_file": "volumekey",
     "load_key_file": "volumekey",

@@ -11,11 +11,17 @@ Each request pays `delay` seconds before it reaches the target: `info`,
 `open` (what fsspec's caches use), like an object store where each GET and
 HEAD is a round trip. Requests from different threads wait concurrently, as
 they would on a network. Read-only: writes are refused.
+
+It counts what it was asked (per process: tests and benchmarks measure a
+client with it): `requests` in all, `reads` (`cat_file`s) and the most
+requests ever in flight at once, `max_in_flight`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 
 import fsspec
@@ -44,11 +50,26 @@ class LatencyFileSystem(ChainedFileSystem):
         if self.delay < 0:
             raise ValueError(f"latency delay {delay!r} must not be negative")
         self.requests = 0
+        self.reads = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
 
-    def _wait(self) -> None:
-        self.requests += 1
-        if self.delay:
-            time.sleep(self.delay)
+    @contextlib.contextmanager
+    def _request(self, read: bool = False):
+        """One request: counted, in flight from its delay to the target's answer."""
+        with self._lock:
+            self.requests += 1
+            self.reads += read
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.delay:
+                time.sleep(self.delay)
+            yield
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
     @classmethod
     def _strip_protocol(cls, path):
@@ -60,16 +81,16 @@ class LatencyFileSystem(ChainedFileSystem):
         return path.rstrip("/") or "/"
 
     def info(self, path, **kwargs):
-        self._wait()
-        return self.fs.info(path, **kwargs)
+        with self._request():
+            return self.fs.info(path, **kwargs)
 
     def ls(self, path, detail=True, **kwargs):
-        self._wait()
-        return self.fs.ls(path, detail=detail, **kwargs)
+        with self._request():
+            return self.fs.ls(path, detail=detail, **kwargs)
 
     def cat_file(self, path, start=None, end=None, **kwargs):
-        self._wait()
-        return self.fs.cat_file(path, start=start, end=end, **kwargs)
+        with self._request(read=True):
+            return self.fs.cat_file(path, start=start, end=end, **kwargs)
 
     def invalidate_cache(self, path=None):
         self.fs.invalidate_cache(path)

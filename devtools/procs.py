@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 
 
@@ -19,3 +20,10 @@ def stop_process(proc: subprocess.Popen | None, grace: float = 5.0) -> int | Non
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -13,7 +13,6 @@ nothing is left running even when a test fails.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,26 +20,24 @@ import time
 import urllib.error
 import urllib.request
 
-from devtools.procs import stop_process
+from devtools.procs import free_port, stop_process
 
 START_TIMEOUT = 30.0
 BUCKET = "data"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class S3Server:
     """One moto S3 server subprocess with one bucket."""
 
-    def __init__(self, bucket: str = BUCKET, port: int = 0):
+    def __init__(self, bucket: str = BUCKET, port: int = 0,
+                 env: dict[str, str] | None = None, log_path: str | None = None):
         """`port` 0 picks a free port at start; a fixed one lets a test bring a
         stopped server back where its clients expect it (its objects are gone:
-        moto keeps them in memory)."""
+        moto keeps them in memory). `env` is added to the server's
+        environment; `log_path` keeps its request log in that file."""
         self.bucket = bucket
+        self._env = env or {}
+        self._log_path = log_path
         self._fixed_port = port
         self.port = port
         self.proc: subprocess.Popen | None = None
@@ -67,10 +64,10 @@ class S3Server:
     def start(self) -> S3Server:
         self.port = self._fixed_port or free_port()
         env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                   AWS_DEFAULT_REGION="us-east-1")
+                   AWS_DEFAULT_REGION="us-east-1", **self._env)
         # its request log goes to a file: a pipe nobody reads would fill up
         # after a few hundred requests and stall the server
-        self._log = tempfile.TemporaryFile()
+        self._log = open(self._log_path, "ab+") if self._log_path else tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=self._log, env=env)

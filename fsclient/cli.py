@@ -5,7 +5,7 @@
     fsclient umount MOUNTPOINT [--lazy]
     fsclient keygen FILE
     fsclient warmup (--config FILE | --mount DIR | SOURCE --volume NAME --key-file FILE)
-                    [PATHS...] [-f FILELIST] [-p N] [--check | --evict]
+                    [PATHS...] [-f FILELIST] [-p N] [--shard I/N | --check | --evict]
 
 Errors print one line (`fsclient: error: ...`) and exit 1; usage errors exit 2.
 Subcommands are registered on the `main` group, so other modules (warmup)
@@ -125,6 +125,18 @@ def umount(mountpoint: str, lazy: bool) -> None:
 main.add_command(keygen_command(fail))
 
 
+def _shard_option(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """`--shard I/N` parsed; a bad value is a usage error that says why."""
+    if value is None:
+        return None
+    from .warmup.shard import parse_shard
+
+    try:
+        return parse_shard(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @main.command(context_settings={"ignore_unknown_options": False})
 @click.argument("args", nargs=-1, metavar="[SOURCE] [PATHS]...")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
@@ -140,29 +152,42 @@ main.add_command(keygen_command(fail))
               help="Paths to warm, one a line ('-' for stdin).")
 @click.option("-p", "--parallel", type=click.IntRange(1, 1024), metavar="N",
               help="Blocks fetched at once [default: the CPU count, 8..64].")
+@click.option("--shard", metavar="I/N", callback=_shard_option,
+              help="Cooperative warmup on N hosts: warm only this host's share, shard I "
+                   "(0..N-1) of N; each file belongs to exactly one shard.")
 @click.option("--check", is_flag=True, help="Only print how much of each path is cached.")
 @click.option("--evict", is_flag=True, help="Remove these paths' blocks from the cache.")
 @click.option("--progress-interval", type=float, default=10.0, show_default=True,
               help="Seconds between progress lines when stderr is not a terminal.")
 def warmup(args: tuple[str, ...], config_file: str | None, mount_path: str | None,
            volume: str | None, key_file: str | None, block_size: str | None,
-           socket: str | None, file_list: Any, parallel: int | None, check: bool, evict: bool,
-           progress_interval: float) -> None:
+           socket: str | None, file_list: Any, parallel: int | None, shard: Any, check: bool,
+           evict: bool, progress_interval: float) -> None:
     """Load PATHS (files or directories, default: the whole volume) into the host cache.
 
     \b
-    fsclient warmup --config VOLUME.toml [PATHS...] [-f FILELIST] [-p N]
+    fsclient warmup --config VOLUME.toml [PATHS...] [-f FILELIST] [-p N] [--shard I/N]
     fsclient warmup --mount MOUNTPOINT [PATHS...] [--check | --evict]
     fsclient warmup SOURCE --volume NAME --key-file FILE [PATHS...]
 
     Already cached blocks are skipped, so an interrupted warmup resumes where
     it stopped. Exit codes: 0 all done, 1 something failed, 130 interrupted.
+
+    \b
+    On N hosts sharing a cluster tier, run the same command with
+    --shard 0/N on the first host, --shard 1/N on the second, ... --shard N-1/N
+    on the last: each file is fetched from the remote by one host only, and
+    the others read it from the tier (a later warmup without --shard, or the
+    job itself). In a Kubernetes Indexed Job: --shard $(JOB_COMPLETION_INDEX)/N.
     """
     from . import mount as mounting
     from . import warmup as warm
 
     if check and evict:
         raise click.UsageError("give at most one of --check and --evict")
+    if shard is not None and (check or evict):
+        raise click.UsageError("--shard only applies to warming: --check and --evict act on "
+                               "every path given, on this host's cache")
     if sum(x is not None for x in (config_file, mount_path, volume)) != 1:
         raise click.UsageError("give exactly one of --config FILE, --mount MOUNTPOINT, or "
                                "SOURCE --volume NAME --key-file FILE")
@@ -191,7 +216,7 @@ def warmup(args: tuple[str, ...], config_file: str | None, mount_path: str | Non
                              os.path.abspath(mountpoint) if mountpoint else None)
         mode = "check" if check else "evict" if evict else "warm"
         code = warm.run(vol, mode, items, parallel or warm.default_parallel(),
-                        cfg.fill_queue_bytes, sys.stdout, sys.stderr, progress_interval)
+                        cfg.fill_queue_bytes, sys.stdout, sys.stderr, progress_interval, shard)
     finally:
         vol.close()
     sys.exit(code)

@@ -5,4 +5,8 @@
 source, single-flight; `fills` seals what it brought for the daemon) -> back
 to the caller. `sequential` decides how many blocks a miss may bring, and
 `prefetch` fetches ahead in the background. No module calls back up.
+
+Beside the read path: `ahead` (`prefetch_ahead`) walks an epoch's order ahead
+of readers in other processes, putting each file into the host cache with
+`hostfill`, which waits until the daemon has written it.
 """

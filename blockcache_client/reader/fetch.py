@@ -112,7 +112,7 @@ class Fetcher:
             claims.append((k, call))
             stop += bs
         try:
-            blocks = self._read_source(rel, info, boff, min(stop, info.size))
+            blocks = self.read_source(rel, info, boff, min(stop, info.size))
         except BaseException as exc:
             for k, call in claims:
                 self.flight.settle(k, call, error=exc)
@@ -149,7 +149,7 @@ class Fetcher:
         if self._link.connected:
             self._link.offer_fill(key, data)
 
-    def _read_source(self, rel: str, info: FileInfo, start: int, stop: int) -> list[bytes]:
+    def read_source(self, rel: str, info: FileInfo, start: int, stop: int) -> list[bytes]:
         """Bytes [start, stop) of `info`'s version, with one request, split
         into blocks; ESTALE if the source no longer holds exactly that."""
         want = stop - start

@@ -14,7 +14,8 @@ PUBLIC = [
     "AsyncClient", "BlockKey", "BlockcacheError", "BlockcachedFileSystem", "Client",
     "ConfigError", "DaemonError", "DaemonUnavailable", "FileInfo", "FormatError",
     "IntegrityError", "InvalidKey", "ProtocolError", "Volume", "VolumeFile",
-    "default_socket", "generate_key_file", "load_key_file", "seal", "unseal",
+    "default_socket", "generate_key_file", "load_key_file", "prefetch_ahead", "seal",
+    "unseal",
 ]
 
 

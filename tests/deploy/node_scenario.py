@@ -26,7 +26,7 @@ from typing import Any
 
 from tests.deploy.paths import DAEMONSET, EXAMPLE
 from tests.deploy.podsim import Pod
-from tests.deploy.render import one, pod_spec, render
+from tests.deploy.render import named, one, pod_spec, render
 from tests.deploy.unit_runner import is_mounted
 
 WAIT = 30.0
@@ -58,6 +58,9 @@ def local(text: str, source: Path) -> str:
     metrics endpoints move to free loopback ports (pods have IPs of their
     own; here every process shares the host's network)."""
     text = text.replace('"s3://bucket/prefix"', f'"{source}"')
+    # No cluster DNS on one simulated node, so no [cluster] table (to the
+    # end of the file or the next table); the tier's own tests run real pools.
+    text = re.sub(r"^\[cluster\]\n(?:(?!\[).*\n?)*", "", text, flags=re.M)
     return re.sub(r'^metrics_addr = "[^"]*"', 'metrics_addr = "127.0.0.1:0"', text, flags=re.M)
 
 
@@ -87,7 +90,7 @@ def run(root: Path, bin_dir: Path) -> dict[str, Any]:
 
     obs: dict[str, Any] = {"expected_bytes": sum(FILES.values())}
     daemon_objs, example_objs = render(DAEMONSET), render(EXAMPLE)
-    ds, job = one(daemon_objs, "DaemonSet"), one(example_objs, "Job")
+    ds, job = named(daemon_objs, "DaemonSet", "blockcached"), one(example_objs, "Job")
     source = root / "bucket"
     for name, size in FILES.items():
         (source / name).parent.mkdir(parents=True, exist_ok=True)

@@ -83,7 +83,10 @@ class Pod:
         elif "secret" in vol:
             d = self.root / "secret" / name
             d.mkdir(parents=True)
-            data = self.secrets[vol["secret"]["secretName"]]
+            secret_name = vol["secret"]["secretName"]
+            if secret_name not in self.secrets and not vol["secret"].get("optional"):
+                raise ValueError(f"volume {name}: secret {secret_name} is missing")
+            data = self.secrets.get(secret_name, {})   # optional and absent: an empty dir
             for item in vol["secret"].get("items") or [{"key": k, "path": k} for k in data]:
                 (d / item["path"]).write_bytes(data[item["key"]])
                 os.chmod(d / item["path"], vol["secret"].get("defaultMode", 0o644))

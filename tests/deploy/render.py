@@ -84,3 +84,10 @@ def one(objs: list[dict], kind: str) -> dict:
     found = [o for o in objs if o["kind"] == kind]
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
     return found[0]
+
+
+def named(objs: list[dict], kind: str, name: str) -> dict:
+    """The object of `kind` called `name`."""
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, got {len(found)}"
+    return found[0]

@@ -13,7 +13,7 @@ import tomllib
 import pytest
 
 from tests.deploy.paths import DAEMONSET, REPO
-from tests.deploy.render import containers, one, pod_spec, render
+from tests.deploy.render import containers, named, pod_spec, render
 
 CONTAINERFILE = DAEMONSET / "Containerfile"
 IGNORE = DAEMONSET / "Containerfile.dockerignore"
@@ -69,7 +69,7 @@ def test_runs_as_the_daemonsets_non_root_user(lines):
     assert users, "the image runs as root"
     uid, _, gid = users[-1].partition(":")
     assert uid.isdigit() and int(uid) != 0
-    ds = one(render(DAEMONSET), "DaemonSet")
+    ds = named(render(DAEMONSET), "DaemonSet", "blockcached")
     daemon = next(c for c in pod_spec(ds)["containers"] if c["name"] == "blockcached")
     assert daemon["securityContext"]["runAsUser"] == int(uid)
     assert daemon["securityContext"]["runAsGroup"] == int(gid or uid)
@@ -87,3 +87,11 @@ def test_commands_the_manifests_run_are_the_projects_scripts(pyproject):
                     words += c.get(probe, {}).get("exec", {}).get("command", [])[:1]
                 ours = {w for w in words if w.startswith(("blockcache", "fsclient"))}
                 assert ours <= scripts, f"{c['name']} runs {ours - scripts}, not in the image"
+
+
+def test_the_image_has_the_memcached_the_tier_runs(lines):
+    """The cluster tier's DaemonSet runs Debian's memcached from this image."""
+    mc = named(render(DAEMONSET), "DaemonSet", "blockcache-memcached")
+    (c,) = [c for c in pod_spec(mc)["containers"] if "exec memcached" in " ".join(c["command"])]
+    assert c["image"].split(":")[0] == "blockcache"
+    assert any("apt-get install" in line and " memcached" in line for line in final_stage(lines))

@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from tests.deploy.daemon_config import load_daemon_config
 from tests.deploy.paths import DAEMONSET, EXAMPLE, SYSTEMD
 
 DAEMON_CONFIGS = [SYSTEMD / "blockcached.toml.example", DAEMONSET / "blockcached.toml"]
@@ -21,8 +22,7 @@ _TABLE = re.compile(r"^\s*#?\s*\[\[?([A-Za-z_]+)\]\]?\s*$")
 
 @pytest.mark.parametrize("path", DAEMON_CONFIGS, ids=lambda p: p.name)
 def test_daemon_config_loads(path):
-    config = pytest.importorskip("blockcached.config", reason="blockcached is not installed")
-    cfg = config.build(config.load_file(str(path)), {})
+    cfg = load_daemon_config(str(path))
     assert cfg.cache_dirs and cfg.socket == "/run/blockcache/blockcached.sock"
 
 

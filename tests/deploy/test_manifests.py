@@ -13,31 +13,19 @@ import tomllib
 
 import pytest
 
+from tests.deploy.daemon_config import load_daemon_config
 from tests.deploy.k8s_models import round_trip
 from tests.deploy.paths import DAEMONSET, EXAMPLE
-from tests.deploy.render import containers, kubectl, one, pod_spec, render, render_without_kubectl
+from tests.deploy.render import (
+    containers,
+    kubectl,
+    one,
+    pod_spec,
+    render,
+    render_without_kubectl,
+)
 
 GPU_TAINT = "nvidia.com/gpu"
-
-
-@pytest.fixture(scope="module")
-def daemon_objs():
-    return render(DAEMONSET)
-
-
-@pytest.fixture(scope="module")
-def example_objs():
-    return render(EXAMPLE)
-
-
-@pytest.fixture(scope="module")
-def ds(daemon_objs):
-    return one(daemon_objs, "DaemonSet")
-
-
-@pytest.fixture(scope="module")
-def job(example_objs):
-    return one(example_objs, "Job")
 
 
 def configmap_for(objs: list[dict], pod: dict, volume_name: str) -> dict:
@@ -104,7 +92,8 @@ def test_every_object_parses_into_client_models_unchanged(directory):
 
 def test_daemonset_kinds(daemon_objs):
     kinds = sorted(o["kind"] for o in daemon_objs)
-    assert kinds == ["ConfigMap", "DaemonSet", "Namespace", "PriorityClass", "ServiceAccount"]
+    assert kinds == ["ConfigMap", "DaemonSet", "DaemonSet", "Namespace", "NetworkPolicy",
+                     "PriorityClass", "Service", "ServiceAccount"]
     ns = one(daemon_objs, "Namespace")["metadata"]["name"]
     for o in daemon_objs:
         if o["kind"] not in ("Namespace", "PriorityClass"):
@@ -229,11 +218,10 @@ def test_fallback_renderer_matches_kubectl(directory):
 
 def test_rendered_configs_load_in_the_real_loaders(daemon_objs, example_objs, ds, job, tmp_path):
     """The ConfigMaps as applied: only keys the daemon and fsclient know."""
-    dconfig = pytest.importorskip("blockcached.config", reason="blockcached is not installed")
     vconfig = pytest.importorskip("fsclient.config", reason="fsclient is not installed")
     daemon_toml = configmap_for(daemon_objs, ds, "config")["data"]["blockcached.toml"]
     (tmp_path / "d.toml").write_text(daemon_toml)
-    cfg = dconfig.build(dconfig.load_file(str(tmp_path / "d.toml")), {})
+    cfg = load_daemon_config(str(tmp_path / "d.toml"))
     assert [d.path for d in cfg.cache_dirs] == [
         d["path"] for d in tomllib.loads(daemon_toml)["cache_dirs"]]
     volume_toml = configmap_for(example_objs, job, "volume-config")["data"]["volume.toml"]

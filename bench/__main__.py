@@ -6,6 +6,7 @@
     python -m bench --publish                    # also write the run into docs/
     python -m bench --from-json docs/benchmarks-results.json --publish   # docs only, no run
     python -m bench capacity                     # the daemon's hit ratios when data outgrows it
+    python -m bench cluster                      # hosts sharing blocks through memcached
     python -m bench prefetch                     # cold epochs with and without prefetch_ahead
 
 Set-up is part of the run: matplotlib is pip-installed into this interpreter
@@ -28,16 +29,16 @@ import subprocess
 import sys
 import time
 
-from . import PROJECT_ROOT, capacity, datasets, prefetch, report
+from . import PROJECT_ROOT, capacity, cluster, datasets, prefetch, report
 from .remote import DEFAULT_RTT_MS, Remote
 from .systems import Ctx, _project_version, all_systems
 from .workloads import WORKLOADS, Runner
 
 log = logging.getLogger("bench")
 
-# `capacity` runs on our daemon alone, `prefetch` on ours over `latency::`:
-# without the S3 remote or the other systems
-ALL_WORKLOADS = [*WORKLOADS, "capacity", "prefetch"]
+# `capacity` runs on our daemon alone, `prefetch` on ours over `latency::`,
+# `cluster` on our hosts and a memcached pool: without the other systems
+ALL_WORKLOADS = [*WORKLOADS, "capacity", "prefetch", "cluster"]
 
 RESULTS = os.path.join(PROJECT_ROOT, "bench", "results")
 
@@ -135,6 +136,19 @@ def _version(module: str) -> str:
         return "?"
 
 
+def _save_alone(args: argparse.Namespace, name: str, text: str, t0: float,
+                note: str = "") -> None:
+    """Print a stand-alone workload's table and save it beside the other results."""
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    stem = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    path = os.path.join(args.out, f"{stem}-{name}-{args.size}.md")
+    with open(path, "w") as f:
+        f.write(f"commit {_project_version()}, {os.cpu_count()} CPUs, {note}"
+                f"{time.monotonic() - t0:.0f} s\n\n```\n{text}\n```\n")
+    print(f"results: {path}")
+
+
 def run_capacity(args: argparse.Namespace) -> int:
     """Workload `capacity` (bench/capacity.py): one daemon of ours per
     scenario, no remote; prints each hit ratio beside its optimum and saves
@@ -144,16 +158,19 @@ def run_capacity(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     os.makedirs(args.workdir, exist_ok=True)
     results = capacity.run_all(scale, tmp_root=args.workdir)
-    text = capacity.table(results)
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    stem = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-    path = os.path.join(args.out, f"{stem}-capacity-{args.size}.md")
-    with open(path, "w") as f:
-        f.write(f"commit {_project_version()}, {os.cpu_count()} CPUs, "
-                f"{time.monotonic() - t0:.0f} s\n\n```\n{text}\n```\n")
-    print(f"results: {path}")
+    _save_alone(args, "capacity", capacity.table(results), t0)
     return 0 if all(r.met for r in results) else 1
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    """Workload `cluster` (bench/cluster.py): 4 hosts and 3 memcached servers
+    over the delayed remote; prints its ratios and saves the table beside the
+    other results. 0 if every target is met."""
+    t0 = time.monotonic()
+    os.makedirs(args.workdir, exist_ok=True)
+    targets = cluster.run_all(args.size, args.rtt_ms, args.workdir)
+    _save_alone(args, "cluster", cluster.table(targets), t0, f"remote {args.rtt_ms:g} ms, ")
+    return 0 if all(t.met for t in targets) else 1
 
 
 def run_prefetch(args: argparse.Namespace) -> int:
@@ -175,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         stem = os.path.splitext(os.path.basename(args.from_json))[0]
     else:
         own_ok = True
-        for name, run_own in (("capacity", run_capacity), ("prefetch", run_prefetch)):
+        for name, run_own in (("capacity", run_capacity), ("prefetch", run_prefetch),
+                              ("cluster", run_cluster)):
             if not args.workloads or name in args.workloads:
                 own_ok &= run_own(args) == 0
                 if args.workloads:

@@ -170,7 +170,22 @@ def render_stats(s: dict[str, Any]) -> str:
         lines += ["hit ratio = hits / (hits + puts): blocks readers reported reading from the",
                   "cache over those plus blocks they filled after a miss (reads served from a",
                   "reader's own memory cache are not reported)"]
+    lines += _cluster_lines(s.get("cluster") or {})
     return "\n".join(lines)
+
+
+def _cluster_lines(c: dict[str, Any]) -> list[str]:
+    """The cluster tier: its servers and what readers reported, per volume."""
+    if not c.get("enabled"):
+        return []
+    lines = ["", f"cluster      memcached {', '.join(c.get('memcached', []))}",
+             f"{'CLUSTER VOLUME':<28} {'HITS':>9} {'MISSES':>9} {'RECEIVED':>11} "
+             f"{'ERRORS':>7} {'BAD':>5} {'FILLS':>9} {'DROPPED':>8}"]
+    for name, v in sorted((c.get("volumes") or {}).items()):
+        lines.append(f"{name:<28} {v['hits']:>9} {v['misses']:>9} "
+                     f"{format_size(v['bytes']):>11} {v['errors']:>7} {v['bad']:>5} "
+                     f"{v['fills_sent']:>9} {v['fills_dropped']:>8}")
+    return lines
 
 
 def _reasons(counts: dict[str, int] | None) -> str:

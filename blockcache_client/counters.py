@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import threading
 
+# the cluster tier (reader/tier.py): blocks or ranges found and not found,
+# item bytes received, server failures, bad items removed, fills to the tier
+CLUSTER_COUNTERS = (
+    "cluster_hits", "cluster_misses", "cluster_bytes", "cluster_errors", "cluster_bad",
+    "cluster_fills_sent", "cluster_fills_dropped",
+)
 VOLUME_COUNTERS = (
     "hits", "misses", "hit_bytes", "miss_bytes", "memory_hits", "backend_bytes",
     "backend_requests", "fills_sent", "fills_dropped", "integrity_failures",
     "daemon_unavailable", "prefetches", "prefetches_dropped", "version_checks",
     "chunk_hits",
+    *CLUSTER_COUNTERS,
 )
 
 

@@ -10,10 +10,12 @@ Readers never wait on this module. It owns two threads per process:
   one interval. While it is not connected `layout` is None and every read goes
   to the backend.
 - filler: takes jobs from a queue bounded in bytes, in order, on its own
-  connection: `("evict", key)` and `("put", key, plaintext)` (sealed here, off
-  the reader's thread). Keeping an integrity eviction and its refill on one
-  ordered queue means the daemon sees the evict before the new put and does
-  not discard the put as a duplicate of the bad file.
+  connection: `("evict", key)`, `("put", key, plaintext)` (sealed here, off
+  the reader's thread, and handed to `on_sealed` too: the cluster tier's
+  fill) and `("sealed", key, block file)` (a block from the tier, as it
+  came). Keeping an integrity eviction and its refill on one ordered queue
+  means the daemon sees the evict before the new put and does not discard
+  the put as a duplicate of the bad file.
 
 A small fill (up to `INLINE_FILL_MAX`) offered while the queue is empty, the
 filler idle and the fill connection open is sealed and sent on the reader's
@@ -46,10 +48,11 @@ import threading
 from collections.abc import Callable
 
 from .client import Client
+from .contract.cluster import ClusterConfig
 from .contract.errors import BlockcacheError, DaemonError, DaemonUnavailable, UntrustedPeer
 from .contract.layout import Layout
 from .contract.protocol import MAX_BATCH
-from .counters import Counters
+from .counters import CLUSTER_COUNTERS, Counters
 
 log = logging.getLogger(__name__)
 
@@ -75,19 +78,25 @@ class DaemonLink:
     def __init__(self, socket_path: str, counters: Counters,
                  seal: Callable[[str, bytes], bytes | memoryview],
                  fill_queue_bytes: int, touch_interval: float = 0.5, touch_batch: int = 1024,
-                 client_name: str = "blockcache_client", daemon_uid: int | None = None):
+                 client_name: str = "blockcache_client", daemon_uid: int | None = None,
+                 volume: str | None = None):
         self.socket_path = socket_path
         self._pid = os.getpid()
         self.layout: Layout | None = None
         self.layout_epoch: int | None = None
         # the uid that owns the block files: hello's, else the peer's (SO_PEERCRED)
         self.daemon_uid: int | None = None
+        self.cluster: ClusterConfig | None = None  # hello's memcached pool, if any
+        # called with (key, block file bytes) after each seal: the tier's fill
+        self.on_sealed: Callable[[str, memoryview], None] | None = None
         self._warned = ""  # the last untrusted peer warned about
         self._counters = counters
         self._seal = seal
         self._touch_interval = touch_interval
         self._touch_batch = min(touch_batch, MAX_BATCH)
         self._client_name = client_name
+        self._volume = volume  # whose cluster counters the pings and touches report
+        self._reported = dict.fromkeys(CLUSTER_COUNTERS, 0)  # what the daemon has
         self._control = Client(socket_path, timeout=CALL_TIMEOUT, daemon_uid=daemon_uid)
         self._filler_client = Client(socket_path, timeout=CALL_TIMEOUT, daemon_uid=daemon_uid)
         self._closed = threading.Event()
@@ -132,10 +141,11 @@ class DaemonLink:
         if full:
             self._wake.set()
 
-    def offer_fill(self, key: str, plaintext: bytes) -> bool:
+    def offer_fill(self, key: str, plaintext: bytes, sealed: bool = False) -> bool:
         """Have a block sealed and put: now, if it is small and nothing is
-        ahead of it (see the module doc), else queued. False (and counted)
-        if dropped."""
+        ahead of it (see the module doc), else queued. `sealed`: `plaintext`
+        is already the block file's bytes (from the tier). False (and
+        counted) if dropped."""
         with self._fill_cv:
             if key in self._queued:
                 return True
@@ -143,11 +153,11 @@ class DaemonLink:
                 self._counters.add("fills_dropped")
                 return False
             # connected: a reader must not wait in connect(2) for a full backlog
-            inline = (len(plaintext) <= INLINE_FILL_MAX and self.layout is not None
+            inline = (not sealed and len(plaintext) <= INLINE_FILL_MAX and self.layout is not None
                       and self._filler_client.connected
                       and not self._fills and not self._busy and self._tail is None)
             if not inline:
-                self._fills.append(("put", key, plaintext))
+                self._fills.append(("sealed" if sealed else "put", key, plaintext))
                 self._queued.add(key)
                 self._fill_bytes += len(plaintext)
                 self._fill_cv.notify()
@@ -216,6 +226,10 @@ class DaemonLink:
         self.layout_epoch = reply.get("layout_epoch")
         uid = reply.get("uid", self._control.peer_uid)
         self.daemon_uid = uid if isinstance(uid, int) and not isinstance(uid, bool) else None
+        self.cluster = ClusterConfig.from_wire(reply.get("cluster"))
+        if self.cluster is None and reply.get("cluster") is not None:
+            log.warning("blockcached at %s names a cluster tier this reader cannot use (%r); "
+                        "reading without it", self.socket_path, reply.get("cluster"))
         self.layout = Layout.from_wire(reply["layout"])
         log.info("connected to blockcached at %s (layout epoch %s, %d dir(s))",
                  self.socket_path, self.layout_epoch, len(self.layout.dirs))
@@ -265,14 +279,27 @@ class DaemonLink:
         if self.layout is None:
             return
         epoch = None
+        now, cluster = self._cluster_report()
         if not keys:
-            epoch = self._control.ping().get("layout_epoch")
+            epoch = self._control.ping(cluster).get("layout_epoch")
         for i in range(0, len(keys), MAX_BATCH):
-            epoch = self._control.touch(keys[i:i + MAX_BATCH]).get("layout_epoch")
+            epoch = self._control.touch(keys[i:i + MAX_BATCH],
+                                        cluster if i == 0 else None).get("layout_epoch")
+        self._reported = now  # delivered: the next report starts from here
         if epoch is not None and epoch != self.layout_epoch:
             log.info("blockcached layout epoch %s -> %s; fetching the new layout",
                      self.layout_epoch, epoch)
             self._connect()
+
+    def _cluster_report(self) -> tuple[dict[str, int], dict | None]:
+        """(the cluster counters now, the report of their growth since the
+        last delivered one, or None if nothing grew)."""
+        snap = self._counters.snapshot()
+        now = {k: snap[k] for k in CLUSTER_COUNTERS}
+        grown = {k: v - self._reported[k] for k, v in now.items() if v != self._reported[k]}
+        if not grown or self._volume is None:
+            return self._reported, None
+        return now, {"volume": self._volume, "counters": grown}
 
     # -- filler thread ---------------------------------------------------------
 
@@ -303,7 +330,7 @@ class DaemonLink:
             finally:
                 with self._fill_cv:
                     self._busy = False
-                    if job is not None and job[0] == "put":
+                    if job is not None and job[0] != "evict":
                         self._queued.discard(job[1])
                         self._fill_bytes -= len(job[2])
                     self._idle_cv.notify_all()
@@ -328,11 +355,13 @@ class DaemonLink:
 
     def _run_fill(self, op: str, key: str, data: bytes) -> None:
         if self.layout is None:  # daemon down: nothing to fill into
-            if op == "put":
+            if op != "evict":
                 self._counters.add("fills_dropped")
+            if op == "put" and self.on_sealed is not None:  # the tier still takes it
+                self.on_sealed(key, self._seal(key, data))
             return
-        if op == "put":
-            self._put(key, data, inline=False)
+        if op != "evict":
+            self._put(key, data, inline=False, sealed=op == "sealed")
             return
         try:  # posted puts' replies read meanwhile are kept for `_collect`
             self._filler_client.evict(key)
@@ -340,16 +369,20 @@ class DaemonLink:
             log.debug("evict %s not delivered: %s", key, exc)
         self._count_lost()
 
-    def _put(self, key: str, data: bytes, inline: bool) -> None:
-        """Seal and post one block (the caller holds `_busy`). Inline, the
-        part of the frame the socket could not take is left to the filler."""
+    def _put(self, key: str, data: bytes, inline: bool, sealed: bool = False) -> None:
+        """Seal (unless `sealed`) and post one block (the caller holds `_busy`).
+        Inline, the part of the frame the socket could not take is left to
+        the filler."""
         client = self._filler_client
         if client.posted >= COLLECT_AFTER:
             self._collect(wait=False)
         try:
             # the sealer may reuse one buffer: the blob is overwritten by the
             # next seal, so it is sent now (a tail left for later is a copy)
-            tail = client.post("put", {"key": key, "data": self._seal(key, data)})
+            blob = data if sealed else self._seal(key, data)
+            if not sealed and self.on_sealed is not None:
+                self.on_sealed(key, blob)
+            tail = client.post("put", {"key": key, "data": blob})
         except DaemonUnavailable as exc:
             log.debug("put %s not delivered: %s", key, exc)
             self._counters.add("fills_dropped")

@@ -23,8 +23,9 @@ class DaemonOps:
         """Protocol version, cache layout and limits (the whole reply map)."""
         return self._call("hello", {"version": protocol.PROTOCOL_VERSION, "client": client})
 
-    def ping(self):
-        return self._call("ping", {})
+    def ping(self, cluster: dict[str, Any] | None = None):
+        """`cluster`: a reader's cluster tier counters since its last report."""
+        return self._call("ping", {} if cluster is None else {"cluster": cluster})
 
     def lookup(self, keys: Iterable[Any]):
         """Absolute block file path per key, None for a miss."""
@@ -35,9 +36,13 @@ class DaemonOps:
         data = blob if isinstance(blob, (bytes, bytearray, memoryview)) else bytes(blob)
         return self._call("put", {"key": str(key), "data": data}, "_put")
 
-    def touch(self, keys: Iterable[Any]):
-        """Report accesses (keeps LRU order right); returns the reply map."""
-        return self._call("touch", {"keys": [str(k) for k in keys]})
+    def touch(self, keys: Iterable[Any], cluster: dict[str, Any] | None = None):
+        """Report accesses (keeps LRU order right), and `cluster` as `ping`;
+        returns the reply map."""
+        args: dict[str, Any] = {"keys": [str(k) for k in keys]}
+        if cluster is not None:
+            args["cluster"] = cluster
+        return self._call("touch", args)
 
     def evict(self, key: Any = None, *, inode: tuple[str, int] | None = None,
               volume: str | None = None, all_: bool = False):

@@ -43,6 +43,10 @@ _VALUE_FLAGS = (
     ("--log-level", "LEVEL", "debug, info, warning or error [default: info]."),
     ("--log-format", "text|json", "Log line format [default: text]."),
     ("--metrics-addr", "HOST:PORT", "Serve Prometheus metrics there [default: off]."),
+    ("--memcached", "HOST:PORT[,...]",
+     "The cluster tier: memcached servers readers share sealed blocks through, handed to "
+     "them in hello; a DNS name is re-resolved to all its addresses (overrides [cluster] "
+     "memcached; '' turns the tier off) [default: none]."),
     ("--admission-policy", "tinylfu|lru",
      "Which blocks a full cache keeps: tinylfu (a block gets in only if asked for more often "
      "than the ones it would evict) or lru [default: tinylfu]."),

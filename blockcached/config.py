@@ -19,6 +19,7 @@ from blockcache_client.common import convert
 from blockcache_client.common.tomlfile import read_toml
 from blockcache_client.contract import protocol
 from blockcache_client.contract.blockkey import check_volume_name
+from blockcache_client.contract.cluster import ClusterConfig
 from blockcache_client.contract.errors import ConfigError, InvalidKey
 
 DEFAULT_DIR_SIZE = "10G"
@@ -79,6 +80,9 @@ class Config:
     # (volume, max_bytes) from [volumes.NAME] tables: a volume's blocks never
     # take more than its max_bytes of the cache, summed over the dirs
     volume_quotas: tuple[tuple[str, int], ...] = ()
+    # [cluster] / --memcached: the memcached pool readers share blocks
+    # through, handed to them in `hello`; None = no cluster tier
+    cluster: ClusterConfig | None = None
 
 
 def _group(value: Any, what: str) -> int | None:
@@ -238,9 +242,17 @@ def parse_volume_access_flag(text: str) -> tuple[str, VolumeAccess]:
                                     "--volume-access").items()))
 
 
+def _memcached_flag(value: str, file_cluster: ClusterConfig | None) -> ClusterConfig | None:
+    """`--memcached HOST:PORT[,HOST:PORT...]` over the file's `[cluster]`
+    (its timeouts and TLS files still apply); "" turns the tier off."""
+    table = {} if file_cluster is None else file_cluster.to_wire()
+    table["memcached"] = value
+    return ClusterConfig.parse(table, "--memcached")
+
+
 def load_file(path: str) -> dict[str, Any]:
     """Read a TOML config file into Config keyword arguments."""
-    data = read_toml(path, [*_FIELDS, "cache_dirs", "volumes"])
+    data = read_toml(path, [*_FIELDS, "cache_dirs", "volumes", "cluster"])
     out: dict[str, Any] = {}
     for key, value in data.items():
         if key == "cache_dirs":
@@ -251,6 +263,10 @@ def load_file(path: str) -> dict[str, Any]:
         elif key == "volumes":
             out["volumes"] = _volume_tables(value, f"{path}: volumes")
             out["volume_quotas"] = _volume_quotas(value, f"{path}: volumes")
+        elif key == "cluster":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: cluster must be a table ([cluster])")
+            out["cluster"] = ClusterConfig.parse(value, f"{path}: [cluster]")
         else:
             name, conv = _FIELDS[key]
             out[name] = conv(value, f"{path}: {key}")
@@ -268,6 +284,8 @@ def build(file_values: dict[str, Any], flag_values: dict[str, Any]) -> Config:
         elif key == "volume_access":  # each flag adds (or replaces) one volume's table
             merged["volumes"] = {**merged.get("volumes", {}),
                                  **dict(map(parse_volume_access_flag, value))}
+        elif key == "memcached":  # the servers; the file's other [cluster] keys stay
+            merged["cluster"] = _memcached_flag(value, merged.get("cluster"))
         else:
             name, conv = _FIELDS[key]
             merged[name] = conv(value, f"--{key.replace('_', '-')}")

@@ -105,6 +105,7 @@ class DaemonCollector(Collector):
         yield from _totals(s)
         yield from _dirs(s.get("dirs", []))
         yield from _volumes(s.get("volumes", {}))
+        yield from _cluster(s.get("cluster", {}).get("volumes", {}))
         yield self.latency.family("blockcache_request_seconds",
                                   "Time to handle one request, by op (on the event loop)",
                                   "op", lat)
@@ -251,6 +252,28 @@ def _volumes(volumes: dict[str, dict[str, int]]) -> Iterator[Metric]:
                  "volume offered after a miss", [name], v.get("puts", 0))
         rows.add(CounterMetricFamily, "blockcache_volume_put_bytes_total", "Block-file bytes "
                  "of those puts", [name], v.get("put_bytes", 0))
+    yield from rows.families.values()
+
+
+# the cluster tier as readers reported it: (stats key, series, help)
+_CLUSTER_SERIES = (
+    ("hits", "hits", "Blocks or ranges readers found in the cluster tier"),
+    ("misses", "misses", "Blocks or ranges readers did not find in the cluster tier"),
+    ("bytes", "bytes", "Item bytes readers received from the cluster tier"),
+    ("errors", "errors", "memcached requests that failed or timed out (the server is then "
+                         "skipped for retry_after)"),
+    ("bad", "bad_items", "Tier items that failed authentication or shape checks (deleted)"),
+    ("fills_sent", "fills_sent", "Blocks readers stored in the cluster tier"),
+    ("fills_dropped", "fills_dropped", "Tier fills dropped (queue full, no server)"),
+)
+
+
+def _cluster(volumes: dict[str, dict[str, int]]) -> Iterator[Metric]:
+    rows = _Labelled(["volume"])
+    for name, v in volumes.items():
+        for key, series, text in _CLUSTER_SERIES:
+            rows.add(CounterMetricFamily, f"blockcache_cluster_{series}_total",
+                     f"{text}, as the volume's readers reported", [name], v.get(key, 0))
     yield from rows.families.values()
 
 

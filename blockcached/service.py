@@ -22,6 +22,7 @@ from blockcache_client.contract.protocol import ErrorCode, arg, key_list
 
 from .access import Access, Peer
 from .cache import Cache
+from .clusterstats import ClusterStats
 from .config import Config
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class Service:
         self.cache = cache
         self.access = Access(cfg)
         self.refusals = Refusals()
+        self.cluster = ClusterStats(cfg.cluster, cfg.max_volumes)
         self.errors: dict[str, int] = {}
         self.requests: dict[str, int] = {}
         self.connections = 0
@@ -135,13 +137,24 @@ class Service:
                                 f"protocol version {version} is not supported; this daemon "
                                 f"speaks version {protocol.PROTOCOL_VERSION}: upgrade the "
                                 f"older side")
-        return {"version": protocol.PROTOCOL_VERSION, "layout": self.cache.layout.to_wire(),
-                "layout_epoch": self.cache.epoch, "max_frame": protocol.MAX_FRAME,
-                "max_batch": protocol.MAX_BATCH, "key_format": KEY_FORMAT,
-                "uid": self._uid}
+        reply = {"version": protocol.PROTOCOL_VERSION, "layout": self.cache.layout.to_wire(),
+                 "layout_epoch": self.cache.epoch, "max_frame": protocol.MAX_FRAME,
+                 "max_batch": protocol.MAX_BATCH, "key_format": KEY_FORMAT,
+                 "uid": self._uid}
+        cluster = self.cache.cfg.cluster
+        if cluster is not None:  # readers talk to the pool themselves
+            reply["cluster"] = cluster.to_wire()
+        return reply
 
     def ping(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        self._cluster_report(body, peer)
         return {"time": time.time(), "layout_epoch": self.cache.epoch}
+
+    def _cluster_report(self, body: dict[str, Any], peer: Peer) -> None:
+        """A reader's cluster tier counters, riding on its ping or touch."""
+        report = body.get("cluster")
+        if report is not None:
+            self.cluster.note(report, lambda vol: self.access.may_use(peer, vol))
 
     def lookup(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         keys = _parsed(key_list(body), self.cache.index.__contains__)
@@ -163,6 +176,7 @@ class Service:
 
     def touch(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         keys = _parsed(key_list(body), self.cache.index.__contains__)
+        self._cluster_report(body, peer)
         return {"touched": self.cache.touch(keys), "layout_epoch": self.cache.epoch}
 
     def evict(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -216,6 +230,7 @@ class Service:
         s["bad_requests"] = sum(self.errors.values())
         s["refused"] = dict(self.refusals.counts)
         s["uptime"] = round(time.time() - self.started, 3)
+        s["cluster"] = self.cluster.stats()
         return s
 
 

@@ -50,6 +50,20 @@ COUNTERS = {
                        "multi-block file did not change during a block read"),
     "chunk_hits": ("blockcache_client_chunk_hits_total", "Hits served from decrypted chunks "
                    "kept in memory (no decryption)"),
+    "cluster_hits": ("blockcache_client_cluster_hits_total", "Blocks or ranges found in the "
+                     "cluster tier"),
+    "cluster_misses": ("blockcache_client_cluster_misses_total", "Blocks or ranges not found "
+                       "in the cluster tier"),
+    "cluster_bytes": ("blockcache_client_cluster_bytes_total", "Item bytes received from the "
+                      "cluster tier"),
+    "cluster_errors": ("blockcache_client_cluster_errors_total", "memcached requests that "
+                       "failed or timed out (the server is then skipped for retry_after)"),
+    "cluster_bad": ("blockcache_client_cluster_bad_items_total", "Cluster tier items that "
+                    "failed authentication or shape checks (deleted, read from the source)"),
+    "cluster_fills_sent": ("blockcache_client_cluster_fills_sent_total", "Blocks stored in "
+                           "the cluster tier"),
+    "cluster_fills_dropped": ("blockcache_client_cluster_fills_dropped_total", "Cluster tier "
+                              "fills dropped (queue full, no server)"),
 }
 
 

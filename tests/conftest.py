@@ -6,6 +6,7 @@ import tempfile
 
 import pytest
 
+from blockcache_client.volumekey import generate_key_file
 from devtools.daemon import DaemonProcess
 
 
@@ -18,6 +19,14 @@ def daemon(tmp_path):
         yield d
     finally:
         d.stop()
+
+
+@pytest.fixture
+def key_file(tmp_path):
+    """A fresh volume key file under tmp_path."""
+    path = tmp_path / "volume.key"
+    generate_key_file(str(path))
+    return str(path)
 
 
 @pytest.fixture

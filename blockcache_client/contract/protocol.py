@@ -21,18 +21,25 @@ Operations (arguments -> result), protocol version 1:
                                               layout_epoch, max_frame, max_batch,
                                               key_format (keys.KEY_FORMAT),
                                               uid (the daemon's: owner of every
-                                              block file; readers open no other)
-    ping    -                              -> time:float, layout_epoch
+                                              block file; readers open no other),
+                                              cluster (contract.cluster, only
+                                              when a memcached pool is set)
+    ping    cluster (optional, see below)  -> time:float, layout_epoch
     lookup  keys:[str]                     -> paths:[str|None] (absolute path of
                                               each key's block file, None = miss)
     put     key:str, data:bin              -> accepted:bool, reason:str
                                               (answered before the write happens)
-    touch   keys:[str]                     -> touched:int, layout_epoch
+    touch   keys:[str], cluster (optional) -> touched:int, layout_epoch
     evict   key:str | volume:str [inode:int] | all:true  -> evicted:int
     list    volume:str|None, limit:int,    -> keys:[str], truncated:bool
             after:str (optional)              (one page: up to LIST_PAGE keys
                                               sorting after `after`)
     stats   -                              -> the stats map (see blockcached)
+
+`cluster` in a ping or touch is a reader's report for the daemon's stats:
+{volume:str, counters:{cluster_hits:int, ...}}, the growth of its cluster
+tier counters since its last delivered report (readers talk to memcached
+themselves, so the daemon sees the tier only this way).
 
 `layout_epoch` changes whenever the cache layout a reader relies on changes
 (a dir becomes unhealthy or healthy again); a reader seeing a new epoch asks

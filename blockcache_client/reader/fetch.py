@@ -1,4 +1,12 @@
-"""Misses: blocks read from the source, once per key however many threads ask.
+"""Misses: blocks read from the cluster tier or the source, once per key
+however many threads ask.
+
+`read` serves a miss: a random read inside a large block takes only its
+slices from the tier (`tier.TierReads.read_range`); anything else fetches
+whole blocks. `fetch` first asks the tier for the block and the following
+ones a coalesced read would bring (one multi-get per server; each found
+block is kept in memory and handed sealed to the daemon), then reads the
+rest from the source.
 
 `fetch` fetches the whole block (single-flight per key), keeps it in the
 memory LRU and hands it to the fill queue (sealed and `put` in the
@@ -25,6 +33,8 @@ from ..counters import Counters
 from ..daemonlink import DaemonLink
 from ..fileinfo import FileInfo
 from ..singleflight import SingleFlight
+from .hits import deliver
+from .tier import TierReads
 
 
 class Fetcher:
@@ -32,7 +42,7 @@ class Fetcher:
 
     def __init__(self, name: str, backend: Backend, block_size: int, mem: BlockMemory,
                  link: DaemonLink, counters: Counters, is_cached: Callable[[str], bool],
-                 forget_version: Callable[[str], None]):
+                 forget_version: Callable[[str], None], tier: TierReads):
         self.name = name
         self.backend = backend
         self.block_size = block_size
@@ -41,14 +51,36 @@ class Fetcher:
         self.counters = counters
         self._is_cached = is_cached
         self._forget_version = forget_version  # a path whose version changed under us
+        self.tier = tier
         self.flight = SingleFlight()
 
-    def fetch(self, rel: str, info: FileInfo, key: str, boff: int, run: int = 1,
-              transient: bool = False) -> bytes:
-        """The whole block from the backend, once per key however many ask;
-        the same request may bring up to `run` - 1 following blocks.
+    def read(self, rel: str, info: FileInfo, key: str, boff: int, lo: int, hi: int,
+             out: memoryview | None, run: int = 1, transient: bool = False,
+             fetched: Callable[[str, bytes, int, int], None] | None = None):
+        """Plaintext [lo, hi) of a block this host does not hold (bytes, or
+        its length once stored in `out`): from the tier's slices for a random
+        read inside a large block, else from the whole block (`fetch`), which
+        `fetched` is shown (the chunk cache keeps the chunks it wants).
         `transient`: for one small random read (see `blockmem`)."""
-        data, _ = self.flight.do(key, lambda: self._load(rel, info, key, boff, run, transient))
+        blen = min(self.block_size, info.size - boff)
+        if self.tier.ranged(blen, lo, run):
+            got = self.tier.read_range(key, blen, lo, hi, out)
+            if got is not None:
+                return got
+            # our slices are missing or bad, so the whole block is: the source
+            data = self.fetch(rel, info, key, boff, run, ask_tier=False, transient=transient)
+        else:
+            data = self.fetch(rel, info, key, boff, run, transient=transient)
+        if fetched is not None:
+            fetched(key, data, lo, hi)
+        return deliver(data, lo, hi, out)
+
+    def fetch(self, rel: str, info: FileInfo, key: str, boff: int, run: int = 1,
+              ask_tier: bool = True, transient: bool = False) -> bytes:
+        """The whole block from the tier or the backend, once per key however
+        many ask; the same request may bring up to `run` - 1 following blocks."""
+        data, _ = self.flight.do(
+            key, lambda: self._load(rel, info, key, boff, run, ask_tier, transient))
         return data
 
     def busy(self, key: str) -> bool:
@@ -56,7 +88,7 @@ class Fetcher:
         return self.flight.busy(key)
 
     def _load(self, rel: str, info: FileInfo, key: str, boff: int, run: int,
-              transient: bool) -> bytes:
+              ask_tier: bool, transient: bool) -> bytes:
         """`fetch`'s leader: claim the following blocks nobody has (up to
         `run` in all, stopping at the first one in memory, on the cache disk or
         being fetched: the range stays contiguous), read them all with one
@@ -68,6 +100,10 @@ class Fetcher:
             return data
         bs = self.block_size
         prefix = key[:-16]
+        if ask_tier and self.tier.pool() is not None:
+            data = self._from_tier(info, key, boff, run, transient)
+            if data is not None:
+                return data
         claims = []
         stop = boff + bs
         while len(claims) + 1 < run and stop < info.size:
@@ -96,6 +132,26 @@ class Fetcher:
         if claims:
             self.counters.add("prefetches", len(claims))
         return blocks[0]
+
+    def _from_tier(self, info: FileInfo, key: str, boff: int, run: int,
+                   transient: bool) -> bytes | None:
+        """`key`'s block from the tier, asking in the same multi-get for the
+        following blocks (up to `run` in all) nobody here has; those found
+        are kept in memory, so the source read that follows stops before them."""
+        bs = self.block_size
+        prefix = key[:-16]
+        wanted = [(key, min(bs, info.size - boff))]
+        off = boff + bs
+        while len(wanted) < run and off < info.size:
+            k = prefix + format(off, "016x")
+            if self.mem.get(k) is not None or self._is_cached(k) or self.flight.busy(k):
+                break
+            wanted.append((k, min(bs, info.size - off)))
+            off += bs
+        found = self.tier.blocks(wanted)
+        for k, block in found.items():
+            self.mem.put(k, block, transient and k == key)
+        return found.get(key)
 
     def _keep(self, key: str, data: bytes, transient: bool = False) -> None:
         self.mem.put(key, data, transient)

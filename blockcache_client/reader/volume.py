@@ -8,11 +8,12 @@ package (see `__init__`):
    decrypted chunks of small reads, `chunks`), then the cache disk, read and
    decrypted by the reader itself with the layout from the daemon's `hello`
    (no round trip; accesses are reported in batched `touch`es);
-2. `fetch`: a miss reads the whole block from the source once however many
-   threads ask, keeps it in the memory LRU and hands it to the fill queue
-   (`fills`: sealed and `put` in the background; a full queue drops and
-   counts), then returns the requested bytes;
-3. `sequential`: a sequential read of a multi-block file brings a window of
+2. `tier`: the cluster tier, if the daemon names one (slices of a block for
+   a random read inside it; else whole blocks, handed sealed to the daemon);
+3. `fetch`: else the whole block from the source, once however many threads
+   ask, kept in the memory LRU and sealed once for the daemon and the tier
+   (`fills`: in the background; a full queue drops and counts);
+4. `sequential`: a sequential read of a multi-block file brings a window of
    blocks with one ranged request, and the next window in the background
    (`prefetch`); `metadata`: the file's version, cached by age.
 
@@ -64,10 +65,11 @@ from .blockfds import BlockFiles
 from .chunkhits import ChunkCache, ChunkedHits
 from .fetch import Fetcher
 from .fills import Sealer
-from .hits import Ciphers, HitReader, deliver
+from .hits import Ciphers, HitReader
 from .metadata import Metadata
 from .prefetch import Prefetcher
 from .sequential import SequentialReads
+from .tier import TierReads
 from .volumefile import VolumeFile
 
 log = logging.getLogger(__name__)
@@ -155,15 +157,17 @@ class Volume:
         seal = Sealer(self._volume_key, self._chunk_size, ciphers, chunks)
         self._link = DaemonLink(self.socket_path, self.counters, seal,
                                 self._fill_queue_bytes, client_name=f"volume:{self.name}",
-                                daemon_uid=self._daemon_uid)
+                                daemon_uid=self._daemon_uid, volume=self.name)
         # a Volume dropped without close() must not leave its threads reconnecting forever
         weakref.finalize(self, self._link.close, 0.2)
         self._hits = HitReader(self.name, self._volume_key, self._key_id, self._chunk_size,
                                self._mem, self._link, self.counters, ciphers)
         self._hits.chunks = ChunkedHits(self._hits, chunks, self._files) if chunks.enabled else None
+        self._tier = TierReads(self._volume_key, self._key_id, self._chunk_size, self._link,
+                               self.counters, ciphers)
         self._fetcher = Fetcher(self.name, self.backend, self.block_size, self._mem,
                                 self._link, self.counters, self._hits.is_cached,
-                                self._meta.forget)
+                                self._meta.forget, self._tier)
         self._prefetcher = Prefetcher(self.block_size, self._window, self._hits,
                                       self._fetcher, self.counters)
         self._sequential = SequentialReads(self.block_size, self._window, self._hits.held,
@@ -374,11 +378,10 @@ class Volume:
         got = self._hits.read(key, blen, lo, hi, out, False, holder, keep)
         if got is not None:
             return got
-        data = self._fetcher.fetch(rel, info, key, boff, run, keep)  # keep: transient
-        if keep:
-            chunks.fetched(key, data, lo, hi)
-        self.counters.add2("misses", "miss_bytes", hi - lo)
-        return deliver(data, lo, hi, out)
+        got = self._fetcher.read(rel, info, key, boff, lo, hi, out, run, keep,
+                                 chunks.fetched if keep else None)
+        self.counters.add2("misses", "miss_bytes", hi - lo)  # not local: tier or source
+        return got
 
     # -- cache control -----------------------------------------------------------
 
@@ -444,9 +447,9 @@ class Volume:
             return 0
 
     def wait_fills(self, timeout: float = 10.0) -> bool:
-        """Block until queued fills have been handed to the daemon (tests, warmup)."""
+        """Block until queued fills reached the daemon and the tier (tests, warmup)."""
         self._proc()
-        return self._link.wait_idle(timeout)
+        return self._link.wait_idle(timeout) and self._tier.wait(timeout)
 
     def stats(self) -> dict:
         """Counters of this process's reads (see `counters.VOLUME_COUNTERS`) plus

@@ -8,7 +8,6 @@ import uuid
 
 import pytest
 
-from blockcache_client.volumekey import generate_key_file
 from devtools.s3server import S3Server
 
 
@@ -21,13 +20,6 @@ def s3_server():
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture
-def key_file(tmp_path):
-    path = tmp_path / "volume.key"
-    generate_key_file(str(path))
-    return str(path)
 
 
 class LocalSource:

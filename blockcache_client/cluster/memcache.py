@@ -1,0 +1,187 @@
+"""A small memcached client: the text protocol's get, add, set and delete, with
+millisecond timeouts, optional TLS, and a few pooled connections per server.
+
+Why not pymemcache: it reads values 4 KiB per recv(2) in Python, about 70 ms
+for the 5 items of a 4 MiB block on our 2-CPU test machine; a buffered file
+over the socket reads them with few large reads, about 10x faster. Only
+what the tier needs is here: values are bytes, flags 0, no expiry.
+
+Errors: `ServerFailed` (an OSError) when the server or the way to it failed
+(refused, reset, timed out, a reply that makes no sense): the caller skips the
+server. `Refused` when the server answered with an error (CLIENT_ERROR,
+SERVER_ERROR: an item too large, out of memory): the server is fine.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+from collections.abc import Iterable
+
+_IDLE_KEPT = 16  # idle connections kept per server (reader threads at once)
+
+
+class ServerFailed(OSError):
+    """The server did not answer properly: skip it for a while."""
+
+
+class Refused(Exception):
+    """The server answered with an error for this request."""
+
+
+class _Conn:
+    __slots__ = ("sock", "file")
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.file = sock.makefile("rb", buffering=1 << 16)
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+class Memcache:
+    """One memcached server at `address`; methods are thread-safe."""
+
+    def __init__(self, address: tuple[str, int], connect_timeout: float, timeout: float,
+                 tls: ssl.SSLContext | None = None, server_name: str | None = None):
+        self.address = address
+        self._connect_timeout = connect_timeout
+        self._timeout = timeout
+        self._tls = tls
+        self._server_name = server_name or address[0]  # what the certificate must name
+        self._idle: list[_Conn] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- requests --------------------------------------------------------------------
+
+    def get_many(self, keys: list[str]) -> dict[str, bytearray]:
+        """The values of the keys the server holds."""
+        if not keys:
+            return {}
+        found = {}
+
+        def talk(c: _Conn) -> None:
+            c.sock.sendall(b"get " + " ".join(keys).encode() + b"\r\n")
+            while True:
+                line = _line(c)
+                if line == b"END":
+                    return
+                parts = line.split()
+                if len(parts) < 4 or parts[0] != b"VALUE":
+                    _answer_error(line, "get")
+                value = bytearray(int(parts[3]))  # read into its place: no copies
+                if c.file.readinto(value) != len(value) or c.file.read(2) != b"\r\n":
+                    raise ServerFailed(f"memcached {self.name}: a value was cut short")
+                found[parts[1].decode()] = value
+
+        self._use(talk)
+        return found
+
+    def add(self, key: str, value: bytes) -> bool:
+        """Store `value` unless the server holds `key` already; whether it did."""
+        return self._store(b"add", key, value)
+
+    def set(self, key: str, value: bytes) -> bool:
+        """Store `value` whatever the server holds."""
+        return self._store(b"set", key, value)
+
+    def _store(self, verb: bytes, key: str, value: bytes) -> bool:
+        def talk(c: _Conn) -> bool:
+            c.sock.sendall(b"%s %s 0 0 %d\r\n" % (verb, key.encode(), len(value)))
+            c.sock.sendall(value)
+            c.sock.sendall(b"\r\n")
+            line = _line(c)
+            if line == b"STORED":
+                return True
+            if line in (b"NOT_STORED", b"EXISTS"):
+                return False
+            return _answer_error(line, verb.decode())
+
+        return self._use(talk)
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete the keys (pipelined: one write, then the answers)."""
+        keys = list(keys)
+        if not keys:
+            return
+
+        def talk(c: _Conn) -> None:
+            c.sock.sendall(b"".join(b"delete %s\r\n" % k.encode() for k in keys))
+            for _ in keys:
+                line = _line(c)
+                if line not in (b"DELETED", b"NOT_FOUND"):
+                    _answer_error(line, "delete")
+
+        self._use(talk)
+
+    # -- connections -----------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        host, port = self.address
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def _use(self, talk):
+        """Run `talk` on an idle connection (or a new one); a connection that
+        failed or left a reply unread is closed, never reused."""
+        with self._lock:
+            c = self._idle.pop() if self._idle else None
+        if c is None:
+            c = self._connect()
+        try:
+            result = talk(c)
+        except Refused:
+            c.close()  # the rest of its reply may still be on the way
+            raise
+        except (OSError, ValueError) as exc:
+            c.close()
+            if isinstance(exc, ServerFailed):
+                raise
+            raise ServerFailed(f"memcached {self.name}: {type(exc).__name__}: {exc}") from exc
+        with self._lock:
+            if len(self._idle) < _IDLE_KEPT and not self._closed:
+                self._idle.append(c)
+                c = None
+        if c is not None:
+            c.close()
+        return result
+
+    def _connect(self) -> _Conn:
+        try:
+            sock = socket.create_connection(self.address, timeout=self._connect_timeout)
+        except OSError as exc:
+            raise ServerFailed(f"memcached {self.name}: cannot connect: {exc}") from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:  # the handshake within the connect timeout
+                sock = self._tls.wrap_socket(sock, server_hostname=self._server_name)
+            sock.settimeout(self._timeout)
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise ServerFailed(f"memcached {self.name}: TLS handshake failed: {exc}") from exc
+        return _Conn(sock)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for c in idle:
+            c.close()
+
+
+def _line(c: _Conn) -> bytes:
+    line = c.file.readline(4096)
+    if not line.endswith(b"\r\n"):
+        raise ServerFailed("memcached closed the connection or sent a line without an end")
+    return line[:-2]
+
+
+def _answer_error(line: bytes, what: str):
+    """Raise for an answer that is not the one expected."""
+    if line.startswith((b"CLIENT_ERROR", b"SERVER_ERROR")):
+        raise Refused(f"{what}: {line.decode(errors='replace')}")
+    raise ServerFailed(f"{what}: unexpected answer {line[:80]!r}")

@@ -1,0 +1,148 @@
+"""The read order with a cluster tier: memory -> local cache disk -> tier ->
+remote, with real memcached servers and one real daemon per host."""
+
+from __future__ import annotations
+
+import os
+import random
+
+from blockcache_client.cluster.items import SLICE_LIMIT, Geometry, item_key, split
+from blockcache_client.cluster.memcache import Memcache
+from blockcache_client.contract import blockfile
+from blockcache_client.volumekey import load_key_file
+
+BS = 4 << 20
+
+
+def block_keys(volume, files) -> dict[str, int]:
+    """{block key: block length} of every block of `files` in `volume`."""
+    out = {}
+    for rel in files:
+        info = volume.stat(rel)
+        for off, length, _ in volume.block_map(rel, info):
+            out[volume._key_prefix(rel, info.version) + format(off, "016x")] = length
+    return out
+
+
+def all_items(servers, keys: dict[str, int]) -> dict[str, bytes]:
+    """Every tier item of these blocks that any of the servers holds."""
+    names = [item_key(k, i) for k, blen in keys.items()
+             for i in range(Geometry(blen, 64 << 10).count)]
+    out = {}
+    for m in servers:
+        raw = Memcache(("127.0.0.1", m.port), 2.0, 2.0)
+        try:
+            out.update(raw.get_many(names))
+        finally:
+            raw.close()
+    return out
+
+
+def test_second_host_reads_the_tier_then_its_own_disk(cluster, key_file, dataset):
+    root, files = dataset
+    cluster.memcached(2)
+    h1, h2 = cluster.host(), cluster.host()
+    v1 = cluster.volume(h1, root, key_file)
+    for rel, data in files.items():
+        assert v1.read(rel, 0, len(data)) == data
+    assert v1.wait_fills(10)
+    s1 = v1.stats()
+    assert s1["cluster_hits"] == 0 and s1["cluster_fills_sent"] == 5  # 1 + 1 + 3 blocks
+    remote_once = s1["backend_bytes"]
+
+    v2 = cluster.volume(h2, root, key_file)
+    for rel, data in files.items():
+        assert v2.read(rel, 0, len(data)) == data
+    s2 = v2.stats()
+    assert s2["backend_bytes"] == 0 and s2["backend_requests"] == 0
+    assert s2["cluster_hits"] == 5 and s2["cluster_misses"] == 0
+    assert s2["cluster_bytes"] >= remote_once
+    # handed to this host's daemon as they came: the next process reads them locally
+    assert v2.wait_fills(10)
+    h2.wait_idle()
+    assert h2.client().stats()["volumes"]["ds"]["entries"] == 5
+    v2b = cluster.volume(h2, root, key_file)
+    buf = bytearray(len(files["big.bin"]))
+    assert v2b.readinto("big.bin", 0, buf) == len(buf) and bytes(buf) == files["big.bin"]
+    s2b = v2b.stats()
+    assert s2b["hits"] == 3 and s2b["cluster_hits"] == 0 and s2b["cluster_misses"] == 0
+
+
+def test_a_random_read_inside_a_block_moves_one_slice(cluster, key_file, dataset):
+    root, files = dataset
+    cluster.memcached(3)
+    h1, h2 = cluster.host(), cluster.host()
+    v1 = cluster.volume(h1, root, key_file)
+    big = files["big.bin"]
+    v1.read("big.bin", 0, len(big))
+    assert v1.wait_fills(10)
+
+    v2 = cluster.volume(h2, root, key_file)
+    rng = random.Random(7)
+    offsets = [rng.randrange(1, len(big) - 4096) for _ in range(40)]
+    # far from the last read's end: nearby reads in a row are taken for a stream
+    offsets = [o for p, o in zip([-(1 << 30)] + offsets, offsets)
+               if abs(o - p) > (1 << 20) and o % BS]
+    for off in offsets[:12]:
+        before = v2.stats()["cluster_bytes"]
+        assert v2.read("big.bin", off, 4096) == big[off:off + 4096]
+        moved = v2.stats()["cluster_bytes"] - before
+        assert 0 < moved <= 1 << 20, (off, moved)
+    s = v2.stats()
+    assert s["backend_bytes"] == 0 and s["cluster_bad"] == 0
+    # a range across a slice boundary takes both slices, still bytes-exact
+    edge = (SLICE_LIMIT // (64 << 10 | 16)) * (64 << 10)  # where slice 1 starts
+    assert v2.read("big.bin", edge - 100, 300) == big[edge - 100:edge + 200]
+
+
+def test_items_hold_only_ciphertext_and_fills_never_overwrite(cluster, key_file, dataset):
+    root, files = dataset
+    servers = cluster.memcached(2)
+    v1 = cluster.volume(cluster.host(), root, key_file)
+    for rel, data in files.items():
+        v1.read(rel, 0, len(data))
+    assert v1.wait_fills(10)
+    keys = block_keys(v1, files)
+    items = all_items(servers, keys)
+    assert len(items) == 1 + 3 + 10 + 10 + 1  # 100 kB; 1 MiB; 4 MiB, 4 MiB, 12345 B
+    assert max(map(len, items.values())) <= SLICE_LIMIT
+    for data in files.values():
+        probe = data[1000:1064]
+        assert not any(probe in v for v in items.values())
+
+    # another host's fill of a block the tier holds (`add`) changes nothing
+    (small_key,) = [k for k, blen in keys.items() if blen == len(files["small.bin"])]
+    v2 = cluster.volume(cluster.host(), root, key_file)
+    other_copy = blockfile.seal(small_key, files["small.bin"], load_key_file(key_file))
+    v2._tier.offer(small_key, other_copy)
+    assert v2.wait_fills(10)
+    assert all_items(servers, keys) == items
+    assert v2.stats()["cluster_fills_sent"] == 0
+
+
+def test_two_hosts_copies_of_a_block_never_mix(cluster, key_file, tmp_path):
+    (m,) = cluster.memcached(1)
+    root = tmp_path / "remote"
+    root.mkdir()
+    v = cluster.volume(cluster.host(), str(root), key_file)
+    key = "ds_1_" + "0" * 32 + "_" + "0" * 16
+    plain = os.urandom(1 << 20)
+    copy_a = split(key, blockfile.seal(key, plain, load_key_file(key_file), 64 << 10))
+    copy_b = split(key, blockfile.seal(key, plain, load_key_file(key_file), 64 << 10))
+    raw = Memcache(("127.0.0.1", m.port), 2.0, 2.0)
+    try:
+        # host A's fill is under way: its first item is in, the rest not yet
+        assert raw.add(*copy_a[0])
+        v._tier.pool().offer_fill(key, copy_b, v.counters)
+        assert v._tier.wait(10)
+        held = raw.get_many([name for name, _ in copy_a])
+        assert held == {copy_a[0][0]: copy_a[0][1]}  # B added nothing of its own
+        # A's first item was evicted, its others stayed: B's copy replaces it whole
+        raw.delete_many([copy_a[0][0]])
+        for name, value in copy_a[1:]:
+            raw.add(name, value)
+        v._tier.pool().offer_fill(key, copy_b, v.counters)
+        assert v._tier.wait(10)
+        assert raw.get_many([name for name, _ in copy_b]) == dict(copy_b)
+    finally:
+        raw.close()

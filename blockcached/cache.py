@@ -78,7 +78,7 @@ class Cache:
                              touch_bytes=0)
         self.put_reasons: dict[str, int] = {}
         # which blocks a full dir keeps; None = plain LRU (admit every block)
-        self.policy = Policy(self.index) if cfg.admission_policy != "lru" else None
+        self.policy = Policy(self.index, self.counters) if cfg.admission_policy != "lru" else None
         self.evicted_by: dict[str, int] = {}  # eviction reason -> blocks
         self.quotas = dict(cfg.volume_quotas)  # volume -> max bytes over all dirs
         self._vol_reserved: dict[str, int] = {}  # volume -> bytes of admitted, unwritten puts
@@ -355,7 +355,7 @@ class Cache:
         if need_bytes or need_entries or own:
             victims = self._dir_victims(i, own, need_bytes, need_entries)
             if policy is not None:
-                before = policy.miss(key, self.counters["hits"] + self.counters["touches"])
+                before = policy.miss(key)
                 counts = [self.index.count_of(k) for _, k, _ in own]
                 counts += [self.index.count_of(k) for k, _ in victims]
                 if policy.admit(before, counts) is None:
@@ -365,7 +365,7 @@ class Cache:
                 self._evict(j, [(k, s) for jj, k, s in own if jj == j], "quota")
             self._evict(i, victims, "admission")
         elif policy is not None:  # room to spare: admitted, its miss still counted
-            before = policy.miss(key, self.counters["hits"] + self.counters["touches"])
+            before = policy.miss(key)
             if before:  # asked for before (most are not): its count, not the default 1
                 self.fill.pending[key].count = before + 1
         max_entries = self.cfg.max_entries

@@ -23,8 +23,9 @@ cached blocks have stopped being hit while blocks it refused keep coming
 back (`STALE_RATIO` returning misses per hit, or none hit at all, over the
 last two windows of a quarter of the entries' accesses, each sized when it
 starts), the cache is `stale` and any block asked for before is admitted
-over the LRU. A put pays for all this with one call, `miss` (issue #21: a
-put's cost stays near plain LRU's): nothing runs per hit or per write.
+over the LRU. A put pays for all this with one call, `miss(key)` (issue #21:
+a put's cost stays near plain LRU's): nothing runs per hit or per write, and
+the cache's hit counters are read only when a miss needs them.
 
 What the policy knows of cached blocks survives a restart in the block
 files' mtimes: the nanoseconds field carries the count (`encode_mtime_ns`),
@@ -33,7 +34,7 @@ written with the recency the daemon persists anyway.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sized
+from collections.abc import Iterable, Mapping, Sized
 
 from .index import COUNT_MASK
 
@@ -93,15 +94,18 @@ class FrequencySketch:
 
 class Policy:
     """Admission decisions and the counters that explain them. `cached` is
-    the cache's index (its len() is the cached blocks), read once a window."""
+    the cache's index (its len() is the cached blocks), read once a window;
+    `counters` the cache's, whose "hits" + "touches" are the hits so far,
+    read only when a miss needs them (not passed in by every put)."""
 
     name = NAME
 
-    def __init__(self, cached: Sized = ()) -> None:
+    def __init__(self, cached: Sized = (), counters: Mapping[str, int] | None = None) -> None:
         self.sketch = FrequencySketch()
         # the sketch's table (grown and halved in place) and mask, for `miss`
         self._table, self._mask = self.sketch.table, self.sketch.mask
         self._cached = cached
+        self._counters = counters if counters is not None else {"hits": 0, "touches": 0}
         self._misses = 0
         self._aged_at = 0  # misses at the sketch's last halving
         self._age_at = self.sketch.sample
@@ -109,9 +113,10 @@ class Policy:
         # (hits + misses) and its returning misses; the last window's (hits, returning)
         self._window_hits = self._window_misses = self._returning = 0
         self._window_end = MIN_WINDOW
-        # hits + misses at which `_upkeep` is next due: one test per miss. Hits
-        # only grow, so a halving (at `_age_at` misses) is never due before
-        # the hits known then + `_age_at`.
+        # misses at which `_upkeep` next looks whether a halving or the
+        # window's end is due: one test per miss, no hits read. It looks at
+        # least every MIN_WINDOW misses, so a window ends at most that many
+        # misses late (hits arriving meanwhile end it sooner than misses alone).
         self._next_upkeep = MIN_WINDOW
         self._last = (0, 0)
         self.stale = False
@@ -121,12 +126,11 @@ class Policy:
 
     # -- what readers do ---------------------------------------------------
 
-    def miss(self, key: str, hits_total: int) -> int:
-        """A block was offered after a miss, the cache having answered
-        `hits_total` hits so far (its own counter: nothing is done per hit
-        here); returns how often the block was asked for before (the
-        candidate's frequency for `admit`). Runs at every put that reaches
-        admission, so the sketch's increment is inline here."""
+    def miss(self, key: str) -> int:
+        """A block was offered after a miss; returns how often it was asked
+        for before (the candidate's frequency for `admit`). Runs at every put
+        that reaches admission, so the sketch's increment is inline here, and
+        the cache's hits are read only for a returning block or an upkeep."""
         h = hash(key)
         t, m = self._table, self._mask
         i, j = h & m, (h >> 32) & m
@@ -145,18 +149,24 @@ class Policy:
         misses = self._misses = self._misses + 1
         if before:
             self._returning += 1
-            hits = hits_total - self._window_hits
+            c = self._counters  # inline: most misses into a full dir return
+            hits = c["hits"] + c["touches"] - self._window_hits
             last_hits, last_returning = self._last
             # cached blocks no longer hit while refused ones come back: over
             # this window and the last, far more returning misses than hits
             self.stale = (self._returning + last_returning
                           >= STALE_RATIO * (hits + last_hits))
-        if hits_total + misses >= self._next_upkeep:
-            self._upkeep(hits_total)
+        if misses >= self._next_upkeep:
+            self._upkeep()
         return before
 
-    def _upkeep(self, hits_total: int) -> None:
+    def _hits(self) -> int:
+        c = self._counters
+        return c["hits"] + c["touches"]
+
+    def _upkeep(self) -> None:
         """The sketch's halving and the window's end, when one is due."""
+        hits_total = self._hits()
         misses = self._misses
         if misses >= self._age_at:
             self.sketch.age()
@@ -166,7 +176,15 @@ class Policy:
             self._last = (hits_total - self._window_hits, self._returning)
             self._window_hits, self._window_misses, self._returning = hits_total, misses, 0
             self.fit(len(self._cached))
-        self._next_upkeep = min(self._window_end, hits_total + self._age_at)
+        else:
+            self._schedule_upkeep(hits_total)
+
+    def _schedule_upkeep(self, hits_total: int) -> None:
+        """The next upkeep: at the halving, at the window's end if no hit
+        comes meanwhile, or within MIN_WINDOW misses (hits may end it sooner)."""
+        misses = self._misses
+        self._next_upkeep = misses + max(1, min(self._age_at - misses, MIN_WINDOW,
+                                                self._window_end - hits_total - misses))
 
     def fit(self, entries: int) -> None:
         """Size the sketch, and the stale window from its start, for
@@ -177,7 +195,7 @@ class Policy:
         self._age_at = self._aged_at + self.sketch.sample
         self._window_end = (self._window_hits + self._window_misses
                             + max(MIN_WINDOW, entries // 4))
-        self._next_upkeep = min(self._window_end, self._window_hits + self._age_at)
+        self._schedule_upkeep(self._hits())
 
     # -- decisions ---------------------------------------------------------
 

@@ -54,15 +54,15 @@ def usable_blocks(e: Engine) -> int:
 
 def test_sketch_counts_saturate_and_halve():
     p = Policy()  # a miss is how the sketch counts an access
-    assert [p.miss("v_1_0_0", 0) for _ in range(3)] == [0, 1, 2]
+    assert [p.miss("v_1_0_0") for _ in range(3)] == [0, 1, 2]
     for _ in range(40):
-        p.miss("v_1_0_0", 0)
+        p.miss("v_1_0_0")
     s = p.sketch
     assert s.estimate("v_1_0_0") == policymod.MAX_COUNT
     s.age()
     assert s.estimate("v_1_0_0") == policymod.MAX_COUNT // 2
     assert s.estimate("v_2_0_0") == 0
-    assert p.miss("v_1_0_0", 0) == policymod.MAX_COUNT // 2  # the table halved in place
+    assert p.miss("v_1_0_0") == policymod.MAX_COUNT // 2  # the table halved in place
 
 
 def test_sketch_growth_keeps_counts():
@@ -70,40 +70,57 @@ def test_sketch_growth_keeps_counts():
     keys = [f"v_{i}_0_0" for i in range(1000)]
     for i, k in enumerate(keys):
         for _ in range(i % 5):
-            p.miss(k, 0)
+            p.miss(k)
     before = [p.sketch.estimate(k) for k in keys]
     p.fit(1 << 20)
     assert len(p.sketch.table) >= policymod.SLOTS_PER_ENTRY << 20
     assert [p.sketch.estimate(k) for k in keys] == before
-    assert [p.miss(k, 0) for k in keys] == before  # misses count in the grown table
+    assert [p.miss(k) for k in keys] == before  # misses count in the grown table
 
 
 def test_the_sketch_halves_every_sample_misses():
     p = Policy()
     sample = p.sketch.sample
     for i in range(sample - 1):
-        p.miss(f"v_{i}_0_0", 0)
+        p.miss(f"v_{i}_0_0")
     assert p.ages == 0
-    p.miss("v_x_0_0", 0)
+    p.miss("v_x_0_0")
     assert p.ages == 1
     for i in range(sample):
-        p.miss(f"v_{i}_1_0", 0)
+        p.miss(f"v_{i}_1_0")
     assert p.ages == 2
 
 
 def test_a_window_is_a_quarter_of_the_entries_read_at_its_start():
     """The stale check's window: a quarter of the cached blocks' accesses
-    (hits and misses), its length read at its start, not at every put."""
+    (hits and misses, the hits read from the cache's counters), its length
+    read at its start, not at every put."""
     cached: list[str] = []
     p = Policy(cached)
     cached.extend(f"v_{i}_0_0" for i in range(1000))
     for i in range(policymod.MIN_WINDOW):  # the first window: sized for an empty cache
-        p.miss(f"v_{i}_9_0", hits_total=0)
+        p.miss(f"v_{i}_9_0")
     cached.extend(f"v_{i}_1_0" for i in range(1000))  # grows during the next window...
-    p.miss("v_new_0_0", hits_total=1000 // 4 - 2)
+    for _ in range(1000 // 4 - 1):
+        p.miss("v_new_0_0")  # the same block: returning after its first miss
     assert p._last == (0, 0)  # ...which stays 1000 // 4 long
-    p.miss("v_new_1_0", hits_total=1000 // 4 - 1)
-    assert p._last == (1000 // 4 - 1, 0)  # closed: hits in it, returning misses in it
+    p.miss("v_new_0_0")
+    assert p._last == (0, 1000 // 4 - 1)  # closed: hits in it, returning misses in it
+
+
+def test_a_window_of_misses_ends_within_min_window_misses_of_its_length():
+    """Hits are not read at every miss: a window whose hits came while no
+    miss did ends at the first upkeep after its length, at most MIN_WINDOW
+    misses later."""
+    counters = {"hits": 0, "touches": 0}
+    p = Policy([f"v_{i}_0_0" for i in range(4000)], counters)
+    p.fit(4000)  # a window of 1000 accesses from here
+    for i in range(10):
+        p.miss(f"v_{i}_1_0")
+    counters["hits"] = 5000  # the window's length passed on hits alone
+    for i in range(policymod.MIN_WINDOW):
+        p.miss(f"v_{i}_2_0")
+    assert p._last == (5000, 0)
 
 
 @given(seconds=st.integers(0, 1 << 33), count=st.integers(0, 100))
@@ -259,7 +276,7 @@ def test_policy_admits_on_frequency_or_a_stale_cache():
 def test_an_evicted_block_keeps_its_count_for_its_return():
     p = Policy()
     p.evicted("v_1_0_0", 6)
-    assert p.miss("v_1_0_0", 0) == 6
+    assert p.miss("v_1_0_0") == 6
 
 
 def test_aging_halves_cached_counts_too(engines):

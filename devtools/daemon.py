@@ -14,6 +14,7 @@ answer within 10 s.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -35,8 +36,12 @@ class DaemonProcess:
 
     def __init__(self, tmp_path: os.PathLike | str,
                  cache_dirs: Sequence[tuple[os.PathLike | str, str]] | None = None,
-                 extra_args: Sequence[str] = ()):
+                 extra_args: Sequence[str] = (),
+                 nofile_soft: int | None = None):
+        """`nofile_soft`: the daemon starts with this soft open-files limit
+        (set in the child only, so the test process keeps its own)."""
         self.tmp_path = Path(tmp_path)
+        self.nofile_soft = nofile_soft
         if cache_dirs is None:
             cache_dirs = [(self.tmp_path / "cache", "1G")]
         self.cache_dirs = [str(Path(p).absolute()) for p, _ in cache_dirs]
@@ -53,6 +58,11 @@ class DaemonProcess:
             args += ["--cache-dir", f"{path}:{size}"]
         return args + list(_DEFAULT_ARGS) + self.extra_args
 
+    def _limits(self) -> None:
+        if self.nofile_soft is not None:
+            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(self.nofile_soft, hard), hard))
+
     def start(self, wait_rebuilt: bool = True) -> DaemonProcess:
         """Spawn the daemon and wait until it answers `ping` and (unless told
         not to) has finished its start-up scan: until then it answers puts with
@@ -61,7 +71,7 @@ class DaemonProcess:
             raise RuntimeError("daemon already running")
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT,
-                                     cwd=_repo_root(), env=_env())
+                                     cwd=_repo_root(), env=_env(), preexec_fn=self._limits)
         deadline = time.monotonic() + START_TIMEOUT
         probe = Client(self.socket_path, timeout=1.0)
         try:

@@ -46,13 +46,8 @@ def daemon(tmp_path_factory):
     """One daemon for the module, started with a low soft open-files limit it
     must raise by itself; its peak RSS is recorded at the end."""
     tmp = tmp_path_factory.mktemp("hostile")
-    d = DaemonProcess(tmp, cache_dirs=[(tmp / "root" / "cache", "64M")])
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
-    try:
-        d.start()
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    d = DaemonProcess(tmp, cache_dirs=[(tmp / "root" / "cache", "64M")], nofile_soft=256)
+    d.start()
     try:
         yield d
         assert d.proc.poll() is None, "the daemon died:\n" + d.stderr()[-3000:]

@@ -22,8 +22,9 @@ import os
 from ..contract.blockfile import HEADER_SIZE, TAG_SIZE
 from ..contract.errors import FormatError, IntegrityError
 from ..contract.layout import Layout
-from .blockfds import BlockFiles
+from .blockfds import BlockFiles, OpenBlock
 from .chunks import ChunkCache, assemble, cut
+from .handlehits import HandleBlocks
 from .hits import _O_RDONLY, HitReader, check_block_stat
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class ChunkedHits:
         self.cache = cache
         self.files = files
         self._mem_get = cache.mem.get
+        self._mem_chunks = cache.mem.get_chunks
 
     def fetched(self, key: str, data: bytes, lo: int, hi: int) -> None:
         """A miss read [lo, hi) of the block `data` it fetched: its chunks are
@@ -49,15 +51,43 @@ class ChunkedHits:
         held, head = self.cache.mem.get_bound(key)
         self.cache.saw(key, data, head if held is data else None, lo, hi)
 
+    def quick(self, held: HandleBlocks, key: str, ent: OpenBlock, lo: int, hi: int,
+              out: memoryview | None):
+        """`HandleBlocks.read`'s hit: plaintext [lo, hi) of `key`'s block from
+        the chunks kept under the header of `ent`, the block file the handle
+        `held` read it from last, if that file is still in place and every
+        chunk is kept; else None (nothing counted)."""
+        if self._link.layout is None:
+            return None
+        try:
+            linked = os.fstat(ent.fd).st_nlink
+        except OSError:
+            linked = 0
+        if ent.doomed or not linked:  # doomed: the fstat may have seen a reused number
+            held.forget(key)
+            return None
+        c = self._chunk_size
+        first = lo // c
+        pieces = self._mem_chunks(key, ent.head, first, (hi - 1) // c + 1)
+        if pieces is None:
+            return None
+        self.counters.add3("hits", "hit_bytes", hi - lo, "chunk_hits")
+        link = self._link
+        seen = link.touch_round  # read first: a batch taken meanwhile gets the key again
+        if ent.touched != seen:  # one report per block file per batch is enough
+            link.touch(key)
+            ent.touched = seen
+        return assemble(pieces, first, c, lo, hi, out)
+
     def read(self, layout: Layout, key: str, blen: int, lo: int, hi: int,
-             out: memoryview | None, holder: set[str] | None):
+             out: memoryview | None, holder: HandleBlocks | None):
         """Plaintext [lo, hi) (lo < hi <= blen) of `key`'s cached block
         (bytes, or the length stored in `out`), or None for a miss; a hit is
-        counted and touched. `holder`: the key set of an open handle, which
-        keeps the block file open."""
+        counted and touched. `holder`: an open handle's blocks; the handle
+        keeps the block file open and remembers it (`handlehits`)."""
         c = self._chunk_size
         first, end = lo // c, (hi - 1) // c + 1
-        ent = self.files.borrow(key, holder) if holder is not None else None
+        ent = self.files.borrow(key, holder.keys) if holder is not None else None
         mine = -1  # a descriptor this read opened and must close (not the table's)
         try:
             if ent is not None:
@@ -72,7 +102,9 @@ class ChunkedHits:
                 if holder is None:
                     mine = fd
                 else:
-                    ent = self.files.adopt(key, fd, head, size, holder)
+                    ent = self.files.adopt(key, fd, head, size, holder.keys)
+            if holder is not None:
+                holder.remember(key, ent)
             if end - first == 1:  # the usual small read: one chunk, no list
                 piece = self._mem_get((key, head, first))
                 if piece is not None:
@@ -92,6 +124,7 @@ class ChunkedHits:
         except (FormatError, IntegrityError, OSError) as exc:
             if ent is not None:  # stale or bad: not lent again
                 self.files.give_back(ent, drop=True)
+                holder.forget(key)
                 ent = None
             if isinstance(exc, OSError):  # a failing cache disk is a miss, never an error
                 log.debug("cannot read cached block %s: %s", key, exc)

@@ -64,6 +64,7 @@ from .blockfds import BlockFiles
 from .chunkhits import ChunkCache, ChunkedHits
 from .fetch import Fetcher
 from .fills import Sealer
+from .handlehits import HandleBlocks
 from .hits import Ciphers, HitReader, deliver
 from .metadata import Metadata
 from .prefetch import Prefetcher
@@ -276,9 +277,9 @@ class Volume:
         return self._read_pinned(rel, offset, size, info)
 
     def _read_pinned(self, rel: str, offset: int, size: int, info: FileInfo,
-                     out: memoryview | None = None, holder: set[str] | None = None):
+                     out: memoryview | None = None, holder: HandleBlocks | None = None):
         """`read` after its checks (VolumeFile calls this directly, `holder`
-        its set of block files kept open). With `out` (a writable byte view of
+        its `HandleBlocks`: block files kept open). With `out` (a writable byte view of
         `size` bytes) the bytes are stored there and their count returned."""
         if self._fork_gen != _forks[0] or self._closed:
             self._proc()
@@ -362,7 +363,7 @@ class Volume:
 
     def _read_block(self, rel: str, info: FileInfo, prefix: str, boff: int,
                     lo: int, hi: int, out: memoryview | None = None, run: int = 1,
-                    holder: set[str] | None = None, chunky: bool = True):
+                    holder: HandleBlocks | None = None, chunky: bool = True):
         """Plaintext [lo, hi) of the block at `boff` (as `deliver`). A miss may
         fetch up to `run` blocks in one request. `holder`: `HitReader.read`;
         `chunky`: not part of a stream, so its chunks may be kept (`chunks`)."""

@@ -55,11 +55,12 @@ from ..blockmem import BlockMemory
 from ..common.forks import generation as _forks
 from ..contract import blockfile, protocol
 from ..contract.blockkey import KeyNamer, check_volume_name
-from ..contract.errors import ConfigError, DaemonError, DaemonUnavailable
+from ..contract.errors import DaemonError, DaemonUnavailable
 from ..counters import Counters
 from ..daemonlink import DaemonLink
 from ..fileinfo import FileInfo, normalize
 from ..volumekey import load_key_file
+from . import options
 from .blockfds import BlockFiles
 from .chunkhits import ChunkCache, ChunkedHits
 from .fetch import Fetcher
@@ -73,12 +74,7 @@ from .volumefile import VolumeFile
 
 log = logging.getLogger(__name__)
 
-MAX_OFFSET = 2**63 - 1
 _IDENT_LIMIT = 1 << 18     # cached (path, version) -> key prefix entries
-# Most bytes one sequential request asks the source for: each request to S3
-# costs tens of ms whatever its size, so a sequential reader is served with
-# few large requests.
-COALESCE_BYTES = 32 << 20
 
 
 def _rebuild_volume(args: tuple, storage_options: dict) -> Volume:
@@ -108,11 +104,7 @@ class Volume:
         self._init_args = (name, source, key_file, socket_path, block_size, meta_ttl,
                            fill_queue_bytes, memory_cache_bytes, daemon_uid, chunk_cache)
         self._storage_options = dict(storage_options)
-        if (not isinstance(block_size, int) or isinstance(block_size, bool)
-                or not blockfile.MIN_CHUNK <= block_size <= blockfile.MAX_PLAINTEXT):
-            raise ConfigError(f"volume {name}: block size {block_size!r} must be an integer "
-                              f"in {blockfile.MIN_CHUNK}..{blockfile.MAX_PLAINTEXT}")
-        self.block_size = block_size
+        self.block_size = options.check_block_size(name, block_size)
         self.meta_ttl = float(meta_ttl)
         self._volume_key = load_key_file(key_file)
         self._key_id = blockfile.key_id(self._volume_key)
@@ -120,16 +112,13 @@ class Volume:
         # opaque to others, and a same-named volume under another key is
         # another namespace (its blocks are misses here, not failures)
         self.names = KeyNamer(self._volume_key)
-        self._chunk_size = min(blockfile.DEFAULT_CHUNK, 1 << (block_size.bit_length() - 1))
+        self._chunk_size = options.chunk_size(block_size)
         self.socket_path = socket_path or protocol.default_socket()
         self._daemon_uid = daemon_uid
         self._fill_queue_bytes = fill_queue_bytes
         self._memory_cache_bytes = memory_cache_bytes  # blocks and chunks together
         self._chunk_cache = bool(chunk_cache)
-        # blocks one sequential request may bring: two windows (the one being
-        # read, the one fetched ahead) fit in the memory LRU; 1 = no coalescing
-        self._window = max(1, min(COALESCE_BYTES // block_size,
-                                  max(0, memory_cache_bytes) // (2 * block_size)))
+        self._window = options.window(block_size, memory_cache_bytes)
         self.backend = Backend(source, **storage_options)
         root = self.backend.stat("")  # an unreadable source fails here, by name
         if not root.is_dir:
@@ -257,14 +246,6 @@ class Volume:
                                                   f"{self.name}")
         return rel, info
 
-    @staticmethod
-    def _check_range(path: str, offset: int, size: int) -> None:
-        for what, v in (("offset", offset), ("size", size)):
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise TypeError(f"read {path}: {what} must be an int, not {type(v).__name__}")
-            if not 0 <= v <= MAX_OFFSET:
-                raise OSError(errno.EINVAL, f"read {path}: {what} {v} is outside 0..2**63-1")
-
     def read(self, path: str, offset: int, size: int, info: FileInfo | None = None) -> bytes:
         """Up to `size` bytes at `offset` (fewer only at end of file).
 
@@ -272,7 +253,7 @@ class Volume:
         the cached metadata is used.
         """
         self._proc()
-        self._check_range(path, offset, size)
+        options.check_range(path, offset, size)
         rel, info = self._resolve(path, info)
         return self._read_pinned(rel, offset, size, info)
 
@@ -319,7 +300,7 @@ class Volume:
         undefined (but never unauthenticated cache bytes)."""
         view = memoryview(buffer).cast("B")
         self._proc()
-        self._check_range(path, offset, len(view))
+        options.check_range(path, offset, len(view))
         rel, info = self._resolve(path, info)
         return self._read_pinned(rel, offset, len(view), info, view)
 
@@ -333,7 +314,7 @@ class Volume:
         loop may call it."""
         view = memoryview(buffer).cast("B")
         self._proc()
-        self._check_range(path, offset, len(view))
+        options.check_range(path, offset, len(view))
         rel, info = self._resolve(path, info)
         end = min(offset + len(view), info.size)
         if offset >= end:
@@ -398,7 +379,7 @@ class Volume:
         up to `_window` blocks, one job per window so windows arrive in
         parallel. Never blocks on the backend, never raises for I/O."""
         self._proc()
-        self._check_range(path, offset, length)
+        options.check_range(path, offset, length)
         rel = normalize(path)
         if info is None:  # stat-ing could block: do it in the background too
             self._prefetcher.submit(self._prefetch_range, rel, offset, length, None)

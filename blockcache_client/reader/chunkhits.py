@@ -71,7 +71,7 @@ class ChunkedHits:
         pieces = self._mem_chunks(key, ent.head, first, (hi - 1) // c + 1)
         if pieces is None:
             return None
-        self.counters.add3("hits", "hit_bytes", hi - lo, "chunk_hits")
+        self.counters.chunk_hit(hi - lo)
         link = self._link
         seen = link.touch_round  # read first: a batch taken meanwhile gets the key again
         if ent.touched != seen:  # one report per block file per batch is enough

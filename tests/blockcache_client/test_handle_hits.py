@@ -107,3 +107,37 @@ def test_no_daemon_no_short_path(local_source, key_file, daemon):
             assert f.read(4096) == data[100:4196]
             s = vol.stats()
     assert s["hits"] == hits and s["misses"] == 1
+
+
+def test_chunk_hits_counted_without_the_lock_add_up_exactly():
+    """`Counters.chunk_hit` from many threads while others take snapshots:
+    every hit and byte is counted once, and what waits stays bounded."""
+    import threading
+
+    from blockcache_client import counters as counters_mod
+    c = counters_mod.Counters()
+    per_thread, threads = 20_000, 4
+    stop = threading.Event()
+    most = [0]  # the most hits seen waiting
+
+    def count():
+        for _ in range(per_thread):
+            c.chunk_hit(3)
+
+    def watch():
+        while not stop.is_set():
+            c.snapshot()
+            most[0] = max(most[0], len(c._chunk_hits))
+    workers = [threading.Thread(target=count) for _ in range(threads)]
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(60)
+    stop.set()
+    watcher.join(60)
+    s = c.snapshot()
+    n = per_thread * threads
+    assert (s["hits"], s["hit_bytes"], s["chunk_hits"]) == (n, 3 * n, n)
+    assert most[0] <= counters_mod.PENDING_HITS + threads

@@ -22,7 +22,7 @@ import os
 from ..contract.blockfile import HEADER_SIZE, TAG_SIZE
 from ..contract.errors import FormatError, IntegrityError
 from ..contract.layout import Layout
-from .blockfds import BlockFiles, OpenBlock
+from .blockfds import BlockFiles
 from .chunks import ChunkCache, assemble, cut
 from .handlehits import HandleBlocks
 from .hits import _O_RDONLY, HitReader, check_block_stat
@@ -42,7 +42,6 @@ class ChunkedHits:
         self.cache = cache
         self.files = files
         self._mem_get = cache.mem.get
-        self._mem_chunks = cache.mem.get_chunks
 
     def fetched(self, key: str, data: bytes, lo: int, hi: int) -> None:
         """A miss read [lo, hi) of the block `data` it fetched: its chunks are
@@ -50,34 +49,6 @@ class ChunkedHits:
         once it is."""
         held, head = self.cache.mem.get_bound(key)
         self.cache.saw(key, data, head if held is data else None, lo, hi)
-
-    def quick(self, held: HandleBlocks, key: str, ent: OpenBlock, lo: int, hi: int,
-              out: memoryview | None):
-        """`HandleBlocks.read`'s hit: plaintext [lo, hi) of `key`'s block from
-        the chunks kept under the header of `ent`, the block file the handle
-        `held` read it from last, if that file is still in place and every
-        chunk is kept; else None (nothing counted)."""
-        if self._link.layout is None:
-            return None
-        try:
-            linked = os.fstat(ent.fd).st_nlink
-        except OSError:
-            linked = 0
-        if ent.doomed or not linked:  # doomed: the fstat may have seen a reused number
-            held.forget(key)
-            return None
-        c = self._chunk_size
-        first = lo // c
-        pieces = self._mem_chunks(key, ent.head, first, (hi - 1) // c + 1)
-        if pieces is None:
-            return None
-        self.counters.chunk_hit(hi - lo)
-        link = self._link
-        seen = link.touch_round  # read first: a batch taken meanwhile gets the key again
-        if ent.touched != seen:  # one report per block file per batch is enough
-            link.touch(key)
-            ent.touched = seen
-        return assemble(pieces, first, c, lo, hi, out)
 
     def read(self, layout: Layout, key: str, blen: int, lo: int, hi: int,
              out: memoryview | None, holder: HandleBlocks | None):

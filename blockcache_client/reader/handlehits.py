@@ -23,10 +23,12 @@ them: a stream that reaches blocks not held is detected anew there.
 
 from __future__ import annotations
 
+import os
+
 from ..common.forks import generation as _forks
 from ..fileinfo import FileInfo
 from .blockfds import OpenBlock
-from .chunks import CHUNKED_READ_MAX
+from .chunks import CHUNKED_READ_MAX, assemble, cut
 
 
 class HandleBlocks:
@@ -53,7 +55,7 @@ class HandleBlocks:
     def read(self, pos: int, size: int, out: memoryview | None):
         """Bytes [pos, pos + size) of the file (or their count, stored in
         `out`) from chunks kept in memory, counted as a chunk hit; None if
-        the full read path must decide."""
+        the full read path must decide (nothing counted then)."""
         vol = self._volume
         if not self.open or vol._fork_gen != _forks[0] or vol._closed or size > CHUNKED_READ_MAX:
             return None
@@ -69,10 +71,31 @@ class HandleBlocks:
             key = vol._key_prefix(self._rel, self._info.version) + format(b * bs, "016x")
             self._names[b] = key
         ent = self.open.get(key)
-        if ent is None:
+        hits = vol._hits
+        if ent is None or hits.link.layout is None:  # no daemon: misses, as on the full path
             return None
-        boff = b * bs
-        return vol._hits.chunks.quick(self, key, ent, pos - boff, end - boff, out)
+        try:
+            linked = os.fstat(ent.fd).st_nlink
+        except OSError:
+            linked = 0
+        if ent.doomed or not linked:  # doomed: the fstat may have seen a reused number
+            del self.open[key]
+            return None
+        c = hits.chunk_size
+        lo = pos - b * bs
+        first = lo // c
+        pieces = hits.mem.get_chunks(key, ent.head, first, (end - 1 - b * bs) // c + 1)
+        if pieces is None:
+            return None
+        hits.counters.chunk_hit(end - pos)
+        link = hits.link
+        seen = link.touch_round  # read first: a batch taken meanwhile gets the key again
+        if ent.touched != seen:  # one report per block file per batch is enough
+            link.touch(key)
+            ent.touched = seen
+        if len(pieces) == 1:
+            return cut(pieces[0], lo - first * c, end - pos, out)
+        return assemble(pieces, first, c, lo, lo + end - pos, out)
 
     def close(self, files) -> None:
         """The handle closed: `files` (the volume's `BlockFiles`) may close

@@ -79,7 +79,7 @@ class HandleBlocks:
         except OSError:
             linked = 0
         if ent.doomed or not linked:  # doomed: the fstat may have seen a reused number
-            del self.open[key]
+            self.open.pop(key, None)
             return None
         c = hits.chunk_size
         lo = pos - b * bs

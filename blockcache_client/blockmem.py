@@ -51,6 +51,26 @@ class BlockMemory:
                 self._blocks.move_to_end(key)
             return data
 
+    def get_chunks(self, key: str, head: bytes, first: int, end: int) -> list[bytes] | None:
+        """Chunks [first, end) of the block file `key` with header `head`;
+        None unless all of them are held. Without the lock (a handle's
+        repeat hits, `handlehits`): each dict step is atomic under the GIL,
+        an entry dropped meanwhile still holds the right bytes, and a
+        recency mark lost to a race only makes the LRU less exact."""
+        blocks = self._blocks
+        got = []
+        for i in range(first, end):
+            ck = (key, head, i)
+            data = blocks.get(ck)
+            if data is None:
+                return None
+            try:
+                blocks.move_to_end(ck)
+            except KeyError:  # dropped since the get
+                pass
+            got.append(data)
+        return got
+
     def get_bound(self, key: str) -> tuple[bytes | None, bytes | None]:
         """A block and the header it was sealed with (None if not bound yet),
         read together: the header is that of exactly these bytes."""
@@ -119,7 +139,8 @@ class BlockMemory:
         """Drop every block and chunk whose block key starts with `prefix`;
         return how many entries."""
         with self._lock:
-            doomed = [k for k in self._blocks
+            # a copy first: a lock-free `get_chunks` may reorder the dict meanwhile
+            doomed = [k for k in list(self._blocks)
                       if (k[0] if type(k) is tuple else k).startswith(prefix)]
             for k in doomed:
                 self._drop(k)

@@ -104,6 +104,8 @@ class DaemonLink:
         # a set: FUSE reads a 4 MiB block 128 KiB at a time; one report per batch is enough
         self._touches: set[str] = set()
         self._touch_lock = threading.Lock()
+        # bumped as each batch is taken: a key touched in this round need not be again
+        self.touch_round = 0
         # fill queue: jobs in order, bounded by the plaintext bytes they hold
         self._fill_cap = max(0, int(fill_queue_bytes))
         self._fill_bytes = 0
@@ -276,6 +278,7 @@ class DaemonLink:
     def _report(self) -> None:
         with self._touch_lock:
             keys, self._touches = list(self._touches), set()
+            self.touch_round += 1
         if self.layout is None:
             return
         epoch = None

@@ -5,7 +5,8 @@
 source, single-flight; `fills` seals what it brought for the daemon) -> back
 to the caller. Small random reads go through `chunkhits`: decrypted chunks
 kept in the memory LRU (`chunks`), block files held open for open handles
-(`blockfds`). `sequential` decides how many blocks a miss may bring, and
+(`blockfds`); an open handle serves its repeat hits of kept chunks itself
+(`handlehits`). `sequential` decides how many blocks a miss may bring, and
 `prefetch` fetches ahead in the background. No module calls back up.
 
 Beside the read path: `ahead` (`prefetch_ahead`) walks an epoch's order ahead

@@ -28,7 +28,8 @@ OPEN_LIMIT = 128  # block files kept open per process and volume
 class OpenBlock:
     """One block file held open: its descriptor, header bytes and size."""
 
-    __slots__ = ("key", "fd", "head", "size", "users", "owners", "doomed", "closed")
+    __slots__ = ("key", "fd", "head", "size", "users", "owners", "doomed", "closed",
+                 "touched")
 
     def __init__(self, key: str, fd: int, head: bytes, size: int) -> None:
         self.key = key
@@ -39,6 +40,7 @@ class OpenBlock:
         self.owners = 0     # handles that used it and are still open
         self.doomed = False  # out of the table: closed once no read uses it
         self.closed = False
+        self.touched = -1   # the `DaemonLink.touch_round` its last hit was reported in
 
 
 class BlockFiles:

@@ -24,6 +24,7 @@ from ..contract.errors import FormatError, IntegrityError
 from ..contract.layout import Layout
 from .blockfds import BlockFiles
 from .chunks import ChunkCache, assemble, cut
+from .handlehits import HandleBlocks
 from .hits import _O_RDONLY, HitReader, check_block_stat
 
 log = logging.getLogger(__name__)
@@ -50,14 +51,14 @@ class ChunkedHits:
         self.cache.saw(key, data, head if held is data else None, lo, hi)
 
     def read(self, layout: Layout, key: str, blen: int, lo: int, hi: int,
-             out: memoryview | None, holder: set[str] | None):
+             out: memoryview | None, holder: HandleBlocks | None):
         """Plaintext [lo, hi) (lo < hi <= blen) of `key`'s cached block
         (bytes, or the length stored in `out`), or None for a miss; a hit is
-        counted and touched. `holder`: the key set of an open handle, which
-        keeps the block file open."""
+        counted and touched. `holder`: an open handle's blocks; the handle
+        keeps the block file open and remembers it (`handlehits`)."""
         c = self._chunk_size
         first, end = lo // c, (hi - 1) // c + 1
-        ent = self.files.borrow(key, holder) if holder is not None else None
+        ent = self.files.borrow(key, holder.keys) if holder is not None else None
         mine = -1  # a descriptor this read opened and must close (not the table's)
         try:
             if ent is not None:
@@ -72,7 +73,9 @@ class ChunkedHits:
                 if holder is None:
                     mine = fd
                 else:
-                    ent = self.files.adopt(key, fd, head, size, holder)
+                    ent = self.files.adopt(key, fd, head, size, holder.keys)
+            if holder is not None:
+                holder.remember(key, ent)
             if end - first == 1:  # the usual small read: one chunk, no list
                 piece = self._mem_get((key, head, first))
                 if piece is not None:
@@ -92,6 +95,7 @@ class ChunkedHits:
         except (FormatError, IntegrityError, OSError) as exc:
             if ent is not None:  # stale or bad: not lent again
                 self.files.give_back(ent, drop=True)
+                holder.forget(key)
                 ent = None
             if isinstance(exc, OSError):  # a failing cache disk is a miss, never an error
                 log.debug("cannot read cached block %s: %s", key, exc)

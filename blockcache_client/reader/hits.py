@@ -31,6 +31,7 @@ from ..counters import Counters
 from ..daemonlink import DaemonLink
 from ..nowait import Unsupported
 from ..nowait import open_cached as nowait_open
+from .handlehits import HandleBlocks
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +113,12 @@ class HitReader:
         self.chunks = None  # a `chunkhits.ChunkedHits`: small partial reads keep chunks
 
     def read(self, key: str, blen: int, lo: int, hi: int, out: memoryview | None,
-             nowait: bool = False, holder: set[str] | None = None, keep: bool = False):
+             nowait: bool = False, holder: HandleBlocks | None = None, keep: bool = False):
         """Plaintext [lo, hi) of `key`'s block (`blen` bytes) from the memory
         LRU or the cache disk, counted as a hit (bytes, or the length stored
         in `out`); None for a miss. `nowait`: only what the kernel's caches
-        hold, and a miss is neither counted nor judged. `holder`: the key
-        set of the open handle reading (its block files stay open);
+        hold, and a miss is neither counted nor judged. `holder`: the
+        blocks of the open handle reading (its block files stay open);
         `keep`: the read keeps its chunks (`chunks.ChunkCache.wants` said so)."""
         chunks = self.chunks
         if keep:

@@ -3,9 +3,11 @@
 Each request to the source has a fixed cost (tens of ms on S3), so a
 sequential reader is served with few large requests. A read is sequential
 (tracked per file version in this process) when it is `SEQ_START` or more
-at offset 0, or starts within the slack (at most an eighth of a block) of
-where the previous read ended: at once for large reads, from the third such
-small read in a row. Its miss brings a window of blocks nobody has yet, and
+at offset 0, or starts at most the slack (an eighth of a block, at most
+`SEQ_SLACK`) after where the run's reads ended: at once for large reads,
+from the third small read of the run (two steps forward). A read starting
+at most the slack before that end is a late request of the run: it neither
+counts nor breaks it. Its miss brings a window of blocks nobody has yet, and
 half way through a window the next one is fetched in the background. A read
 spanning several blocks brings its own blocks with one request; any other
 read (random 4 KiB) brings its block only.
@@ -39,12 +41,22 @@ class Stream:
         self.issued = 0
 
     def advance(self, offset: int, end: int, slack: int) -> bool:
-        """Note a read of [offset, end): True (and the streak one longer) if
-        it starts within `slack` of where the previous read ended."""
-        continued = self.next_off >= 0 and abs(offset - self.next_off) <= slack
-        self.streak = self.streak + 1 if continued else 0
+        """Note a read of [offset, end): True if it belongs to the run. One
+        that starts up to `slack` after where the run's reads ended makes the
+        streak one longer; one that starts up to `slack` before it is a late
+        request of the run (FUSE's concurrent readahead), which neither
+        lengthens nor breaks it: small random reads near each other are no
+        stream, however they fall."""
+        gap = offset - self.next_off
+        if self.next_off >= 0 and -slack <= gap <= slack:
+            if gap >= 0:
+                self.streak += 1
+            if end > self.next_off:
+                self.next_off = end
+            return True
+        self.streak = 0
         self.next_off = end
-        return continued
+        return False
 
 
 class SequentialReads:

@@ -56,15 +56,17 @@ from ..blockmem import BlockMemory
 from ..common.forks import generation as _forks
 from ..contract import blockfile, protocol
 from ..contract.blockkey import KeyNamer, check_volume_name
-from ..contract.errors import ConfigError, DaemonError, DaemonUnavailable
+from ..contract.errors import DaemonError, DaemonUnavailable
 from ..counters import Counters
 from ..daemonlink import DaemonLink
 from ..fileinfo import FileInfo, normalize
 from ..volumekey import load_key_file
+from . import options
 from .blockfds import BlockFiles
 from .chunkhits import ChunkCache, ChunkedHits
 from .fetch import Fetcher
 from .fills import Sealer
+from .handlehits import HandleBlocks
 from .hits import Ciphers, HitReader
 from .metadata import Metadata
 from .prefetch import Prefetcher
@@ -74,12 +76,7 @@ from .volumefile import VolumeFile
 
 log = logging.getLogger(__name__)
 
-MAX_OFFSET = 2**63 - 1
 _IDENT_LIMIT = 1 << 18     # cached (path, version) -> key prefix entries
-# Most bytes one sequential request asks the source for: each request to S3
-# costs tens of ms whatever its size, so a sequential reader is served with
-# few large requests.
-COALESCE_BYTES = 32 << 20
 
 
 def _rebuild_volume(args: tuple, storage_options: dict) -> Volume:
@@ -109,11 +106,7 @@ class Volume:
         self._init_args = (name, source, key_file, socket_path, block_size, meta_ttl,
                            fill_queue_bytes, memory_cache_bytes, daemon_uid, chunk_cache)
         self._storage_options = dict(storage_options)
-        if (not isinstance(block_size, int) or isinstance(block_size, bool)
-                or not blockfile.MIN_CHUNK <= block_size <= blockfile.MAX_PLAINTEXT):
-            raise ConfigError(f"volume {name}: block size {block_size!r} must be an integer "
-                              f"in {blockfile.MIN_CHUNK}..{blockfile.MAX_PLAINTEXT}")
-        self.block_size = block_size
+        self.block_size = options.check_block_size(name, block_size)
         self.meta_ttl = float(meta_ttl)
         self._volume_key = load_key_file(key_file)
         self._key_id = blockfile.key_id(self._volume_key)
@@ -121,16 +114,13 @@ class Volume:
         # opaque to others, and a same-named volume under another key is
         # another namespace (its blocks are misses here, not failures)
         self.names = KeyNamer(self._volume_key)
-        self._chunk_size = min(blockfile.DEFAULT_CHUNK, 1 << (block_size.bit_length() - 1))
+        self._chunk_size = options.chunk_size(block_size)
         self.socket_path = socket_path or protocol.default_socket()
         self._daemon_uid = daemon_uid
         self._fill_queue_bytes = fill_queue_bytes
         self._memory_cache_bytes = memory_cache_bytes  # blocks and chunks together
         self._chunk_cache = bool(chunk_cache)
-        # blocks one sequential request may bring: two windows (the one being
-        # read, the one fetched ahead) fit in the memory LRU; 1 = no coalescing
-        self._window = max(1, min(COALESCE_BYTES // block_size,
-                                  max(0, memory_cache_bytes) // (2 * block_size)))
+        self._window = options.window(block_size, memory_cache_bytes)
         self.backend = Backend(source, **storage_options)
         root = self.backend.stat("")  # an unreadable source fails here, by name
         if not root.is_dir:
@@ -260,14 +250,6 @@ class Volume:
                                                   f"{self.name}")
         return rel, info
 
-    @staticmethod
-    def _check_range(path: str, offset: int, size: int) -> None:
-        for what, v in (("offset", offset), ("size", size)):
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise TypeError(f"read {path}: {what} must be an int, not {type(v).__name__}")
-            if not 0 <= v <= MAX_OFFSET:
-                raise OSError(errno.EINVAL, f"read {path}: {what} {v} is outside 0..2**63-1")
-
     def read(self, path: str, offset: int, size: int, info: FileInfo | None = None) -> bytes:
         """Up to `size` bytes at `offset` (fewer only at end of file).
 
@@ -275,14 +257,14 @@ class Volume:
         the cached metadata is used.
         """
         self._proc()
-        self._check_range(path, offset, size)
+        options.check_range(path, offset, size)
         rel, info = self._resolve(path, info)
         return self._read_pinned(rel, offset, size, info)
 
     def _read_pinned(self, rel: str, offset: int, size: int, info: FileInfo,
-                     out: memoryview | None = None, holder: set[str] | None = None):
+                     out: memoryview | None = None, holder: HandleBlocks | None = None):
         """`read` after its checks (VolumeFile calls this directly, `holder`
-        its set of block files kept open). With `out` (a writable byte view of
+        its `HandleBlocks`: block files kept open). With `out` (a writable byte view of
         `size` bytes) the bytes are stored there and their count returned."""
         if self._fork_gen != _forks[0] or self._closed:
             self._proc()
@@ -322,7 +304,7 @@ class Volume:
         undefined (but never unauthenticated cache bytes)."""
         view = memoryview(buffer).cast("B")
         self._proc()
-        self._check_range(path, offset, len(view))
+        options.check_range(path, offset, len(view))
         rel, info = self._resolve(path, info)
         return self._read_pinned(rel, offset, len(view), info, view)
 
@@ -336,7 +318,7 @@ class Volume:
         loop may call it."""
         view = memoryview(buffer).cast("B")
         self._proc()
-        self._check_range(path, offset, len(view))
+        options.check_range(path, offset, len(view))
         rel, info = self._resolve(path, info)
         end = min(offset + len(view), info.size)
         if offset >= end:
@@ -366,7 +348,7 @@ class Volume:
 
     def _read_block(self, rel: str, info: FileInfo, prefix: str, boff: int,
                     lo: int, hi: int, out: memoryview | None = None, run: int = 1,
-                    holder: set[str] | None = None, chunky: bool = True):
+                    holder: HandleBlocks | None = None, chunky: bool = True):
         """Plaintext [lo, hi) of the block at `boff` (as `deliver`). A miss may
         fetch up to `run` blocks in one request. `holder`: `HitReader.read`;
         `chunky`: not part of a stream, so its chunks may be kept (`chunks`)."""
@@ -400,7 +382,7 @@ class Volume:
         up to `_window` blocks, one job per window so windows arrive in
         parallel. Never blocks on the backend, never raises for I/O."""
         self._proc()
-        self._check_range(path, offset, length)
+        options.check_range(path, offset, length)
         rel = normalize(path)
         if info is None:  # stat-ing could block: do it in the background too
             self._prefetcher.submit(self._prefetch_range, rel, offset, length, None)

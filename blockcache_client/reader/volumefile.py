@@ -12,6 +12,7 @@ import io
 import os
 
 from ..fileinfo import FileInfo
+from .handlehits import HandleBlocks
 
 
 class VolumeFile(io.RawIOBase):
@@ -25,11 +26,11 @@ class VolumeFile(io.RawIOBase):
         self.info = info
         self.size = info.size
         self._pos = 0
-        self._blocks: set[str] = set()  # block files kept open for this handle's reads
+        # block files kept open for this handle's reads, and its repeat hits' short path
+        self._blocks = HandleBlocks(volume, path, info)
 
     def close(self) -> None:
-        if self._blocks:
-            self._volume._files.disown(self._blocks)
+        self._blocks.close(self._volume._files)
         super().close()
 
     def readable(self) -> bool:
@@ -62,8 +63,10 @@ class VolumeFile(io.RawIOBase):
             raise ValueError(f"I/O operation on closed file {self.name}")
         if size is None or size < 0:
             size = max(0, self.size - self._pos)
-        data = self._volume._read_pinned(self.name, self._pos, size, self.info, None,
-                                         self._blocks)
+        data = self._blocks.read(self._pos, size, None)
+        if data is None:
+            data = self._volume._read_pinned(self.name, self._pos, size, self.info, None,
+                                             self._blocks)
         self._pos += len(data)
         return data
 
@@ -73,8 +76,10 @@ class VolumeFile(io.RawIOBase):
     def readinto(self, buffer) -> int:
         self._check_closed()
         view = memoryview(buffer).cast("B")
-        n = self._volume._read_pinned(self.name, self._pos, len(view), self.info, view,
-                                      self._blocks)
+        n = self._blocks.read(self._pos, len(view), view)
+        if n is None:
+            n = self._volume._read_pinned(self.name, self._pos, len(view), self.info, view,
+                                          self._blocks)
         self._pos += n
         return n
 

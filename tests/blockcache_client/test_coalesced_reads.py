@@ -67,6 +67,39 @@ def test_random_small_reads_fetch_only_their_block(source, key_file):
         assert s["backend_bytes"] == len(order) * BS and s["prefetches"] == 0
 
 
+def only_stream(vol):
+    (st,) = vol._sequential._streams.values()
+    return st
+
+
+def test_small_reads_stepping_back_are_no_stream(local_source, key_file):
+    """Each read starts a little before where the last one ended (within the
+    slack a FUSE mount's late readahead requests need): random reads near
+    each other, not a stream, so they fetch no window and keep their chunks."""
+    data = write_file(local_source, 3)
+    with small_window(local_source, key_file) as vol:
+        for i in range(8):
+            off = 10 * BS + 40_000 - i * 4096
+            assert vol.read("f.bin", off, 1024) == data[off:off + 1024]
+            assert not only_stream(vol).streaming, i
+        s = vol.stats()
+        assert s["backend_bytes"] == BS and s["prefetches"] == 0
+
+
+def test_late_requests_of_a_stream_keep_it_a_stream(local_source, key_file):
+    """FUSE's concurrent readahead requests arrive slightly out of order:
+    one that starts before the last one's end neither breaks the stream nor
+    counts as its next read."""
+    bs, n = 1 << 20, 32 << 10  # the slack: an eighth of a block, four requests
+    data = random.Random(4).randbytes(3 * bs)
+    local_source.write("f.bin", data)
+    with volume(local_source, key_file, block_size=bs, memory_cache_bytes=8 * bs) as vol:
+        for k, i in enumerate([0, 1, 3, 2, 4, 6, 5, 7]):  # pairs swapped
+            assert vol.read("f.bin", i * n, n) == data[i * n:(i + 1) * n]
+            assert only_stream(vol).streaming == (k >= 2), (k, i)
+        assert only_stream(vol).next_off == 8 * n
+
+
 def test_file_changed_mid_sequential_read(source, key_file, daemon):
     old = write_file(source, 3)
     new = random.Random(4).randbytes(len(old))  # same size: only the version differs

@@ -55,11 +55,19 @@ def test_stats_show_per_volume_hit_ratio_and_dirs(daemon, tree, key_file):
     assert data["volumes"] == s["volumes"] and set(data) == set(s) - {"id", "ok"}
 
 
+def _sigint_as_at_a_shell() -> None:
+    """SIGINT default and unblocked in the child, as a shell starts a command:
+    the suite's process may carry an ignored or blocked SIGINT (set at the C
+    level by an extension), which exec would hand down."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_watch_repeats_until_ctrl_c(daemon):
     proc = subprocess.Popen([sys.executable, "-m", "blockcache_client.cli", "--socket",
                              daemon.socket_path, "stats", "--watch", "0.2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
-                            cwd=REPO, stdin=subprocess.DEVNULL)
+                            cwd=REPO, stdin=subprocess.DEVNULL, preexec_fn=_sigint_as_at_a_shell)
     try:
         seen = []
         deadline = time.monotonic() + 60

@@ -15,7 +15,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.deploy.package_install import bin_dir
+# A module, not its names: package_install imports unit_runner, which imports this.
+from tests.deploy import package_install
 from tests.deploy.paths import REPO
 
 UNITDIR = "usr/local/lib/systemd/system"
@@ -49,7 +50,7 @@ def install(root: Path) -> Installed:
     env = {k: v for k, v in os.environ.items()
            if k not in ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL")}
     subprocess.run(["make", "-s", "-C", str(REPO), "install-systemd", f"DESTDIR={root}",
-                    f"BINDIR={bin_dir()}", "PREFIX=/usr/local", "SYSCONFDIR=/etc",
+                    f"BINDIR={package_install.bin_dir()}", "PREFIX=/usr/local", "SYSCONFDIR=/etc",
                     f"UNITDIR=/{UNITDIR}", "DOCDIR=/usr/local/share/doc/blockcache"],
                    check=True, capture_output=True, text=True, timeout=60, env=env)
     return Installed(root)

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from ..contract.cluster import ClusterConfig, is_ip, parse_server
 from ..contract.layout import rendezvous_score
 from ..counters import Counters
-from .memcache import Memcache, Refused, ServerFailed
+from .memcache import Memcache, Place, Refused, ServerFailed
 
 log = logging.getLogger(__name__)
 
@@ -107,19 +107,20 @@ class Pool:
 
     # -- requests (never raise for a server's failure) ----------------------------
 
-    def get_many(self, blocks: dict[str, list[str]], counters: Counters
-                 ) -> dict[str, bytes]:
-        """The items found of several blocks ({block key: item names}): one
-        multi-get per server that holds some; a failing server's are missing."""
+    def get_into(self, blocks: dict[str, list[str]], place: Place, counters: Counters
+                 ) -> set[str]:
+        """Read the items of several blocks ({block key: item names}) where
+        `place` says (`Memcache.get_into`): one multi-get per server that
+        holds some. The names read whole; a failing server's are missing."""
         by_server: dict[Server, list[str]] = {}
         for block_key, names in blocks.items():
             server = self.owner(block_key)
             if server is not None:
                 by_server.setdefault(server, []).extend(names)
-        found: dict[str, bytes] = {}
+        found: set[str] = set()
         for server, names in by_server.items():
             try:
-                found.update(server.client.get_many(names))
+                found.update(server.client.get_into(names, place))
             except Refused as exc:  # our request, not the server: no skipping
                 log.debug("memcached %s refused a get: %s", server.name, exc)
                 counters.add("cluster_errors")

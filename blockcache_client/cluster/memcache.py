@@ -27,7 +27,13 @@ _IDLE_KEPT = 16  # idle connections kept per server (reader threads at once)
 
 
 class ServerFailed(OSError):
-    """The server did not answer properly: skip it for a while."""
+    """The server did not answer properly: skip it for a while. `timed_out`:
+    it did not answer in time (stalled, or busy), rather than refused, reset
+    or garbled (gone or broken): only a probe can tell which (`answers`)."""
+
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class Refused(Exception):
@@ -165,7 +171,8 @@ class Memcache:
             c.close()
             if isinstance(exc, ServerFailed):
                 raise
-            raise ServerFailed(f"memcached {self.name}: {type(exc).__name__}: {exc}") from exc
+            raise ServerFailed(f"memcached {self.name}: {type(exc).__name__}: {exc}",
+                               timed_out=isinstance(exc, TimeoutError)) from exc
         except BaseException:
             c.close()  # the caller's error mid-reply: the rest of it is unread
             raise
@@ -181,7 +188,8 @@ class Memcache:
         try:
             sock = socket.create_connection(self.address, timeout=self._connect_timeout)
         except OSError as exc:
-            raise ServerFailed(f"memcached {self.name}: cannot connect: {exc}") from exc
+            raise ServerFailed(f"memcached {self.name}: cannot connect: {exc}",
+                               timed_out=isinstance(exc, TimeoutError)) from exc
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:  # the handshake within the connect timeout
@@ -189,8 +197,25 @@ class Memcache:
             sock.settimeout(self._timeout)
         except (OSError, ValueError) as exc:
             sock.close()
-            raise ServerFailed(f"memcached {self.name}: TLS handshake failed: {exc}") from exc
+            raise ServerFailed(f"memcached {self.name}: TLS handshake failed: {exc}",
+                               timed_out=isinstance(exc, TimeoutError)) from exc
         return _Conn(sock)
+
+    def answers(self, within: float) -> bool:
+        """Whether the server answers `version` within `within` seconds, on a
+        connection of its own: a busy server does, a stalled one does not."""
+        try:
+            c = self._connect()
+        except ServerFailed:
+            return False
+        try:
+            c.sock.settimeout(within)
+            c.sock.sendall(b"version\r\n")
+            return _line(c).startswith(b"VERSION")
+        except (OSError, ValueError):
+            return False
+        finally:
+            c.close()
 
     def close(self) -> None:
         with self._lock:

@@ -5,10 +5,19 @@
   block live on one server, one multi-get reads them, and a server that
   leaves moves only its own share.
 - Failure costs a bounded time: each server has a connect timeout and a read
-  timeout in milliseconds. A server that fails (refused, reset, timed out) is
-  skipped for `retry_after` seconds: its blocks are then placed on the next
-  server in rendezvous order (a miss there, then a fill), and it is tried
-  again after that. Every failure is counted (`cluster_errors`).
+  timeout in milliseconds; the read timeout bounds each wait for bytes (one
+  recv), not a whole value, so a value arriving slowly but steadily is not
+  cut off. A server that fails (refused, reset, timed out) is skipped for
+  `retry_after` seconds: its blocks are then placed on the next server in
+  rendezvous order (a miss there, then a fill), and it is tried again after
+  that. Every failure is counted (`cluster_errors`).
+- Slow is not dead: a server gone or broken refuses or resets; one that
+  times out may be stalled or only busy. So a timeout also starts a probe
+  (`version` on a new connection, waiting up to `retry_after`): if it
+  answers, the server is used again at once; a stalled one stays skipped.
+  A server a probe brought back that times out again within `retry_after`
+  is skipped without a probe, so one that answers probes but not reads
+  costs the reads in flight at most two timeouts per `retry_after`.
 - Membership: IP literals are used as given; a DNS name is resolved to all
   its addresses when the pool is made (a volume's first connection to the
   daemon), then on a background thread every `dns_refresh` seconds. A name
@@ -43,12 +52,15 @@ log = logging.getLogger(__name__)
 class Server:
     """One memcached address: its connections and when it may be used again."""
 
-    __slots__ = ("name", "client", "dead_until")
+    __slots__ = ("name", "client", "dead_until", "failures", "probing", "revived_at")
 
     def __init__(self, name: str, client: Memcache):
         self.name = name
         self.client = client
         self.dead_until = 0.0
+        self.failures = 0         # failures so far: a probe revives only if none came since
+        self.probing = False      # a probe is asking it whether it is only slow
+        self.revived_at = -1e9    # when a probe last found it only slow
 
 
 class Pool:
@@ -98,12 +110,38 @@ class Pool:
         return best
 
     def failed(self, server: Server, exc: BaseException, counters: Counters) -> None:
-        """Count a server's failure and skip it for `retry_after` seconds."""
+        """Count a server's failure and skip it for `retry_after` seconds; a
+        timeout also starts a probe that brings it back at once if it answers
+        (busy, not dead), unless a probe did so less than `retry_after` ago."""
         counters.add("cluster_errors")
-        if server.dead_until <= time.monotonic():
-            log.warning("memcached %s failed (%s: %s); skipping it for %.3gs",
-                        server.name, type(exc).__name__, exc, self.cfg.retry_after)
-        server.dead_until = time.monotonic() + self.cfg.retry_after
+        now = time.monotonic()
+        retry = self.cfg.retry_after
+        with self._lock:
+            server.failures += 1
+            probe = (getattr(exc, "timed_out", False) and not server.probing
+                     and now - server.revived_at > retry and not self._closed.is_set())
+            server.probing = server.probing or probe
+            if server.dead_until <= now:
+                log.warning("memcached %s failed (%s: %s); skipping it %s", server.name,
+                            type(exc).__name__, exc, "while a probe asks whether it is only "
+                            "slow" if probe else f"for {retry:.3g}s")
+            server.dead_until = now + retry
+        if probe:
+            threading.Thread(target=self._probe, args=(server, server.failures),
+                             name="blockcache-tier-probe", daemon=True).start()
+
+    def _probe(self, server: Server, failures: int) -> None:
+        """Ask a server that timed out for `version`, waiting up to
+        `retry_after`: one that answers was only slow and is used again (if
+        it has not failed again meanwhile); a stalled one stays skipped."""
+        answered = server.client.answers(self.cfg.retry_after)
+        with self._lock:
+            server.probing = False
+            if answered and server.failures == failures and not self._closed.is_set():
+                server.dead_until = 0.0
+                server.revived_at = time.monotonic()
+                log.info("memcached %s answers a probe: slow, not dead; using it again",
+                         server.name)
 
     # -- requests (never raise for a server's failure) ----------------------------
 

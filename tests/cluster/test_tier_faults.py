@@ -4,6 +4,7 @@ poisoned items, a full tier, another key. Real memcached, real daemons."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from blockcache_client.cluster.items import item_key, split
@@ -220,3 +221,41 @@ def test_another_key_learns_nothing_and_forged_items_are_refused(cluster, key_fi
         assert s["backend_bytes"] == 300_000
     finally:
         raw.close()
+
+
+def test_a_server_that_was_only_slow_is_used_again_at_once(cluster, key_file, tmp_path):
+    """A timeout alone does not say dead: a probe finds the server answering
+    and reads use it again long before `retry_after`. One that times out
+    again soon after is skipped for `retry_after`, probe or not."""
+    root = tmp_path / "remote"
+    root.mkdir()
+    files = _files(root, 8, 200_000)
+    (server,), _ = _filled(cluster, root, key_file, files)
+    v2 = cluster.volume(cluster.host(retry_after="30s"), str(root), key_file)
+    names = sorted(files)
+
+    server.stall()  # busy for a while: longer than the read timeout, then answers
+    threading.Timer(0.5, server.resume).start()
+    assert v2.read(names[0], 0, 200_000) == files[names[0]]  # timed out: the remote
+    s = v2.stats()
+    assert s["cluster_errors"] == 1 and s["backend_bytes"] == 200_000
+    deadline = time.monotonic() + 10
+    while v2._tier.pool().owner("any") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for rel in names[1:4]:
+        assert v2.read(rel, 0, 200_000) == files[rel]
+    s = v2.stats()
+    assert s["cluster_hits"] == 3 and s["backend_bytes"] == 200_000
+
+    # a timeout again, so soon: skipped for retry_after even once it answers
+    server.stall()
+    try:
+        assert v2.read(names[4], 0, 200_000) == files[names[4]]
+    finally:
+        server.resume()
+    time.sleep(0.5)
+    for rel in names[5:]:
+        assert v2.read(rel, 0, 200_000) == files[rel]
+    s = v2.stats()
+    assert s["cluster_errors"] == 2 and s["cluster_hits"] == 3
+    assert s["backend_bytes"] == 200_000 * 5

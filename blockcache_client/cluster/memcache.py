@@ -75,6 +75,7 @@ class Memcache:
         copies). The keys whose values were read whole, in the server's order."""
         if not keys:
             return []
+        asked = set(keys)
         done = []
 
         def talk(c: _Conn) -> None:
@@ -87,6 +88,8 @@ class Memcache:
                 if len(parts) < 4 or parts[0] != b"VALUE":
                     _answer_error(line, "get")
                 key, size = parts[1].decode(), int(parts[3])
+                if key not in asked:
+                    raise ServerFailed(f"memcached {self.name}: answered {key!r}, not asked for")
                 views = place(key, size)
                 if sum(map(len, views)) != size:  # our bug, not the server's
                     raise RuntimeError(f"place gave room for {sum(map(len, views))} bytes "

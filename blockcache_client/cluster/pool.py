@@ -15,9 +15,11 @@
   times out may be stalled or only busy. So a timeout also starts a probe
   (`version` on a new connection, waiting up to `retry_after`): if it
   answers, the server is used again at once; a stalled one stays skipped.
-  A server a probe brought back that times out again within `retry_after`
-  is skipped without a probe, so one that answers probes but not reads
-  costs the reads in flight at most two timeouts per `retry_after`.
+  A server that probes brought back `REVIVALS` times within `retry_after`
+  and times out again is skipped without a probe, so one that answers
+  probes but not reads costs the reads in flight at most `REVIVALS` + 1
+  timeouts per `retry_after`, while a server busy now and then (an
+  overloaded host) is not lost for `retry_after` at its second timeout.
 - Membership: IP literals are used as given; a DNS name is resolved to all
   its addresses when the pool is made (a volume's first connection to the
   daemon), then on a background thread every `dns_refresh` seconds. A name
@@ -48,19 +50,22 @@ from .memcache import Memcache, Place, Refused, ServerFailed
 
 log = logging.getLogger(__name__)
 
+REVIVALS = 3  # probes that may bring a timed-out server back per retry_after
+
 
 class Server:
     """One memcached address: its connections and when it may be used again."""
 
-    __slots__ = ("name", "client", "dead_until", "failures", "probing", "revived_at")
+    __slots__ = ("name", "client", "dead_until", "refusals", "probing", "revivals")
 
     def __init__(self, name: str, client: Memcache):
         self.name = name
         self.client = client
         self.dead_until = 0.0
-        self.failures = 0         # failures so far: a probe revives only if none came since
+        self.refusals = 0         # failures not timeouts: a probe revives only if none since
         self.probing = False      # a probe is asking it whether it is only slow
-        self.revived_at = -1e9    # when a probe last found it only slow
+        # when probes found it only slow, within the last retry_after
+        self.revivals: collections.deque[float] = collections.deque()
 
 
 class Pool:
@@ -112,14 +117,18 @@ class Pool:
     def failed(self, server: Server, exc: BaseException, counters: Counters) -> None:
         """Count a server's failure and skip it for `retry_after` seconds; a
         timeout also starts a probe that brings it back at once if it answers
-        (busy, not dead), unless a probe did so less than `retry_after` ago."""
+        (busy, not dead), unless probes did so `REVIVALS` times in the last
+        `retry_after`."""
         counters.add("cluster_errors")
         now = time.monotonic()
         retry = self.cfg.retry_after
         with self._lock:
-            server.failures += 1
-            probe = (getattr(exc, "timed_out", False) and not server.probing
-                     and now - server.revived_at > retry and not self._closed.is_set())
+            timed_out = getattr(exc, "timed_out", False)
+            server.refusals += not timed_out
+            while server.revivals and now - server.revivals[0] > retry:
+                server.revivals.popleft()
+            probe = (timed_out and not server.probing
+                     and len(server.revivals) < REVIVALS and not self._closed.is_set())
             server.probing = server.probing or probe
             if server.dead_until <= now:
                 log.warning("memcached %s failed (%s: %s); skipping it %s", server.name,
@@ -127,19 +136,20 @@ class Pool:
                             "slow" if probe else f"for {retry:.3g}s")
             server.dead_until = now + retry
         if probe:
-            threading.Thread(target=self._probe, args=(server, server.failures),
+            threading.Thread(target=self._probe, args=(server, server.refusals),
                              name="blockcache-tier-probe", daemon=True).start()
 
-    def _probe(self, server: Server, failures: int) -> None:
+    def _probe(self, server: Server, refusals: int) -> None:
         """Ask a server that timed out for `version`, waiting up to
-        `retry_after`: one that answers was only slow and is used again (if
-        it has not failed again meanwhile); a stalled one stays skipped."""
+        `retry_after`: one that answers was only slow and is used again
+        (unless it refused or reset meanwhile: more timeouts of requests
+        already in flight say nothing new); a stalled one stays skipped."""
         answered = server.client.answers(self.cfg.retry_after)
         with self._lock:
             server.probing = False
-            if answered and server.failures == failures and not self._closed.is_set():
+            if answered and server.refusals == refusals and not self._closed.is_set():
                 server.dead_until = 0.0
-                server.revived_at = time.monotonic()
+                server.revivals.append(time.monotonic())
                 log.info("memcached %s answers a probe: slow, not dead; using it again",
                          server.name)
 

@@ -9,6 +9,7 @@ import time
 
 from blockcache_client.cluster.items import item_key, split
 from blockcache_client.cluster.memcache import Memcache
+from blockcache_client.cluster.pool import REVIVALS
 from blockcache_client.contract import blockfile
 from blockcache_client.volumekey import generate_key_file, load_key_file
 from tests.cluster.test_tier_reads import all_items, block_keys
@@ -225,37 +226,41 @@ def test_another_key_learns_nothing_and_forged_items_are_refused(cluster, key_fi
 
 def test_a_server_that_was_only_slow_is_used_again_at_once(cluster, key_file, tmp_path):
     """A timeout alone does not say dead: a probe finds the server answering
-    and reads use it again long before `retry_after`. One that times out
-    again soon after is skipped for `retry_after`, probe or not."""
+    and reads use it again long before `retry_after`. After `REVIVALS` such
+    returns within `retry_after`, a server that times out again is skipped
+    for `retry_after`, probe or not."""
     root = tmp_path / "remote"
     root.mkdir()
-    files = _files(root, 8, 200_000)
+    size = 200_000
+    files = _files(root, 12, size)
     (server,), _ = _filled(cluster, root, key_file, files)
     v2 = cluster.volume(cluster.host(retry_after="30s"), str(root), key_file)
-    names = sorted(files)
+    pool = v2._tier.pool()
+    names = iter(sorted(files))
 
-    server.stall()  # busy for a while: longer than the read timeout, then answers
-    threading.Timer(0.5, server.resume).start()
-    assert v2.read(names[0], 0, 200_000) == files[names[0]]  # timed out: the remote
-    s = v2.stats()
-    assert s["cluster_errors"] == 1 and s["backend_bytes"] == 200_000
-    deadline = time.monotonic() + 10
-    while v2._tier.pool().owner("any") is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for rel in names[1:4]:
-        assert v2.read(rel, 0, 200_000) == files[rel]
-    s = v2.stats()
-    assert s["cluster_hits"] == 3 and s["backend_bytes"] == 200_000
+    def read(rel):
+        assert v2.read(rel, 0, size) == files[rel]
 
-    # a timeout again, so soon: skipped for retry_after even once it answers
-    server.stall()
-    try:
-        assert v2.read(names[4], 0, 200_000) == files[names[4]]
-    finally:
-        server.resume()
-    time.sleep(0.5)
-    for rel in names[5:]:
-        assert v2.read(rel, 0, 200_000) == files[rel]
+    def read_while_busy(rel):
+        """Busy for longer than the read timeout, then answering again."""
+        server.stall()
+        threading.Timer(0.3, server.resume).start()
+        read(rel)  # timed out: from the remote
+
+    for _ in range(REVIVALS):
+        read_while_busy(next(names))
+        deadline = time.monotonic() + 10
+        while pool.owner("any") is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        read(next(names))  # from the tier again
     s = v2.stats()
-    assert s["cluster_errors"] == 2 and s["cluster_hits"] == 3
-    assert s["backend_bytes"] == 200_000 * 5
+    assert s["cluster_errors"] == REVIVALS and s["cluster_hits"] == REVIVALS
+    assert s["backend_bytes"] == REVIVALS * size
+
+    read_while_busy(next(names))  # once more within retry_after: skipped
+    time.sleep(0.6)  # it answers again by now
+    for rel in names:
+        read(rel)
+    s = v2.stats()
+    assert s["cluster_errors"] == REVIVALS + 1 and s["cluster_hits"] == REVIVALS
+    assert s["backend_bytes"] == (len(files) - REVIVALS) * size

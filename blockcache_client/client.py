@@ -245,13 +245,15 @@ class Client(DaemonOps):
         n, self._lost_posts = self._lost_posts, 0
         return n
 
-    def post(self, op: str, args: dict[str, Any]) -> bytes | None:
+    def post(self, op: str, args: dict[str, Any]) -> list[memoryview] | None:
         """Send one request without waiting for its reply (a fill's put: the
         sender has nothing to wait for); `collect` returns the reply later.
 
-        Never blocks: returns a copy of the tail of the frame the socket had
-        no room for, or None when all of it went. A tail must go out through
-        `finish_post` before this client sends anything else. Connects if
+        Never blocks: returns the tail of the frame the socket had no room
+        for, or None when all of it went. The tail is views of the frame's
+        parts, a block's among them, not a copy: the caller keeps the block
+        unchanged until it is sent (or copies the tail). A tail must go out
+        through `finish_post` before this client sends anything else. Connects if
         not connected (that may wait for the daemon's accept backlog: check
         `connected` first where that matters). DaemonUnavailable if the
         connection is (or goes) down; this request is then not posted."""
@@ -269,16 +271,18 @@ class Client(DaemonOps):
             self._posted += 1
             if sent == sum(map(len, parts)):
                 return None
-            return b"".join(_unsent(parts, sent))  # a copy of what is left only
+            return _unsent(parts, sent)
 
-    def finish_post(self, tail: bytes) -> None:
-        """Send the tail `post` returned, waiting for room as long as the
-        timeout allows. DaemonUnavailable if the connection goes down (the
-        request is then counted by `take_lost`)."""
+    def finish_post(self, tail: list[memoryview] | bytes) -> None:
+        """Send the tail `post` returned (or a copy of it), waiting for room
+        as long as the timeout allows. DaemonUnavailable if the connection
+        goes down (the request is then counted by `take_lost`)."""
         self._after_fork()
         with self._lock:
             try:
-                self._connect_existing().sendall(tail)
+                sock = self._connect_existing()
+                for part in [tail] if isinstance(tail, bytes) else tail:
+                    sock.sendall(part)
             except OSError as exc:
                 raise self._unavailable(exc) from None
 

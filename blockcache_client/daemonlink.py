@@ -143,40 +143,48 @@ class DaemonLink:
         if full:
             self._wake.set()
 
-    def offer_fill(self, key: str, plaintext: bytes, sealed: bool = False) -> bool:
+    def offer_fill(self, key: str, plaintext: bytes, sealed: bool = False,
+                   done: Callable[[], None] | None = None) -> bool:
         """Have a block sealed and put: now, if it is small and nothing is
         ahead of it (see the module doc), else queued. `sealed`: `plaintext`
-        is already the block file's bytes (from the tier). False (and
-        counted) if dropped."""
+        is already the block file's bytes (from the tier). `done` is called
+        once nothing here uses `plaintext` any more (sent or dropped), so its
+        buffer may be reused; never before (a closing link may not call it).
+        False (and counted) if dropped."""
         with self._fill_cv:
-            if key in self._queued:
-                return True
-            if self._fill_bytes + len(plaintext) > self._fill_cap or self._closing:
-                self._counters.add("fills_dropped")
-                return False
-            # connected: a reader must not wait in connect(2) for a full backlog
-            inline = (not sealed and len(plaintext) <= INLINE_FILL_MAX and self.layout is not None
-                      and self._filler_client.connected
-                      and not self._fills and not self._busy and self._tail is None)
-            if not inline:
-                self._fills.append(("sealed" if sealed else "put", key, plaintext))
-                self._queued.add(key)
-                self._fill_bytes += len(plaintext)
-                self._fill_cv.notify()
-                return True
-            self._busy = True
-        try:
-            self._put(key, plaintext, inline=True)
-        except Exception:  # never into a reader
-            log.exception("inline fill of %s failed", key)
-        finally:
-            self._release()
-        return True
+            queued = key in self._queued
+            if queued or self._fill_bytes + len(plaintext) > self._fill_cap or self._closing:
+                if not queued:
+                    self._counters.add("fills_dropped")
+                inline = None
+            else:
+                # connected: a reader must not wait in connect(2) for a full backlog
+                inline = (not sealed and len(plaintext) <= INLINE_FILL_MAX
+                          and self.layout is not None and self._filler_client.connected
+                          and not self._fills and not self._busy and self._tail is None)
+                if inline:
+                    self._busy = True
+                else:
+                    self._fills.append(("sealed" if sealed else "put", key, plaintext, done))
+                    self._queued.add(key)
+                    self._fill_bytes += len(plaintext)
+                    self._fill_cv.notify()
+                    return True
+        if inline:
+            try:
+                self._put(key, plaintext, inline=True)
+            except Exception:  # never into a reader
+                log.exception("inline fill of %s failed", key)
+            finally:
+                self._release()
+        if done is not None:
+            done()
+        return inline is not None or queued
 
     def evict_later(self, key: str) -> None:
         """Ask the daemon to drop a bad block, ahead of any later fill of it."""
         with self._fill_cv:
-            self._fills.append(("evict", key, b""))
+            self._fills.append(("evict", key, b"", None))
             self._fill_cv.notify()
 
     def evict_inode(self, volume: str, inode: int) -> int:
@@ -325,7 +333,7 @@ class DaemonLink:
                 if self._tail is not None:
                     self._finish_tail()
                 elif job is not None:
-                    self._run_fill(*job)
+                    self._run_fill(*job[:3])
                 else:
                     self._collect(wait=False)
             except Exception:  # never let one bad job kill the filler
@@ -337,6 +345,8 @@ class DaemonLink:
                         self._queued.discard(job[1])
                         self._fill_bytes -= len(job[2])
                     self._idle_cv.notify_all()
+            if job is not None and job[3] is not None:
+                job[3]()  # its bytes are sent (or dropped): the owner may reuse them
 
     def _nudge_filler(self) -> None:
         """Have the filler read replies left unread by the last inline puts
@@ -391,8 +401,9 @@ class DaemonLink:
             self._counters.add("fills_dropped")
             tail = None
         if tail is not None and inline:
+            tail_copy = b"".join(tail)
             with self._fill_cv:
-                self._tail = tail
+                self._tail = tail_copy
         elif tail is not None:
             try:
                 client.finish_post(tail)

@@ -28,6 +28,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _state(pid: int) -> str:
+    """The process's state letter (R, S, T = stopped, ...) from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def memcached_binary() -> str | None:
     # /usr/bin is where Debian puts it, even when PATH lacks it
     return shutil.which("memcached") or shutil.which("memcached", path="/usr/bin")
@@ -78,10 +84,15 @@ class MemcachedProcess:
             time.sleep(0.02)
 
     def stall(self) -> None:
-        """SIGSTOP: connections are accepted by the kernel, nothing answers."""
+        """SIGSTOP: connections are accepted by the kernel, nothing answers.
+        Returns once it is stopped (kill(2) only queues the signal: a busy
+        server could still answer a request sent right after it)."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
         self.stalled = True
+        deadline = time.monotonic() + START_TIMEOUT
+        while _state(self.proc.pid) not in ("T", "t") and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def resume(self) -> None:
         if self.proc is not None and self.stalled and self.proc.poll() is None:

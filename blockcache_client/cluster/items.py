@@ -25,6 +25,7 @@ Only ciphertext is stored: a host without the volume key learns nothing.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, BlockHeader
 from ..contract.errors import FormatError
@@ -96,39 +97,72 @@ def split(key: str, blob: bytes | memoryview) -> list[tuple[str, bytes]]:
     return out
 
 
-def check(geo: Geometry, index: int, value: bytes) -> tuple[bytes, memoryview]:
-    """(block header bytes, ciphertext) of slice `index` of a block shaped
-    `geo`; FormatError for anything else (foreign, truncated, misplaced).
-    Authentication is the caller's: it decrypts with the header."""
-    if len(value) < SLICE_HEAD_SIZE:
-        raise FormatError(f"slice {index} is {len(value)} bytes, shorter than its header")
-    magic, got_index, count = _SLICE_HEAD.unpack_from(value)
-    if magic != MAGIC:
-        raise FormatError(f"slice {index} is not a blockcache tier item (magic {magic!r})")
-    if got_index != index or count != geo.count:
-        raise FormatError(f"slice {index} of {geo.count} says it is slice {got_index} "
-                          f"of {count}")
-    want = SLICE_HEAD_SIZE + geo.body_len(index)
-    if len(value) != want:
-        raise FormatError(f"slice {index} is {len(value)} bytes where {want} belong "
-                          f"(truncated or extended)")
-    view = memoryview(value)
-    return bytes(view[_SLICE_HEAD.size:SLICE_HEAD_SIZE]), view[SLICE_HEAD_SIZE:]
+class Landing:
+    """Where the slices `wanted` of one block shaped `geo` land as they
+    arrive (`place`, for `Memcache.get_into`): each slice's 56-byte head in a
+    row of heads, its chunks straight after the previous slice's in `buf`,
+    behind room for the block header. So the ciphertext of consecutive
+    slices is contiguous (a range decrypts from it as it is), and once every
+    slice of a block is in and `open`ed, `buf` is the block file's bytes: no
+    per-slice buffers, no join. `buf` is the start of `room(size)`, kept as
+    `room` (the caller may reuse buffers: that costs no zeroing, no page faults)."""
 
+    __slots__ = ("geo", "wanted", "names", "room", "buf", "received", "_heads", "_where",
+                 "_odd")
 
-def assemble(geo: Geometry, values: list[bytes]) -> tuple[bytes, bytes]:
-    """(header, the whole block file's bytes) from all its slices in order;
-    FormatError if a slice is malformed or they carry different headers
-    (slices of two writers' copies, after an eviction raced a fill)."""
-    head = None
-    parts: list[bytes | memoryview] = []
-    for i, value in enumerate(values):
-        h, body = check(geo, i, value)
-        if head is None:
-            head = h
-            parts.append(h)
-        elif h != head:
-            raise FormatError(f"slice {i} belongs to another copy of the block")
-        parts.append(body)
-    assert head is not None
-    return head, b"".join(parts)
+    def __init__(self, key: str, geo: Geometry, wanted: range,
+                 room: Callable[[int], memoryview] = lambda n: memoryview(bytearray(n))):
+        self.geo = geo
+        self.wanted = wanted
+        self.names = [item_key(key, i) for i in wanted]
+        # item name -> (slice index, its head's offset in _heads, its body's in buf)
+        self._where: dict[str, tuple[int, int, int]] = {}
+        pos = HEADER_SIZE
+        for n, (name, i) in enumerate(zip(self.names, wanted)):
+            self._where[name] = (i, n * SLICE_HEAD_SIZE, pos)
+            pos += geo.body_len(i)
+        self.room = room(pos)
+        self.buf = self.room[:pos]
+        self._heads = bytearray(len(wanted) * SLICE_HEAD_SIZE)
+        self._odd: dict[int, int] = {}  # slices of the wrong size: index -> their size
+        self.received = 0  # value bytes placed
+
+    def place(self, name: str, size: int) -> list[memoryview]:
+        """Where item `name`'s `size` bytes go. A value of the wrong size goes
+        to a scratch buffer and is refused by `open` (it cannot be in place)."""
+        i, head, body = self._where[name]
+        self.received += size
+        want = SLICE_HEAD_SIZE + self.geo.body_len(i)
+        if size != want:
+            self._odd[i] = size
+            return [memoryview(bytearray(size))]
+        return [memoryview(self._heads)[head:head + SLICE_HEAD_SIZE],
+                self.buf[body:body + want - SLICE_HEAD_SIZE]]
+
+    def open(self) -> tuple[bytes, memoryview]:
+        """(block header bytes, the wanted slices' ciphertext) once each was
+        placed whole; FormatError for a foreign, truncated, extended or
+        misplaced slice, or slices of two copies (an eviction raced a fill).
+        Authentication is the caller's: it decrypts with the header."""
+        geo = self.geo
+        header = None
+        for n, i in enumerate(self.wanted):
+            if i in self._odd:
+                raise FormatError(f"slice {i} is {self._odd[i]} bytes where "
+                                  f"{SLICE_HEAD_SIZE + geo.body_len(i)} belong "
+                                  f"(truncated or extended)")
+            at = n * SLICE_HEAD_SIZE
+            magic, got_index, count = _SLICE_HEAD.unpack_from(self._heads, at)
+            if magic != MAGIC:
+                raise FormatError(f"slice {i} is not a blockcache tier item (magic {magic!r})")
+            if got_index != i or count != geo.count:
+                raise FormatError(f"slice {i} of {geo.count} says it is slice {got_index} "
+                                  f"of {count}")
+            head = self._heads[at + _SLICE_HEAD.size:at + SLICE_HEAD_SIZE]
+            if header is None:
+                header = bytes(head)
+            elif head != header:
+                raise FormatError(f"slice {i} belongs to another copy of the block")
+        assert header is not None
+        self.buf[:HEADER_SIZE] = header
+        return header, self.buf[HEADER_SIZE:]

@@ -5,10 +5,21 @@
   block live on one server, one multi-get reads them, and a server that
   leaves moves only its own share.
 - Failure costs a bounded time: each server has a connect timeout and a read
-  timeout in milliseconds. A server that fails (refused, reset, timed out) is
-  skipped for `retry_after` seconds: its blocks are then placed on the next
-  server in rendezvous order (a miss there, then a fill), and it is tried
-  again after that. Every failure is counted (`cluster_errors`).
+  timeout in milliseconds; the read timeout bounds each wait for bytes (one
+  recv), not a whole value, so a value arriving slowly but steadily is not
+  cut off. A server that fails (refused, reset, timed out) is skipped for
+  `retry_after` seconds: its blocks are then placed on the next server in
+  rendezvous order (a miss there, then a fill), and it is tried again after
+  that. Every failure is counted (`cluster_errors`).
+- Slow is not dead: a server gone or broken refuses or resets; one that
+  times out may be stalled or only busy. So a timeout also starts a probe
+  (`version` on a new connection, waiting up to `retry_after`): if it
+  answers, the server is used again at once; a stalled one stays skipped.
+  A server that probes brought back `REVIVALS` times within `retry_after`
+  and times out again is skipped without a probe, so one that answers
+  probes but not reads costs the reads in flight at most `REVIVALS` + 1
+  timeouts per `retry_after`, while a server busy now and then (an
+  overloaded host) is not lost for `retry_after` at its second timeout.
 - Membership: IP literals are used as given; a DNS name is resolved to all
   its addresses when the pool is made (a volume's first connection to the
   daemon), then on a background thread every `dns_refresh` seconds. A name
@@ -35,20 +46,26 @@ from collections.abc import Iterable
 from ..contract.cluster import ClusterConfig, is_ip, parse_server
 from ..contract.layout import rendezvous_score
 from ..counters import Counters
-from .memcache import Memcache, Refused, ServerFailed
+from .memcache import Memcache, Place, Refused, ServerFailed
 
 log = logging.getLogger(__name__)
+
+REVIVALS = 3  # probes that may bring a timed-out server back per retry_after
 
 
 class Server:
     """One memcached address: its connections and when it may be used again."""
 
-    __slots__ = ("name", "client", "dead_until")
+    __slots__ = ("name", "client", "dead_until", "refusals", "probing", "revivals")
 
     def __init__(self, name: str, client: Memcache):
         self.name = name
         self.client = client
         self.dead_until = 0.0
+        self.refusals = 0         # failures not timeouts: a probe revives only if none since
+        self.probing = False      # a probe is asking it whether it is only slow
+        # when probes found it only slow, within the last retry_after
+        self.revivals: collections.deque[float] = collections.deque()
 
 
 class Pool:
@@ -98,28 +115,60 @@ class Pool:
         return best
 
     def failed(self, server: Server, exc: BaseException, counters: Counters) -> None:
-        """Count a server's failure and skip it for `retry_after` seconds."""
+        """Count a server's failure and skip it for `retry_after` seconds; a
+        timeout also starts a probe that brings it back at once if it answers
+        (busy, not dead), unless probes did so `REVIVALS` times in the last
+        `retry_after`."""
         counters.add("cluster_errors")
-        if server.dead_until <= time.monotonic():
-            log.warning("memcached %s failed (%s: %s); skipping it for %.3gs",
-                        server.name, type(exc).__name__, exc, self.cfg.retry_after)
-        server.dead_until = time.monotonic() + self.cfg.retry_after
+        now = time.monotonic()
+        retry = self.cfg.retry_after
+        with self._lock:
+            timed_out = getattr(exc, "timed_out", False)
+            server.refusals += not timed_out
+            while server.revivals and now - server.revivals[0] > retry:
+                server.revivals.popleft()
+            probe = (timed_out and not server.probing
+                     and len(server.revivals) < REVIVALS and not self._closed.is_set())
+            server.probing = server.probing or probe
+            if server.dead_until <= now:
+                log.warning("memcached %s failed (%s: %s); skipping it %s", server.name,
+                            type(exc).__name__, exc, "while a probe asks whether it is only "
+                            "slow" if probe else f"for {retry:.3g}s")
+            server.dead_until = now + retry
+        if probe:
+            threading.Thread(target=self._probe, args=(server, server.refusals),
+                             name="blockcache-tier-probe", daemon=True).start()
+
+    def _probe(self, server: Server, refusals: int) -> None:
+        """Ask a server that timed out for `version`, waiting up to
+        `retry_after`: one that answers was only slow and is used again
+        (unless it refused or reset meanwhile: more timeouts of requests
+        already in flight say nothing new); a stalled one stays skipped."""
+        answered = server.client.answers(self.cfg.retry_after)
+        with self._lock:
+            server.probing = False
+            if answered and server.refusals == refusals and not self._closed.is_set():
+                server.dead_until = 0.0
+                server.revivals.append(time.monotonic())
+                log.info("memcached %s answers a probe: slow, not dead; using it again",
+                         server.name)
 
     # -- requests (never raise for a server's failure) ----------------------------
 
-    def get_many(self, blocks: dict[str, list[str]], counters: Counters
-                 ) -> dict[str, bytes]:
-        """The items found of several blocks ({block key: item names}): one
-        multi-get per server that holds some; a failing server's are missing."""
+    def get_into(self, blocks: dict[str, list[str]], place: Place, counters: Counters
+                 ) -> set[str]:
+        """Read the items of several blocks ({block key: item names}) where
+        `place` says (`Memcache.get_into`): one multi-get per server that
+        holds some. The names read whole; a failing server's are missing."""
         by_server: dict[Server, list[str]] = {}
         for block_key, names in blocks.items():
             server = self.owner(block_key)
             if server is not None:
                 by_server.setdefault(server, []).extend(names)
-        found: dict[str, bytes] = {}
+        found: set[str] = set()
         for server, names in by_server.items():
             try:
-                found.update(server.client.get_many(names))
+                found.update(server.client.get_into(names, place))
             except Refused as exc:  # our request, not the server: no skipping
                 log.debug("memcached %s refused a get: %s", server.name, exc)
                 counters.add("cluster_errors")

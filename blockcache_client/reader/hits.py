@@ -54,6 +54,7 @@ _O_RDONLY = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFO
 # costs no fresh allocation, zeroing or page faults (4 MiB for a block). One
 # holds up to twice the largest block read whole, so at most _SCRATCH_KEPT
 # such buffers (4 x ~8 MiB with 4 MiB blocks) stay per process and volume.
+# The tier's reads decrypt into the same ones (`Scratch`, shared).
 _SCRATCH_KEPT = 4           # idle buffers kept for reuse
 _SCRATCH_MIN = 64 << 10
 
@@ -95,6 +96,29 @@ class Ciphers:
                 del self.by_head[next(iter(self.by_head))]
 
 
+class Scratch:
+    """Idle read buffers (see _SCRATCH_KEPT): `take` one of at least `need`
+    bytes, `give` it back when done."""
+
+    __slots__ = ("_idle",)
+
+    def __init__(self) -> None:
+        self._idle: list[memoryview] = []
+
+    def take(self, need: int) -> memoryview:
+        try:
+            buf = self._idle.pop()
+        except IndexError:  # none idle
+            buf = None
+        if buf is None or len(buf) < need:
+            buf = memoryview(bytearray(need if need > _SCRATCH_MIN else _SCRATCH_MIN))
+        return buf
+
+    def give(self, buf: memoryview) -> None:
+        if len(self._idle) < _SCRATCH_KEPT:
+            self._idle.append(buf)
+
+
 class HitReader:
     """Reads blocks of one volume that this host already holds."""
 
@@ -108,7 +132,7 @@ class HitReader:
         self.link = link
         self.counters = counters
         self.ciphers = ciphers
-        self._scratch: list[memoryview] = []  # idle hit buffers (see _SCRATCH_KEPT)
+        self.scratch = Scratch()  # shared with the tier's reads (see _SCRATCH_KEPT)
         self.nowait = nowait.SUPPORTED  # cleared if the kernel or cache fs refuses it
         self.chunks = None  # a `chunkhits.ChunkedHits`: small partial reads keep chunks
 
@@ -209,12 +233,7 @@ class HitReader:
             # would cost their zeroing and a join
             plain_at = HEADER_SIZE + want
             need = plain_at + n if out is None else plain_at
-            try:
-                scratch = self._scratch.pop()
-            except IndexError:  # none idle
-                pass
-            if scratch is None or len(scratch) < need:
-                scratch = memoryview(bytearray(need if need > _SCRATCH_MIN else _SCRATCH_MIN))
+            scratch = self.scratch.take(need)
             if first == 0:
                 whole = scratch[:plain_at]
                 if nowait:
@@ -252,8 +271,8 @@ class HitReader:
             return None
         finally:
             os.close(fd)
-            if scratch is not None and len(self._scratch) < _SCRATCH_KEPT:
-                self._scratch.append(scratch)
+            if scratch is not None:
+                self.scratch.give(scratch)
 
     def cipher(self, key: str, head: bytes, blen: int) -> BlockCipher:
         """The cipher of `key`'s block file with header `head`, which must hold

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import logging
 
-from ..cluster.items import Geometry, assemble, check, fits, item_key, split
+from ..cluster.items import Geometry, Landing, fits, item_key, split
 from ..cluster.pool import Pool, pool_for
-from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
+from ..contract.blockfile import TAG_SIZE, BlockCipher, chunk_span
 from ..contract.cluster import ClusterConfig
 from ..contract.errors import FormatError, IntegrityError
 from ..counters import Counters
 from ..daemonlink import DaemonLink
-from .hits import Ciphers
+from .hits import Ciphers, Scratch
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +41,17 @@ class TierReads:
     """One volume's reads from, and fills of, the cluster tier."""
 
     def __init__(self, volume_key: bytes, key_id: bytes, chunk_size: int, link: DaemonLink,
-                 counters: Counters, ciphers: Ciphers):
+                 counters: Counters, ciphers: Ciphers, scratch: Scratch):
         self._volume_key = volume_key
         self._key_id = key_id
         self._chunk = chunk_size
         self._link = link
         self.counters = counters
         self._ciphers = ciphers
+        self._scratch = scratch  # plaintext is decrypted there, then copied out once
+        # where items land: reused once a range is read, or a block's bytes
+        # are handed to the daemon (`offer_fill`'s done)
+        self._landings = Scratch()
         self._cfg: ClusterConfig | None = None
         self._pool: Pool | None = None
         link.on_sealed = self.offer  # one seal (on the fill thread) for the daemon and the tier
@@ -78,30 +82,38 @@ class TierReads:
         chunk = self._chunk
         geo = Geometry(blen, chunk)
         first, end = chunk_span(blen, chunk, lo, hi - lo)
-        wanted = geo.slices(first, end)
-        names = [item_key(key, i) for i in wanted]
-        got = pool.get_many({key: names}, self.counters)
-        values = [got.get(n) for n in names]
-        if any(v is None for v in values):
+        landing = Landing(key, geo, geo.slices(first, end), self._landings.take)
+        try:
+            return self._read_landing(pool, key, landing, lo, hi, first, end, out)
+        finally:
+            self._landings.give(landing.room)
+
+    def _read_landing(self, pool: Pool, key: str, landing: Landing, lo: int, hi: int,
+                      first: int, end: int, out: memoryview | None):
+        """`read_range` once its slices' places are chosen."""
+        geo, chunk = landing.geo, self._chunk
+        got = pool.get_into({key: landing.names}, landing.place, self.counters)
+        if len(got) != len(landing.names):
             self.counters.add("cluster_misses")
             return None
+        n = hi - lo
+        scratch = self._scratch.take(n) if out is None else None
         try:
-            parts = [check(geo, i, v) for i, v in zip(wanted, values)]
-            head = parts[0][0]
-            if any(h != head for h, _ in parts):
-                raise FormatError("its slices belong to different copies of the block")
-            cipher = self._cipher(key, head, blen)
-            body = parts[0][1] if len(parts) == 1 else memoryview(b"".join(b for _, b in parts))
-            skip = (first - wanted[0] * geo.per) * (chunk + TAG_SIZE)
-            span = min(end * chunk, blen) - first * chunk + (end - first) * TAG_SIZE
-            n = hi - lo
-            target = memoryview(bytearray(n)) if out is None else out[:n]
+            head, body = landing.open()
+            cipher = self._cipher(key, head, geo.blen)
+            skip = (first - landing.wanted[0] * geo.per) * (chunk + TAG_SIZE)
+            span = min(end * chunk, geo.blen) - first * chunk + (end - first) * TAG_SIZE
+            target = (out if scratch is None else scratch)[:n]
             cipher.read_range_into(lo, body[skip:skip + span], target)
+            result = n if scratch is None else target.tobytes()
         except (FormatError, IntegrityError) as exc:
             self._bad(pool, key, geo, exc)
             return None
-        self.counters.add2("cluster_hits", "cluster_bytes", sum(map(len, values)))
-        return target.tobytes() if out is None else n
+        finally:
+            if scratch is not None:
+                self._scratch.give(scratch)
+        self.counters.add2("cluster_hits", "cluster_bytes", landing.received)
+        return result
 
     def blocks(self, wanted: list[tuple[str, int]]) -> dict[str, bytes]:
         """The whole blocks found authentic in the tier, by key, from
@@ -110,33 +122,48 @@ class TierReads:
         wanted = [(k, blen) for k, blen in wanted if fits(k)]
         if pool is None or not wanted:
             return {}
-        geos = {k: Geometry(blen, self._chunk) for k, blen in wanted}
-        names = {k: [item_key(k, i) for i in range(geo.count)] for k, geo in geos.items()}
-        got = pool.get_many(names, self.counters)
+        landings = {}
+        for k, blen in wanted:
+            geo = Geometry(blen, self._chunk)
+            landings[k] = Landing(k, geo, range(geo.count), self._landings.take)
+        by_name = {name: landing for landing in landings.values() for name in landing.names}
+        got = pool.get_into({k: landing.names for k, landing in landings.items()},
+                            lambda name, size: by_name[name].place(name, size), self.counters)
         found = {}
-        for k, geo in geos.items():
-            values = [got.get(n) for n in names[k]]
-            if any(v is None for v in values):
+        for k, landing in landings.items():
+            if not got.issuperset(landing.names):
                 self.counters.add("cluster_misses")
+                self._landings.give(landing.room)
                 continue
             try:
-                found[k] = self._open(k, geo, values)
+                found[k] = self._open(k, landing)
             except (FormatError, IntegrityError) as exc:
-                self._bad(pool, k, geo, exc)
+                self._landings.give(landing.room)
+                self._bad(pool, k, landing.geo, exc)
                 continue
-            self.counters.add2("cluster_hits", "cluster_bytes", sum(map(len, values)))
+            self.counters.add2("cluster_hits", "cluster_bytes", landing.received)
         return found
 
-    def _open(self, key: str, geo: Geometry, values: list[bytes]) -> bytes:
-        """A block's plaintext from all its items, authenticated whole; its
-        block file's bytes go to the daemon as they are."""
-        head, blob = assemble(geo, values)
-        cipher = self._cipher(key, head, geo.blen)
-        plain = bytearray(geo.blen)
-        cipher.read_range_into(0, memoryview(blob)[HEADER_SIZE:], memoryview(plain))
+    def _open(self, key: str, landing: Landing) -> bytes:
+        """A block's plaintext from all its items, authenticated whole; the
+        block file's bytes they make go to the daemon as they are."""
+        head, chunks = landing.open()
+        blen = landing.geo.blen
+        cipher = self._cipher(key, head, blen)
+        scratch = self._scratch.take(blen)
+        try:
+            plain = scratch[:blen]
+            cipher.read_range_into(0, chunks, plain)
+            data = plain.tobytes()
+        finally:
+            self._scratch.give(scratch)
+        room = landing.room
         if self._link.connected:
-            self._link.offer_fill(key, blob, sealed=True)
-        return bytes(plain)
+            self._link.offer_fill(key, landing.buf, sealed=True,
+                                  done=lambda: self._landings.give(room))
+        else:
+            self._landings.give(room)
+        return data
 
     def _cipher(self, key: str, head: bytes, blen: int) -> BlockCipher:
         ck = (key, head)

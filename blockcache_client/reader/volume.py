@@ -154,7 +154,7 @@ class Volume:
                                self._mem, self._link, self.counters, ciphers)
         self._hits.chunks = ChunkedHits(self._hits, chunks, self._files) if chunks.enabled else None
         self._tier = TierReads(self._volume_key, self._key_id, self._chunk_size, self._link,
-                               self.counters, ciphers)
+                               self.counters, ciphers, self._hits.scratch)
         self._fetcher = Fetcher(self.name, self.backend, self.block_size, self._mem,
                                 self._link, self.counters, self._hits.is_cached,
                                 self._meta.forget, self._tier)

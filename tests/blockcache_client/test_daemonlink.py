@@ -5,7 +5,9 @@ a queued job go through the filler thread, in order."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
+import time
 
 from blockcache_client.contract import blockfile
 from blockcache_client.contract.blockkey import BlockKey
@@ -130,5 +132,38 @@ def test_a_fill_to_a_daemon_that_died_is_counted_dropped_once(daemon):
         after = link._counters.snapshot()
         assert after["fills_dropped"] - before["fills_dropped"] == 1
         assert after["fills_sent"] == before["fills_sent"]
+    finally:
+        link.close()
+
+
+def test_a_sealed_fill_says_done_only_once_its_bytes_are_sent(daemon):
+    """`done` lets the tier reuse a block file's buffer: it must come after
+    the last byte went out (or at once when the fill is not taken), never
+    while the bytes are still queued or being sent."""
+    link = DaemonLink(daemon.socket_path, Counters(), SealRecorder(),
+                      fill_queue_bytes=16 << 20)
+    wait_for(lambda: link.connected, what="the link to connect")
+    done: list[str] = []
+    key = _key(7)
+    blob = blockfile.seal(key, os.urandom(8 << 20), VOLUME_KEY)  # more than a socket holds
+    try:
+        daemon.proc.send_signal(signal.SIGSTOP)  # the daemon reads nothing
+        try:
+            assert link.offer_fill(key, blob, sealed=True, done=lambda: done.append("big"))
+            # already queued under that key: not taken, so done at once
+            assert link.offer_fill(key, blob, sealed=True, done=lambda: done.append("again"))
+            # over the queue's bound: dropped, so done at once
+            assert not link.offer_fill(_key(8), blob, sealed=True,
+                                       done=lambda: done.append("dropped"))
+            time.sleep(0.3)  # the filler is blocked sending the first
+            assert done == ["again", "dropped"]
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+        assert link.wait_idle(10)
+        assert done == ["again", "dropped", "big"]
+        daemon.wait_idle()
+        (path,) = daemon.client().lookup([key])
+        with open(path, "rb") as f:
+            assert f.read() == blob
     finally:
         link.close()

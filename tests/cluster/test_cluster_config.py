@@ -134,7 +134,10 @@ def test_a_dns_name_is_resolved_again_every_dns_refresh(monkeypatch):
             assert [s.name for s in pool.live] == [f"127.0.0.1:{m.port}"]
             counters = Counters()
             assert pool.offer_fill("k", [("bc1:k:0", b"v")], counters) and pool.wait_fills(5)
-            assert pool.get_many({"k": ["bc1:k:0"]}, counters) == {"bc1:k:0": b"v"}
+            got = bytearray(1)
+            assert pool.get_into({"k": ["bc1:k:0"]}, lambda name, size: [memoryview(got)],
+                                 counters) == {"bc1:k:0"}
+            assert got == b"v"
         finally:
             pool.close()
 

@@ -4,10 +4,12 @@ poisoned items, a full tier, another key. Real memcached, real daemons."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from blockcache_client.cluster.items import item_key, split
 from blockcache_client.cluster.memcache import Memcache
+from blockcache_client.cluster.pool import REVIVALS
 from blockcache_client.contract import blockfile
 from blockcache_client.volumekey import generate_key_file, load_key_file
 from tests.cluster.test_tier_reads import all_items, block_keys
@@ -220,3 +222,45 @@ def test_another_key_learns_nothing_and_forged_items_are_refused(cluster, key_fi
         assert s["backend_bytes"] == 300_000
     finally:
         raw.close()
+
+
+def test_a_server_that_was_only_slow_is_used_again_at_once(cluster, key_file, tmp_path):
+    """A timeout alone does not say dead: a probe finds the server answering
+    and reads use it again long before `retry_after`. After `REVIVALS` such
+    returns within `retry_after`, a server that times out again is skipped
+    for `retry_after`, probe or not."""
+    root = tmp_path / "remote"
+    root.mkdir()
+    size = 200_000
+    files = _files(root, 12, size)
+    (server,), _ = _filled(cluster, root, key_file, files)
+    v2 = cluster.volume(cluster.host(retry_after="30s"), str(root), key_file)
+    pool = v2._tier.pool()
+    names = iter(sorted(files))
+
+    def read(rel):
+        assert v2.read(rel, 0, size) == files[rel]
+
+    def read_while_busy(rel):
+        """Busy for longer than the read timeout, then answering again."""
+        server.stall()
+        threading.Timer(0.3, server.resume).start()
+        read(rel)  # timed out: from the remote
+
+    for _ in range(REVIVALS):
+        read_while_busy(next(names))
+        deadline = time.monotonic() + 10
+        while pool.owner("any") is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        read(next(names))  # from the tier again
+    s = v2.stats()
+    assert s["cluster_errors"] == REVIVALS and s["cluster_hits"] == REVIVALS
+    assert s["backend_bytes"] == REVIVALS * size
+
+    read_while_busy(next(names))  # once more within retry_after: skipped
+    time.sleep(0.6)  # it answers again by now
+    for rel in names:
+        read(rel)
+    s = v2.stats()
+    assert s["cluster_errors"] == REVIVALS + 1 and s["cluster_hits"] == REVIVALS
+    assert s["backend_bytes"] == (len(files) - REVIVALS) * size

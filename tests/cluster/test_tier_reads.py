@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 
 from blockcache_client.cluster.items import SLICE_LIMIT, Geometry, item_key, split
 from blockcache_client.cluster.memcache import Memcache
@@ -66,6 +67,42 @@ def test_second_host_reads_the_tier_then_its_own_disk(cluster, key_file, dataset
     assert v2b.readinto("big.bin", 0, buf) == len(buf) and bytes(buf) == files["big.bin"]
     s2b = v2b.stats()
     assert s2b["hits"] == 3 and s2b["cluster_hits"] == 0 and s2b["cluster_misses"] == 0
+
+
+def test_blocks_read_in_a_row_reach_the_daemon_whole(cluster, key_file, tmp_path):
+    """A tier hit's items land in a buffer that is reused once the daemon
+    has the block file: many hits in a row, faster than the hand-off, must
+    still each give the daemon their own block, bytes-exact."""
+    root = tmp_path / "remote"
+    root.mkdir()
+    files = {f"f{i:02d}.bin": os.urandom(1 << 20) for i in range(16)}
+    for rel, data in files.items():
+        (root / rel).write_bytes(data)
+    cluster.memcached(2)
+    v1 = cluster.volume(cluster.host(), str(root), key_file)
+    for rel, data in files.items():
+        assert v1.read(rel, 0, len(data)) == data
+    assert v1.wait_fills(10)
+
+    h2 = cluster.host()
+    v2 = cluster.volume(h2, str(root), key_file)
+    h2.proc.send_signal(signal.SIGSTOP)  # hand-offs wait: every buffer is still in use
+    try:
+        for rel, data in files.items():
+            assert v2.read(rel, 0, len(data)) == data
+    finally:
+        h2.proc.send_signal(signal.SIGCONT)
+    s2 = v2.stats()
+    assert s2["cluster_hits"] == len(files) and s2["backend_bytes"] == 0
+    assert v2.wait_fills(10)
+    h2.wait_idle()
+    # another process on that host: every block from the cache disk, authentic
+    v3 = cluster.volume(h2, str(root), key_file)
+    for rel, data in files.items():
+        assert v3.read(rel, 0, len(data)) == data
+    s3 = v3.stats()
+    assert s3["hits"] == len(files) and s3["integrity_failures"] == 0
+    assert s3["cluster_hits"] == 0 and s3["backend_bytes"] == 0
 
 
 def test_a_random_read_inside_a_block_moves_one_slice(cluster, key_file, dataset):

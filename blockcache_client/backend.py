@@ -9,7 +9,9 @@ ranged reads are conditional GETs sent on the caller's thread (s3direct.py),
 and local files, read with fstat/pread on one descriptor.
 
 Every call is bounded by `timeout` (on a worker thread, or by fsspec's own
-loop for async filesystems); temporary
+loop for async filesystems), except an `inline` one: run on the caller's own
+thread, for a background thread that bounds its caller's wait itself
+(`prefetch_ahead`), saving two thread hand-offs per request; temporary
 failures (timeouts, connection errors, throttling, 5xx) are retried with full
 jitter backoff while a per-call retry budget lasts. Permanent errors (not
 found, access denied, is/not a directory, bad arguments) are raised at once as
@@ -147,27 +149,29 @@ class Backend:
 
     # -- calls -------------------------------------------------------------------
 
-    def _call(self, what: str, rel: str, fn):
+    def _call(self, what: str, rel: str, fn, inline: bool = False):
         """`_attempts`, timed for `observe` when it is set."""
         observe = self.observe
         if observe is None:
-            return self._attempts(what, rel, fn)
+            return self._attempts(what, rel, fn, inline)
         start = time.monotonic()
         try:
-            out = self._attempts(what, rel, fn)
+            out = self._attempts(what, rel, fn, inline)
         except BaseException as exc:
             observe(what, time.monotonic() - start, exc)
             raise
         observe(what, time.monotonic() - start, None)
         return out
 
-    def _attempts(self, what: str, rel: str, fn):
+    def _attempts(self, what: str, rel: str, fn, inline: bool = False):
         """Run fn(**timeout_kw) with a timeout; retry temporary failures.
 
         An async fsspec filesystem (s3fs, gcsfs, http) already runs its I/O on
         fsspec's event loop thread and bounds the wait itself when its sync
         methods get `timeout=`; anything else runs on our worker pool, so a
-        hung call (a dead NFS server) cannot hang the reader.
+        hung call (a dead NFS server) cannot hang the reader. `inline` runs
+        it on this thread instead, unbounded: only for a background thread
+        whose own caller gives up waiting for it after `timeout * attempts`.
         """
         self._check_fork()
         deadline = time.monotonic() + self.timeout * self.attempts
@@ -177,6 +181,8 @@ class Backend:
             try:
                 if self._async:
                     return fn(timeout=self.timeout)
+                if inline:
+                    return fn()
                 fut = self._pool.submit(fn)
                 return fut.result(timeout=self.timeout)
             except (concurrent.futures.TimeoutError, FSTimeoutError):
@@ -200,14 +206,15 @@ class Backend:
         raise OSError(code, f"{what} {rel or '/'} in {self.source} failed after "
                             f"{self.attempts} attempts: {last}")
 
-    def stat(self, rel: str) -> FileInfo:
-        """Info of one entry; FileNotFoundError if it does not exist."""
+    def stat(self, rel: str, inline: bool = False) -> FileInfo:
+        """Info of one entry; FileNotFoundError if it does not exist.
+        `inline`: on this thread (see `_attempts`)."""
         full = self.full_path(rel)
 
         def info(**tkw):
             self.fs.invalidate_cache(full)  # our metadata cache decides freshness
             return self.fs.info(full, **tkw)
-        raw = self._call("stat", rel, info)
+        raw = self._call("stat", rel, info, inline)
         fi = self.file_info(raw)
         if fi.path != rel:  # e.g. a bucket root reported under another name
             fi = dataclasses.replace(fi, path=rel, name=rel.rsplit("/", 1)[-1])
@@ -242,18 +249,20 @@ class Backend:
         out.sort(key=lambda f: f.name)
         return out
 
-    def read(self, rel: str, start: int, end: int) -> bytes:
-        """Bytes [start, end) of a file (fewer only at the end of the file)."""
+    def read(self, rel: str, start: int, end: int, inline: bool = False) -> bytes:
+        """Bytes [start, end) of a file (fewer only at the end of the file).
+        `inline`: on this thread (see `_attempts`)."""
         full = self.full_path(rel)
         if self._direct is not None:
             return b"".join(self._call("read", rel, lambda **tkw: self._s3_read(
                 full, start, end, None, max(1, end - start), **tkw)))
         # keywords: some implementations (s3fs) take other positional arguments first
         return self._call("read", rel,
-                          lambda **tkw: self.fs.cat_file(full, start=start, end=end, **tkw))
+                          lambda **tkw: self.fs.cat_file(full, start=start, end=end, **tkw),
+                          inline)
 
     def read_version(self, rel: str, start: int, end: int, version: str,
-                     piece: int = 0) -> bytes | list[bytes]:
+                     piece: int = 0, inline: bool = False) -> bytes | list[bytes]:
         """Bytes [start, end) of `version` of a file (fewer only at its end), or
         OSError(ESTALE) naming the path if the file is no longer that version.
         With `piece` > 0: as a list of `piece`-byte parts (the last shorter),
@@ -264,6 +273,7 @@ class Backend:
         answers 412 if the object changed. Local files: fstat, pread, fstat on
         one descriptor, the version (mtime_ns-size) the same both times. Any
         other filesystem: a ranged read, then a stat (one more round trip).
+        `inline`: on this thread (see `_attempts`).
         """
         full = self.full_path(rel)
         step = piece if piece > 0 else max(1, end - start)
@@ -272,10 +282,11 @@ class Backend:
                 full, start, end, version, step, **tkw))
         elif self._versioned == "local":
             data = self._call("read", rel,
-                              lambda **tkw: _local_read_if(full, start, end, version, step))
+                              lambda **tkw: _local_read_if(full, start, end, version, step),
+                              inline)
         else:
-            data = self.read(rel, start, end)
-            fresh = self.stat(rel)
+            data = self.read(rel, start, end, inline)
+            fresh = self.stat(rel, inline)
             if fresh.version != version:
                 data = None
             else:

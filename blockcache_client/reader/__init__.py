@@ -11,5 +11,5 @@ kept in the memory LRU (`chunks`), block files held open for open handles
 
 Beside the read path: `ahead` (`prefetch_ahead`) walks an epoch's order ahead
 of readers in other processes, putting each file into the host cache with
-`hostfill`, which waits until the daemon has written it.
+`hostfill`, and yields it once the daemon has written it.
 """

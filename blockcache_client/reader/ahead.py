@@ -23,8 +23,10 @@ Promises:
   directory, then nothing until `meta_ttl`).
 - A path that cannot be fetched (deleted, unreadable, changed mid-read) is
   logged and counted, and yielded like the others: the worker's own read
-  raises the real error. Only misuse raises here (an item that is not a path
-  without `path_of`).
+  raises the real error. So is one whose fetch is still running after the
+  backend's whole retry budget (`HostFill.patience`: a hung source): the
+  consumer never waits longer for one file. Only misuse raises here (an
+  item that is not a path without `path_of`).
 - Without a daemon there is nothing to fill: items pass straight through.
 - No thread runs before the first `next()`, so creating it before the
   DataLoader forks its workers is safe.
@@ -48,9 +50,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DEPTH = 64
 DEFAULT_MAX_BYTES = 256 << 20
-# what `PrefetchAhead.stats()` counts, per file: its blocks were all cached
-# already, are now, some were not taken (dropped), its fetch failed, or no
-# daemon was there to fill
+# what `PrefetchAhead.stats()` counts: files taken from the items, and per
+# file yielded: its blocks were all cached already, are now, some were not
+# taken (dropped), its fetch failed, or no daemon was there to fill
 AHEAD_COUNTERS = ("files", "cached", "filled", "dropped", "failed", "no_daemon")
 
 
@@ -93,13 +95,25 @@ class _Run:
     def submit(self, path: str) -> Future:
         return self.pool.submit(self._job, path)
 
-    def _job(self, path: str) -> None:
+    def settle(self, path: str, fut: Future) -> None:
+        """On the consumer's thread, when `path`'s turn comes: wait for its
+        fill (up to `patience`), see its blocks at their paths, count it."""
+        try:
+            outcome, keys = fut.result(timeout=self.fill.patience)
+        except TimeoutError:
+            log.info("prefetch_ahead: %s not fetched within %g s", path, self.fill.patience)
+            outcome, keys = "failed", []
+        if keys and not self.fill.written(keys):
+            outcome = "dropped"
+        self.counts.add(outcome)
+
+    def _job(self, path: str) -> tuple[str, list[str]]:
         with self._lock:
             if self.cancelled.is_set():
-                return
+                return "dropped", []
             self._active += 1
         try:
-            self.counts.add(self._fill(path))
+            return self._fill(path)
         finally:
             with self._lock:
                 self._active -= 1
@@ -107,20 +121,21 @@ class _Run:
             if last:
                 self.fill.close()
 
-    def _fill(self, path: str) -> str:
-        """What became of one file, as the name of its counter."""
+    def _fill(self, path: str) -> tuple[str, list[str]]:
+        """What became of one file (the name of its counter), and the keys
+        whose writes are still to be seen (`HostFill.fill`)."""
         if not self.fill.connected:
-            return "no_daemon"
+            return "no_daemon", []
         try:
             info = self.volume.stat(path)
             if info.is_dir:
                 raise IsADirectoryError(f"{path} is a directory in volume {self.volume.name}")
             return self.fill.fill(info)
         except Cancelled:
-            return "dropped"
+            return "dropped", []
         except Exception as exc:  # the worker's own read raises it where it matters
             log.info("prefetch_ahead: %s not fetched: %s", path, exc)
-            return "failed"
+            return "failed", []
 
     def close(self) -> None:
         with self._lock:
@@ -142,7 +157,8 @@ class PrefetchAhead(Iterator):
         self.max_bytes = max_bytes
         self._items: Iterator[Any] | None = items
         self._path_of = path_of
-        self._window: collections.deque[tuple[Any, Future | None]] = collections.deque()
+        # (item, its path, its fill) for each item ahead of the consumer
+        self._window: collections.deque[tuple[Any, str, Future | None]] = collections.deque()
         self._run: _Run | None = None  # made at the first next(): no threads before
         self._closed = False
 
@@ -156,9 +172,9 @@ class PrefetchAhead(Iterator):
         if not self._window:
             self.close()
             raise StopIteration
-        item, fut = self._window.popleft()
+        item, path, fut = self._window.popleft()
         if fut is not None:
-            fut.result()  # the job counts its own errors; it never raises
+            self._run.settle(path, fut)
         return item
 
     def _top_up(self) -> None:
@@ -175,13 +191,14 @@ class PrefetchAhead(Iterator):
             except Exception as exc:  # the dataset's own lookup will raise it again
                 log.info("prefetch_ahead: no path for item %r: %s", item, exc)
                 self._run.counts.add("failed")
+                path = ""
             else:
                 if not isinstance(path, str):
                     self.close()
                     raise TypeError(self._not_a_path(item, path))
                 fut = self._run.submit(path)
             self._run.counts.add("files")
-            self._window.append((item, fut))
+            self._window.append((item, path, fut))
 
     def _not_a_path(self, item: Any, path: Any) -> str:
         if self._path_of is None:
@@ -206,9 +223,9 @@ class PrefetchAhead(Iterator):
         self.close()
 
     def stats(self) -> dict[str, int]:
-        """Files by what became of them (`AHEAD_COUNTERS`), the most source
-        requests in flight at once (`max_requests`) and the most block bytes
-        held (`peak_bytes`)."""
+        """Files taken, and those yielded by what became of them
+        (`AHEAD_COUNTERS`), the most source requests in flight at once
+        (`max_requests`) and the most block bytes held (`peak_bytes`)."""
         run = self._run
         if run is None:
             return {**dict.fromkeys(AHEAD_COUNTERS, 0), "max_requests": 0, "peak_bytes": 0}

@@ -158,14 +158,16 @@ class Fetcher:
         if self._link.connected:
             self._link.offer_fill(key, data)
 
-    def read_source(self, rel: str, info: FileInfo, start: int, stop: int) -> list[bytes]:
+    def read_source(self, rel: str, info: FileInfo, start: int, stop: int,
+                    inline: bool = False) -> list[bytes]:
         """Bytes [start, stop) of `info`'s version, with one request, split
-        into blocks; ESTALE if the source no longer holds exactly that."""
+        into blocks; ESTALE if the source no longer holds exactly that.
+        `inline`: the request runs on this thread (`Backend._attempts`)."""
         want = stop - start
         backend = self.backend
         bs = self.block_size
         if info.size <= bs:  # one read of one version
-            data = [backend.read(rel, start, stop)]
+            data = [backend.read(rel, start, stop, inline)]
         else:
             # The blocks of a multi-block file come from separate ranged
             # reads: each must be of `info`'s version, or one key could
@@ -173,7 +175,8 @@ class Fetcher:
             # mix versions. S3 and local files prove it within the read;
             # other backends stat after it (counted as a version check).
             try:
-                data = backend.read_version(rel, start, stop, info.version, piece=bs)
+                data = backend.read_version(rel, start, stop, info.version, piece=bs,
+                                            inline=inline)
             except OSError as exc:
                 if exc.errno != errno.ESTALE:
                     raise

@@ -12,8 +12,15 @@ file counts as done only when a reader elsewhere would hit it. `HostFill`:
    their bytes under a `ByteBudget`;
 3. seals each block and `put`s it on its own connection, waiting for the
    reply (a full daemon queue is retried a few times, briefly);
-4. waits until each accepted block's file is at its path (the daemon writes
-   on its dir's worker after replying), up to `WRITE_WAIT`.
+4. `written`, called by whoever hands the file on (the consumer, when its
+   turn comes): each accepted block's file is at its path (the daemon
+   writes on its dir's worker after replying), waited for up to
+   `WRITE_WAIT`. By then the write has mostly landed: one lstat per block,
+   where a fill thread waiting right after its puts slept and woke several
+   times per file.
+
+Source requests run on the fill thread itself (`inline`, no hop to the
+backend's pool): the caller bounds its wait for a fill with `patience`.
 
 A block the daemon declines, or that does not appear in time, makes the file
 "dropped": its readers then miss and fetch it themselves, which is still
@@ -116,16 +123,26 @@ class HostFill:
             except queue.Empty:
                 return
 
-    def fill(self, info: FileInfo) -> str:
-        """Put `info`'s blocks into the host cache: "cached" (all were),
-        "filled" (now all are) or "dropped" (some are not: the daemon
-        declined or was slow). Raises what the source raised, or `Cancelled`."""
+    @property
+    def patience(self) -> float:
+        """Seconds the consumer waits for one file's fill: its source
+        request with every retry, and a put. Past that the source is hung
+        (an inline request has no timeout of its own) or the file is too
+        large to wait for; its reader fetches it (a miss, still correct)."""
+        backend = self._fetcher.backend
+        return backend.timeout * backend.attempts + PUT_TIMEOUT
+
+    def fill(self, info: FileInfo) -> tuple[str, list[str]]:
+        """Put `info`'s blocks into the host cache: ("cached", []) if all
+        were, ("dropped", []) if the daemon declined some, else ("filled",
+        keys): every missing block accepted, at its path once `written(keys)`.
+        Raises what the source raised, or `Cancelled`."""
         rel, bs = info.path, self.block_size
         prefix = self._key_prefix(rel, info.version)
         missing = [boff for boff in range(0, info.size, bs)
                    if not self._hits.is_cached(prefix + format(boff, "016x"))]
         if not missing:
-            return "cached"
+            return "cached", []
         sent: list[str] = []
         dropped = False
         for start, stop in self._runs(missing, info.size):
@@ -138,7 +155,7 @@ class HostFill:
                         sent.append(key)
                     else:
                         dropped = True
-        return "dropped" if dropped or not self._written(sent) else "filled"
+        return ("dropped", []) if dropped else ("filled", sent)
 
     def _runs(self, missing: list[int], size: int):
         """(start, stop) byte ranges of consecutive missing blocks, at most
@@ -157,7 +174,7 @@ class HostFill:
             self.reading += 1
             self.max_reading = max(self.max_reading, self.reading)
         try:
-            return self._fetcher.read_source(info.path, info, start, stop)
+            return self._fetcher.read_source(info.path, info, start, stop, inline=True)
         finally:
             with self._lock:
                 self.reading -= 1
@@ -190,7 +207,7 @@ class HostFill:
             pause *= 2
         return False
 
-    def _written(self, keys: list[str]) -> bool:
+    def written(self, keys: list[str]) -> bool:
         """Wait until every key's block file is at its path; False if one is
         still missing after `WRITE_WAIT` (or the prefetch was closed)."""
         deadline = time.monotonic() + WRITE_WAIT

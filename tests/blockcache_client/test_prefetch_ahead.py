@@ -18,6 +18,7 @@ import pytest
 
 import devtools.latencyfs  # noqa: F401  (registers latency::)
 from blockcache_client import Volume, prefetch_ahead
+from blockcache_client.reader import hostfill
 from tests.blockcache_client.conftest import wait_for
 
 BS = 64 << 10
@@ -108,6 +109,37 @@ def test_requests_in_flight_never_exceed_depth(tmp_path, key_file, daemon):
         # bounded by depth, and really parallel (not one file at a time)
         assert 2 <= fs.max_in_flight <= 5, fs.max_in_flight
         assert 2 <= it.stats()["max_requests"] <= 5
+
+
+def test_requests_run_on_the_fill_threads_not_the_backends_pool(tmp_path, key_file, daemon):
+    # a backend pool of 2 threads: the fills' source requests do not queue
+    # behind it, so depth alone bounds them
+    root = tmp_path / "remote"
+    files = make_files(root, 40)
+    fs, src = slow_source(root, delay=0.02)
+    with open_volume(src, key_file, daemon.socket_path, fs=fs, workers=2) as vol:
+        it = prefetch_ahead(vol, sorted(files), depth=8)
+        assert list(it) == sorted(files)
+        assert it.stats()["filled"] == 40
+    assert 2 < fs.max_in_flight <= 8, fs.max_in_flight
+
+
+def test_a_hung_source_holds_the_consumer_no_longer_than_its_retry_budget(
+        tmp_path, key_file, daemon, monkeypatch):
+    monkeypatch.setattr(hostfill, "PUT_TIMEOUT", 0.2)
+    root = tmp_path / "remote"
+    files = make_files(root, 3)
+    fs, src = slow_source(root)
+    with open_volume(src, key_file, daemon.socket_path, fs=fs, timeout=0.2, attempts=1) as vol:
+        for rel in files:
+            vol.stat(rel)  # the metadata is held: only the reads hang
+        fs.delay = 3.0
+        t0 = time.monotonic()
+        with prefetch_ahead(vol, sorted(files), depth=3) as it:
+            assert list(it) == sorted(files)  # each yielded after patience (0.4 s)
+            stats = it.stats()
+        assert time.monotonic() - t0 < 2.5
+        assert stats["failed"] == 3, stats
 
 
 def test_bytes_held_stay_within_max_bytes(tmp_path, key_file, daemon):

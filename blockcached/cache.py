@@ -546,9 +546,9 @@ class Cache:
                 batch, self._utimes[i] = list(self._utimes[i].items()), {}
                 for start in range(0, len(batch), IO_BATCH):
                     worker.submit(self.stores[i].touch_times, batch[start:start + IO_BATCH])
-        self._age_counts()
+        self.age_counts()
 
-    def _age_counts(self) -> None:
+    def age_counts(self) -> None:
         """After the policy's sketch halved, halve the cached blocks' counts
         too, a chunk per tick (a pass over millions would stall the loop)."""
         policy = self.policy

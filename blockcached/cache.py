@@ -364,8 +364,8 @@ class Cache:
             for j in sorted({j for j, _, _ in own}):
                 self._evict(j, [(k, s) for jj, k, s in own if jj == j], "quota")
             self._evict(i, victims, "admission")
-        elif policy is not None:  # room to spare: admitted, its miss still counted
-            before = policy.miss(key)
+        elif policy is not None:  # room to spare: admitted, with the count it had
+            before = policy.room(key)
             if before:  # asked for before (most are not): its count, not the default 1
                 self.fill.pending[key].count = before + 1
         max_entries = self.cfg.max_entries

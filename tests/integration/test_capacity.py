@@ -40,6 +40,7 @@ def test_a_new_working_set_takes_the_place_of_the_old(tmp_path):
     b3 = results[-1]
     assert b3.hit_ratio >= 0.95
     assert b3.notes["A blocks left"] <= SCALE.blocks * 0.25  # A's blocks made room
+    assert b3.notes["demoted"] > 0  # by the stale rule, not by chance
 
 
 def test_a_cold_sweep_leaves_the_hot_set(tmp_path):
@@ -74,6 +75,8 @@ def test_quota_is_enforced_and_shown(tmp_path):
         for e in range(3):
             r.epoch(capacity.shuffled(capped, e))
             r.epoch(capacity.shuffled(free, e))
+        for _ in range(3):  # ten of them, now read more often, take the others' place
+            r.epoch(capped[20:])
         s = d.client().stats()
         assert s["volumes"]["capped"]["used_bytes"] <= 10 * fb
         assert s["volumes"]["capped"]["quota_bytes"] == 10 * fb

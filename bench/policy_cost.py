@@ -8,10 +8,7 @@ so a put costs what the event loop does for it, admission and indexing the
 written block), per key:
 - lookup: `Cache.lookup` of one cached key per call;
 - touch: `Cache.touch` of one key per call, and of 64 keys per call;
-- put (room): `Cache.put` of a new block into a dir with room (a cache
-  filling up: nothing counted yet, the policy reads nothing);
-- put (room 2): the same once the policy has counted blocks (a dir with room
-  again after being full: the block's count is read from the sketch);
+- put (room): `Cache.put` of a new block into a dir with room;
 - put (full): the same into a full dir (the policy picks victims or refuses);
 and the index's memory per entry (tracemalloc, keys included).
 
@@ -102,11 +99,6 @@ def chunk_ops(tmp: str, entries: int, policy: str | None,
     the same new keys in the same order."""
     room = _engine(tmp, entries, policy, full=False)
     full = _engine(tmp, entries, policy, full=True)
-    # a dir with room whose policy has counted before (a dir trimmed or
-    # emptied after being full): its puts read the sketch
-    used = _engine(tmp, entries, policy, full=False)
-    if cache_policy(used) is not None:
-        cache_policy(used).evicted(_key(entries - 1), 1)
     keys = [_key(i) for i in range(0, entries, max(1, entries // chunk))][:chunk]
     batches = [keys[i:i + 64] for i in range(0, len(keys) - 63, 64)]
     blob = b"\0" * BLOCK
@@ -122,7 +114,6 @@ def chunk_ops(tmp: str, entries: int, policy: str | None,
         "touch x64": lambda: _cpu_per_key(lambda: [room.touch(b) for b in batches],
                                           64 * len(batches)),
         "put (room)": lambda: puts(room),
-        "put (room 2)": lambda: puts(used),
         "put (full)": lambda: puts(full),
     }
 

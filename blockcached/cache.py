@@ -364,10 +364,6 @@ class Cache:
             for j in sorted({j for j, _, _ in own}):
                 self._evict(j, [(k, s) for jj, k, s in own if jj == j], "quota")
             self._evict(i, victims, "admission")
-        elif policy is not None:  # room to spare: admitted, with the count it had
-            before = policy.room(key)
-            if before:  # asked for before (most are not): its count, not the default 1
-                self.fill.pending[key].count = before + 1
         max_entries = self.cfg.max_entries
         if max_entries:
             after = len(self.index) + self._reserved_entries() + 1
@@ -643,7 +639,8 @@ class Cache:
             "over_share": self.fill.over_share,
             "put_results": dict(self.put_reasons),
             "evictions_by_reason": dict(self.evicted_by),
-            "policy": (self.policy.stats() if self.policy is not None
+            "policy": (self.policy.stats(self.put_reasons.get("queued", 0))
+                       if self.policy is not None
                        else {"name": "lru", "stale": False, "admitted": {}, "rejected": {}}),
             "queue": {"entries": len(self.fill), "bytes": self.fill.queued_bytes,
                       "limit_bytes": self.fill.limit},

@@ -21,8 +21,8 @@ blocks' counts too, so both sides fade alike. A pure frequency gate never
 lets a new working set in while the old one still looks popular, so at the
 end of each window (a quarter of the entries' accesses) the stale rule
 (`staleness`) looks whether the oldest cached blocks are still hit, and
-demotes those that are not to a count of 0. A put pays for all this with one
-call, `miss(key)` into a full dir or `room(key)` into one with room to spare
+demotes those that are not to a count of 0. A put into a full dir pays for
+all this with one call, `miss(key)`, a put into a dir with room with none
 (issue #21: a put's cost stays near plain LRU's): nothing runs per hit or
 per write, and the cache's counters are read only at an upkeep.
 
@@ -46,7 +46,7 @@ MIN_SLOTS = 1 << 16
 # line): one cache miss per sketch access, not two, on a table of megabytes.
 LINE = 63
 LINE_OFF = ~LINE
-SLOTS_PER_ENTRY = 16   # table slots (bytes) per cached block: few collisions
+SLOTS_PER_ENTRY = 32   # table slots (bytes) per cached block: few collisions
 MIN_WINDOW = 16        # accesses per stale-rule window, at least
 UPKEEP_SPLIT = 8       # an upkeep at least every window / UPKEEP_SPLIT misses
 # A mtime whose nanoseconds are MTIME_MARK + f carries frequency f; any
@@ -111,13 +111,11 @@ class Policy:
         # the sketch's table (grown and halved in place) and masks, for `miss`
         self._table, self._mask = self.sketch.table, self.sketch.mask
         self._line = self._mask & LINE_OFF
-        self._raised = False  # whether an evicted block's count went into the sketch
         self._index = index if index is not None else Index(1)
         self._counters = counters if counters is not None else {"hits": 0, "touches": 0,
                                                                  "puts": 0}
         self.stale_rule = StaleRule()
         self._misses = 0   # misses into a full dir (`miss`): they age the sketch
-        self._room = 0     # misses into a dir with room (`room`)
         self._aged_at = 0  # misses at the sketch's last halving
         self._age_at = self.sketch.sample
         # this window: where it starts and ends (in accesses), its misses and
@@ -159,19 +157,6 @@ class Policy:
         if misses >= self._next_upkeep:
             self._upkeep()
         return before
-
-    def room(self, key: str) -> int:
-        """A block was offered to a dir with room to spare: admitted without
-        a decision. Returns how often it was asked for before, the count it
-        takes into the index; the sketch is not raised (it holds a key's
-        count only while the key is not cached)."""
-        self._room += 1
-        if not self._misses and not self._raised:
-            return 0  # nothing was ever counted: a cache filling for the first time
-        h = hash(key)
-        t = self._table
-        a, b = t[h & self._mask], t[(h & self._line) | (h >> 32) & LINE]
-        return a if a < b else b
 
     def _accesses(self) -> int:
         c = self._counters
@@ -228,7 +213,6 @@ class Policy:
     def evicted(self, key: str, count: int) -> None:
         """An evicted block remembers its count, should it come back."""
         self.sketch.raise_to(key, count)
-        self._raised = True
 
     @property
     def ages(self) -> int:
@@ -238,10 +222,13 @@ class Policy:
     def stale(self) -> bool:
         return self.stale_rule.stale
 
-    def stats(self) -> dict:
+    def stats(self, queued: int = 0) -> dict:
+        """`queued`: the cache's puts queued so far; those the policy did not
+        decide had room to spare (counted here, not per put)."""
         admitted = dict(self.admitted)
-        if self._room:
-            admitted["room"] = self._room
+        room = queued - admitted.get("more_frequent", 0)
+        if room > 0:
+            admitted["room"] = room
         return {"name": self.name, "stale": self.stale, "demoted": self.stale_rule.demoted,
                 "admitted": admitted, "rejected": dict(self.rejected)}
 

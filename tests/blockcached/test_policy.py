@@ -409,21 +409,35 @@ def test_aging_halves_cached_counts_too(engines):
     assert e.cache.index.lru_order(0) == data  # places kept
 
 
-def test_a_block_is_indexed_with_its_count_at_admission(engines):
-    """A put with room to spare is indexed with the count its miss found
-    (+1 for this access), kept across a restart through its mtime; the
-    admissions with room are counted, though not one by one."""
+def test_a_put_with_room_costs_the_policy_nothing(engines):
+    """A dir with room to spare decides nothing, so the policy reads and
+    writes nothing: the block is indexed with a count of 1, the sketch keeps
+    what it knew of it for its return, and the admissions with room are
+    counted from the queued puts, not one by one."""
     e = engines([DIR])
-    back, new = key(inode=1), key(inode=2)
+    back = key(inode=1)
     e.cache.policy.evicted(back, 6)  # it was cached once, asked for 6 times
-    for k in (back, new):
-        assert e.cache.lookup([k]) == [None]
-        assert e.cache.put(k, block(k, BLOCK)) == (True, "queued")
+    table = bytes(e.cache.policy.sketch.table)
+    assert e.cache.put(back, block(back, BLOCK)) == (True, "queued")
     e.settle()
-    e.run_for(0.05)  # persists the counts in the mtimes
+    assert e.cache.index.count_of(back) == 1
+    assert bytes(e.cache.policy.sketch.table) == table
+    assert e.cache.policy.sketch.estimate(back) == 6
+    assert e.cache.stats()["policy"]["admitted"] == {"room": 1}
+
+
+def test_a_block_admitted_on_its_count_keeps_it(engines):
+    """A block admitted into a full dir on its count is indexed with it (+1
+    for this access), kept across a restart through its mtime."""
+    e = engines([DIR])
+    read(e, [key(inode=i + 100) for i in range(usable_blocks(e))])
+    back = key(inode=1)
+    e.cache.policy.evicted(back, 6)  # it was cached once, asked for 6 times
+    assert e.cache.put(back, block(back, BLOCK)) == (True, "queued")
+    e.settle()
+    e.run_for(0.05)  # persists the count in the mtime
     assert e.cache.index.count_of(back) == 7
-    assert e.cache.index.count_of(new) == 1
-    assert e.cache.stats()["policy"]["admitted"] == {"room": 2}
+    assert e.cache.stats()["policy"]["admitted"]["more_frequent"] == 1
     mtimes = {p.name: os.stat(p).st_mtime_ns for p in Path(e.cfg.cache_dirs[0].path).rglob("*")
-              if p.is_file() and p.name in (back, new)}
+              if p.is_file() and p.name == back}
     assert decode_mtime_ns(mtimes[back])[1] == 7

@@ -26,9 +26,11 @@ Only keys, counts and LRU order are read, never a hit per block: a touched
 key moves to the end of its dir's dict, and at most `accesses` keys were
 touched or added since the sample, so the first len - accesses keys are
 exactly untouched ones, whatever happened behind them. A sampled key found
-further back is counted hit, which errs towards keeping it. The sample is
-taken and judged once per window: a C-level pass over half the dir's keys,
-amortised over the window's quarter of the entries' accesses.
+further back is counted hit, which errs towards keeping it (so does
+counting the accesses of every dir against each). The sample is taken and
+judged once per window: C-level passes over half the dir's keys, amortised
+over the window's quarter of the entries' accesses; a demotion walks the
+demoted keys once.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ HIT_BEFORE = 2      # a count of 2 or more: asked for again while cached
 class HeadSample:
     """A dir's oldest blocks at a window's end, oldest first."""
     keys: list[str]
+    region: int       # they were among the first `region` keys (unhit, they still are)
     popular: int      # how many had a count >= HIT_BEFORE
     accesses: int     # the cache's accesses (hits, touches, puts) when taken
 
@@ -86,7 +89,7 @@ class StaleRule:
         half = len(lru) // 2
         keys = list(itertools.islice(lru, 0, half, max(1, half // SAMPLE)))
         popular = sum((lru[k] & COUNT_MASK) >= HIT_BEFORE for k in keys)
-        return HeadSample(keys, popular, accesses)
+        return HeadSample(keys, half, popular, accesses)
 
     def judge(self, index: Index, i: int, sample: HeadSample, accesses: int,
               misses: int, returning: int) -> Verdict:
@@ -95,7 +98,8 @@ class StaleRule:
         untouched = len(lru) - (accesses - sample.accesses)
         if untouched <= 0 or not sample.keys:
             return Verdict(0, 0, 0, 0)
-        still = set(sample.keys).intersection(itertools.islice(lru, untouched))
+        still = set(sample.keys).intersection(
+            itertools.islice(lru, min(untouched, sample.region)))
         hit = unhit = run = 0
         last = None
         for k in sample.keys:

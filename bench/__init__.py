@@ -6,8 +6,9 @@
   through each system), `report`; `passthrough` is the minimal FUSE fs it
   compares with.
 - Workloads of our own beside the suite: `python -m bench capacity` (the
-  daemon's hit ratios), `python -m bench prefetch` (cold epochs with and
-  without `prefetch_ahead`).
+  daemon's hit ratios; `python -m bench.policy_sim` runs its scenarios on
+  the engine in-process at up to 200,000 blocks), `python -m bench prefetch`
+  (cold epochs with and without `prefetch_ahead`).
 - Standalone benchmarks of one component: `python -m bench.daemon_ops`
   (blockcached's lookups, puts, rebuild), `python -m bench.fuse_vs_passthrough`
   (fsclient in a fresh mount), `python -m bench.volume_vs_fsspec` (the `Volume`

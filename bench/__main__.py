@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from . import PROJECT_ROOT, capacity, cluster, datasets, prefetch, report
+from . import PROJECT_ROOT, capacity, cluster, datasets, policy_sim, prefetch, report
 from .remote import DEFAULT_RTT_MS, Remote
 from .systems import Ctx, _project_version, all_systems
 from .workloads import WORKLOADS, Runner
@@ -151,15 +151,22 @@ def _save_alone(args: argparse.Namespace, name: str, text: str, t0: float,
 
 def run_capacity(args: argparse.Namespace) -> int:
     """Workload `capacity` (bench/capacity.py): one daemon of ours per
-    scenario, no remote; prints each hit ratio beside its optimum and saves
-    the table beside the other results. 0 if every target is met."""
+    scenario, no remote, then the same scenarios on the engine in-process at
+    a realistic scale (bench/policy_sim.py); prints each hit ratio beside
+    its optimum and saves both tables beside the other results. 0 if every
+    target is met."""
     scale = capacity.SCALES[args.size]
     log.info("workload capacity: cache of %d blocks of %d bytes", scale.blocks, scale.block_bytes)
     t0 = time.monotonic()
     os.makedirs(args.workdir, exist_ok=True)
-    results = capacity.run_all(scale, tmp_root=args.workdir)
-    _save_alone(args, "capacity", capacity.table(results), t0)
-    return 0 if all(r.met for r in results) else 1
+    results = capacity.run_all(scale, capacity.on_daemon(args.workdir))
+    log.info("workload capacity: in-process at %d blocks", policy_sim.BENCH_SCALE)
+    at_scale = policy_sim.run(policy_sim.BENCH_SCALE, list(policy_sim.SCENARIOS))
+    text = (f"real blockcached, {scale.blocks} blocks of {scale.block_bytes} bytes\n"
+            f"{capacity.table(results)}\n\n{policy_sim.HEADING}\n"
+            f"{policy_sim.table({policy_sim.BENCH_SCALE: at_scale})}")
+    _save_alone(args, "capacity", text, t0)
+    return 0 if all(r.met for r in results + at_scale) else 1
 
 
 def run_cluster(args: argparse.Namespace) -> int:

@@ -26,9 +26,11 @@ from __future__ import annotations
 import random
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from blockcache_client.contract import blockfile
 from blockcache_client.contract.blockkey import BlockKey
@@ -53,6 +55,21 @@ def key(vol: str, i: int) -> str:
     return str(BlockKey(vol, i + 1, 0x5eed, 0))
 
 
+class CacheReader(Protocol):
+    """A reader on one cache: a daemon (`Reader`) or the engine in-process
+    (`bench.policy_sim`)."""
+
+    def epoch(self, keys: list[str]) -> float:
+        """Read `keys` in order (look up; put on a miss); the hit ratio."""
+
+    def stats(self) -> dict:
+        """The cache's stats, as the daemon's `stats` op answers them."""
+
+
+# A cache of `scale` with quotas {volume: max_bytes}, open for the scenario.
+OpenCache = Callable[[Scale, dict[str, int]], AbstractContextManager[CacheReader]]
+
+
 class Reader:
     """A reader on one daemon: lookup, and on a miss put the sealed block."""
 
@@ -73,6 +90,9 @@ class Reader:
                 self.client.put(k, self.sealed(k))
         self.daemon.wait_idle()
         return hits / len(keys) if keys else 0.0
+
+    def stats(self) -> dict:
+        return self.client.stats()
 
     def sealed(self, k: str) -> bytes:
         blob = self._sealed.get(k)
@@ -121,93 +141,94 @@ def start_daemon(tmp: Path, scale: Scale, config: str = "") -> DaemonProcess:
     return d.start()
 
 
-def _with_daemon(scale: Scale, body: Callable[[DaemonProcess, Reader], list[Result]],
-                 config: str = "", tmp_root: str | None = None) -> list[Result]:
-    tmp = Path(tempfile.mkdtemp(prefix="bc-capacity-", dir=tmp_root))
-    d = start_daemon(tmp, scale, config)
-    try:
-        return body(d, Reader(d, scale.block_bytes))
-    finally:
-        d.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+def on_daemon(tmp_root: str | None = None) -> OpenCache:
+    """Each scenario's cache: a real `blockcached` with one cache dir of
+    `scale.blocks` blocks, under a fresh dir in `tmp_root`."""
+    @contextmanager
+    def open_cache(scale: Scale, quotas: dict[str, int]) -> Iterator[CacheReader]:
+        tmp = Path(tempfile.mkdtemp(prefix="bc-capacity-", dir=tmp_root))
+        config = "".join(f"[volumes.{v}]\nmax_bytes = {b}\n\n" for v, b in quotas.items())
+        d = start_daemon(tmp, scale, config)
+        try:
+            yield Reader(d, scale.block_bytes)
+        finally:
+            d.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+    return open_cache
 
 
-def shuffled_epochs(scale: Scale, times: float, epochs: int = 5, **kw) -> list[Result]:
-    def body(d, r):
-        data = [key("data", i) for i in range(int(scale.blocks * times))]
-        optimum = min(1.0, usable_blocks(scale) / len(data))
-        want = 0.99 if times <= 1 else 0.9 * optimum
-        out = []
+def shuffled_epochs(scale: Scale, times: float, epochs: int = 5,
+                    cache: OpenCache | None = None) -> list[Result]:
+    data = [key("data", i) for i in range(int(scale.blocks * times))]
+    optimum = min(1.0, usable_blocks(scale) / len(data))
+    want = 0.99 if times <= 1 else 0.9 * optimum
+    out = []
+    with (cache or on_daemon())(scale, {}) as r:
         for e in range(1, epochs + 1):
             ratio = r.epoch(shuffled(data, e))
             if e > 1:
                 out.append(Result(f"shuffled {times}x", f"epoch {e}", ratio, optimum, want))
-        return out
-    return _with_daemon(scale, body, **kw)
+    return out
 
 
-def working_set_change(scale: Scale, **kw) -> list[Result]:
-    def body(d, r):
-        a = [key("joba", i) for i in range(int(scale.blocks * 1.5))]
-        b = [key("jobb", i) for i in range(int(scale.blocks * 0.8))]
+def working_set_change(scale: Scale, cache: OpenCache | None = None) -> list[Result]:
+    a = [key("joba", i) for i in range(int(scale.blocks * 1.5))]
+    b = [key("jobb", i) for i in range(int(scale.blocks * 0.8))]
+    out = []
+    with (cache or on_daemon())(scale, {}) as r:
         for e in range(1, 4):
             r.epoch(shuffled(a, f"a{e}"))
-        out = []
         for e in range(1, 4):
             ratio = r.epoch(shuffled(b, f"b{e}"))
             out.append(Result("working set A -> B", f"B epoch {e}", ratio, 1.0,
                               0.95 if e == 3 else 0.0))
-        s = d.client().stats()
-        out[-1].notes["A blocks left"] = s["volumes"].get("joba", {}).get("entries", 0)
-        return out
-    return _with_daemon(scale, body, **kw)
+        s = r.stats()
+    out[-1].notes["A blocks left"] = s["volumes"].get("joba", {}).get("entries", 0)
+    out[-1].notes["demoted"] = s["policy"].get("demoted", 0)
+    return out
 
 
-def hot_and_cold_sweep(scale: Scale, **kw) -> list[Result]:
-    def body(d, r):
-        hot = [key("hot", i) for i in range(scale.blocks // 2)]
-        cold = [key("cold", i) for i in range(scale.blocks * 3)]
+def hot_and_cold_sweep(scale: Scale, cache: OpenCache | None = None) -> list[Result]:
+    hot = [key("hot", i) for i in range(scale.blocks // 2)]
+    cold = [key("cold", i) for i in range(scale.blocks * 3)]
+    rng = random.Random(4)
+    hot_hits = hot_reads = 0
+    with (cache or on_daemon())(scale, {}) as r:
         for e in range(1, 4):
             r.epoch(shuffled(hot, e))
-        rng = random.Random(4)
-        hot_hits = hot_reads = 0
         for i, k in enumerate(cold):  # training goes on during the sweep
             r.epoch([k])
             if i % 2:
                 hot_reads += 1
                 hot_hits += r.epoch([rng.choice(hot)]) == 1.0
-        return [Result("hot set + cold sweep", "hot, during the sweep", hot_hits / hot_reads,
-                       1.0, 0.9),
-                Result("hot set + cold sweep", "hot, after the sweep",
-                       r.epoch(shuffled(hot, "after")), 1.0, 0.9)]
-    return _with_daemon(scale, body, **kw)
+        after = r.epoch(shuffled(hot, "after"))
+    return [Result("hot set + cold sweep", "hot, during the sweep", hot_hits / hot_reads,
+                   1.0, 0.9),
+            Result("hot set + cold sweep", "hot, after the sweep", after, 1.0, 0.9)]
 
 
-def quotas(scale: Scale, **kw) -> list[Result]:
+def quotas(scale: Scale, cache: OpenCache | None = None) -> list[Result]:
+    open_cache = cache or on_daemon()
     share = scale.blocks * file_bytes(scale) // 2
-    config = f'[volumes.big]\nmax_bytes = {share}\n\n[volumes.small]\nmax_bytes = {share}\n'
+    limits = {"big": share, "small": share}
     small = [key("small", i) for i in range(int(scale.blocks * 0.4))]
     big = [key("big", i) for i in range(int(scale.blocks * 1.5))]  # 3x its half
 
-    def alone(d, r):
-        return [Result("quotas", f"small alone, epoch {e}", r.epoch(shuffled(small, e)), 1.0, 0.0)
+    with open_cache(scale, limits) as r:
+        base = [Result("quotas", f"small alone, epoch {e}", r.epoch(shuffled(small, e)), 1.0, 0.0)
                 for e in range(1, 4)][1:]
-
-    def together(d, r):
-        out = []
+    mixed = []
+    with open_cache(scale, limits) as r:
         for e in range(1, 4):
             # the two readers take turns block by block
-            mixed = [k for pair in zip(shuffled(big, e), shuffled(small, e) + [None] * len(big))
+            turns = [k for pair in zip(shuffled(big, e), shuffled(small, e) + [None] * len(big))
                      for k in pair if k is not None]
             hits = {"big": 0, "small": 0}
-            for k in mixed:
+            for k in turns:
                 hits[k.split("_")[0]] += r.epoch([k]) == 1.0
             if e > 1:
-                out.append((hits["small"] / len(small), hits["big"] / len(big)))
-        s = d.client().stats()
-        return out, s
-    base = _with_daemon(scale, alone, config=config, **kw)
-    mixed, s = _with_daemon(scale, together, config=config, **kw)
+                mixed.append((hits["small"] / len(small), hits["big"] / len(big)))
+        s = r.stats()
     out = []
     for b, (small_ratio, big_ratio) in zip(base, mixed):
         out.append(Result("quotas", b.phase.replace("alone", "beside big"),
@@ -218,10 +239,11 @@ def quotas(scale: Scale, **kw) -> list[Result]:
     return base + out
 
 
-def run_all(scale: Scale, **kw) -> list[Result]:
-    return (shuffled_epochs(scale, 1.5, **kw) + shuffled_epochs(scale, 3, **kw)
-            + shuffled_epochs(scale, 0.9, epochs=3, **kw) + working_set_change(scale, **kw)
-            + hot_and_cold_sweep(scale, **kw) + quotas(scale, **kw))
+def run_all(scale: Scale, cache: OpenCache | None = None) -> list[Result]:
+    return (shuffled_epochs(scale, 1.5, cache=cache) + shuffled_epochs(scale, 3, cache=cache)
+            + shuffled_epochs(scale, 0.9, epochs=3, cache=cache)
+            + working_set_change(scale, cache) + hot_and_cold_sweep(scale, cache)
+            + quotas(scale, cache))
 
 
 def table(results: list[Result]) -> str:

@@ -198,7 +198,7 @@ def _reasons(counts: dict[str, int] | None) -> str:
 def _admission_line(p: dict[str, Any]) -> str:
     """What the capacity policy admitted and refused, and why."""
     admitted, refused = p.get("admitted") or {}, p.get("rejected") or {}
-    stale = ", cache stale: admitting returning blocks" if p.get("stale") else ""
+    stale = f", demoted {p['demoted']} no longer hit" if p.get("demoted") else ""
     return (f"admission    {p.get('name', '?')}: admitted {sum(admitted.values())}"
             f"{_reasons(admitted)}, refused {sum(refused.values())}{_reasons(refused)}{stale}")
 

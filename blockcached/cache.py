@@ -364,10 +364,6 @@ class Cache:
             for j in sorted({j for j, _, _ in own}):
                 self._evict(j, [(k, s) for jj, k, s in own if jj == j], "quota")
             self._evict(i, victims, "admission")
-        elif policy is not None:  # room to spare: admitted, its miss still counted
-            before = policy.miss(key)
-            if before:  # asked for before (most are not): its count, not the default 1
-                self.fill.pending[key].count = before + 1
         max_entries = self.cfg.max_entries
         if max_entries:
             after = len(self.index) + self._reserved_entries() + 1
@@ -546,9 +542,9 @@ class Cache:
                 batch, self._utimes[i] = list(self._utimes[i].items()), {}
                 for start in range(0, len(batch), IO_BATCH):
                     worker.submit(self.stores[i].touch_times, batch[start:start + IO_BATCH])
-        self._age_counts()
+        self.age_counts()
 
-    def _age_counts(self) -> None:
+    def age_counts(self) -> None:
         """After the policy's sketch halved, halve the cached blocks' counts
         too, a chunk per tick (a pass over millions would stall the loop)."""
         policy = self.policy
@@ -643,7 +639,8 @@ class Cache:
             "over_share": self.fill.over_share,
             "put_results": dict(self.put_reasons),
             "evictions_by_reason": dict(self.evicted_by),
-            "policy": (self.policy.stats() if self.policy is not None
+            "policy": (self.policy.stats(self.put_reasons.get("queued", 0))
+                       if self.policy is not None
                        else {"name": "lru", "stale": False, "admitted": {}, "rejected": {}}),
             "queue": {"entries": len(self.fill), "bytes": self.fill.queued_bytes,
                       "limit_bytes": self.fill.limit},

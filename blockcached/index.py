@@ -20,6 +20,7 @@ what to evict and the dir workers delete the files.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 
 from sortedcontainers import SortedList
@@ -205,6 +206,23 @@ class Index:
             if v is not None and v & COUNT_MASK > 1:
                 count = v & COUNT_MASK
                 lru[key] = self._pack(v >> 32, (v & _TIME_MASK) - count + (count >> 1))
+
+    def demote(self, dir_index: int, count: int | None = None,
+               through: str | None = None) -> int:
+        """Set to 0 the counts of one dir's least recently used entries: the
+        first `count` of them, or those up to and including key `through`
+        (the policy's stale rule), keeping their LRU places. Returns how
+        many had a count above 0."""
+        lru = self.dirs[dir_index].lru
+        demoted = 0
+        for key in itertools.islice(lru, count):
+            v = lru[key]
+            if v & COUNT_MASK:
+                lru[key] = self._pack(v >> 32, v & _TIME_MASK & ~COUNT_MASK)
+                demoted += 1
+            if key == through:
+                break
+        return demoted
 
     def remove(self, key: str) -> tuple[int, int] | None:
         """Drop `key`; returns (dir, size) or None if absent."""

@@ -153,14 +153,17 @@ def _totals(s: dict[str, Any]) -> Iterator[Metric]:
     p = s.get("policy") or {}
     adm = CounterMetricFamily("blockcache_admissions_total", "Admission decisions of the "
                               "capacity policy on puts: result admitted (reason room, "
-                              "more_frequent, stale_cache) or refused (less_frequent)",
+                              "more_frequent) or refused (less_frequent)",
                               labels=["result", "reason"])
     for result, key in (("admitted", "admitted"), ("refused", "rejected")):
         for reason, n in sorted((p.get(key) or {}).items()):
             adm.add_metric([result, reason], n)
     yield adm
-    yield _g("blockcache_policy_stale", "1 while the cached blocks are no longer hit and "
-             "returning blocks are admitted over them", 1 if p.get("stale") else 0)
+    yield _g("blockcache_policy_stale", "1 if the last window found the oldest cached blocks "
+             "no longer hit and demoted them", 1 if p.get("stale") else 0)
+    yield _c("blockcache_policy_demoted_total", "Cached blocks whose count the stale rule "
+             "dropped to 0 (no longer hit: any block asked for before is admitted over them)",
+             p.get("demoted", 0))
     yield _g("blockcache_entries", "Blocks in the cache", s.get("entries", 0))
     yield _g("blockcache_used_bytes", "Bytes of blocks in the cache", s.get("used_bytes", 0))
     yield _g("blockcache_capacity_bytes", "Configured capacity over all dirs",

@@ -12,20 +12,19 @@ never displaces a hot set. DESIGN.md ("Capacity policy") argues the choice.
 A cached block's frequency is its access count in the index (`Index.touch`
 counts it in bits the entry already has: nothing per hit here). Blocks not
 cached are counted in a `FrequencySketch` (a byte per slot, two slots per
-key, the estimate is the smaller) on each miss; an evicted block's count goes
-back into the sketch, an admitted one takes the count its miss found into
-the index. Every `SAMPLE_FACTOR` x entries misses the sketch is halved and
-`ages` grows, and the cache then halves the cached blocks' counts too, so
-both sides fade alike. A pure
-frequency gate never lets a new working set in while the old one still
-looks popular, so the policy also watches the cache as a whole: when its
-cached blocks have stopped being hit while blocks it refused keep coming
-back (`STALE_RATIO` returning misses per hit, or none hit at all, over the
-last two windows of a quarter of the entries' accesses, each sized when it
-starts), the cache is `stale` and any block asked for before is admitted
-over the LRU. A put pays for all this with one call, `miss(key)` (issue #21:
-a put's cost stays near plain LRU's): nothing runs per hit or per write, and
-the cache's hit counters are read only when a miss needs them.
+key in one 64-byte line, the estimate is the smaller) on each miss into a
+full dir; an evicted block's count goes back into the sketch, an admitted
+one takes the count its miss found into the index. Every `SAMPLE_FACTOR` x
+entries such misses the
+sketch is halved and `ages` grows, and the cache then halves the cached
+blocks' counts too, so both sides fade alike. A pure frequency gate never
+lets a new working set in while the old one still looks popular, so at the
+end of each window (a quarter of the entries' accesses) the stale rule
+(`staleness`) looks whether the oldest cached blocks are still hit, and
+demotes those that are not to a count of 0. A put into a full dir pays for
+all this with one call, `miss(key)`, a put into a dir with room with none
+(issue #21: a put's cost stays near plain LRU's): nothing runs per hit or
+per write, and the cache's counters are read only at an upkeep.
 
 What the policy knows of cached blocks survives a restart in the block
 files' mtimes: the nanoseconds field carries the count (`encode_mtime_ns`),
@@ -34,17 +33,22 @@ written with the recency the daemon persists anyway.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sized
+from collections.abc import Iterable, Mapping
 
-from .index import COUNT_MASK
+from .index import COUNT_MASK, Index
+from .staleness import StaleRule
 
 NAME = "tinylfu"  # frequency-gated admission in front of LRU
 MAX_COUNT = COUNT_MASK  # counts saturate here, in the sketch as in the index
 SAMPLE_FACTOR = 10     # halve all counts every SAMPLE_FACTOR x slots/8 increments
 MIN_SLOTS = 1 << 16
-SLOTS_PER_ENTRY = 8    # table slots (bytes) per cached block: few collisions
-STALE_RATIO = 16       # returning misses per hit at which the cache counts as stale
-MIN_WINDOW = 64        # accesses per stale-detection window, at least
+# A key's two slots share one 64-byte line of the table (the first picks the
+# line): one cache miss per sketch access, not two, on a table of megabytes.
+LINE = 63
+LINE_OFF = ~LINE
+SLOTS_PER_ENTRY = 32   # table slots (bytes) per cached block: few collisions
+MIN_WINDOW = 16        # accesses per stale-rule window, at least
+UPKEEP_SPLIT = 8       # an upkeep at least every window / UPKEEP_SPLIT misses
 # A mtime whose nanoseconds are MTIME_MARK + f carries frequency f; any
 # other value (a block just written, a file system without ns times) reads 0.
 MTIME_MARK = 314_159_000
@@ -65,16 +69,16 @@ class FrequencySketch:
 
     def estimate(self, key: str) -> int:
         h = hash(key)
-        t, m = self.table, self.mask
-        a, b = t[h & m], t[(h >> 32) & m]
+        t, line = self.table, self.mask & LINE_OFF
+        a, b = t[h & self.mask], t[(h & line) | (h >> 32) & LINE]
         return a if a < b else b
 
     def raise_to(self, key: str, count: int) -> None:
-        """Make `key`'s estimate at least `count` (restoring a restart's state)."""
+        """Make `key`'s estimate at least `count` (an evicted block's)."""
         h = hash(key)
-        t, m = self.table, self.mask
+        t, line = self.table, self.mask & LINE_OFF
         count = min(count, MAX_COUNT)
-        for i in (h & m, (h >> 32) & m):
+        for i in (h & self.mask, (h & line) | (h >> 32) & LINE):
             if t[i] < count:
                 t[i] = count
 
@@ -93,47 +97,48 @@ class FrequencySketch:
 
 
 class Policy:
-    """Admission decisions and the counters that explain them. `cached` is
-    the cache's index (its len() is the cached blocks), read once a window;
-    `counters` the cache's, whose "hits" + "touches" are the hits so far,
-    read only when a miss needs them (not passed in by every put)."""
+    """Admission decisions and the counters that explain them. `index` is
+    the cache's (its len() sizes the sketch and the windows, its dirs' LRU
+    heads are what the stale rule samples); `counters` the cache's, whose
+    "hits" + "touches" + "puts" are its accesses so far, read only at an
+    upkeep (not passed in by every put)."""
 
     name = NAME
 
-    def __init__(self, cached: Sized = (), counters: Mapping[str, int] | None = None) -> None:
+    def __init__(self, index: Index | None = None,
+                 counters: Mapping[str, int] | None = None) -> None:
         self.sketch = FrequencySketch()
-        # the sketch's table (grown and halved in place) and mask, for `miss`
+        # the sketch's table (grown and halved in place) and masks, for `miss`
         self._table, self._mask = self.sketch.table, self.sketch.mask
-        self._cached = cached
-        self._counters = counters if counters is not None else {"hits": 0, "touches": 0}
-        self._misses = 0
+        self._line = self._mask & LINE_OFF
+        self._index = index if index is not None else Index(1)
+        self._counters = counters if counters is not None else {"hits": 0, "touches": 0,
+                                                                 "puts": 0}
+        self.stale_rule = StaleRule()
+        self._misses = 0   # misses into a full dir (`miss`): they age the sketch
         self._aged_at = 0  # misses at the sketch's last halving
         self._age_at = self.sketch.sample
-        # stale detection: this window's start (hits, misses), where it ends
-        # (hits + misses) and its returning misses; the last window's (hits, returning)
-        self._window_hits = self._window_misses = self._returning = 0
-        self._window_end = MIN_WINDOW
+        # this window: where it starts and ends (in accesses), its misses and
+        # returning misses so far (misses counted at its start)
+        self._window_start, self._window_end = 0, MIN_WINDOW
+        self._window_misses = self._returning = 0
         # misses at which `_upkeep` next looks whether a halving or the
-        # window's end is due: one test per miss, no hits read. It looks at
-        # least every MIN_WINDOW misses, so a window ends at most that many
-        # misses late (hits arriving meanwhile end it sooner than misses alone).
+        # window's end is due: one test per miss, no counters read. It looks
+        # at least every window / UPKEEP_SPLIT misses, so hits arriving
+        # meanwhile end a window at most that many misses late.
         self._next_upkeep = MIN_WINDOW
-        self._last = (0, 0)
-        self.stale = False
         self.admitted: dict[str, int] = {}   # reason -> count
         self.rejected: dict[str, int] = {}
-        self._decided = 0  # misses `admit` decided; the others had room to spare
 
     # -- what readers do ---------------------------------------------------
 
     def miss(self, key: str) -> int:
-        """A block was offered after a miss; returns how often it was asked
-        for before (the candidate's frequency for `admit`). Runs at every put
-        that reaches admission, so the sketch's increment is inline here, and
-        the cache's hits are read only for a returning block or an upkeep."""
+        """A block was offered to a full dir after a miss; returns how often
+        it was asked for before (the candidate's frequency for `admit`). Runs
+        at every put that needs room, so the sketch's increment is inline."""
         h = hash(key)
-        t, m = self._table, self._mask
-        i, j = h & m, (h >> 32) & m
+        t = self._table
+        i, j = h & self._mask, (h & self._line) | (h >> 32) & LINE
         a, b = t[i], t[j]
         # conservative update: raise only the slots at the minimum
         if a == b:  # the common case (a key never seen: both 0)
@@ -146,78 +151,64 @@ class Policy:
         else:
             before = b
             t[j] = b + 1
-        misses = self._misses = self._misses + 1
         if before:
             self._returning += 1
-            c = self._counters  # inline: most misses into a full dir return
-            hits = c["hits"] + c["touches"] - self._window_hits
-            last_hits, last_returning = self._last
-            # cached blocks no longer hit while refused ones come back: over
-            # this window and the last, far more returning misses than hits
-            self.stale = (self._returning + last_returning
-                          >= STALE_RATIO * (hits + last_hits))
+        misses = self._misses = self._misses + 1
         if misses >= self._next_upkeep:
             self._upkeep()
         return before
 
-    def _hits(self) -> int:
+    def _accesses(self) -> int:
         c = self._counters
-        return c["hits"] + c["touches"]
+        return c["hits"] + c["touches"] + c["puts"]
 
     def _upkeep(self) -> None:
         """The sketch's halving and the window's end, when one is due."""
-        hits_total = self._hits()
+        accesses = self._accesses()
         misses = self._misses
         if misses >= self._age_at:
             self.sketch.age()
             self._aged_at = misses
             self._age_at = misses + self.sketch.sample
-        if hits_total + misses >= self._window_end:
-            self._last = (hits_total - self._window_hits, self._returning)
-            self._window_hits, self._window_misses, self._returning = hits_total, misses, 0
-            self.fit(len(self._cached))
+        if accesses >= self._window_end:
+            self.stale_rule.window_end(self._index, accesses, misses - self._window_misses,
+                                       self._returning)
+            self._window_misses, self._returning = misses, 0
+            self._window_start = accesses
+            self.fit(len(self._index))
         else:
-            self._schedule_upkeep(hits_total)
+            self._schedule_upkeep(accesses)
 
-    def _schedule_upkeep(self, hits_total: int) -> None:
+    def _schedule_upkeep(self, accesses: int) -> None:
         """The next upkeep: at the halving, at the window's end if no hit
-        comes meanwhile, or within MIN_WINDOW misses (hits may end it sooner)."""
+        comes meanwhile, or within a slice of the window (hits may end it sooner)."""
         misses = self._misses
-        self._next_upkeep = misses + max(1, min(self._age_at - misses, MIN_WINDOW,
-                                                self._window_end - hits_total - misses))
+        window = max(MIN_WINDOW, len(self._index) // 4)
+        self._next_upkeep = misses + max(1, min(self._age_at - misses, window // UPKEEP_SPLIT,
+                                                self._window_end - accesses))
 
     def fit(self, entries: int) -> None:
-        """Size the sketch, and the stale window from its start, for
-        `entries` cached blocks (at each window's start and after a rebuild:
-        not per put, whose cost it would add to)."""
+        """Size the sketch, and the window from its start, for `entries`
+        cached blocks (at each window's start and after a rebuild: not per
+        put, whose cost it would add to)."""
         self.sketch.fit(entries)
         self._mask = self.sketch.mask
+        self._line = self._mask & LINE_OFF
         self._age_at = self._aged_at + self.sketch.sample
-        self._window_end = (self._window_hits + self._window_misses
-                            + max(MIN_WINDOW, entries // 4))
-        self._schedule_upkeep(self._hits())
+        self._window_end = self._window_start + max(MIN_WINDOW, entries // 4)
+        self._schedule_upkeep(self._accesses())
 
     # -- decisions ---------------------------------------------------------
 
     def admit(self, before: int, victim_counts: Iterable[int]) -> str | None:
         """Whether a block asked for `before` times before may displace the
         blocks with `victim_counts` (those that would leave for it): the
-        reason it is admitted, or None."""
-        self._decided += 1
-        coldest = max(victim_counts, default=-1)
-        if coldest < 0:
-            return self._count(self.admitted, "room")
-        if before > coldest:
-            return self._count(self.admitted, "more_frequent")
-        if self.stale and before > 0:
-            return self._count(self.admitted, "stale_cache")
+        reason it is admitted, or None. Ties stay with the cached blocks."""
+        if before > max(victim_counts, default=-1):
+            self.admitted["more_frequent"] = self.admitted.get("more_frequent", 0) + 1
+            return "more_frequent"
         self.rejected["less_frequent"] = self.rejected.get("less_frequent", 0) + 1
         return None
-
-    @staticmethod
-    def _count(counts: dict[str, int], reason: str) -> str:
-        counts[reason] = counts.get(reason, 0) + 1
-        return reason
 
     def evicted(self, key: str, count: int) -> None:
         """An evicted block remembers its count, should it come back."""
@@ -227,15 +218,19 @@ class Policy:
     def ages(self) -> int:
         return self.sketch.ages
 
-    def stats(self) -> dict:
+    @property
+    def stale(self) -> bool:
+        return self.stale_rule.stale
+
+    def stats(self, queued: int = 0) -> dict:
+        """`queued`: the cache's puts queued so far; those the policy did not
+        decide had room to spare (counted here, not per put)."""
         admitted = dict(self.admitted)
-        # each miss is decided by `admit` unless its dir had room to spare:
-        # those are counted here, not per put (0 if `admit` ran on its own)
-        room = self._misses - self._decided
+        room = queued - admitted.get("more_frequent", 0)
         if room > 0:
-            admitted["room"] = admitted.get("room", 0) + room
-        return {"name": self.name, "stale": self.stale, "admitted": admitted,
-                "rejected": dict(self.rejected)}
+            admitted["room"] = room
+        return {"name": self.name, "stale": self.stale, "demoted": self.stale_rule.demoted,
+                "admitted": admitted, "rejected": dict(self.rejected)}
 
 
 def encode_mtime_ns(seconds: int, count: int) -> int:

@@ -16,8 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench import capacity, policy_sim
 from blockcached import policy as policymod
+from blockcached.index import Index
 from blockcached.policy import Policy, decode_mtime_ns, encode_mtime_ns
+from blockcached.staleness import StaleRule, Verdict
 
 from .engine import Engine, block, key
 
@@ -91,36 +94,153 @@ def test_the_sketch_halves_every_sample_misses():
     assert p.ages == 2
 
 
+def _index(entries: int, count: int = 1, vol: str = "v") -> Index:
+    index = Index(1)
+    index.add_many(0, ((count, f"{vol}_{i}_0_0", 100) for i in range(entries)))
+    return index
+
+
+def _spied(p: Policy) -> list[int]:
+    """The accesses at which `p`'s windows end."""
+    ends: list[int] = []
+    real = p.stale_rule.window_end
+    p.stale_rule.window_end = lambda index, accesses, *a: (ends.append(accesses),
+                                                           real(index, accesses, *a))
+    return ends
+
+
 def test_a_window_is_a_quarter_of_the_entries_read_at_its_start():
-    """The stale check's window: a quarter of the cached blocks' accesses
-    (hits and misses, the hits read from the cache's counters), its length
+    """The stale rule's window: a quarter of the cached blocks' accesses
+    (hits, touches and puts, read from the cache's counters), its length
     read at its start, not at every put."""
-    cached: list[str] = []
-    p = Policy(cached)
-    cached.extend(f"v_{i}_0_0" for i in range(1000))
-    for i in range(policymod.MIN_WINDOW):  # the first window: sized for an empty cache
+    index = _index(1000)
+    counters = {"hits": 0, "touches": 0, "puts": 0}
+    p = Policy(index, counters)
+    ends = _spied(p)
+    for i in range(policymod.MIN_WINDOW):  # the first window: sized before the index was
+        counters["puts"] += 1
         p.miss(f"v_{i}_9_0")
-    cached.extend(f"v_{i}_1_0" for i in range(1000))  # grows during the next window...
-    for _ in range(1000 // 4 - 1):
-        p.miss("v_new_0_0")  # the same block: returning after its first miss
-    assert p._last == (0, 0)  # ...which stays 1000 // 4 long
-    p.miss("v_new_0_0")
-    assert p._last == (0, 1000 // 4 - 1)  # closed: hits in it, returning misses in it
+    assert ends == [policymod.MIN_WINDOW]
+    index.add_many(0, ((1, f"v_{i}_1_0", 100) for i in range(1000)))  # grows meanwhile...
+    for i in range(1000 // 4):
+        counters["puts"] += 1
+        p.miss(f"v_{i}_8_0")
+    assert ends == [policymod.MIN_WINDOW, policymod.MIN_WINDOW + 1000 // 4]  # ...not this one
 
 
-def test_a_window_of_misses_ends_within_min_window_misses_of_its_length():
-    """Hits are not read at every miss: a window whose hits came while no
-    miss did ends at the first upkeep after its length, at most MIN_WINDOW
-    misses later."""
-    counters = {"hits": 0, "touches": 0}
-    p = Policy([f"v_{i}_0_0" for i in range(4000)], counters)
+def test_a_window_of_hits_ends_within_a_slice_of_misses():
+    """Hits are not read at every miss: a window whose length came on hits
+    alone ends at the first upkeep after, within window / UPKEEP_SPLIT misses."""
+    index = _index(4000)
+    counters = {"hits": 0, "touches": 0, "puts": 0}
+    p = Policy(index, counters)
     p.fit(4000)  # a window of 1000 accesses from here
-    for i in range(10):
-        p.miss(f"v_{i}_1_0")
+    ends = _spied(p)
     counters["hits"] = 5000  # the window's length passed on hits alone
-    for i in range(policymod.MIN_WINDOW):
+    for i in range(1000 // policymod.UPKEEP_SPLIT):
+        counters["puts"] += 1
         p.miss(f"v_{i}_2_0")
-    assert p._last == (5000, 0)
+    assert ends == [5000 + 1000 // policymod.UPKEEP_SPLIT]
+
+
+# -- the stale rule -------------------------------------------------------------
+
+def _judge(index: Index, sample, accesses: int, misses: int = 0, returning: int = 0) -> Verdict:
+    return StaleRule().judge(index, 0, sample, accesses, misses, returning)
+
+
+def test_an_old_working_set_no_longer_hit_is_demoted():
+    """Blocks hit while cached (counts of 3) whose oldest half then goes a
+    whole window without a hit: every block untouched meanwhile drops to a
+    count of 0, in its LRU place; what was touched or added keeps its count."""
+    index = _index(1000, count=3)
+    sample = StaleRule.sample(index, 0, accesses=0)
+    for i in range(900, 950):
+        index.touch(f"v_{i}_0_0", 0, 60)  # the youngest blocks: read again
+    index.add_many(0, ((2, f"b_{i}_0_0", 100) for i in range(50)))  # the new job's
+    order = index.lru_order(0)
+    v = _judge(index, sample, accesses=100)
+    assert v.hit == 0 and v.demoted == 950
+    assert index.lru_order(0) == order
+    assert {index.count_of(k) for k in order[:950]} == {0}
+    assert {index.count_of(k) for k in order[950:1000]} == {4}  # touched
+    assert {index.count_of(k) for k in order[1000:]} == {2}     # added
+
+
+def test_leftovers_ahead_of_a_working_set_that_is_hit_are_demoted():
+    """Job A's last blocks at the LRU head, job B's behind them being hit:
+    the unhit run of A's is improbable for live blocks hit at B's rate, so
+    exactly that run is demoted, in place; B's keep their counts."""
+    index = _index(300, count=3, vol="a")
+    index.add_many(0, ((2, f"b_{i}_0_0", 100) for i in range(700)))
+    sample = StaleRule.sample(index, 0, accesses=0)
+    for i in range(0, 200, 2):
+        index.touch(f"b_{i}_0_0", 0, 60)
+    v = _judge(index, sample, accesses=100)
+    assert (v.run, v.demoted) == (300, 300)
+    assert all(index.count_of(f"a_{i}_0_0") == 0 for i in range(300))
+    assert all(index.count_of(f"b_{i}_0_0") >= 2 for i in range(700))
+
+
+def test_a_dataset_read_once_is_not_demoted_until_it_is_asked_for_again():
+    """A first epoch fills the cache with blocks read once (count 1), none hit
+    yet: not stale, unless most misses are blocks coming back refused."""
+    index = _index(1000, count=1)
+    sample = StaleRule.sample(index, 0, accesses=0)
+    assert _judge(index, sample, accesses=250, misses=250, returning=40).demoted == 0
+    assert _judge(index, sample, accesses=250, misses=250, returning=200).demoted == 750
+
+
+@settings(max_examples=60, deadline=None)
+@given(hit_rate=st.floats(0.02, 1.0), seed=st.integers(0, 1 << 30))
+def test_live_blocks_hit_in_random_order_are_not_demoted(hit_rate, seed):
+    """Shuffled epochs: the oldest blocks are hit in random order, each with
+    the same chance in a window. Demoting any of them takes a run of unhit
+    blocks whose odds are below DEAD_ODDS (never, in these 60 draws)."""
+    rng = random.Random(seed)
+    index = _index(2000, count=3)
+    sample = StaleRule.sample(index, 0, accesses=0)
+    touched = [k for k in index.lru_order(0)[:1000] if rng.random() < hit_rate]
+    for k in touched:
+        index.touch(k, 0, 60)
+    assert _judge(index, sample, accesses=len(touched) + 1).demoted == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from("tae"), st.integers(0, 1999)), max_size=400),
+       returning=st.booleans())
+def test_a_block_touched_or_added_since_the_sample_is_never_demoted(ops, returning):
+    """Whatever happens between a sample and its judgement (touches, puts,
+    evictions from the head), the keys touched or added meanwhile keep their
+    counts: only blocks proven untouched are demoted."""
+    index = _index(2000, count=3)
+    sample = StaleRule.sample(index, 0, accesses=0)
+    fresh = set()
+    for op, n in ops:
+        if op == "t":
+            k = f"v_{n}_0_0"
+            if index.touch(k, 0, 60)[0] >= 0:
+                fresh.add(k)
+        elif op == "a":
+            k = f"n_{n}_0_0"
+            if index.add(k, 0, 100, 0, count=2):
+                fresh.add(k)
+        else:
+            index.pop_lru(0, 1)
+    _judge(index, sample, accesses=len(ops), misses=10, returning=10 if returning else 0)
+    assert all(index.count_of(k) > 0 for k in fresh if k in index)
+
+
+def test_a_job_switch_at_realistic_scale():
+    """Job A's dataset (1.5x the cache, 3 epochs), then job B's (0.8x): B
+    reads all hits by its third epoch. In-process (`bench.policy_sim`: the
+    real engine, no daemon, which would take minutes at this size), at
+    32,768 blocks, where the sketch's collisions let part of B in during its
+    first epoch and the old rule (returning misses per hit) never fired."""
+    scale = capacity.Scale(32_768, 1000)
+    b1, b2, b3 = capacity.working_set_change(scale, policy_sim.in_process)
+    assert b3.hit_ratio >= 0.95, (b1, b2, b3)
+    assert b3.notes["A blocks left"] <= 0.2 * scale.blocks
 
 
 @given(seconds=st.integers(0, 1 << 33), count=st.integers(0, 100))
@@ -190,7 +310,7 @@ def test_a_new_working_set_replaces_the_old(engines):
     ratios = [read(e, shuffled(b, 10 + epoch)) for epoch in range(3)]
     assert ratios[2] >= 0.95, ratios
     s = e.cache.stats()
-    assert s["policy"]["admitted"].get("stale_cache", 0) > 0
+    assert s["policy"]["demoted"] > 0
     assert s["volumes"]["b"]["entries"] == 80
 
 
@@ -262,14 +382,12 @@ def test_capacity_never_exceeded_and_a_restart_keeps_the_decisions(reads):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_policy_admits_on_frequency_or_a_stale_cache():
+def test_policy_admits_on_frequency():
     p = Policy()
-    assert p.admit(0, []) == "room"
     assert p.admit(3, [1, 3]) is None       # ties stay with the cached block
     assert p.admit(4, [1, 3]) == "more_frequent"
-    p.stale = True
-    assert p.admit(1, [3]) == "stale_cache"
-    assert p.admit(0, [3]) is None          # never seen before: still refused
+    assert p.admit(1, [0]) == "more_frequent"  # over a demoted block
+    assert p.admit(0, [0]) is None          # never seen before: still refused
     assert p.stats()["rejected"] == {"less_frequent": 2}
 
 
@@ -291,21 +409,35 @@ def test_aging_halves_cached_counts_too(engines):
     assert e.cache.index.lru_order(0) == data  # places kept
 
 
-def test_a_block_is_indexed_with_its_count_at_admission(engines):
-    """A put with room to spare is indexed with the count its miss found
-    (+1 for this access), kept across a restart through its mtime; the
-    admissions with room are counted, though not one by one."""
+def test_a_put_with_room_costs_the_policy_nothing(engines):
+    """A dir with room to spare decides nothing, so the policy reads and
+    writes nothing: the block is indexed with a count of 1, the sketch keeps
+    what it knew of it for its return, and the admissions with room are
+    counted from the queued puts, not one by one."""
     e = engines([DIR])
-    back, new = key(inode=1), key(inode=2)
+    back = key(inode=1)
     e.cache.policy.evicted(back, 6)  # it was cached once, asked for 6 times
-    for k in (back, new):
-        assert e.cache.lookup([k]) == [None]
-        assert e.cache.put(k, block(k, BLOCK)) == (True, "queued")
+    table = bytes(e.cache.policy.sketch.table)
+    assert e.cache.put(back, block(back, BLOCK)) == (True, "queued")
     e.settle()
-    e.run_for(0.05)  # persists the counts in the mtimes
+    assert e.cache.index.count_of(back) == 1
+    assert bytes(e.cache.policy.sketch.table) == table
+    assert e.cache.policy.sketch.estimate(back) == 6
+    assert e.cache.stats()["policy"]["admitted"] == {"room": 1}
+
+
+def test_a_block_admitted_on_its_count_keeps_it(engines):
+    """A block admitted into a full dir on its count is indexed with it (+1
+    for this access), kept across a restart through its mtime."""
+    e = engines([DIR])
+    read(e, [key(inode=i + 100) for i in range(usable_blocks(e))])
+    back = key(inode=1)
+    e.cache.policy.evicted(back, 6)  # it was cached once, asked for 6 times
+    assert e.cache.put(back, block(back, BLOCK)) == (True, "queued")
+    e.settle()
+    e.run_for(0.05)  # persists the count in the mtime
     assert e.cache.index.count_of(back) == 7
-    assert e.cache.index.count_of(new) == 1
-    assert e.cache.stats()["policy"]["admitted"] == {"room": 2}
+    assert e.cache.stats()["policy"]["admitted"]["more_frequent"] == 1
     mtimes = {p.name: os.stat(p).st_mtime_ns for p in Path(e.cfg.cache_dirs[0].path).rglob("*")
-              if p.is_file() and p.name in (back, new)}
+              if p.is_file() and p.name == back}
     assert decode_mtime_ns(mtimes[back])[1] == 7

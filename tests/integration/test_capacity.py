@@ -24,29 +24,31 @@ def _check(results: list[capacity.Result]) -> None:
 
 @pytest.mark.parametrize("times", [1.5, 3])
 def test_shuffled_epochs_reach_the_fixed_subset_optimum(times, tmp_path):
-    results = capacity.shuffled_epochs(SCALE, times, epochs=4, tmp_root=str(tmp_path))
+    results = capacity.shuffled_epochs(SCALE, times, epochs=4,
+                                       cache=capacity.on_daemon(str(tmp_path)))
     _check(results)
     assert all(r.want >= 0.9 * r.optimum > 0 for r in results)
 
 
 def test_a_dataset_that_fits_is_all_hits(tmp_path):
-    _check(capacity.shuffled_epochs(SCALE, 0.9, epochs=3, tmp_root=str(tmp_path)))
+    _check(capacity.shuffled_epochs(SCALE, 0.9, epochs=3, cache=capacity.on_daemon(str(tmp_path))))
 
 
 def test_a_new_working_set_takes_the_place_of_the_old(tmp_path):
-    results = capacity.working_set_change(SCALE, tmp_root=str(tmp_path))
+    results = capacity.working_set_change(SCALE, cache=capacity.on_daemon(str(tmp_path)))
     _check(results)
     b3 = results[-1]
     assert b3.hit_ratio >= 0.95
     assert b3.notes["A blocks left"] <= SCALE.blocks * 0.25  # A's blocks made room
+    assert b3.notes["demoted"] > 0  # by the stale rule, not by chance
 
 
 def test_a_cold_sweep_leaves_the_hot_set(tmp_path):
-    _check(capacity.hot_and_cold_sweep(SCALE, tmp_root=str(tmp_path)))
+    _check(capacity.hot_and_cold_sweep(SCALE, cache=capacity.on_daemon(str(tmp_path))))
 
 
 def test_a_volume_reading_3x_its_quota_leaves_the_other_alone(tmp_path):
-    results = capacity.quotas(SCALE, tmp_root=str(tmp_path))
+    results = capacity.quotas(SCALE, cache=capacity.on_daemon(str(tmp_path)))
     _check(results)
     beside = [r for r in results if "beside" in r.phase]
     assert beside and all(r.hit_ratio == r.optimum for r in beside)
@@ -73,6 +75,8 @@ def test_quota_is_enforced_and_shown(tmp_path):
         for e in range(3):
             r.epoch(capacity.shuffled(capped, e))
             r.epoch(capacity.shuffled(free, e))
+        for _ in range(3):  # ten of them, now read more often, take the others' place
+            r.epoch(capped[20:])
         s = d.client().stats()
         assert s["volumes"]["capped"]["used_bytes"] <= 10 * fb
         assert s["volumes"]["capped"]["quota_bytes"] == 10 * fb

@@ -9,7 +9,8 @@ holds is `capacity` whatever the mix. Bounded by bytes; an entry larger than
 the whole budget is simply not kept.
 
 Keys: a block key string for a block; a tuple (block key, header bytes,
-chunk index) for a chunk, valid only for the block file with that header
+chunk index) for a chunk, or (block key, header bytes, page index, page
+size) for a piece of one, valid only for the block file with that header
 (its salt is random per fill, so a refill is a new name, never stale). A
 block may be bound to the header it was sealed with (`bind_head`): only the
 exact bytes object sealed is bound, and replacing or dropping the block
@@ -27,7 +28,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-ChunkKey = tuple[str, bytes, int]
+ChunkKey = tuple  # (block key, header, chunk index[, page size])
 
 
 class BlockMemory:
@@ -51,16 +52,18 @@ class BlockMemory:
                 self._blocks.move_to_end(key)
             return data
 
-    def get_chunks(self, key: str, head: bytes, first: int, end: int) -> list[bytes] | None:
-        """Chunks [first, end) of the block file `key` with header `head`;
-        None unless all of them are held. Without the lock (a handle's
-        repeat hits, `handlehits`): each dict step is atomic under the GIL,
-        an entry dropped meanwhile still holds the right bytes, and a
-        recency mark lost to a race only makes the LRU less exact."""
+    def get_pieces(self, key: str, head: bytes, first: int, end: int,
+                   page: int = 0) -> list[bytes] | None:
+        """Chunks [first, end) of the block file `key` with header `head` (or
+        its pages, keyed with their size `page`); None unless all of them
+        are held. Without the lock (a handle's repeat hits, `handlehits`):
+        each dict step is atomic under the GIL, an entry dropped meanwhile
+        still holds the right bytes, and a recency mark lost to a race only
+        makes the LRU less exact."""
         blocks = self._blocks
         got = []
         for i in range(first, end):
-            ck = (key, head, i)
+            ck = (key, head, i, page) if page else (key, head, i)
             data = blocks.get(ck)
             if data is None:
                 return None

@@ -4,8 +4,9 @@
 block, not a nowait probe). The block file is the one a handle holds open
 (`blockfds`, revalidated) or opened for this read; its header names the
 chunks (`chunks`): those kept are served from memory, the others are read,
-decrypted one by one and kept. Judged like every hit (`hits`): a missing
-file is a miss, a bad one is evicted through the daemon.
+decrypted one by one and kept (a small read keeps only its pages). Judged
+like every hit (`hits`): a missing file is a miss, a bad one is evicted
+through the daemon.
 
 A chunk in memory was authenticated when it was decrypted (or was sealed by
 this process): as long as the file in place carries the same header, it is
@@ -23,7 +24,7 @@ from ..contract.blockfile import HEADER_SIZE, TAG_SIZE
 from ..contract.errors import FormatError, IntegrityError
 from ..contract.layout import Layout
 from .blockfds import BlockFiles
-from .chunks import ChunkCache, assemble, cut
+from .chunks import PAGE, PAGE_READ_MAX, ChunkCache, assemble, cut
 from .handlehits import HandleBlocks
 from .hits import _O_RDONLY, HitReader, check_block_stat
 
@@ -76,7 +77,15 @@ class ChunkedHits:
                     ent = self.files.adopt(key, fd, head, size, holder.keys)
             if holder is not None:
                 holder.remember(key, ent)
-            if end - first == 1:  # the usual small read: one chunk, no list
+            small = hi - lo <= PAGE_READ_MAX
+            if small:
+                pages = self.cache.mem.get_pieces(key, head, lo // PAGE, (hi - 1) // PAGE + 1,
+                                                  PAGE)
+                if pages is not None:
+                    self.counters.add3("hits", "hit_bytes", hi - lo, "chunk_hits")
+                    self._link.touch(key)
+                    return assemble(pages, lo // PAGE, PAGE, lo, hi, out)
+            elif end - first == 1:  # one chunk, no list
                 piece = self._mem_get((key, head, first))
                 if piece is not None:
                     self.counters.add3("hits", "hit_bytes", hi - lo, "chunk_hits")
@@ -85,10 +94,12 @@ class ChunkedHits:
                     return got
             pieces = self.cache.pieces(key, head, first, end)
             if None in pieces:
-                self._decrypt(fd, key, head, size, blen, first, pieces)
+                self._decrypt(fd, key, head, size, blen, first, pieces, keep=not small)
                 self.counters.add2("hits", "hit_bytes", hi - lo)
             else:
                 self.counters.add3("hits", "hit_bytes", hi - lo, "chunk_hits")
+            if small:
+                self.cache.keep_pages(key, head, blen, pieces, first, lo, hi)
             got = assemble(pieces, first, c, lo, hi, out)
             self._link.touch(key)
             return got
@@ -132,9 +143,9 @@ class ChunkedHits:
         return fd, head, st.st_size
 
     def _decrypt(self, fd: int, key: str, head: bytes, size: int, blen: int, first: int,
-                 pieces: list[bytes | None]) -> None:
+                 pieces: list[bytes | None], keep: bool) -> None:
         """Read and decrypt the chunks missing from `pieces` (chunks `first`..),
-        fill them in and keep them."""
+        fill them in, and keep them if `keep` (a small read keeps its pages)."""
         c = self._chunk_size
         cipher = self._cipher(key, head, blen)
         nchunks = -(-blen // c) or 1
@@ -156,6 +167,7 @@ class ChunkedHits:
             for k in range(i, j):
                 index, at = first + k, (k - i) * step
                 plain = cipher.open_chunks(index, index + 1, data[at:at + step])
-                self.cache.keep(key, head, index, plain)
+                if keep:
+                    self.cache.keep(key, head, index, plain)
                 pieces[k] = plain
             i = j

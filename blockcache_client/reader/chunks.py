@@ -20,6 +20,14 @@ file), a large read, or one that starts where the last read of its block
 ended (a stream, such as FUSE's 128 KiB requests) would only push blocks
 out of the LRU. The block a miss fetched for such a read is transient
 (`blockmem`): its chunks are what stays.
+
+Pages: a read of at most `PAGE_READ_MAX` bytes (an LMDB page, a record
+header) keeps only the `PAGE`-sized pieces of the chunk it touches, keyed
+(block key, header bytes, page index, PAGE). Whole 64 KiB chunks for 4 KiB
+random reads would hold 16 times the bytes read, so a budget that holds an
+epoch's pages would hold a sixteenth of its chunks, and each epoch would
+decrypt again what the one before pushed out. A small read looks for its
+pages first, then for the chunks a larger read kept.
 """
 
 from __future__ import annotations
@@ -27,12 +35,23 @@ from __future__ import annotations
 import threading
 
 from ..blockmem import BlockMemory
-from ..contract.blockfile import chunk_span
 
 CHUNKED_READ_MAX = 256 << 10  # larger reads stream: their chunks are not kept
 PENDING_LIMIT = 4096          # blocks whose read chunks wait for their seal
 UNSEALED = b""                # the header of chunks that wait for their block's seal
 ENDS_LIMIT = 4096             # blocks whose last small read's end is remembered
+PAGE = 4 << 10                # what a small read keeps of a chunk: its pages only
+PAGE_READ_MAX = 16 << 10      # reads up to this keep pages, larger ones whole chunks
+
+
+def spans(key: str, head: bytes, blen: int, chunk: int, lo: int, hi: int):
+    """The LRU keys of what a read of [lo, hi) of a `blen`-byte block keeps
+    (its pages if it is small, else its chunks), each with its byte range."""
+    if hi - lo <= PAGE_READ_MAX:
+        return [((key, head, p, PAGE), p * PAGE, min(blen, (p + 1) * PAGE))
+                for p in range(lo // PAGE, (hi - 1) // PAGE + 1)]
+    return [((key, head, i), i * chunk, min(blen, (i + 1) * chunk))
+            for i in range(lo // chunk, (hi - 1) // chunk + 1)]
 
 
 class ChunkCache:
@@ -43,7 +62,8 @@ class ChunkCache:
         self.chunk_size = chunk_size
         # a budget that cannot hold a few chunks beside one block gains nothing
         self.enabled = bool(enabled) and mem.capacity > 0
-        self._pending: dict[str, set[int]] = {}  # block key -> chunks read before its seal
+        # block key -> (LRU key under UNSEALED, start, end) of pieces read before its seal
+        self._pending: dict[str, set[tuple]] = {}
         self._ends: dict[str, int] = {}  # block key -> where its last small read ended
         self._lock = threading.Lock()
 
@@ -70,42 +90,48 @@ class ChunkCache:
     def keep(self, key: str, head: bytes, index: int, plain: bytes) -> None:
         self.mem.put((key, head, index), plain)
 
+    def keep_pages(self, key: str, head: bytes, blen: int, chunks: list[bytes], first: int,
+                   lo: int, hi: int) -> None:
+        """Keep the pages a small read of [lo, hi) touched, cut from its
+        decrypted chunks `first`.. (`chunks`)."""
+        c = self.chunk_size
+        for ck, start, stop in spans(key, head, blen, c, lo, hi):
+            i = start // c - first
+            at = start - (first + i) * c
+            self.mem.put(ck, chunks[i][at:at + stop - start])
+
     def saw(self, key: str, data: bytes, head: bytes | None, lo: int, hi: int) -> None:
         """A read of [lo, hi) served from the block `data` in memory (sealed
-        with `head`, None if not sealed yet): keep the chunks it touched."""
-        c = self.chunk_size
-        first, end = chunk_span(len(data), c, lo, hi - lo)
+        with `head`, None if not sealed yet): keep the pages or chunks it touched."""
+        kept = spans(key, UNSEALED if head is None else head, len(data), self.chunk_size, lo, hi)
         if head is None:
-            head = UNSEALED
             with self._lock:
-                idx = self._pending.get(key)
-                if idx is None:
+                waiting = self._pending.get(key)
+                if waiting is None:
                     if len(self._pending) >= PENDING_LIMIT:
                         self._pending.clear()
-                    idx = self._pending[key] = set()
-                idx.update(range(first, end))
+                    waiting = self._pending[key] = set()
+                waiting.update(kept)
         mem = self.mem
-        for i in range(first, end):
-            ck = (key, head, i)
+        for ck, start, stop in kept:
             if mem.get(ck) is None:
-                mem.put(ck, data[i * c:(i + 1) * c])
+                mem.put(ck, data[start:stop])
 
     def sealed(self, key: str, plaintext: bytes, head: bytes) -> None:
         """The block `plaintext` was sealed with `head` (the fill thread's
-        `Sealer`): bind it if the LRU holds it, and keep the chunks reads
-        touched before under `head`, those that are exactly its bytes."""
+        `Sealer`): bind it if the LRU holds it, and keep the pages and chunks
+        reads touched before under `head`, those that are exactly its bytes."""
         if not self.enabled:
             return
         self.mem.bind_head(key, plaintext, head)
         with self._lock:
-            idx = self._pending.pop(key, None)
-        c = self.chunk_size
-        for i in sorted(idx or ()):
-            chunk = self.mem.pop((key, UNSEALED, i))
+            waiting = self._pending.pop(key, None)
+        for ck, start, stop in sorted(waiting or ()):
+            piece = self.mem.pop(ck)
             # another fetch of this key may have left these (a file that
             # changed without a new version): only the same bytes are kept
-            if chunk is not None and chunk == plaintext[i * c:(i + 1) * c]:
-                self.mem.put((key, head, i), chunk)
+            if piece is not None and piece == plaintext[start:stop]:
+                self.mem.put((key, head) + ck[2:], piece)
 
 
 def cut(piece: bytes, skip: int, n: int, out: memoryview | None):

@@ -7,7 +7,7 @@ in a dict lookup and a copy. The handle is pinned to one file version, so
 once one of its reads went through the chunk cache (`chunkhits`), it
 remembers that block's key and open file (`blockfds.OpenBlock`, with the
 header its chunks are kept under); the next read of that block is served
-here: one fstat, one lookup of its chunks in the LRU, one copy.
+here: one fstat, one lookup of its pages or chunks in the LRU, one copy.
 
 Never stale: the fstat is the table's revalidation (a block file evicted or
 replaced has no link left), and an entry the table has let go of (`doomed`,
@@ -28,7 +28,7 @@ import os
 from ..common.forks import generation as _forks
 from ..fileinfo import FileInfo
 from .blockfds import OpenBlock
-from .chunks import CHUNKED_READ_MAX, assemble, cut
+from .chunks import CHUNKED_READ_MAX, PAGE, PAGE_READ_MAX, assemble, cut
 
 
 class HandleBlocks:
@@ -81,10 +81,13 @@ class HandleBlocks:
         if ent.doomed or not linked:  # doomed: the fstat may have seen a reused number
             self.open.pop(key, None)
             return None
-        c = hits.chunk_size
         lo = pos - b * bs
+        if size <= PAGE_READ_MAX:  # a small read keeps its pages (`chunks`)
+            c, page = PAGE, PAGE
+        else:
+            c, page = hits.chunk_size, 0
         first = lo // c
-        pieces = hits.mem.get_chunks(key, ent.head, first, (end - 1 - b * bs) // c + 1)
+        pieces = hits.mem.get_pieces(key, ent.head, first, (end - 1 - b * bs) // c + 1, page)
         if pieces is None:
             return None
         hits.counters.chunk_hit(end - pos)

@@ -129,6 +129,47 @@ def test_cold_random_reads_keep_their_chunks_for_the_next_epoch(local_source, ke
     assert after["memory_bytes"] <= 8 << 20
 
 
+def test_small_reads_keep_pages_so_an_epoch_fits_a_budget_its_chunks_do_not(
+        local_source, key_file, daemon):
+    """300 random 4 KiB reads: their 64 KiB chunks (19 MiB) would not fit a
+    4 MiB budget, their pages (1.2 MiB) do, so the second epoch decrypts
+    nothing, however the handles were opened."""
+    data = random.Random(12).randbytes(32 * BS)
+    filled(local_source, key_file, daemon, "f.bin", data)
+    offsets = random.Random(13).sample(range(0, len(data) - 4096, 4096), 300)
+    offsets = [o + (o // 4096) % 7 * 100 for o in offsets]  # some straddle two pages
+    with volume(local_source, key_file, daemon, memory_cache_bytes=4 << 20) as vol:
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
+        for _ in range(2):  # the second epoch finds every page the first kept
+            before = vol.stats()
+            with vol.open("f.bin") as f:
+                for off in offsets:
+                    f.seek(off)
+                    assert f.read(4096) == data[off:off + 4096]
+            after = vol.stats()
+        assert after["chunk_hits"] - before["chunk_hits"] == len(offsets)
+        assert after["hits"] - before["hits"] == len(offsets)
+        assert after["misses"] == 0
+        assert after["chunk_bytes"] <= 2 * 4096 * len(offsets)
+        assert after["memory_bytes"] <= 4 << 20
+
+
+def test_a_small_read_is_served_from_the_chunk_a_larger_read_kept(local_source, key_file,
+                                                                  daemon):
+    data = random.Random(14).randbytes(2 * BS)
+    filled(local_source, key_file, daemon, "f.bin", data)
+    with volume(local_source, key_file, daemon) as vol:
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
+        with vol.open("f.bin") as f:
+            f.seek(CHUNK)
+            assert f.read(2 * CHUNK) == data[CHUNK:3 * CHUNK]  # keeps chunks 1 and 2
+            hits = vol.stats()["chunk_hits"]
+            for off in (CHUNK + 5, 2 * CHUNK - 100, 3 * CHUNK - 4096):
+                f.seek(off)
+                assert f.read(4096) == data[off:off + 4096]
+            assert vol.stats()["chunk_hits"] == hits + 3
+
+
 @pytest.mark.parametrize("refill", [True, False], ids=["refilled", "evicted"])
 @pytest.mark.parametrize("through", ["handle", "read"])
 def test_evicted_block_is_never_served_from_chunks(local_source, key_file, daemon, refill,

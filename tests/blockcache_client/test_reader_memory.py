@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blockcache_client.blockmem import BlockMemory
 from blockcache_client.reader.blockfds import BlockFiles
-from blockcache_client.reader.chunks import UNSEALED, ChunkCache
+from blockcache_client.reader.chunks import PAGE, UNSEALED, ChunkCache
 
 CAP = 1000
 keys = st.sampled_from([f"v_{i}_{j:016x}" for i in range(3) for j in range(4)])
@@ -90,14 +91,34 @@ def test_a_file_held_by_a_read_is_closed_when_given_back(tmp_path):
     assert ent.closed and len(files) == 0 and not owner
 
 
-def test_chunks_read_before_the_seal_are_kept_only_for_the_same_bytes():
+@pytest.mark.parametrize("lo,hi,kept", [(5000, 5100, ("k", UNSEALED, 1, PAGE)),
+                                         (70000, 70000 + (20 << 10), ("k", UNSEALED, 1))],
+                         ids=["page", "chunk"])
+def test_pieces_read_before_the_seal_are_kept_only_for_the_same_bytes(lo, hi, kept):
+    """A small read keeps the page it touched, a larger one its chunk: both
+    wait under UNSEALED and are kept under the real header only if the
+    block sealed holds exactly their bytes."""
+    chunk = 64 << 10
     mem = BlockMemory(1 << 20)
-    chunks = ChunkCache(mem, 4096)
-    old, new = os.urandom(4 * 4096), os.urandom(4 * 4096)
-    chunks.saw("k", old, None, 5000, 5100)  # chunk 1 read before the seal: waits
-    assert mem.get(("k", UNSEALED, 1)) is not None and mem.get(("k", b"H", 1)) is None
+    chunks = ChunkCache(mem, chunk)
+    old, new = os.urandom(4 * chunk), os.urandom(4 * chunk)
+    start = kept[2] * (kept[3] if len(kept) == 4 else chunk)
+    piece = old[start:start + (kept[3] if len(kept) == 4 else chunk)]
+
+    def under(head):
+        return (kept[0], head) + kept[2:]
+    chunks.saw("k", old, None, lo, hi)  # read before the seal: waits
+    assert mem.get(kept) == piece and mem.get(under(b"H")) is None
+    assert mem.chunk_bytes == len(piece)  # a page of a 4 KiB read, not its whole chunk
     chunks.sealed("k", new, b"H")  # other bytes sealed under this key: not kept
-    assert mem.get(("k", b"H", 1)) is None and mem.chunk_bytes == 0
-    chunks.saw("k", old, None, 5000, 5100)
+    assert mem.get(under(b"H")) is None and mem.chunk_bytes == 0
+    chunks.saw("k", old, None, lo, hi)
     chunks.sealed("k", old, b"H2")
-    assert mem.get(("k", b"H2", 1)) == old[4096:8192] and mem.chunk_bytes == 4096
+    assert mem.get(under(b"H2")) == piece and mem.chunk_bytes == len(piece)
+
+
+@pytest.mark.parametrize("soft,limit", [(20000, 1024), (1024, 256), (40, 10)])
+def test_block_files_kept_open_leave_most_of_the_open_files_limit(monkeypatch, soft, limit):
+    from blockcache_client.reader import blockfds
+    monkeypatch.setattr(blockfds.resource, "getrlimit", lambda what: (soft, 1 << 20))
+    assert BlockFiles().limit == limit

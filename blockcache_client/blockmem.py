@@ -9,9 +9,9 @@ holds is `capacity` whatever the mix. Bounded by bytes; an entry larger than
 the whole budget is simply not kept.
 
 Keys: a block key string for a block; a tuple (block key, header bytes,
-chunk index) for a chunk, or (block key, header bytes, page index, page
-size) for a piece of one, valid only for the block file with that header
-(its salt is random per fill, so a refill is a new name, never stale). A
+start, stop) for a piece of its plaintext the chunk cache keeps (pages or
+a run of chunks), valid only for the block file with that header (its
+salt is random per fill, so a refill is a new name, never stale). A
 block may be bound to the header it was sealed with (`bind_head`): only the
 exact bytes object sealed is bound, and replacing or dropping the block
 drops the binding.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-ChunkKey = tuple  # (block key, header, chunk index[, page size])
+ChunkKey = tuple[str, bytes, int, int]  # (block key, header, start, stop)
 
 
 class BlockMemory:
@@ -52,27 +52,19 @@ class BlockMemory:
                 self._blocks.move_to_end(key)
             return data
 
-    def get_pieces(self, key: str, head: bytes, first: int, end: int,
-                   page: int = 0) -> list[bytes] | None:
-        """Chunks [first, end) of the block file `key` with header `head` (or
-        its pages, keyed with their size `page`); None unless all of them
-        are held. Without the lock (a handle's repeat hits, `handlehits`):
-        each dict step is atomic under the GIL, an entry dropped meanwhile
-        still holds the right bytes, and a recency mark lost to a race only
-        makes the LRU less exact."""
+    def peek(self, key: str | ChunkKey) -> bytes | None:
+        """`get` without the lock (the chunk cache's lookups, a handle's
+        repeat hits): each dict step is atomic under the GIL, an entry
+        dropped meanwhile still holds the right bytes, and a recency mark
+        lost to a race only makes the LRU less exact."""
         blocks = self._blocks
-        got = []
-        for i in range(first, end):
-            ck = (key, head, i, page) if page else (key, head, i)
-            data = blocks.get(ck)
-            if data is None:
-                return None
+        data = blocks.get(key)
+        if data is not None:
             try:
-                blocks.move_to_end(ck)
+                blocks.move_to_end(key)
             except KeyError:  # dropped since the get
                 pass
-            got.append(data)
-        return got
+        return data
 
     def get_bound(self, key: str) -> tuple[bytes | None, bytes | None]:
         """A block and the header it was sealed with (None if not bound yet),
@@ -142,7 +134,7 @@ class BlockMemory:
         """Drop every block and chunk whose block key starts with `prefix`;
         return how many entries."""
         with self._lock:
-            # a copy first: a lock-free `get_chunks` may reorder the dict meanwhile
+            # a copy first: a lock-free `peek` may reorder the dict meanwhile
             doomed = [k for k in list(self._blocks)
                       if (k[0] if type(k) is tuple else k).startswith(prefix)]
             for k in doomed:

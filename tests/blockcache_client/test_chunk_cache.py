@@ -162,12 +162,30 @@ def test_a_small_read_is_served_from_the_chunk_a_larger_read_kept(local_source, 
         wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
         with vol.open("f.bin") as f:
             f.seek(CHUNK)
-            assert f.read(2 * CHUNK) == data[CHUNK:3 * CHUNK]  # keeps chunks 1 and 2
+            assert f.read(CHUNK) == data[CHUNK:2 * CHUNK]  # keeps chunk 1
             hits = vol.stats()["chunk_hits"]
-            for off in (CHUNK + 5, 2 * CHUNK - 100, 3 * CHUNK - 4096):
+            for off in (CHUNK + 5, 2 * CHUNK - 4096):
                 f.seek(off)
                 assert f.read(4096) == data[off:off + 4096]
-            assert vol.stats()["chunk_hits"] == hits + 3
+            assert vol.stats()["chunk_hits"] == hits + 2
+
+
+def test_a_repeated_aligned_read_is_the_kept_bytes_object(local_source, key_file, daemon):
+    """A read of whole chunks keeps them as one piece: reading the same range
+    again returns that object, with no copy; a read inside it is a copy."""
+    data = random.Random(15).randbytes(2 * BS)
+    filled(local_source, key_file, daemon, "f.bin", data)
+    with volume(local_source, key_file, daemon) as vol:
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
+        with vol.open("f.bin") as f:
+            got = []
+            for off, n in ((BS + 2 * CHUNK, 2 * CHUNK), (BS + 2 * CHUNK, 2 * CHUNK),
+                           (BS + 2 * CHUNK + 100, CHUNK)):
+                f.seek(off)
+                got.append(f.read(n))
+                assert got[-1] == data[off:off + n]
+        assert got[1] is got[0]
+        assert vol.stats()["chunk_hits"] == 2
 
 
 @pytest.mark.parametrize("refill", [True, False], ids=["refilled", "evicted"])

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from blockcache_client.blockmem import BlockMemory
 from blockcache_client.reader.blockfds import BlockFiles
-from blockcache_client.reader.chunks import PAGE, UNSEALED, ChunkCache
+from blockcache_client.reader.chunks import UNSEALED, ChunkCache
 
 CAP = 1000
 keys = st.sampled_from([f"v_{i}_{j:016x}" for i in range(3) for j in range(4)])
@@ -91,25 +91,24 @@ def test_a_file_held_by_a_read_is_closed_when_given_back(tmp_path):
     assert ent.closed and len(files) == 0 and not owner
 
 
-@pytest.mark.parametrize("lo,hi,kept", [(5000, 5100, ("k", UNSEALED, 1, PAGE)),
-                                         (70000, 70000 + (20 << 10), ("k", UNSEALED, 1))],
-                         ids=["page", "chunk"])
-def test_pieces_read_before_the_seal_are_kept_only_for_the_same_bytes(lo, hi, kept):
-    """A small read keeps the page it touched, a larger one its chunk: both
-    wait under UNSEALED and are kept under the real header only if the
-    block sealed holds exactly their bytes."""
+@pytest.mark.parametrize("lo,hi,start,stop", [(5000, 5100, 4096, 8192),
+                                               (70000, 70000 + (80 << 10), 65536, 196608)],
+                         ids=["page", "run"])
+def test_pieces_read_before_the_seal_are_kept_only_for_the_same_bytes(lo, hi, start, stop):
+    """A small read keeps the page it touched, a larger one its run of
+    chunks: both wait under UNSEALED and are kept under the real header only
+    if the block sealed holds exactly their bytes."""
     chunk = 64 << 10
     mem = BlockMemory(1 << 20)
     chunks = ChunkCache(mem, chunk)
     old, new = os.urandom(4 * chunk), os.urandom(4 * chunk)
-    start = kept[2] * (kept[3] if len(kept) == 4 else chunk)
-    piece = old[start:start + (kept[3] if len(kept) == 4 else chunk)]
+    piece = old[start:stop]
 
     def under(head):
-        return (kept[0], head) + kept[2:]
+        return ("k", head, start, stop)
     chunks.saw("k", old, None, lo, hi)  # read before the seal: waits
-    assert mem.get(kept) == piece and mem.get(under(b"H")) is None
-    assert mem.chunk_bytes == len(piece)  # a page of a 4 KiB read, not its whole chunk
+    assert mem.get(under(UNSEALED)) == piece and mem.get(under(b"H")) is None
+    assert mem.chunk_bytes == len(piece)  # a page of a 100-byte read, not its whole chunk
     chunks.sealed("k", new, b"H")  # other bytes sealed under this key: not kept
     assert mem.get(under(b"H")) is None and mem.chunk_bytes == 0
     chunks.saw("k", old, None, lo, hi)

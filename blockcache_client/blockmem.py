@@ -14,7 +14,7 @@ a run of chunks), valid only for the block file with that header (its
 salt is random per fill, so a refill is a new name, never stale). A
 block may be bound to the header it was sealed with (`bind_head`): only the
 exact bytes object sealed is bound, and replacing or dropping the block
-drops the binding.
+drops the binding. A piece is charged its bytes and `PIECE_OVERHEAD`.
 
 A block fetched for one small random read is *transient*: worth keeping
 only while its fill is on the way. It is kept only in free room or in the
@@ -29,19 +29,23 @@ import threading
 from collections import OrderedDict
 
 ChunkKey = tuple[str, bytes, int, int]  # (block key, header, start, stop)
+# what a piece costs beyond its bytes (its key tuple and ints, the LRU's
+# node, the bytes object's header), charged to the budget: ~6% of a 4 KiB page
+PIECE_OVERHEAD = 256
 
 
 class BlockMemory:
     """Thread-safe LRU: block key or `ChunkKey` -> immutable bytes, capped at `capacity` bytes."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, piece_overhead: int = PIECE_OVERHEAD):
         self.capacity = max(0, int(capacity))
+        self.piece_overhead = piece_overhead
         self._lock = threading.Lock()
         self._blocks: OrderedDict[str | ChunkKey, bytes] = OrderedDict()
         self._heads: dict[str, bytes] = {}  # block key -> header it was sealed with
         self._transient: OrderedDict[str, None] = OrderedDict()  # evicted first
         self._bytes = 0
-        self.chunk_bytes = 0  # of `_bytes`, held by chunks
+        self.chunk_bytes = 0  # of `_bytes`, held by pieces (with their overhead)
 
     def get(self, key: str | ChunkKey) -> bytes | None:
         if not self._blocks:  # lock-free fast path for the common empty case
@@ -79,20 +83,22 @@ class BlockMemory:
             return data, self._heads.get(key)
 
     def put(self, key: str | ChunkKey, data: bytes, transient: bool = False) -> None:
-        if len(data) > self.capacity:
+        piece = type(key) is tuple
+        cost = len(data) + self.piece_overhead if piece else len(data)
+        if cost > self.capacity:
             return
         with self._lock:
             self._drop(key)
             if transient:
-                while self._bytes + len(data) > self.capacity and self._transient:
+                while self._bytes + cost > self.capacity and self._transient:
                     self._drop(next(iter(self._transient)))
-                if self._bytes + len(data) > self.capacity:
+                if self._bytes + cost > self.capacity:
                     return  # it would push out chunks or a stream's blocks
                 self._transient[key] = None
             self._blocks[key] = data
-            self._bytes += len(data)
-            if type(key) is tuple:
-                self.chunk_bytes += len(data)
+            self._bytes += cost
+            if piece:
+                self.chunk_bytes += cost
             while self._bytes > self.capacity:  # transient blocks first, then by recency
                 self._drop(next(iter(self._transient), None) or next(iter(self._blocks)))
 
@@ -123,10 +129,11 @@ class BlockMemory:
         old = self._blocks.pop(key, None)
         if old is None:
             return
-        self._bytes -= len(old)
         if type(key) is tuple:
-            self.chunk_bytes -= len(old)
+            self._bytes -= len(old) + self.piece_overhead
+            self.chunk_bytes -= len(old) + self.piece_overhead
         else:
+            self._bytes -= len(old)
             self._heads.pop(key, None)
             self._transient.pop(key, None)
 

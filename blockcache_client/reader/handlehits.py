@@ -60,7 +60,7 @@ class HandleBlocks:
         `out`) from pages or chunks kept in memory, counted as a chunk hit;
         None if the full read path must decide (nothing counted then)."""
         vol = self._volume
-        if vol._fork_gen != _forks[0] or vol._closed or size > CHUNKED_READ_MAX:
+        if not self.open or vol._fork_gen != _forks[0] or vol._closed or size > CHUNKED_READ_MAX:
             return None
         end = pos + size
         if end > self._size:

@@ -103,6 +103,28 @@ class ChunkedHits:
             elif mine >= 0:
                 os.close(mine)
 
+    def hold(self, key: str, head: bytes, holder: HandleBlocks) -> None:
+        """A handle read `key`'s block from memory, sealed by this process
+        with `head`: once its fill has landed (the file in place has that
+        header), keep the file open for the handle, so its next reads of
+        the block, the next epoch's too, take the short path (`handlehits`)."""
+        layout = self._link.layout
+        path = layout.path(key) if layout is not None else None
+        if path is None:
+            return
+        try:
+            fd, disk_head, size = self._open(path, key)
+        except (FormatError, OSError):  # judged by the reads that need the file
+            return
+        if fd < 0:
+            return
+        if disk_head != head:  # another fill won: its pieces are not these
+            os.close(fd)
+            return
+        ent = self.files.adopt(key, fd, head, size, holder.keys)
+        holder.remember(key, ent)
+        self.files.give_back(ent)
+
     def _open(self, path: str, key: str) -> tuple[int, bytes, int]:
         """(fd, header bytes, file size) of the block file at `path`; fd -1
         if there is none. FormatError (after closing it) for a file that is

@@ -4,12 +4,13 @@ Why: a warm small read through a held `VolumeFile` walks the whole read path
 (the version's key prefix, the sequential detector, `chunks.wants`, the
 hit reader, a borrow of the block file under the table's lock) only to end
 in a dict lookup and a copy. The handle is pinned to one file version, so
-once one of its reads went through the chunk cache (`chunkhits`), it
-remembers that block's open file by block index (`blockfds.OpenBlock`, with
-its key and the header its pieces are kept under); the next read of that
-block is served here: one fstat, one lookup of its pieces in the LRU (an
-aligned read of what a read before kept is that very bytes object, no
-copy).
+once one of its reads went through the chunk cache (`chunkhits`), or read
+the block from memory once this process's fill of it had landed
+(`ChunkedHits.hold`), it remembers that block's open file by block index
+(`blockfds.OpenBlock`, with its key and the header its pieces are kept
+under); the next read of that block is served here: one fstat, one lookup
+of its pieces in the LRU (an aligned read of what a read before kept is
+that very bytes object, no copy).
 
 Never stale: the fstat is the table's revalidation (a block file evicted or
 replaced has no link left), and an entry the table has let go of (`doomed`,

@@ -141,3 +141,28 @@ def test_chunk_hits_counted_without_the_lock_add_up_exactly():
     n = per_thread * threads
     assert (s["hits"], s["hit_bytes"], s["chunk_hits"]) == (n, 3 * n, n)
     assert most[0] <= counters_mod.PENDING_HITS + threads
+
+
+def test_a_block_read_from_memory_is_held_once_its_fill_landed(local_source, key_file, daemon):
+    """A handle that read a block only from memory (it fetched it, this
+    process sealed it) keeps the block file open once the fill is in place:
+    the next epoch's reads of that block take the short path, no reopening."""
+    data = random.Random(23).randbytes(2 * BS)
+    local_source.write("f.bin", data)
+    with volume(local_source, key_file, daemon) as vol:
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
+        with vol.open("f.bin") as f:
+            f.seek(BS + 100)
+            assert f.read(4096) == data[BS + 100:BS + 4196]  # a miss: fetched, filled
+            settle(vol, daemon)
+            assert vol.stats()["open_block_files"] == 0
+            f.seek(BS + 3 * CHUNK)
+            assert f.read(4096) == data[BS + 3 * CHUNK:BS + 3 * CHUNK + 4096]  # from memory
+            before = vol.stats()
+            assert before["memory_hits"] == 1 and before["open_block_files"] == 1
+            for off in (BS + 100, BS + 3 * CHUNK):  # the pages kept, through the held file
+                f.seek(off)
+                assert f.read(4096) == data[off:off + 4096]
+            after = vol.stats()
+        assert after["chunk_hits"] - before["chunk_hits"] == 2
+        assert after["memory_hits"] == before["memory_hits"] and after["misses"] == 1

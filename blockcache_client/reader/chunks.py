@@ -30,9 +30,11 @@ are never served), and are kept under the real one if the block sealed
 holds exactly their bytes there.
 
 Only small partial reads keep anything (`wants`): a whole-block read (a
-small file), a large read, or one that starts where the last read of its
-block ended (a stream, such as FUSE's 128 KiB requests) would only push
-blocks out of the LRU. The block a miss fetched for such a read is
+small file), a large read, or the third of a run of reads each starting
+where the last one of its block ended (a stream, such as FUSE's 128 KiB
+requests) would only push blocks out of the LRU. Two in a row are not a
+stream: random reads at aligned offsets meet by chance, and each epoch
+would decrypt the second again. The block a miss fetched for such a read is
 transient (`blockmem`): its pieces are what stays.
 """
 
@@ -97,7 +99,9 @@ class ChunkCache:
         self.enabled = bool(enabled) and mem.capacity > 0
         # block key -> (LRU key under UNSEALED, start, end) of pieces read before its seal
         self._pending: dict[str, set[tuple]] = {}
-        self._ends: dict[str, int] = {}  # block key -> where its last small read ended
+        # block key -> (where its last small read ended, whether that read
+        # continued the one before it)
+        self._ends: dict[str, tuple[int, bool]] = {}
         self._lock = threading.Lock()
 
     def wants(self, key: str, blen: int, lo: int, hi: int) -> bool:
@@ -106,13 +110,16 @@ class ChunkCache:
         if not self.enabled or hi - lo >= blen or hi - lo > CHUNKED_READ_MAX:
             return False
         ends = self._ends
-        if ends.get(key) == lo:  # continues the last read: a stream
-            ends[key] = hi
-            self.mem.not_transient(key)
-            return False
+        last = ends.get(key)
+        if last is not None and last[0] == lo:  # continues the last read
+            ends[key] = (hi, True)
+            if last[1]:  # and that one continued another: a stream
+                self.mem.not_transient(key)
+                return False
+            return True  # random reads at aligned offsets meet by chance
         if len(ends) >= ENDS_LIMIT:
             ends.clear()
-        ends[key] = hi
+        ends[key] = (hi, False)
         return True
 
     def keep(self, key: str, head: bytes, blen: int, plain: bytes, start: int, lo: int,

@@ -134,3 +134,16 @@ def test_block_files_kept_open_leave_most_of_the_open_files_limit(monkeypatch, s
     from blockcache_client.reader import blockfds
     monkeypatch.setattr(blockfds.resource, "getrlimit", lambda what: (soft, 1 << 20))
     assert BlockFiles().limit == limit
+
+
+def test_two_adjacent_reads_are_not_yet_a_stream():
+    """Random reads at aligned offsets meet by chance: the second of two in
+    a row keeps its pieces; the third is a stream and keeps none."""
+    chunks = ChunkCache(BlockMemory(1 << 20), 64 << 10)
+    blen, n = 4 << 20, 128 << 10
+    assert chunks.wants("k", blen, 0, n)
+    assert chunks.wants("k", blen, n, 2 * n)  # adjacent by chance
+    assert not chunks.wants("k", blen, 2 * n, 3 * n)  # a third in a row: a stream
+    assert not chunks.wants("k", blen, 3 * n, 4 * n)
+    assert chunks.wants("k", blen, 10 * n, 11 * n)  # a jump: random again
+    assert chunks.wants("other", blen, 11 * n, 12 * n)  # each block its own

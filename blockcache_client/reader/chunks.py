@@ -43,12 +43,13 @@ from __future__ import annotations
 import threading
 
 from ..blockmem import BlockMemory
+from ..contract.blockfile import MIN_CHUNK
 
 CHUNKED_READ_MAX = 256 << 10  # larger reads stream: their chunks are not kept
 PENDING_LIMIT = 4096          # blocks whose read pieces wait for their seal
 UNSEALED = b""                # the header of pieces that wait for their block's seal
 ENDS_LIMIT = 4096             # blocks whose last small read's end is remembered
-PAGE = 4 << 10                # what a small read keeps of a chunk: its pages only
+PAGE = MIN_CHUNK              # what a small read keeps: its pages (they divide every chunk)
 PAGE_READ_MAX = 16 << 10      # reads up to this keep pages, larger ones their chunks
 
 

@@ -99,6 +99,28 @@ def test_random_reads_match_and_warm_reads_come_from_chunks(local_source, key_fi
         assert 0 < s["chunk_bytes"] <= s["memory_bytes"] <= 64 << 20
 
 
+@pytest.mark.parametrize("block_size", [4 << 10, 16 << 10, 128 << 10])
+def test_small_blocks_and_chunks_serve_right_bytes_from_pages(local_source, key_file, daemon,
+                                                              block_size):
+    """Chunks as small as a page (blocks of 4 KiB upward): pages and runs
+    cut from them serve the right bytes, epoch after epoch."""
+    data = random.Random(16).randbytes(5 * block_size + 777)
+    local_source.write("f.bin", data)
+    rng = random.Random(17)
+    reads = [(rng.randrange(len(data)), rng.choice((1, 100, 4096, 5000, 20000, 70000)))
+             for _ in range(120)]
+    with volume(local_source, key_file, daemon, block_size=block_size) as vol:
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
+        with vol.open("f.bin") as f:
+            for epoch in range(3):
+                for off, n in reads:
+                    f.seek(off)
+                    assert f.read(n) == data[off:off + n], (epoch, off, n)
+                if epoch == 0:
+                    settle(vol, daemon)
+        assert vol.stats()["chunk_hits"] > 0
+
+
 def test_cold_random_reads_keep_their_chunks_for_the_next_epoch(local_source, key_file,
                                                                   daemon):
     """Chunks read while the block came from the source (before its fill

@@ -23,7 +23,7 @@ import os
 from ..contract.blockfile import HEADER_SIZE, TAG_SIZE
 from ..contract.errors import FormatError, IntegrityError
 from ..contract.layout import Layout
-from .blockfds import BlockFiles
+from .blockfds import BlockFiles, OpenBlock
 from .chunks import ChunkCache, assemble, cut, lookup
 from .handlehits import HandleBlocks
 from .hits import _O_RDONLY, HitReader, check_block_stat
@@ -103,27 +103,29 @@ class ChunkedHits:
             elif mine >= 0:
                 os.close(mine)
 
-    def hold(self, key: str, head: bytes, holder: HandleBlocks) -> None:
-        """A handle read `key`'s block from memory, sealed by this process
-        with `head`: once its fill has landed (the file in place has that
-        header), keep the file open for the handle, so its next reads of
-        the block, the next epoch's too, take the short path (`handlehits`)."""
+    def hold(self, key: str, head: bytes, holder: HandleBlocks) -> OpenBlock | None:
+        """A handle read `key`'s block from memory, or fetched it, and this
+        process sealed it with `head`: once its fill has landed (the file in
+        place has that header), keep the file open for the handle, so its
+        next reads of the block, the next epoch's too, take the short path
+        (`handlehits`). The entry kept, or None."""
         layout = self._link.layout
         path = layout.path(key) if layout is not None else None
         if path is None:
-            return
+            return None
         try:
             fd, disk_head, size = self._open(path, key)
         except (FormatError, OSError):  # judged by the reads that need the file
-            return
+            return None
         if fd < 0:
-            return
+            return None
         if disk_head != head:  # another fill won: its pieces are not these
             os.close(fd)
-            return
+            return None
         ent = self.files.adopt(key, fd, head, size, holder.keys)
         holder.remember(key, ent)
         self.files.give_back(ent)
+        return ent
 
     def _open(self, path: str, key: str) -> tuple[int, bytes, int]:
         """(fd, header bytes, file size) of the block file at `path`; fd -1

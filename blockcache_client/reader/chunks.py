@@ -46,7 +46,7 @@ from ..blockmem import BlockMemory
 from ..contract.blockfile import MIN_CHUNK
 
 CHUNKED_READ_MAX = 256 << 10  # larger reads stream: their chunks are not kept
-PENDING_LIMIT = 4096          # blocks whose read pieces wait for their seal
+PENDING_LIMIT = 4096          # blocks whose read pieces (and sealed headers) are remembered
 UNSEALED = b""                # the header of pieces that wait for their block's seal
 ENDS_LIMIT = 4096             # blocks whose last small read's end is remembered
 PAGE = MIN_CHUNK              # what a small read keeps: its pages (they divide every chunk)
@@ -103,6 +103,8 @@ class ChunkCache:
         # block key -> (where its last small read ended, whether that read
         # continued the one before it)
         self._ends: dict[str, tuple[int, bool]] = {}
+        # block key -> the header this process sealed it with (its fill's file, once in place)
+        self._sealed: dict[str, bytes] = {}
         self._lock = threading.Lock()
 
     def wants(self, key: str, blen: int, lo: int, hi: int) -> bool:
@@ -150,6 +152,10 @@ class ChunkCache:
             if mem.get(ck) is None:
                 mem.put(ck, data[start:stop])
 
+    def sealed_head(self, key: str) -> bytes | None:
+        """The header this process sealed `key`'s block with, if it did lately."""
+        return self._sealed.get(key)
+
     def sealed(self, key: str, plaintext: bytes, head: bytes) -> None:
         """The block `plaintext` was sealed with `head` (the fill thread's
         `Sealer`): bind it if the LRU holds it, and keep the pages and chunks
@@ -159,6 +165,9 @@ class ChunkCache:
         self.mem.bind_head(key, plaintext, head)
         with self._lock:
             waiting = self._pending.pop(key, None)
+            if len(self._sealed) >= PENDING_LIMIT:
+                self._sealed.clear()
+            self._sealed[key] = head
         for ck, start, stop in sorted(waiting or ()):
             piece = self.mem.pop(ck)
             # another fetch of this key may have left these (a file that

@@ -4,13 +4,13 @@ Why: a warm small read through a held `VolumeFile` walks the whole read path
 (the version's key prefix, the sequential detector, `chunks.wants`, the
 hit reader, a borrow of the block file under the table's lock) only to end
 in a dict lookup and a copy. The handle is pinned to one file version, so
-once one of its reads went through the chunk cache (`chunkhits`), or read
-the block from memory once this process's fill of it had landed
-(`ChunkedHits.hold`), it remembers that block's open file by block index
-(`blockfds.OpenBlock`, with its key and the header its pieces are kept
-under); the next read of that block is served here: one fstat, one lookup
-of its pieces in the LRU (an aligned read of what a read before kept is
-that very bytes object, no copy).
+once one of its reads went through the chunk cache (`chunkhits`), or it
+read the block from memory or fetched it and this process's fill of it
+has landed (`ChunkedHits.hold`), it remembers that block's open file by
+block index (`blockfds.OpenBlock`, with its key and the header its pieces
+are kept under); the next read of that block is served here: one fstat,
+one lookup of its pieces in the LRU (an aligned read of what a read
+before kept is that very bytes object, no copy).
 
 Never stale: the fstat is the table's revalidation (a block file evicted or
 replaced has no link left), and an entry the table has let go of (`doomed`,
@@ -38,14 +38,19 @@ class HandleBlocks:
     """The block files one open handle uses: the owner set of `blockfds` and
     the open file of each block it read through the chunk cache."""
 
-    __slots__ = ("keys", "open", "_volume", "_size", "_block_size")
+    __slots__ = ("keys", "open", "fetched", "_volume", "_rel", "_version", "_size",
+                 "_block_size")
 
-    def __init__(self, volume, info: FileInfo) -> None:
+    def __init__(self, volume, rel: str, info: FileInfo) -> None:
         self.keys: set[str] = set()  # block files the table keeps open for this handle
         # block index -> the open file its chunks are under (one version: the
         # index names the block)
         self.open: dict[int, OpenBlock] = {}
+        # blocks this handle's misses fetched, whose files are not held yet
+        self.fetched: set[int] = set()
         self._volume = volume
+        self._rel = rel
+        self._version = info.version
         self._size = info.size
         self._block_size = volume.block_size
 
@@ -61,16 +66,23 @@ class HandleBlocks:
         `out`) from pages or chunks kept in memory, counted as a chunk hit;
         None if the full read path must decide (nothing counted then)."""
         vol = self._volume
-        if not self.open or vol._fork_gen != _forks[0] or vol._closed or size > CHUNKED_READ_MAX:
+        if not (self.open or self.fetched) or vol._fork_gen != _forks[0] or vol._closed \
+                or size > CHUNKED_READ_MAX:
             return None
         end = pos + size
         if end > self._size:
             end = self._size
         bs = self._block_size
         b = pos // bs
-        ent = self.open.get(b)
-        if ent is None or pos >= end or (end - 1) // bs != b:
+        if pos >= end or (end - 1) // bs != b:
             return None
+        ent = self.open.get(b)
+        if ent is None:
+            if b not in self.fetched:
+                return None
+            ent = self._hold(vol, b)
+            if ent is None:
+                return None
         hits = vol._hits
         link = hits.link
         if link.layout is None:  # no daemon: misses, as on the full path
@@ -105,9 +117,23 @@ class HandleBlocks:
             return cut(piece, lo - start, hi - lo, out)
         return assemble(found[0], found[1], lo, hi, out)
 
+    def _hold(self, vol, b: int) -> OpenBlock | None:
+        """The file of block `b`, which this handle fetched, held now if this
+        process's fill of it has landed (`ChunkedHits.hold`). A block never
+        sealed here (its fill dropped) or lost to another fill is not tried
+        again; one whose fill is on its way is."""
+        chunks = vol._hits.chunks
+        key = vol._key_prefix(self._rel, self._version) + format(b * self._block_size, "016x")
+        head = chunks.cache.sealed_head(key) if chunks is not None else None
+        ent = chunks.hold(key, head, self) if head is not None else None
+        if ent is not None or head is None or vol._hits.is_cached(key):
+            self.fetched.discard(b)
+        return ent
+
     def close(self, files) -> None:
         """The handle closed: `files` (the volume's `BlockFiles`) may close
         the block files no other handle uses."""
         self.open.clear()
+        self.fetched.clear()
         if self.keys:
             files.disown(self.keys)

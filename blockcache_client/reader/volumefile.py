@@ -27,7 +27,7 @@ class VolumeFile(io.RawIOBase):
         self.size = info.size
         self._pos = 0
         # block files kept open for this handle's reads, and its repeat hits' short path
-        self._blocks = HandleBlocks(volume, info)
+        self._blocks = HandleBlocks(volume, path, info)
 
     def close(self) -> None:
         self._blocks.close(self._volume._files)

@@ -9,11 +9,12 @@ holds is `capacity` whatever the mix. Bounded by bytes; an entry larger than
 the whole budget is simply not kept.
 
 Keys: a block key string for a block; a tuple (block key, header bytes,
-chunk index) for a chunk, valid only for the block file with that header
-(its salt is random per fill, so a refill is a new name, never stale). A
+start, stop) for a piece of its plaintext the chunk cache keeps (pages or
+a run of chunks), valid only for the block file with that header (its
+salt is random per fill, so a refill is a new name, never stale). A
 block may be bound to the header it was sealed with (`bind_head`): only the
 exact bytes object sealed is bound, and replacing or dropping the block
-drops the binding.
+drops the binding. A piece is charged its bytes and `PIECE_OVERHEAD`.
 
 A block fetched for one small random read is *transient*: worth keeping
 only while its fill is on the way. It is kept only in free room or in the
@@ -27,20 +28,24 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-ChunkKey = tuple[str, bytes, int]
+ChunkKey = tuple[str, bytes, int, int]  # (block key, header, start, stop)
+# what a piece costs beyond its bytes (its key tuple and ints, the LRU's
+# node, the bytes object's header), charged to the budget: ~6% of a 4 KiB page
+PIECE_OVERHEAD = 256
 
 
 class BlockMemory:
     """Thread-safe LRU: block key or `ChunkKey` -> immutable bytes, capped at `capacity` bytes."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, piece_overhead: int = PIECE_OVERHEAD):
         self.capacity = max(0, int(capacity))
+        self.piece_overhead = piece_overhead
         self._lock = threading.Lock()
         self._blocks: OrderedDict[str | ChunkKey, bytes] = OrderedDict()
         self._heads: dict[str, bytes] = {}  # block key -> header it was sealed with
         self._transient: OrderedDict[str, None] = OrderedDict()  # evicted first
         self._bytes = 0
-        self.chunk_bytes = 0  # of `_bytes`, held by chunks
+        self.chunk_bytes = 0  # of `_bytes`, held by pieces (with their overhead)
 
     def get(self, key: str | ChunkKey) -> bytes | None:
         if not self._blocks:  # lock-free fast path for the common empty case
@@ -51,25 +56,19 @@ class BlockMemory:
                 self._blocks.move_to_end(key)
             return data
 
-    def get_chunks(self, key: str, head: bytes, first: int, end: int) -> list[bytes] | None:
-        """Chunks [first, end) of the block file `key` with header `head`;
-        None unless all of them are held. Without the lock (a handle's
-        repeat hits, `handlehits`): each dict step is atomic under the GIL,
-        an entry dropped meanwhile still holds the right bytes, and a
-        recency mark lost to a race only makes the LRU less exact."""
+    def peek(self, key: str | ChunkKey) -> bytes | None:
+        """`get` without the lock (the chunk cache's lookups, a handle's
+        repeat hits): each dict step is atomic under the GIL, an entry
+        dropped meanwhile still holds the right bytes, and a recency mark
+        lost to a race only makes the LRU less exact."""
         blocks = self._blocks
-        got = []
-        for i in range(first, end):
-            ck = (key, head, i)
-            data = blocks.get(ck)
-            if data is None:
-                return None
+        data = blocks.get(key)
+        if data is not None:
             try:
-                blocks.move_to_end(ck)
+                blocks.move_to_end(key)
             except KeyError:  # dropped since the get
                 pass
-            got.append(data)
-        return got
+        return data
 
     def get_bound(self, key: str) -> tuple[bytes | None, bytes | None]:
         """A block and the header it was sealed with (None if not bound yet),
@@ -84,20 +83,22 @@ class BlockMemory:
             return data, self._heads.get(key)
 
     def put(self, key: str | ChunkKey, data: bytes, transient: bool = False) -> None:
-        if len(data) > self.capacity:
+        piece = type(key) is tuple
+        cost = len(data) + self.piece_overhead if piece else len(data)
+        if cost > self.capacity:
             return
         with self._lock:
             self._drop(key)
             if transient:
-                while self._bytes + len(data) > self.capacity and self._transient:
+                while self._bytes + cost > self.capacity and self._transient:
                     self._drop(next(iter(self._transient)))
-                if self._bytes + len(data) > self.capacity:
+                if self._bytes + cost > self.capacity:
                     return  # it would push out chunks or a stream's blocks
                 self._transient[key] = None
             self._blocks[key] = data
-            self._bytes += len(data)
-            if type(key) is tuple:
-                self.chunk_bytes += len(data)
+            self._bytes += cost
+            if piece:
+                self.chunk_bytes += cost
             while self._bytes > self.capacity:  # transient blocks first, then by recency
                 self._drop(next(iter(self._transient), None) or next(iter(self._blocks)))
 
@@ -128,10 +129,11 @@ class BlockMemory:
         old = self._blocks.pop(key, None)
         if old is None:
             return
-        self._bytes -= len(old)
         if type(key) is tuple:
-            self.chunk_bytes -= len(old)
+            self._bytes -= len(old) + self.piece_overhead
+            self.chunk_bytes -= len(old) + self.piece_overhead
         else:
+            self._bytes -= len(old)
             self._heads.pop(key, None)
             self._transient.pop(key, None)
 
@@ -139,7 +141,7 @@ class BlockMemory:
         """Drop every block and chunk whose block key starts with `prefix`;
         return how many entries."""
         with self._lock:
-            # a copy first: a lock-free `get_chunks` may reorder the dict meanwhile
+            # a copy first: a lock-free `peek` may reorder the dict meanwhile
             doomed = [k for k in list(self._blocks)
                       if (k[0] if type(k) is tuple else k).startswith(prefix)]
             for k in doomed:

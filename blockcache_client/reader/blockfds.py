@@ -3,8 +3,12 @@
 Why: a small random read of a cached block otherwise opens and closes its
 block file every time, which costs more than serving the bytes from the
 chunk cache (`chunks`). A handle's partial reads keep the block file open:
-in an LRU of at most `OPEN_LIMIT` descriptors per process and volume, closed
-when the last handle that used it closes or when the bound pushes it out.
+in an LRU of at most `OPEN_LIMIT` descriptors per process and volume (and
+no more than `NOFILE_SHARE` of the process's open-files limit), closed when
+the last handle that used it closes or when the bound pushes it out. The
+bound must cover the blocks an epoch of random reads touches: a block whose
+file was pushed out is opened again on the next read, which costs several
+times the hit itself.
 
 Revalidated at every use: the daemon puts a block file in place by rename
 and evicts it by unlink, so a held file whose link count is 0 was evicted or
@@ -19,10 +23,20 @@ descriptor number is never closed under a pread and reused by another open.
 from __future__ import annotations
 
 import os
+import resource
 import threading
 from collections import OrderedDict
 
-OPEN_LIMIT = 128  # block files kept open per process and volume
+OPEN_LIMIT = 1024  # block files kept open per process and volume
+NOFILE_SHARE = 4   # at most 1/NOFILE_SHARE of the soft RLIMIT_NOFILE: the rest is the caller's
+
+
+def default_limit() -> int:
+    """`OPEN_LIMIT`, within this process's share of its open-files limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return OPEN_LIMIT
+    return min(OPEN_LIMIT, soft // NOFILE_SHARE)
 
 
 class OpenBlock:
@@ -47,7 +61,7 @@ class BlockFiles:
     """The bounded table of open block files of one volume in one process."""
 
     def __init__(self, limit: int | None = None) -> None:
-        self.limit = max(0, OPEN_LIMIT if limit is None else limit)
+        self.limit = max(0, default_limit() if limit is None else limit)
         self._lock = threading.Lock()
         self._open: OrderedDict[str, OpenBlock] = OrderedDict()
 

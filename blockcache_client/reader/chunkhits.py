@@ -3,9 +3,10 @@
 `HitReader` sends here the reads `ChunkCache.wants` (small, not a whole
 block, not a nowait probe). The block file is the one a handle holds open
 (`blockfds`, revalidated) or opened for this read; its header names the
-chunks (`chunks`): those kept are served from memory, the others are read,
-decrypted one by one and kept. Judged like every hit (`hits`): a missing
-file is a miss, a bad one is evicted through the daemon.
+pieces kept (`chunks`): those are served from memory, else the chunks the
+read touches are read with one pread, decrypted, and what the read keeps
+of them is kept. Judged like every hit (`hits`): a missing file is a miss,
+a bad one is evicted through the daemon.
 
 A chunk in memory was authenticated when it was decrypted (or was sealed by
 this process): as long as the file in place carries the same header, it is
@@ -22,8 +23,8 @@ import os
 from ..contract.blockfile import HEADER_SIZE, TAG_SIZE
 from ..contract.errors import FormatError, IntegrityError
 from ..contract.layout import Layout
-from .blockfds import BlockFiles
-from .chunks import ChunkCache, assemble, cut
+from .blockfds import BlockFiles, OpenBlock
+from .chunks import ChunkCache, assemble, cut, lookup
 from .handlehits import HandleBlocks
 from .hits import _O_RDONLY, HitReader, check_block_stat
 
@@ -41,7 +42,7 @@ class ChunkedHits:
         self._bad_block = hits.bad_block
         self.cache = cache
         self.files = files
-        self._mem_get = cache.mem.get
+        self._peek = cache.mem.peek
 
     def fetched(self, key: str, data: bytes, lo: int, hi: int) -> None:
         """A miss read [lo, hi) of the block `data` it fetched: its chunks are
@@ -76,22 +77,16 @@ class ChunkedHits:
                     ent = self.files.adopt(key, fd, head, size, holder.keys)
             if holder is not None:
                 holder.remember(key, ent)
-            if end - first == 1:  # the usual small read: one chunk, no list
-                piece = self._mem_get((key, head, first))
-                if piece is not None:
-                    self.counters.add3("hits", "hit_bytes", hi - lo, "chunk_hits")
-                    got = cut(piece, lo - first * c, hi - lo, out)
-                    self._link.touch(key)
-                    return got
-            pieces = self.cache.pieces(key, head, first, end)
-            if None in pieces:
-                self._decrypt(fd, key, head, size, blen, first, pieces)
-                self.counters.add2("hits", "hit_bytes", hi - lo)
-            else:
+            found = lookup(self._peek, key, head, blen, c, lo, hi)
+            if found is not None:
                 self.counters.add3("hits", "hit_bytes", hi - lo, "chunk_hits")
-            got = assemble(pieces, first, c, lo, hi, out)
+                self._link.touch(key)
+                return assemble(found[0], found[1], lo, hi, out)
+            plain = self._decrypt(fd, key, head, size, blen, first, end)
+            self.cache.keep(key, head, blen, plain, first * c, lo, hi)
+            self.counters.add2("hits", "hit_bytes", hi - lo)
             self._link.touch(key)
-            return got
+            return cut(plain, lo - first * c, hi - lo, out)
         except (FormatError, IntegrityError, OSError) as exc:
             if ent is not None:  # stale or bad: not lent again
                 self.files.give_back(ent, drop=True)
@@ -107,6 +102,30 @@ class ChunkedHits:
                 self.files.give_back(ent)
             elif mine >= 0:
                 os.close(mine)
+
+    def hold(self, key: str, head: bytes, holder: HandleBlocks) -> OpenBlock | None:
+        """A handle read `key`'s block from memory, or fetched it, and this
+        process sealed it with `head`: once its fill has landed (the file in
+        place has that header), keep the file open for the handle, so its
+        next reads of the block, the next epoch's too, take the short path
+        (`handlehits`). The entry kept, or None."""
+        layout = self._link.layout
+        path = layout.path(key) if layout is not None else None
+        if path is None:
+            return None
+        try:
+            fd, disk_head, size = self._open(path, key)
+        except (FormatError, OSError):  # judged by the reads that need the file
+            return None
+        if fd < 0:
+            return None
+        if disk_head != head:  # another fill won: its pieces are not these
+            os.close(fd)
+            return None
+        ent = self.files.adopt(key, fd, head, size, holder.keys)
+        holder.remember(key, ent)
+        self.files.give_back(ent)
+        return ent
 
     def _open(self, path: str, key: str) -> tuple[int, bytes, int]:
         """(fd, header bytes, file size) of the block file at `path`; fd -1
@@ -132,9 +151,9 @@ class ChunkedHits:
         return fd, head, st.st_size
 
     def _decrypt(self, fd: int, key: str, head: bytes, size: int, blen: int, first: int,
-                 pieces: list[bytes | None]) -> None:
-        """Read and decrypt the chunks missing from `pieces` (chunks `first`..),
-        fill them in and keep them."""
+                 end: int) -> bytes:
+        """The plaintext of chunks [first, end), read with one pread and
+        authenticated."""
         c = self._chunk_size
         cipher = self._cipher(key, head, blen)
         nchunks = -(-blen // c) or 1
@@ -142,20 +161,6 @@ class ChunkedHits:
             raise FormatError(f"block file is {size} bytes; its header says "
                               f"{HEADER_SIZE + blen + nchunks * TAG_SIZE}")
         step = c + TAG_SIZE
-        i = 0
-        while i < len(pieces):
-            if pieces[i] is not None:
-                i += 1
-                continue
-            j = i + 1  # one pread for each run of missing chunks
-            while j < len(pieces) and pieces[j] is None:
-                j += 1
-            start = HEADER_SIZE + (first + i) * step
-            data = memoryview(os.pread(fd, min(size, HEADER_SIZE + (first + j) * step) - start,
-                                       start))
-            for k in range(i, j):
-                index, at = first + k, (k - i) * step
-                plain = cipher.open_chunks(index, index + 1, data[at:at + step])
-                self.cache.keep(key, head, index, plain)
-                pieces[k] = plain
-            i = j
+        start = HEADER_SIZE + first * step
+        data = os.pread(fd, min(size, HEADER_SIZE + end * step) - start, start)
+        return cipher.open_chunks(first, end, data)

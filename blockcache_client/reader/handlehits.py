@@ -4,15 +4,18 @@ Why: a warm small read through a held `VolumeFile` walks the whole read path
 (the version's key prefix, the sequential detector, `chunks.wants`, the
 hit reader, a borrow of the block file under the table's lock) only to end
 in a dict lookup and a copy. The handle is pinned to one file version, so
-once one of its reads went through the chunk cache (`chunkhits`), it
-remembers that block's key and open file (`blockfds.OpenBlock`, with the
-header its chunks are kept under); the next read of that block is served
-here: one fstat, one lookup of its chunks in the LRU, one copy.
+once one of its reads went through the chunk cache (`chunkhits`), or it
+read the block from memory or fetched it and this process's fill of it
+has landed (`ChunkedHits.hold`), it remembers that block's open file by
+block index (`blockfds.OpenBlock`, with its key and the header its pieces
+are kept under); the next read of that block is served here: one fstat,
+one lookup of its pieces in the LRU (an aligned read of what a read
+before kept is that very bytes object, no copy).
 
 Never stale: the fstat is the table's revalidation (a block file evicted or
 replaced has no link left), and an entry the table has let go of (`doomed`,
 checked after the fstat, so its descriptor number was not yet closed and
-reused when the fstat ran) is forgotten. Anything else (a chunk not kept, a
+reused when the fstat ran) is forgotten. Anything else (a piece not kept, a
 read across blocks or larger than `CHUNKED_READ_MAX`, no daemon, a forked or
 closed volume) returns None and takes the full path, which counts, decrypts,
 judges and remembers again.
@@ -28,78 +31,109 @@ import os
 from ..common.forks import generation as _forks
 from ..fileinfo import FileInfo
 from .blockfds import OpenBlock
-from .chunks import CHUNKED_READ_MAX, assemble, cut
+from .chunks import CHUNKED_READ_MAX, PAGE, assemble, cut, lookup
 
 
 class HandleBlocks:
     """The block files one open handle uses: the owner set of `blockfds` and
     the open file of each block it read through the chunk cache."""
 
-    __slots__ = ("keys", "open", "_volume", "_rel", "_info", "_names")
+    __slots__ = ("keys", "open", "fetched", "_volume", "_rel", "_version", "_size",
+                 "_block_size")
 
     def __init__(self, volume, rel: str, info: FileInfo) -> None:
         self.keys: set[str] = set()  # block files the table keeps open for this handle
-        self.open: dict[str, OpenBlock] = {}  # block key -> the open file its chunks are under
+        # block index -> the open file its chunks are under (one version: the
+        # index names the block)
+        self.open: dict[int, OpenBlock] = {}
+        # blocks this handle's misses fetched, whose files are not held yet
+        self.fetched: set[int] = set()
         self._volume = volume
         self._rel = rel
-        self._info = info
-        self._names: dict[int, str] = {}  # block index -> block key (one version)
+        self._version = info.version
+        self._size = info.size
+        self._block_size = volume.block_size
 
     def remember(self, key: str, ent: OpenBlock) -> None:
         """A chunked read of `key` succeeded with the open file `ent`."""
-        self.open[key] = ent
+        self.open[int(key[-16:], 16) // self._block_size] = ent
 
     def forget(self, key: str) -> None:
-        self.open.pop(key, None)
+        self.open.pop(int(key[-16:], 16) // self._block_size, None)
 
     def read(self, pos: int, size: int, out: memoryview | None):
         """Bytes [pos, pos + size) of the file (or their count, stored in
-        `out`) from chunks kept in memory, counted as a chunk hit; None if
-        the full read path must decide (nothing counted then)."""
+        `out`) from pages or chunks kept in memory, counted as a chunk hit;
+        None if the full read path must decide (nothing counted then)."""
         vol = self._volume
-        if not self.open or vol._fork_gen != _forks[0] or vol._closed or size > CHUNKED_READ_MAX:
+        if not (self.open or self.fetched) or vol._fork_gen != _forks[0] or vol._closed \
+                or size > CHUNKED_READ_MAX:
             return None
         end = pos + size
-        if end > self._info.size:
-            end = self._info.size
-        bs = vol.block_size
+        if end > self._size:
+            end = self._size
+        bs = self._block_size
         b = pos // bs
         if pos >= end or (end - 1) // bs != b:
             return None
-        key = self._names.get(b)
-        if key is None:
-            key = vol._key_prefix(self._rel, self._info.version) + format(b * bs, "016x")
-            self._names[b] = key
-        ent = self.open.get(key)
+        ent = self.open.get(b)
+        if ent is None:
+            if b not in self.fetched:
+                return None
+            ent = self._hold(vol, b)
+            if ent is None:
+                return None
         hits = vol._hits
-        if ent is None or hits.link.layout is None:  # no daemon: misses, as on the full path
+        link = hits.link
+        if link.layout is None:  # no daemon: misses, as on the full path
             return None
         try:
             linked = os.fstat(ent.fd).st_nlink
         except OSError:
             linked = 0
         if ent.doomed or not linked:  # doomed: the fstat may have seen a reused number
-            self.open.pop(key, None)
+            self.open.pop(b, None)
             return None
-        c = hits.chunk_size
-        lo = pos - b * bs
-        first = lo // c
-        pieces = hits.mem.get_chunks(key, ent.head, first, (end - 1 - b * bs) // c + 1)
-        if pieces is None:
-            return None
-        hits.counters.chunk_hit(end - pos)
-        link = hits.link
+        boff = b * bs
+        lo, hi = pos - boff, end - boff
+        blen = self._size - boff
+        if blen > bs:
+            blen = bs
+        start = lo - lo % PAGE
+        piece = None
+        if hi - start <= PAGE:  # within one page: `chunks.lookup`'s usual case, inline
+            stop = start + PAGE
+            piece = hits.mem.peek((ent.key, ent.head, start, stop if stop < blen else blen))
+        if piece is None:
+            found = lookup(hits.mem.peek, ent.key, ent.head, blen, hits.chunk_size, lo, hi)
+            if found is None:
+                return None
+        hits.counters.chunk_hit(hi - lo)
         seen = link.touch_round  # read first: a batch taken meanwhile gets the key again
         if ent.touched != seen:  # one report per block file per batch is enough
-            link.touch(key)
+            link.touch(ent.key)
             ent.touched = seen
-        if len(pieces) == 1:
-            return cut(pieces[0], lo - first * c, end - pos, out)
-        return assemble(pieces, first, c, lo, lo + end - pos, out)
+        if piece is not None:
+            return cut(piece, lo - start, hi - lo, out)
+        return assemble(found[0], found[1], lo, hi, out)
+
+    def _hold(self, vol, b: int) -> OpenBlock | None:
+        """The file of block `b`, which this handle fetched, held now if this
+        process's fill of it has landed (`ChunkedHits.hold`). A block never
+        sealed here (its fill dropped) or lost to another fill is not tried
+        again; one whose fill is on its way is."""
+        chunks = vol._hits.chunks
+        key = vol._key_prefix(self._rel, self._version) + format(b * self._block_size, "016x")
+        head = chunks.cache.sealed_head(key) if chunks is not None else None
+        ent = chunks.hold(key, head, self) if head is not None else None
+        if ent is not None or head is None or vol._hits.is_cached(key):
+            self.fetched.discard(b)
+        return ent
 
     def close(self, files) -> None:
         """The handle closed: `files` (the volume's `BlockFiles`) may close
         the block files no other handle uses."""
         self.open.clear()
+        self.fetched.clear()
         if self.keys:
             files.disown(self.keys)

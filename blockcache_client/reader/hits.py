@@ -149,6 +149,8 @@ class HitReader:
             data, head = self.mem.get_bound(key)
             if data is not None:
                 chunks.cache.saw(key, data, head, lo, hi)
+                if holder is not None and head is not None and key not in holder.keys:
+                    chunks.hold(key, head, holder)
         else:
             data = self.mem.get(key)
         if data is not None:

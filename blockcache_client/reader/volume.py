@@ -363,6 +363,8 @@ class Volume:
         got = self._fetcher.read(rel, info, key, boff, lo, hi, out, run, keep,
                                  chunks.fetched if keep else None)
         self.counters.add2("misses", "miss_bytes", hi - lo)  # not local: tier or source
+        if keep and holder is not None:  # its file is held once this fill lands
+            holder.fetched.add(boff // self.block_size)
         return got
 
     # -- cache control -----------------------------------------------------------

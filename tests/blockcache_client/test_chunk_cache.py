@@ -99,6 +99,28 @@ def test_random_reads_match_and_warm_reads_come_from_chunks(local_source, key_fi
         assert 0 < s["chunk_bytes"] <= s["memory_bytes"] <= 64 << 20
 
 
+@pytest.mark.parametrize("block_size", [4 << 10, 16 << 10, 128 << 10])
+def test_small_blocks_and_chunks_serve_right_bytes_from_pages(local_source, key_file, daemon,
+                                                              block_size):
+    """Chunks as small as a page (blocks of 4 KiB upward): pages and runs
+    cut from them serve the right bytes, epoch after epoch."""
+    data = random.Random(16).randbytes(5 * block_size + 777)
+    local_source.write("f.bin", data)
+    rng = random.Random(17)
+    reads = [(rng.randrange(len(data)), rng.choice((1, 100, 4096, 5000, 20000, 70000)))
+             for _ in range(120)]
+    with volume(local_source, key_file, daemon, block_size=block_size) as vol:
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
+        with vol.open("f.bin") as f:
+            for epoch in range(3):
+                for off, n in reads:
+                    f.seek(off)
+                    assert f.read(n) == data[off:off + n], (epoch, off, n)
+                if epoch == 0:
+                    settle(vol, daemon)
+        assert vol.stats()["chunk_hits"] > 0
+
+
 def test_cold_random_reads_keep_their_chunks_for_the_next_epoch(local_source, key_file,
                                                                   daemon):
     """Chunks read while the block came from the source (before its fill
@@ -127,6 +149,65 @@ def test_cold_random_reads_keep_their_chunks_for_the_next_epoch(local_source, ke
     assert after["chunk_hits"] > before["chunk_hits"]
     assert decrypted(after) - decrypted(before) <= 10  # of 40; the LRU is 8 MiB
     assert after["memory_bytes"] <= 8 << 20
+
+
+def test_small_reads_keep_pages_so_an_epoch_fits_a_budget_its_chunks_do_not(
+        local_source, key_file, daemon):
+    """300 random 4 KiB reads: their 64 KiB chunks (19 MiB) would not fit a
+    4 MiB budget, their pages (1.2 MiB) do, so the second epoch decrypts
+    nothing, however the handles were opened."""
+    data = random.Random(12).randbytes(32 * BS)
+    filled(local_source, key_file, daemon, "f.bin", data)
+    offsets = random.Random(13).sample(range(0, len(data) - 4096, 4096), 300)
+    offsets = [o + (o // 4096) % 7 * 100 for o in offsets]  # some straddle two pages
+    with volume(local_source, key_file, daemon, memory_cache_bytes=4 << 20) as vol:
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
+        for _ in range(2):  # the second epoch finds every page the first kept
+            before = vol.stats()
+            with vol.open("f.bin") as f:
+                for off in offsets:
+                    f.seek(off)
+                    assert f.read(4096) == data[off:off + 4096]
+            after = vol.stats()
+        assert after["chunk_hits"] - before["chunk_hits"] == len(offsets)
+        assert after["hits"] - before["hits"] == len(offsets)
+        assert after["misses"] == 0
+        assert after["chunk_bytes"] <= 2 * 4096 * len(offsets)
+        assert after["memory_bytes"] <= 4 << 20
+
+
+def test_a_small_read_is_served_from_the_chunk_a_larger_read_kept(local_source, key_file,
+                                                                  daemon):
+    data = random.Random(14).randbytes(2 * BS)
+    filled(local_source, key_file, daemon, "f.bin", data)
+    with volume(local_source, key_file, daemon) as vol:
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
+        with vol.open("f.bin") as f:
+            f.seek(CHUNK)
+            assert f.read(CHUNK) == data[CHUNK:2 * CHUNK]  # keeps chunk 1
+            hits = vol.stats()["chunk_hits"]
+            for off in (CHUNK + 5, 2 * CHUNK - 4096):
+                f.seek(off)
+                assert f.read(4096) == data[off:off + 4096]
+            assert vol.stats()["chunk_hits"] == hits + 2
+
+
+def test_a_repeated_aligned_read_is_the_kept_bytes_object(local_source, key_file, daemon):
+    """A read of whole chunks keeps them as one piece: reading the same range
+    again returns that object, with no copy; a read inside it is a copy."""
+    data = random.Random(15).randbytes(2 * BS)
+    filled(local_source, key_file, daemon, "f.bin", data)
+    with volume(local_source, key_file, daemon) as vol:
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
+        with vol.open("f.bin") as f:
+            got = []
+            for off, n in ((BS + 2 * CHUNK, 2 * CHUNK), (BS + 2 * CHUNK, 2 * CHUNK),
+                           (BS + 2 * CHUNK + 100, CHUNK)):
+                f.seek(off)
+                got.append(f.read(n))
+                assert got[-1] == data[off:off + n]
+        assert got[1] is got[0]
+        assert vol.stats()["chunk_hits"] == 2
 
 
 @pytest.mark.parametrize("refill", [True, False], ids=["refilled", "evicted"])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import random
 
+import pytest
+
 from tests.blockcache_client.conftest import wait_for
 from tests.blockcache_client.test_chunk_cache import (
     BS,
@@ -141,3 +143,40 @@ def test_chunk_hits_counted_without_the_lock_add_up_exactly():
     n = per_thread * threads
     assert (s["hits"], s["hit_bytes"], s["chunk_hits"]) == (n, 3 * n, n)
     assert most[0] <= counters_mod.PENDING_HITS + threads
+
+
+@pytest.mark.parametrize("fetched_by", ["handle", "volume"])
+def test_a_block_fetched_here_is_held_once_its_fill_landed(local_source, key_file, daemon,
+                                                            monkeypatch, fetched_by):
+    """A block this process fetched and sealed, never read through the
+    chunk cache: once its fill is in place, the handle holds its file, so
+    the next reads of it (the next epoch's) take the short path with the
+    pages kept. Fetched by the handle itself: at its next read of the
+    block; by another reader: when the handle reads it from memory."""
+    data = random.Random(23).randbytes(2 * BS)
+    local_source.write("f.bin", data)
+    a, b = BS + 100, BS + 3 * CHUNK
+    with volume(local_source, key_file, daemon) as vol:
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
+        with vol.open("f.bin") as f:
+            if fetched_by == "handle":
+                f.seek(a)
+                assert f.read(4096) == data[a:a + 4096]  # a miss: fetched, filled
+            else:
+                assert vol.read("f.bin", a, 4096) == data[a:a + 4096]
+            settle(vol, daemon)
+            assert vol.stats()["open_block_files"] == 0
+            if fetched_by == "volume":
+                f.seek(b)
+                assert f.read(4096) == data[b:b + 4096]  # from memory: the file is held
+                assert vol.stats()["open_block_files"] == 1
+            before = vol.stats()
+            with monkeypatch.context() as m:
+                full_path_refused(vol, m)
+                for off in (a, b) if fetched_by == "volume" else (a,):
+                    f.seek(off)
+                    assert f.read(4096) == data[off:off + 4096]
+            after = vol.stats()
+            assert after["open_block_files"] == 1 and not f._blocks.fetched
+        assert after["chunk_hits"] - before["chunk_hits"] == (2 if fetched_by == "volume" else 1)
+        assert after["misses"] == 1

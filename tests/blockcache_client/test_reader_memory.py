@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockcache_client.blockmem import BlockMemory
+from blockcache_client.blockmem import PIECE_OVERHEAD, BlockMemory
 from blockcache_client.reader.blockfds import BlockFiles
 from blockcache_client.reader.chunks import UNSEALED, ChunkCache
 
 CAP = 1000
+OVERHEAD = 16  # a small piece overhead, so the budget sees it in sequences of tiny pieces
 keys = st.sampled_from([f"v_{i}_{j:016x}" for i in range(3) for j in range(4)])
 ops = st.one_of(
     st.tuples(st.just("block"), keys, st.integers(0, 1200), st.booleans()),
@@ -26,7 +28,7 @@ ops = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ops, max_size=60))
 def test_budget_and_accounting_hold_for_any_sequence(seq):
-    mem = BlockMemory(CAP)
+    mem = BlockMemory(CAP, piece_overhead=OVERHEAD)
     blocks: dict[str, bytes] = {}
     for op, key, size, arg in seq:
         if op == "block":
@@ -43,8 +45,9 @@ def test_budget_and_accounting_hold_for_any_sequence(seq):
             mem.discard_prefix(key)
         entries = dict(mem._blocks)
         assert mem.used <= CAP
-        assert mem.used == sum(map(len, entries.values()))
-        assert mem.chunk_bytes == sum(len(v) for k, v in entries.items() if type(k) is tuple)
+        pieces = sum(len(v) + OVERHEAD for k, v in entries.items() if type(k) is tuple)
+        assert mem.chunk_bytes == pieces
+        assert mem.used == pieces + sum(len(v) for k, v in entries.items() if type(k) is str)
         # a binding and a transient mark only ever name a block held now
         assert set(mem._heads) <= set(entries) and set(mem._transient) <= set(entries)
         for k, head in mem._heads.items():
@@ -53,7 +56,7 @@ def test_budget_and_accounting_hold_for_any_sequence(seq):
 
 
 def test_transient_blocks_go_first_and_chunks_stay():
-    mem = BlockMemory(10)
+    mem = BlockMemory(10, piece_overhead=0)
     mem.put(("a", b"h", 0), b"12")
     mem.put(("a", b"h", 1), b"34")
     mem.put("b1", b"xxx", transient=True)
@@ -90,14 +93,57 @@ def test_a_file_held_by_a_read_is_closed_when_given_back(tmp_path):
     assert ent.closed and len(files) == 0 and not owner
 
 
-def test_chunks_read_before_the_seal_are_kept_only_for_the_same_bytes():
+@pytest.mark.parametrize("lo,hi,start,stop", [(5000, 5100, 4096, 8192),
+                                               (70000, 70000 + (80 << 10), 65536, 196608)],
+                         ids=["page", "run"])
+def test_pieces_read_before_the_seal_are_kept_only_for_the_same_bytes(lo, hi, start, stop):
+    """A small read keeps the page it touched, a larger one its run of
+    chunks: both wait under UNSEALED and are kept under the real header only
+    if the block sealed holds exactly their bytes."""
+    chunk = 64 << 10
     mem = BlockMemory(1 << 20)
-    chunks = ChunkCache(mem, 4096)
-    old, new = os.urandom(4 * 4096), os.urandom(4 * 4096)
-    chunks.saw("k", old, None, 5000, 5100)  # chunk 1 read before the seal: waits
-    assert mem.get(("k", UNSEALED, 1)) is not None and mem.get(("k", b"H", 1)) is None
+    chunks = ChunkCache(mem, chunk)
+    old, new = os.urandom(4 * chunk), os.urandom(4 * chunk)
+    piece = old[start:stop]
+
+    def under(head):
+        return ("k", head, start, stop)
+    chunks.saw("k", old, None, lo, hi)  # read before the seal: waits
+    assert mem.get(under(UNSEALED)) == piece and mem.get(under(b"H")) is None
+    # a page of a 100-byte read, not its whole chunk; and what keeping it costs
+    assert mem.chunk_bytes == len(piece) + mem.piece_overhead
     chunks.sealed("k", new, b"H")  # other bytes sealed under this key: not kept
-    assert mem.get(("k", b"H", 1)) is None and mem.chunk_bytes == 0
-    chunks.saw("k", old, None, 5000, 5100)
+    assert mem.get(under(b"H")) is None and mem.chunk_bytes == 0
+    chunks.saw("k", old, None, lo, hi)
     chunks.sealed("k", old, b"H2")
-    assert mem.get(("k", b"H2", 1)) == old[4096:8192] and mem.chunk_bytes == 4096
+    assert mem.get(under(b"H2")) == piece and mem.chunk_bytes == len(piece) + mem.piece_overhead
+
+
+def test_pages_are_charged_their_bookkeeping():
+    """4 KiB pages cost more than their bytes (key, LRU node, object
+    header): the budget counts it, so a budget full of pages holds fewer."""
+    mem = BlockMemory(1 << 20)
+    for i in range(1000):
+        mem.put(("k", b"h", i * 4096, (i + 1) * 4096), bytes(4096))
+    assert mem.used <= 1 << 20
+    assert len(mem._blocks) == (1 << 20) // (4096 + PIECE_OVERHEAD) < 256
+
+
+@pytest.mark.parametrize("soft,limit", [(20000, 1024), (1024, 256), (40, 10)])
+def test_block_files_kept_open_leave_most_of_the_open_files_limit(monkeypatch, soft, limit):
+    from blockcache_client.reader import blockfds
+    monkeypatch.setattr(blockfds.resource, "getrlimit", lambda what: (soft, 1 << 20))
+    assert BlockFiles().limit == limit
+
+
+def test_two_adjacent_reads_are_not_yet_a_stream():
+    """Random reads at aligned offsets meet by chance: the second of two in
+    a row keeps its pieces; the third is a stream and keeps none."""
+    chunks = ChunkCache(BlockMemory(1 << 20), 64 << 10)
+    blen, n = 4 << 20, 128 << 10
+    assert chunks.wants("k", blen, 0, n)
+    assert chunks.wants("k", blen, n, 2 * n)  # adjacent by chance
+    assert not chunks.wants("k", blen, 2 * n, 3 * n)  # a third in a row: a stream
+    assert not chunks.wants("k", blen, 3 * n, 4 * n)
+    assert chunks.wants("k", blen, 10 * n, 11 * n)  # a jump: random again
+    assert chunks.wants("other", blen, 11 * n, 12 * n)  # each block its own

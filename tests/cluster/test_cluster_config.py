@@ -124,8 +124,10 @@ def test_a_dns_name_is_resolved_again_every_dns_refresh(monkeypatch):
 
     monkeypatch.setattr(pool_module.socket, "getaddrinfo", resolve)
     with MemcachedProcess() as m:
+        # generous timeouts: this is about DNS, and a loaded machine must not
+        # make the live server look dead
         pool = Pool(ClusterConfig(memcached=(f"memcached.test.svc:{m.port}",),
-                                  dns_refresh=0.2))
+                                  dns_refresh=0.2, connect_timeout=2.0, timeout=2.0))
         try:
             assert pool.owner("k") is None  # no address yet: misses, not errors
             deadline = time.monotonic() + 10

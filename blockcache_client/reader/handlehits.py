@@ -27,27 +27,33 @@ them: a stream that reaches blocks not held is detected anew there.
 from __future__ import annotations
 
 import os
+import time
 
 from ..common.forks import generation as _forks
 from ..fileinfo import FileInfo
 from .blockfds import OpenBlock
 from .chunks import CHUNKED_READ_MAX, PAGE, assemble, cut, lookup
+from .hostfill import WRITE_WAIT
 
 
 class HandleBlocks:
     """The block files one open handle uses: the owner set of `blockfds` and
     the open file of each block it read through the chunk cache."""
 
-    __slots__ = ("keys", "open", "fetched", "_volume", "_rel", "_version", "_size",
-                 "_block_size")
+    __slots__ = ("keys", "open", "fetched", "_given_up", "_volume", "_rel", "_version",
+                 "_size", "_block_size")
 
     def __init__(self, volume, rel: str, info: FileInfo) -> None:
         self.keys: set[str] = set()  # block files the table keeps open for this handle
         # block index -> the open file its chunks are under (one version: the
         # index names the block)
         self.open: dict[int, OpenBlock] = {}
-        # blocks this handle's misses fetched, whose files are not held yet
-        self.fetched: set[int] = set()
+        # blocks fetched or read from memory whose files are not held yet ->
+        # when their fill is taken as lost, if it has not landed by then
+        self.fetched: dict[int, float] = {}
+        # blocks whose files are not to be held: another fill's is in place,
+        # or ours never landed (each read would try again in vain)
+        self._given_up: set[int] = set()
         self._volume = volume
         self._rel = rel
         self._version = info.version
@@ -60,6 +66,22 @@ class HandleBlocks:
 
     def forget(self, key: str) -> None:
         self.open.pop(int(key[-16:], 16) // self._block_size, None)
+
+    def expect(self, b: int) -> None:
+        """This handle's miss fetched block `b`: hold its file once the fill lands."""
+        self._given_up.discard(b)  # a new fetch, a new fill
+        if b not in self.open:
+            self.fetched.setdefault(b, time.monotonic() + WRITE_WAIT)
+
+    def hold_bound(self, key: str, head: bytes) -> None:
+        """The handle read `key`'s block from memory, where it is bound to
+        the header `head` this process sealed it with: hold its file now if
+        that fill has landed, else at a later read (`_hold`)."""
+        b = int(key[-16:], 16) // self._block_size
+        if b in self.open or b in self._given_up:
+            return
+        self.fetched.setdefault(b, time.monotonic() + WRITE_WAIT)
+        self._hold(self._volume, b, key, head)
 
     def read(self, pos: int, size: int, out: memoryview | None):
         """Bytes [pos, pos + size) of the file (or their count, stored in
@@ -117,17 +139,25 @@ class HandleBlocks:
             return cut(piece, lo - start, hi - lo, out)
         return assemble(found[0], found[1], lo, hi, out)
 
-    def _hold(self, vol, b: int) -> OpenBlock | None:
-        """The file of block `b`, which this handle fetched, held now if this
-        process's fill of it has landed (`ChunkedHits.hold`). A block never
-        sealed here (its fill dropped) or lost to another fill is not tried
-        again; one whose fill is on its way is."""
+    def _hold(self, vol, b: int, key: str | None = None,
+              head: bytes | None = None) -> OpenBlock | None:
+        """The file of block `b` (`fetched`), held now if this process's fill
+        of it, sealed with `head` (by default the one `sealed_head` knows),
+        has landed (`ChunkedHits.hold`). A block not sealed here is not tried
+        again; one whose fill lost to another's file, or has not landed by its
+        time, is given up; one whose fill is on its way is tried at the next read."""
         chunks = vol._hits.chunks
-        key = vol._key_prefix(self._rel, self._version) + format(b * self._block_size, "016x")
-        head = chunks.cache.sealed_head(key) if chunks is not None else None
+        if key is None:
+            key = vol._key_prefix(self._rel, self._version) + format(b * self._block_size,
+                                                                    "016x")
+        if head is None and chunks is not None:
+            head = chunks.cache.sealed_head(key)
         ent = chunks.hold(key, head, self) if head is not None else None
-        if ent is not None or head is None or vol._hits.is_cached(key):
-            self.fetched.discard(b)
+        if ent is not None or head is None:
+            self.fetched.pop(b, None)
+        elif vol._hits.is_cached(key) or time.monotonic() > self.fetched.get(b, 0.0):
+            self.fetched.pop(b, None)
+            self._given_up.add(b)
         return ent
 
     def close(self, files) -> None:
@@ -135,5 +165,6 @@ class HandleBlocks:
         the block files no other handle uses."""
         self.open.clear()
         self.fetched.clear()
+        self._given_up.clear()
         if self.keys:
             files.disown(self.keys)

@@ -150,7 +150,7 @@ class HitReader:
             if data is not None:
                 chunks.cache.saw(key, data, head, lo, hi)
                 if holder is not None and head is not None and key not in holder.keys:
-                    chunks.hold(key, head, holder)
+                    holder.hold_bound(key, head)
         else:
             data = self.mem.get(key)
         if data is not None:

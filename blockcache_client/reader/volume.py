@@ -364,7 +364,7 @@ class Volume:
                                  chunks.fetched if keep else None)
         self.counters.add2("misses", "miss_bytes", hi - lo)  # not local: tier or source
         if keep and holder is not None:  # its file is held once this fill lands
-            holder.fetched.add(boff // self.block_size)
+            holder.expect(boff // self.block_size)
         return got
 
     # -- cache control -----------------------------------------------------------

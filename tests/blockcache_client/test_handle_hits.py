@@ -180,3 +180,33 @@ def test_a_block_fetched_here_is_held_once_its_fill_landed(local_source, key_fil
             assert after["open_block_files"] == 1 and not f._blocks.fetched
         assert after["chunk_hits"] - before["chunk_hits"] == (2 if fetched_by == "volume" else 1)
         assert after["misses"] == 1
+
+
+def test_a_block_whose_fill_lost_is_not_looked_for_at_every_memory_hit(
+        local_source, key_file, daemon, monkeypatch):
+    """This process holds a block bound to the header it sealed, but the
+    file in place is another reader's copy (its fill lost): the handle
+    looks once, finds the other header and gives up, rather than opening
+    the file again at every read served from memory. The bytes stay right."""
+    data = random.Random(29).randbytes(2 * BS)
+    local_source.write("f.bin", data)
+    a = BS + 100
+    with volume(local_source, key_file, daemon) as vol:
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
+        assert vol.read("f.bin", a, 4096) == data[a:a + 4096]  # sealed here, in memory
+        settle(vol, daemon)
+        cli_evict(daemon, vol, "f.bin")
+        daemon.wait_idle()
+        with volume(local_source, key_file, daemon) as other:  # another copy takes its place
+            assert other.read("f.bin", a, 4096) == data[a:a + 4096]
+            settle(other, daemon)
+        looked = []
+        hold = vol._hits.chunks.hold
+        monkeypatch.setattr(vol._hits.chunks, "hold",
+                            lambda *args: looked.append(1) or hold(*args))
+        with vol.open("f.bin") as f:
+            for off in (a, a + 8192, a + 3 * CHUNK, a):
+                f.seek(off)
+                assert f.read(4096) == data[off:off + 4096]
+        assert len(looked) == 1
+        assert vol.stats()["open_block_files"] == 0

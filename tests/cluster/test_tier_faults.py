@@ -234,7 +234,8 @@ def test_a_server_that_was_only_slow_is_used_again_at_once(cluster, key_file, tm
     size = 200_000
     files = _files(root, 12, size)
     (server,), _ = _filled(cluster, root, key_file, files)
-    v2 = cluster.volume(cluster.host(retry_after="30s"), str(root), key_file)
+    # a read timeout well above a loaded machine's delays, well under the stall
+    v2 = cluster.volume(cluster.host(retry_after="30s", timeout="200ms"), str(root), key_file)
     pool = v2._tier.pool()
     names = iter(sorted(files))
 

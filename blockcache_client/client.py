@@ -29,6 +29,7 @@ from typing import Any
 from .common.forks import generation as _forks
 from .contract import protocol
 from .contract.errors import (
+    DaemonError,
     DaemonUnavailable,
     ProtocolError,
 )
@@ -68,6 +69,7 @@ class Client(DaemonOps):
         self._posted = 0  # posted requests whose replies have not been read
         self._early: list[dict[str, Any]] = []  # their replies, read by another call
         self._lost_posts = 0  # posted requests whose connection closed unanswered
+        self._connects = 0  # connections made so far (`connection_id`)
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
@@ -119,6 +121,7 @@ class Client(DaemonOps):
             self._poll = select.poll()
             self._poll.register(sock, select.POLLIN)
             self._sock, self._rbuf = sock, bytearray()
+            self._connects += 1
         return self._sock
 
     def _wait_readable(self) -> None:
@@ -305,6 +308,43 @@ class Client(DaemonOps):
             except (OSError, ProtocolError):
                 self.close()
             return out
+
+    def open_area(self, slots: int, slot_bytes: int) -> tuple[int, int, int]:
+        """Ask for this connection's fill area (contract/fillarea.py): (its
+        memfd, slots, slot_bytes). Only with nothing posted and unanswered:
+        the reply that carries the descriptor must be the next to arrive.
+        DaemonError if the daemon refuses (one that predates areas does),
+        DaemonUnavailable if the connection fails."""
+        self._after_fork()
+        with self._lock:
+            if self._posted or self._early or self._rbuf:
+                raise RuntimeError("open_area with posted requests unanswered: collect first")
+            try:
+                sock = self._connect()
+                sock.sendall(protocol.encode_frame({"id": self._next_id(), "op": "area",
+                                                    "slots": slots, "slot_bytes": slot_bytes}))
+                self._wait_readable()
+                chunk, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1, socket.MSG_CMSG_CLOEXEC)
+                if not chunk:
+                    raise ConnectionError("daemon closed the connection")
+                self._rbuf += chunk
+                n = protocol.frame_length(self._recv_exact(sock, LENGTH.size))
+                reply = protocol.decode_body(self._recv_exact(sock, n))
+            except (OSError, ProtocolError) as exc:
+                raise self._unavailable(exc) from None
+        if reply.get("ok") and len(fds) == 1:
+            return fds[0], int(reply["slots"]), int(reply["slot_bytes"])
+        for fd in fds:
+            os.close(fd)
+        result_of(reply, None)  # raises the daemon's error
+        raise DaemonError(protocol.ErrorCode.INTERNAL, "the daemon opened a fill area but "
+                                                       "passed no descriptor with its reply")
+
+    @property
+    def connection_id(self) -> int:
+        """Changes whenever this client connects anew (what a fill area
+        belongs to: the connection it was opened on)."""
+        return self._connects if self.connected else 0
 
     def _connect_existing(self) -> socket.socket:
         if self._sock is None:

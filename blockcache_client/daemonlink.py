@@ -12,10 +12,17 @@ Readers never wait on this module. It owns two threads per process:
 - filler: takes jobs from a queue bounded in bytes, in order, on its own
   connection: `("evict", key)`, `("put", key, plaintext)` (sealed here, off
   the reader's thread, and handed to `on_sealed` too: the cluster tier's
-  fill) and `("sealed", key, block file)` (a block from the tier, as it
-  came). Keeping an integrity eviction and its refill on one ordered queue
-  means the daemon sees the evict before the new put and does not discard
-  the put as a duplicate of the bad file.
+  fill), `("sealed", key, block file)` (a block from the tier, as it
+  came) and `("area", key, slot)` (the same, landed in a slot of the fill
+  connection's fill area: put by reference, see `fillarea`). Keeping an
+  integrity eviction and its refill on one ordered queue means the daemon
+  sees the evict before the new put and does not discard the put as a
+  duplicate of the bad file.
+
+The fill connection's fill area is opened by the filler after its first
+`sealed` job (the tier is in use), and anew after each reconnect;
+`take_slot` hands out its slots only while it belongs to the connection
+open now. A daemon that refuses one is not asked again on that connection.
 
 A small fill (up to `INLINE_FILL_MAX`) offered while the queue is empty, the
 filler idle and the fill connection open is sealed and sent on the reader's
@@ -53,6 +60,7 @@ from .contract.errors import BlockcacheError, DaemonError, DaemonUnavailable, Un
 from .contract.layout import Layout
 from .contract.protocol import MAX_BATCH
 from .counters import CLUSTER_COUNTERS, Counters
+from .fillarea import AREA_SLOTS, FillArea, Slot
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +87,7 @@ class DaemonLink:
                  seal: Callable[[str, bytes], bytes | memoryview],
                  fill_queue_bytes: int, touch_interval: float = 0.5, touch_batch: int = 1024,
                  client_name: str = "blockcache_client", daemon_uid: int | None = None,
-                 volume: str | None = None):
+                 volume: str | None = None, area_slot_bytes: int = 0):
         self.socket_path = socket_path
         self._pid = os.getpid()
         self.layout: Layout | None = None
@@ -118,6 +126,9 @@ class DaemonLink:
         self._idle_cv = threading.Condition(fill_lock)  # and wait_idle here
         self._replies_wanted = False  # the control thread asked the filler to read replies
         self._closing = False  # close() began: no new fills
+        self._area_slot_bytes = area_slot_bytes  # 0: never open a fill area
+        self._area: FillArea | None = None
+        self._area_refused = 0  # the connection_id of a connection that refused one
         try:  # connect now, so the first reads can already use the cache
             self._connect()
         except (DaemonUnavailable, DaemonError, ValueError, KeyError) as exc:
@@ -143,14 +154,15 @@ class DaemonLink:
         if full:
             self._wake.set()
 
-    def offer_fill(self, key: str, plaintext: bytes, sealed: bool = False,
-                   done: Callable[[], None] | None = None) -> bool:
+    def offer_fill(self, key: str, plaintext: bytes | memoryview, sealed: bool = False,
+                   done: Callable[[], None] | None = None, slot: Slot | None = None) -> bool:
         """Have a block sealed and put: now, if it is small and nothing is
         ahead of it (see the module doc), else queued. `sealed`: `plaintext`
-        is already the block file's bytes (from the tier). `done` is called
-        once nothing here uses `plaintext` any more (sent or dropped), so its
-        buffer may be reused; never before (a closing link may not call it).
-        False (and counted) if dropped."""
+        is already the block file's bytes (from the tier). `slot`: they are
+        in that slot (`take_slot`), and go by reference if it is still the
+        connection's. `done` is called once nothing here uses `plaintext` any
+        more (sent or dropped), so its buffer may be reused; never before (a
+        closing link may not call it). False (and counted) if dropped."""
         with self._fill_cv:
             queued = key in self._queued
             if queued or self._fill_bytes + len(plaintext) > self._fill_cap or self._closing:
@@ -165,7 +177,8 @@ class DaemonLink:
                 if inline:
                     self._busy = True
                 else:
-                    self._fills.append(("sealed" if sealed else "put", key, plaintext, done))
+                    op = "area" if slot is not None else "sealed" if sealed else "put"
+                    self._fills.append((op, key, slot or plaintext, done))
                     self._queued.add(key)
                     self._fill_bytes += len(plaintext)
                     self._fill_cv.notify()
@@ -180,6 +193,15 @@ class DaemonLink:
         if done is not None:
             done()
         return inline is not None or queued
+
+    def take_slot(self, n: int) -> Slot | None:
+        """A slot of the fill area for a sealed block of `n` bytes that will
+        be offered with `offer_fill(..., slot=)`, or None (no area, every
+        slot busy, or the area belongs to a closed connection)."""
+        area = self._area
+        if area is None or area.connection_id != self._filler_client.connection_id:
+            return None
+        return area.take(n)
 
     def evict_later(self, key: str) -> None:
         """Ask the daemon to drop a bad block, ahead of any later fill of it."""
@@ -366,15 +388,20 @@ class DaemonLink:
                 self._fill_cv.notify()
             self._idle_cv.notify_all()
 
-    def _run_fill(self, op: str, key: str, data: bytes) -> None:
+    def _run_fill(self, op: str, key: str, data) -> None:
         if self.layout is None:  # daemon down: nothing to fill into
             if op != "evict":
                 self._counters.add("fills_dropped")
             if op == "put" and self.on_sealed is not None:  # the tier still takes it
                 self.on_sealed(key, self._seal(key, data))
             return
+        if op == "area":
+            self._put_area(key, data)
+            return
         if op != "evict":
             self._put(key, data, inline=False, sealed=op == "sealed")
+            if op == "sealed":
+                self._open_area()
             return
         try:  # posted puts' replies read meanwhile are kept for `_collect`
             self._filler_client.evict(key)
@@ -409,6 +436,45 @@ class DaemonLink:
                 client.finish_post(tail)
             except DaemonUnavailable as exc:
                 log.debug("rest of put %s not delivered: %s", key, exc)
+        self._count_lost()
+
+    def _put_area(self, key: str, slot: Slot) -> None:
+        """Post a put naming `slot`, if its area is the open connection's;
+        else (a reconnect came between) send its bytes by value."""
+        client = self._filler_client
+        if slot.area is not self._area or slot.area.connection_id != client.connection_id:
+            self._put(key, slot.view, inline=False, sealed=True)
+            return
+        if client.posted >= COLLECT_AFTER:
+            self._collect(wait=False)
+        slot.area.sent(slot)
+        try:
+            client.post("put", {"key": key, "area": slot.index, "size": len(slot)})
+        except DaemonUnavailable as exc:  # the area goes with its connection
+            log.debug("put %s not delivered: %s", key, exc)
+            self._counters.add("fills_dropped")
+        self._count_lost()
+
+    def _open_area(self) -> None:
+        """Open a fill area on the fill connection (the caller holds `_busy`),
+        unless it has one or refused one. Best effort: without one, blocks
+        go by value."""
+        client = self._filler_client
+        conn = client.connection_id
+        if not self._area_slot_bytes or not conn or conn == self._area_refused or (
+                self._area is not None and self._area.connection_id == conn):
+            return
+        self._area = None
+        self._collect(wait=True)  # the area's reply must be the next to arrive
+        try:
+            fd, slots, slot_bytes = client.open_area(AREA_SLOTS, self._area_slot_bytes)
+            self._area = FillArea(fd, slots, slot_bytes, client.connection_id)
+        except (DaemonError, ValueError) as exc:
+            log.info("blockcached at %s gave no fill area (%s): tier blocks go to it by value",
+                     self.socket_path, exc)
+            self._area_refused = conn
+        except DaemonUnavailable as exc:
+            log.debug("fill area not opened: %s", exc)
         self._count_lost()
 
     def _finish_tail(self) -> None:

@@ -13,7 +13,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -267,10 +267,12 @@ class Cache:
         for w in self.workers:
             w.drain()
 
-    def put(self, key: str, data: bytes | memoryview,
-            owner: int | None = None) -> tuple[bool, str]:
+    def put(self, key: str, data: bytes | memoryview, owner: int | None = None,
+            release: Callable[[], None] | None = None) -> tuple[bool, str]:
         """Admit a validated block for background writing; (accepted, reason).
-        `owner` (the peer's uid) is held to its share of the fill queue."""
+        `owner` (the peer's uid) is held to its share of the fill queue.
+        `release`, if given, is called on the dir's worker once the write of
+        an accepted block no longer reads `data` (a fill area's slot)."""
         size = len(data)
         self.counters["puts"] += 1
         self.counters["put_bytes"] += size
@@ -289,8 +291,10 @@ class Cache:
         if self.quotas:
             vol = key[:key.index("_")]
             self._vol_reserved[vol] = self._vol_reserved.get(vol, 0) + size
-        self.workers[i].submit(self.stores[i].write, key, data,
-                               done=partial(self._written, i, key, size), lazy=True)
+        write = self.stores[i].write if release is None else partial(_releasing,
+                                                                     self.stores[i].write, release)
+        self.workers[i].submit(write, key, data, done=partial(self._written, i, key, size),
+                               lazy=True)
         return True, reason
 
     def _admit(self, key: str, size: int, owner: int | None) -> str:
@@ -740,3 +744,12 @@ def _unlink_all(store: Store, keys: list[str]) -> None:
     for key in keys:
         store.unlink(key)
 
+
+def _releasing(write: Callable[[str, memoryview], None], release: Callable[[], None],
+               key: str, data: memoryview) -> None:
+    """`write`, then `release` however it ended (on the dir's worker: the
+    reader waiting for the slot needs no wake-up of the loop)."""
+    try:
+        write(key, data)
+    finally:
+        release()

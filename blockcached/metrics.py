@@ -174,6 +174,11 @@ def _totals(s: dict[str, Any]) -> Iterator[Metric]:
     yield _g("blockcache_fill_queue_limit_bytes", "Fill queue bound", q.get("limit_bytes", 0))
     yield _g("blockcache_connections", "Connected clients", s.get("connections", 0))
     yield _c("blockcache_connections_total", "Connections accepted", s.get("connections_total", 0))
+    areas = s.get("fill_areas") or {}
+    yield _c("blockcache_fill_areas_opened_total", "Fill areas passed to readers",
+             areas.get("opened", 0))
+    yield _c("blockcache_fill_area_puts_total", "Puts of blocks from a fill area slot",
+             areas.get("puts", 0))
     req = CounterMetricFamily("blockcache_requests_total", "Requests by op", labels=["op"])
     for op, n in sorted((s.get("requests") or {}).items()):
         req.add_metric([op], n)

@@ -45,6 +45,7 @@ from blockcache_client.contract.errors import ProtocolError
 from blockcache_client.contract.protocol import ErrorCode
 
 from .config import Config
+from .fillarea import FillArea
 from .service import Peer, Service
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,7 @@ class Connection(asyncio.BufferedProtocol):
         self.paused_for: set[str] = set()
         self.scheduled = False
         self.closed = False
+        self.area: FillArea | None = None  # set by the `area` op (fillarea.py)
 
     # -- transport callbacks -------------------------------------------------
 
@@ -252,6 +254,7 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = True
         self._drop_frame_state()
         self.buf = bytearray()
+        self.area = None  # unmapped once the writes still reading its slots are done
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.frame is not None:
@@ -374,7 +377,7 @@ class Connection(asyncio.BufferedProtocol):
             self._fatal(exc)
             return False
         view.release()
-        reply = self.svc.handle(body, self.peer)
+        reply = self.svc.handle(body, self.peer, self)
         del body
         try:
             frame = protocol.encode_frame(reply)
@@ -383,7 +386,38 @@ class Connection(asyncio.BufferedProtocol):
             frame = protocol.encode_frame(protocol.error(rid, ErrorCode.INTERNAL, exc.message))
         if len(frame) > SMALL_REPLY or self.transport.get_write_buffer_size():  # type: ignore[union-attr]
             frame = self._within_reply_budget(rid, frame)
+        if self.area is not None and self.area.fd >= 0:
+            return self._send_area(rid, frame)
         self.transport.write(frame)  # type: ignore[union-attr]
+        return True
+
+    def _send_area(self, rid: int, frame: bytes) -> bool:
+        """Send the reply to `area` with the area's memfd attached. The
+        transport cannot carry a descriptor, so it goes by sendmsg on the
+        socket itself: only when nothing is waiting in the transport's
+        buffer, so the reply keeps its place in the stream."""
+        area, transport = self.area, self.transport
+        assert area is not None and transport is not None
+        sent = 0
+        try:
+            if transport.get_write_buffer_size():
+                raise BlockingIOError("replies are waiting to be sent")
+            sock = transport.get_extra_info("socket").dup()
+            try:
+                sent = socket.send_fds(sock, [frame], [area.fd])
+            finally:
+                sock.close()
+        except OSError as exc:
+            log.warning("cannot pass a fill area to uid %d (pid %d): %s", self.peer.uid,
+                        self.peer.pid, exc)
+            self.area = None
+            self.svc.count_error(ErrorCode.INTERNAL)
+            frame = protocol.encode_frame(protocol.error(
+                rid, ErrorCode.INTERNAL, f"cannot pass the fill area: {exc}; put blocks by value"))
+        finally:
+            area.close_fd()
+        if sent < len(frame):
+            transport.write(frame[sent:])
         return True
 
     def _within_reply_budget(self, rid: int, frame: bytes) -> bytes:

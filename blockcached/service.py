@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from blockcache_client.common.metrics import Histogram
@@ -24,10 +25,13 @@ from .access import Access, Peer
 from .cache import Cache
 from .clusterstats import ClusterStats
 from .config import Config
+from .fillarea import FillArea
 
 log = logging.getLogger(__name__)
 
 MAX_LIST = protocol.LIST_PAGE  # keys in one list reply: `after` asks for the next page
+# ops whose handler also takes the connection (its fill area)
+_CONNECTION_OPS = frozenset({"put", "area"})
 REFUSAL_LOG_EVERY = 60.0  # seconds between log lines per (refusal kind, uid)
 # why a peer over its share was refused, and what the log line tells the operator
 _REFUSALS = {
@@ -74,6 +78,7 @@ class Service:
         self.requests: dict[str, int] = {}
         self.connections = 0
         self.connections_total = 0
+        self.fill_areas = {"opened": 0, "puts": 0}  # shared-memory hand-offs (fillarea)
         self.started = time.time()
         self._uid = os.geteuid()  # owns every file it writes; readers check it (hello)
         # request handling time per op; set by __main__ when metrics are on
@@ -81,25 +86,28 @@ class Service:
         self._ops: dict[str, Callable[[dict[str, Any], Peer], dict[str, Any]]] = {
             "hello": self.hello, "ping": self.ping, "lookup": self.lookup, "put": self.put,
             "touch": self.touch, "evict": self.evict, "list": self.list, "stats": self.stats,
+            "area": self.area,
         }
 
     def count_error(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
 
-    def handle(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        """Answer one request whose id is already known to be valid."""
+    def handle(self, body: dict[str, Any], peer: Peer, conn: Any = None) -> dict[str, Any]:
+        """Answer one request whose id is already known to be valid. `conn`
+        (the server's connection) holds the connection's fill area, if any
+        (`area` sets it, `put` reads from it)."""
         self.cache.finish_writes()
         latency = self.latency
         if latency is None:
-            return self._handle(body, peer)
+            return self._handle(body, peer, conn)
         start = time.perf_counter()
-        reply = self._handle(body, peer)
+        reply = self._handle(body, peer, conn)
         op = body.get("op")
         known = isinstance(op, str) and op in self._ops  # op may be any msgpack value
         latency.observe(op if known else "unknown", time.perf_counter() - start)
         return reply
 
-    def _handle(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+    def _handle(self, body: dict[str, Any], peer: Peer, conn: Any) -> dict[str, Any]:
         rid = body["id"]
         op = body.get("op")
         handler = self._ops.get(op) if isinstance(op, str) else None
@@ -113,6 +121,8 @@ class Service:
                                   f"unknown op {shown}; known: {', '.join(protocol.OPS)}")
         self.requests[op] = self.requests.get(op, 0) + 1
         try:
+            if op in _CONNECTION_OPS:
+                return protocol.ok(rid, **handler(body, peer, conn))
             return protocol.ok(rid, **handler(body, peer))
         except ProtocolError as exc:
             code, message = exc.code, exc.message
@@ -160,19 +170,55 @@ class Service:
         keys = _parsed(key_list(body), self.cache.index.__contains__)
         return {"paths": self.cache.lookup(keys)}
 
-    def put(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+    def put(self, body: dict[str, Any], peer: Peer, conn: Any = None) -> dict[str, Any]:
         key = arg(body, "key", str)
-        data = body.get("data")
-        if not isinstance(data, memoryview):  # a big block arrives as a view of its frame
-            data = arg(body, "data", bytes)
-        vol = BlockKey.parse(key).vol
-        self.access.require_volume(peer, vol, f"put of {key}")
-        header = blockfile.BlockHeader.parse(data)
-        header.check_file_size(len(data))
-        accepted, reason = self.cache.put(key, data, peer.uid)
+        release = None
+        if "area" in body:  # the block is in a slot of the connection's fill area
+            area: FillArea | None = getattr(conn, "area", None)
+            slot = arg(body, "area", int)
+            if area is None:
+                raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                    f"put of {key} names fill area slot {slot}, but this "
+                                    f"connection has no fill area: ask for one (area op) first")
+            data = area.view(slot, arg(body, "size", int))
+            release = partial(area.release, slot)
+            self.fill_areas["puts"] += 1
+        else:
+            data = body.get("data")
+            if not isinstance(data, memoryview):  # a big block arrives as a view of its frame
+                data = arg(body, "data", bytes)
+        accepted = False
+        try:
+            vol = BlockKey.parse(key).vol
+            self.access.require_volume(peer, vol, f"put of {key}")
+            header = blockfile.BlockHeader.parse(data)
+            header.check_file_size(len(data))
+            accepted, reason = self.cache.put(key, data, peer.uid, release)
+        finally:
+            if release is not None and not accepted:  # never queued: its slot is free now
+                release()
         if reason in _REFUSALS:
             self.refusals.note(reason, peer, key)
         return {"accepted": accepted, "reason": reason}
+
+    def area(self, body: dict[str, Any], peer: Peer, conn: Any) -> dict[str, Any]:
+        """Open this connection's fill area; the server passes its memfd
+        with the reply (contract/fillarea.py)."""
+        slots = arg(body, "slots", int)
+        slot_bytes = arg(body, "slot_bytes", int)
+        if conn is None:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "fill areas are for socket connections")
+        if conn.area is not None:
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                "this connection has a fill area already: one per connection")
+        try:
+            conn.area = FillArea(slots, slot_bytes)
+        except OSError as exc:
+            log.warning("cannot create a fill area for uid %d: %s", peer.uid, exc)
+            raise ProtocolError(ErrorCode.INTERNAL,
+                                f"cannot create a fill area: {exc}; put blocks by value") from None
+        self.fill_areas["opened"] += 1
+        return {"slots": conn.area.slots, "slot_bytes": conn.area.slot_bytes}
 
     def touch(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         keys = _parsed(key_list(body), self.cache.index.__contains__)
@@ -231,6 +277,7 @@ class Service:
         s["refused"] = dict(self.refusals.counts)
         s["uptime"] = round(time.time() - self.started, 3)
         s["cluster"] = self.cluster.stats()
+        s["fill_areas"] = dict(self.fill_areas)
         return s
 
 

@@ -111,6 +111,11 @@ def _header_fields(data: bytes | memoryview) -> tuple[bytes, bytes, int, int]:
     return kid, salt, length, chunk
 
 
+def file_size(plaintext_len: int, chunk_size: int) -> int:
+    """Bytes of the block file sealing `plaintext_len` bytes in `chunk_size` chunks."""
+    return HEADER_SIZE + plaintext_len + max(1, -(-plaintext_len // chunk_size)) * TAG_SIZE
+
+
 def chunk_span(plaintext_len: int, chunk_size: int, offset: int, length: int
                ) -> tuple[int, int]:
     """Chunks [first, end) of a block of `plaintext_len` bytes that plaintext
@@ -147,7 +152,7 @@ class BlockHeader:
 
     @property
     def file_size(self) -> int:
-        return HEADER_SIZE + self.plaintext_len + self.nchunks * TAG_SIZE
+        return file_size(self.plaintext_len, self.chunk_size)
 
     def pack(self) -> bytes:
         return HEADER.pack(MAGIC, self.version, self.cipher, 0, self.key_id, self.salt,

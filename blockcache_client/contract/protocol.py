@@ -28,13 +28,20 @@ Operations (arguments -> result), protocol version 1:
     lookup  keys:[str]                     -> paths:[str|None] (absolute path of
                                               each key's block file, None = miss)
     put     key:str, data:bin              -> accepted:bool, reason:str
-                                              (answered before the write happens)
+            | key:str, area:int, size:int     (answered before the write happens;
+                                              `area`: the block is the first
+                                              `size` bytes of that slot of the
+                                              connection's fill area)
     touch   keys:[str], cluster (optional) -> touched:int, layout_epoch
     evict   key:str | volume:str [inode:int] | all:true  -> evicted:int
     list    volume:str|None, limit:int,    -> keys:[str], truncated:bool
             after:str (optional)              (one page: up to LIST_PAGE keys
                                               sorting after `after`)
     stats   -                              -> the stats map (see blockcached)
+    area    slots:int, slot_bytes:int      -> slots, slot_bytes (rounded up to
+                                              pages): this connection's fill
+                                              area, its memfd passed with the
+                                              reply (SCM_RIGHTS); see fillarea
 
 `cluster` in a ping or touch is a reader's report for the daemon's stats:
 {volume:str, counters:{cluster_hits:int, ...}}, the growth of its cluster
@@ -83,7 +90,7 @@ class ErrorCode:
     INTERNAL = "internal"
 
 
-OPS = ("hello", "ping", "lookup", "put", "touch", "evict", "list", "stats")
+OPS = ("hello", "ping", "lookup", "put", "touch", "evict", "list", "stats", "area")
 ADMIN_EVICTIONS = ("volume", "all")  # evict scopes that need an admin peer
 
 

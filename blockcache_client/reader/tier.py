@@ -9,6 +9,9 @@
   block is authenticated whole, kept in the memory LRU and handed, sealed as
   it came (no re-encryption), to the local daemon, so the next read on this
   host is a local hit; its cipher is kept, as the daemon stores these bytes.
+  Its items land in a slot of the link's fill area when one is free, so the
+  hand-off is a put by reference: the daemon writes the block file from the
+  slot (no copy through the socket).
 - A block read from the remote reaches the tier from the daemon link's fill
   thread, which seals it once for both (`offer`): split into items and queued
   for `add` on the pool's filler (bounded, drops and counts when full).
@@ -32,6 +35,7 @@ from ..contract.cluster import ClusterConfig
 from ..contract.errors import FormatError, IntegrityError
 from ..counters import Counters
 from ..daemonlink import DaemonLink
+from ..fillarea import Slot
 from .hits import Ciphers, Scratch
 
 log = logging.getLogger(__name__)
@@ -122,29 +126,46 @@ class TierReads:
         wanted = [(k, blen) for k, blen in wanted if fits(k)]
         if pool is None or not wanted:
             return {}
-        landings = {}
-        for k, blen in wanted:
-            geo = Geometry(blen, self._chunk)
-            landings[k] = Landing(k, geo, range(geo.count), self._landings.take)
-        by_name = {name: landing for landing in landings.values() for name in landing.names}
-        got = pool.get_into({k: landing.names for k, landing in landings.items()},
+        landings = {k: self._whole(k, blen) for k, blen in wanted}
+        by_name = {name: landing for landing, _ in landings.values() for name in landing.names}
+        got = pool.get_into({k: landing.names for k, (landing, _) in landings.items()},
                             lambda name, size: by_name[name].place(name, size), self.counters)
         found = {}
-        for k, landing in landings.items():
+        for k, (landing, slot) in landings.items():
             if not got.issuperset(landing.names):
                 self.counters.add("cluster_misses")
-                self._landings.give(landing.room)
+                self._give(landing, slot)
                 continue
             try:
-                found[k] = self._open(k, landing)
+                found[k] = self._open(k, landing, slot)
             except (FormatError, IntegrityError) as exc:
-                self._landings.give(landing.room)
+                self._give(landing, slot)
                 self._bad(pool, k, landing.geo, exc)
                 continue
             self.counters.add2("cluster_hits", "cluster_bytes", landing.received)
         return found
 
-    def _open(self, key: str, landing: Landing) -> bytes:
+    def _whole(self, key: str, blen: int) -> tuple[Landing, Slot | None]:
+        """A landing for all of a block's items: in a fill area slot if one
+        is free (the block will be handed to the daemon from there)."""
+        slot = None
+
+        def room(n: int) -> memoryview:
+            nonlocal slot
+            slot = self._link.take_slot(n)
+            return slot.view if slot is not None else self._landings.take(n)
+
+        geo = Geometry(blen, self._chunk)
+        landing = Landing(key, geo, range(geo.count), room)
+        return landing, slot
+
+    def _give(self, landing: Landing, slot: Slot | None) -> None:
+        if slot is not None:
+            slot.give()
+        else:
+            self._landings.give(landing.room)
+
+    def _open(self, key: str, landing: Landing, slot: Slot | None) -> bytes:
         """A block's plaintext from all its items, authenticated whole; the
         block file's bytes they make go to the daemon as they are."""
         head, chunks = landing.open()
@@ -157,12 +178,14 @@ class TierReads:
             data = plain.tobytes()
         finally:
             self._scratch.give(scratch)
-        room = landing.room
-        if self._link.connected:
+        if slot is not None:  # put by reference; the daemon frees the slot
+            self._link.offer_fill(key, landing.buf, sealed=True, done=slot.give, slot=slot)
+        elif self._link.connected:
+            room = landing.room
             self._link.offer_fill(key, landing.buf, sealed=True,
                                   done=lambda: self._landings.give(room))
         else:
-            self._landings.give(room)
+            self._landings.give(landing.room)
         return data
 
     def _cipher(self, key: str, head: bytes, blen: int) -> BlockCipher:

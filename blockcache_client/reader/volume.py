@@ -147,7 +147,9 @@ class Volume:
         seal = Sealer(self._volume_key, self._chunk_size, ciphers, chunks)
         self._link = DaemonLink(self.socket_path, self.counters, seal,
                                 self._fill_queue_bytes, client_name=f"volume:{self.name}",
-                                daemon_uid=self._daemon_uid, volume=self.name)
+                                daemon_uid=self._daemon_uid, volume=self.name,
+                                area_slot_bytes=blockfile.file_size(self.block_size,
+                                                                    self._chunk_size))
         # a Volume dropped without close() must not leave its threads reconnecting forever
         weakref.finalize(self, self._link.close, 0.2)
         self._hits = HitReader(self.name, self._volume_key, self._key_id, self._chunk_size,

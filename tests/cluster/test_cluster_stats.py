@@ -67,6 +67,10 @@ def test_daemon_stats_cli_and_prometheus_show_what_readers_report(cluster, key_f
     samples = _scrape(port)
     assert samples[("blockcache_cluster_hits_total", (("volume", "ds"),))] == 5
     assert samples[("blockcache_cluster_bytes_total", (("volume", "ds"),))] == mine["cluster_bytes"]
+    # the hits were handed to the daemon, after the first through a fill area
+    areas = h2.client().stats()["fill_areas"]
+    assert samples[("blockcache_fill_areas_opened_total", ())] == areas["opened"] == 1
+    assert samples[("blockcache_fill_area_puts_total", ())] == areas["puts"]
 
 
 def test_a_report_for_a_volume_the_peer_may_not_use_is_ignored(cluster):

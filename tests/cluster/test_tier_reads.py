@@ -39,6 +39,16 @@ def all_items(servers, keys: dict[str, int]) -> dict[str, bytes]:
     return out
 
 
+def _remote_files(tmp_path, n: int, size: int):
+    """A local "remote" dir of `n` random files of `size` bytes: (dir, {name: bytes})."""
+    root = tmp_path / "remote"
+    root.mkdir()
+    files = {f"f{i:02d}.bin": os.urandom(size) for i in range(n)}
+    for rel, data in files.items():
+        (root / rel).write_bytes(data)
+    return root, files
+
+
 def test_second_host_reads_the_tier_then_its_own_disk(cluster, key_file, dataset):
     root, files = dataset
     cluster.memcached(2)
@@ -73,11 +83,7 @@ def test_blocks_read_in_a_row_reach_the_daemon_whole(cluster, key_file, tmp_path
     """A tier hit's items land in a buffer that is reused once the daemon
     has the block file: many hits in a row, faster than the hand-off, must
     still each give the daemon their own block, bytes-exact."""
-    root = tmp_path / "remote"
-    root.mkdir()
-    files = {f"f{i:02d}.bin": os.urandom(1 << 20) for i in range(16)}
-    for rel, data in files.items():
-        (root / rel).write_bytes(data)
+    root, files = _remote_files(tmp_path, 16, 1 << 20)
     cluster.memcached(2)
     v1 = cluster.volume(cluster.host(), str(root), key_file)
     for rel, data in files.items():
@@ -183,3 +189,43 @@ def test_two_hosts_copies_of_a_block_never_mix(cluster, key_file, tmp_path):
         assert raw.get_many([name for name, _ in copy_b]) == dict(copy_b)
     finally:
         raw.close()
+
+
+def _tier_blocks_reach_the_daemon(cluster, key_file, tmp_path, **volume_kw):
+    """Host 1 fills the tier; host 2 reads 12 blocks from it, one at a time;
+    a third reader on host 2 then hits them all on its disk, authentic.
+    Returns host 2's daemon stats."""
+    root, files = _remote_files(tmp_path, 12, 512 << 10)
+    cluster.memcached(1)
+    v1 = cluster.volume(cluster.host(), str(root), key_file, **volume_kw)
+    for rel, data in files.items():
+        assert v1.read(rel, 0, len(data)) == data
+    assert v1.wait_fills(10)
+    h2 = cluster.host()
+    v2 = cluster.volume(h2, str(root), key_file, **volume_kw)
+    for rel, data in files.items():
+        assert v2.read(rel, 0, len(data)) == data
+        assert v2.wait_fills(10)  # the first hand-off has the fill area opened
+    assert v2.stats()["cluster_hits"] == len(files)
+    h2.wait_idle()
+    v3 = cluster.volume(h2, str(root), key_file, **volume_kw)
+    for rel, data in files.items():
+        assert v3.read(rel, 0, len(data)) == data
+    s3 = v3.stats()
+    assert s3["hits"] == len(files) and s3["integrity_failures"] == 0
+    assert s3["backend_bytes"] == 0 and s3["cluster_hits"] == 0
+    return h2.client().stats()
+
+
+def test_tier_blocks_go_to_the_daemon_through_the_fill_area(cluster, key_file, tmp_path):
+    areas = _tier_blocks_reach_the_daemon(cluster, key_file, tmp_path)["fill_areas"]
+    # the first block goes by value (the area is opened after it), the rest
+    # by reference whenever a slot was free
+    assert areas["opened"] == 1 and areas["puts"] >= 1, areas
+
+
+def test_without_a_fill_area_tier_blocks_go_by_value(cluster, key_file, tmp_path):
+    # slots for 16 MiB blocks would map more than an area may: the daemon refuses
+    areas = _tier_blocks_reach_the_daemon(cluster, key_file, tmp_path,
+                                          block_size=16 << 20)["fill_areas"]
+    assert areas == {"opened": 0, "puts": 0}

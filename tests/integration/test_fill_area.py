@@ -1,0 +1,135 @@
+"""Fill areas with a real blockcached: a block put by reference from a slot
+of the shared memfd, the slot states, the seals, and bad requests."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+
+import pytest
+
+from blockcache_client import fillarea as reader_area
+from blockcache_client.client import Client
+from blockcache_client.contract import blockfile, fillarea, layout
+from blockcache_client.contract.errors import DaemonError
+from blockcache_client.contract.protocol import ErrorCode
+
+from .test_daemon import VOLUME_KEY, make_block, make_key
+
+SLOT = 64 << 10
+
+
+def _open(c: Client, slots: int = 2, slot_bytes: int = SLOT):
+    fd, slots, slot_bytes = c.open_area(slots, slot_bytes)
+    return reader_area.FillArea(fd, slots, slot_bytes, c.connection_id)
+
+
+def _put_from_slot(c: Client, area, key: str, blob: bytes):
+    slot = area.take(len(blob))
+    slot.view[:] = blob
+    area.sent(slot)
+    c.post("put", {"key": key, "area": slot.index, "size": len(blob)})
+    [reply] = c.collect(wait=True)
+    return slot, reply
+
+
+def _state(area, slot) -> int:
+    return area._map[slot.index]
+
+
+def _wait_free(area, slot, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _state(area, slot) != fillarea.FREE:
+        assert time.monotonic() < deadline, "the daemon never freed the slot"
+        time.sleep(0.005)
+
+
+def test_a_block_put_from_a_slot_is_written_and_the_slot_freed(daemon):
+    c = daemon.client()
+    area = _open(c)
+    assert (area.slots, area.slot_bytes) == (2, SLOT)
+    key = make_key()
+    blob = make_block(key, 20000)
+    slot, reply = _put_from_slot(c, area, key, blob)
+    assert reply["ok"] and reply["accepted"] and reply["reason"] == "queued"
+    _wait_free(area, slot)  # set by the daemon once the write is done
+    daemon.wait_idle()
+    path = os.path.join(daemon.cache_dirs[0], layout.block_relpath(key))
+    with open(path, "rb") as f:
+        assert f.read() == blob
+    # a declined put (the block is there) frees its slot before the reply
+    slot2, reply = _put_from_slot(c, area, key, blob)
+    assert reply["ok"] and not reply["accepted"] and reply["reason"] == "exists"
+    assert _state(area, slot2) == fillarea.FREE
+    assert c.stats()["fill_areas"] == {"opened": 1, "puts": 2}
+
+
+def test_the_area_cannot_shrink_or_grow(daemon):
+    c = daemon.client()
+    fd, slots, slot_bytes = c.open_area(1, 5000)  # rounded up to whole pages
+    try:
+        assert slot_bytes == 8192
+        size = fillarea.area_bytes(slots, slot_bytes)
+        assert os.fstat(fd).st_size == size
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 4096)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 2 * size)
+        m = mmap.mmap(fd, size)
+        assert m[:slots] == bytes(slots)  # every slot FREE
+        m.close()
+    finally:
+        os.close(fd)
+
+
+def test_a_bad_block_in_a_slot_is_refused_and_the_slot_freed(daemon):
+    c = daemon.client()
+    area = _open(c)
+    slot, reply = _put_from_slot(c, area, make_key(), os.urandom(5000))
+    assert not reply["ok"] and reply["code"] == ErrorCode.INVALID_BLOCK
+    assert _state(area, slot) == fillarea.FREE
+    assert c.ping()["time"] > 0  # the daemon serves on
+
+
+@pytest.mark.parametrize("args, says", [
+    ({"area": 5, "size": 100}, "slot 5 does not exist"),
+    ({"area": 0, "size": SLOT + 1}, "a slot holds"),
+    ({"area": 0, "size": 0}, "a slot holds"),
+    ({"area": -1, "size": 100}, "does not exist"),
+])
+def test_puts_naming_what_is_not_in_the_area_are_refused(daemon, args, says):
+    c = daemon.client()
+    _open(c)
+    key = make_key()
+    c.post("put", {"key": key, **args})
+    [reply] = c.collect(wait=True)
+    assert not reply["ok"] and reply["code"] == ErrorCode.BAD_REQUEST
+    assert says in reply["message"]
+    assert c.ping()["time"] > 0
+
+
+def test_area_requests_the_daemon_refuses(daemon):
+    c = daemon.client()
+    # a put by reference on a connection without an area
+    c.post("put", {"key": make_key(), "area": 0, "size": 100})
+    [reply] = c.collect(wait=True)
+    assert reply["code"] == ErrorCode.BAD_REQUEST and "area op" in reply["message"]
+    for slots, slot_bytes, says in [(0, 4096, "1..4096 slots"), (8, 16 << 20, "at most"),
+                                    (1, 0, "at least 1 byte")]:
+        with pytest.raises(DaemonError, match=says):
+            c.open_area(slots, slot_bytes)
+    _open(c)
+    with pytest.raises(DaemonError, match="one per connection"):
+        c.open_area(1, 4096)
+    # another connection gets its own; a block put from it lands too
+    c2 = daemon.client()
+    area2 = _open(c2)
+    key = make_key(offset=4096)
+    blob = make_block(key)
+    _, reply = _put_from_slot(c2, area2, key, blob)
+    assert reply["accepted"]
+    daemon.wait_idle()
+    [path] = c.lookup([key])
+    with open(path, "rb") as f:
+        assert blockfile.unseal(key, f.read(), VOLUME_KEY) is not None

@@ -107,8 +107,8 @@ class Landing:
     per-slice buffers, no join. `buf` is the start of `room(size)`, kept as
     `room` (the caller may reuse buffers: that costs no zeroing, no page faults)."""
 
-    __slots__ = ("geo", "wanted", "names", "room", "buf", "received", "_heads", "_where",
-                 "_odd")
+    __slots__ = ("geo", "wanted", "names", "room", "buf", "received", "header", "_heads",
+                 "_where", "_odd")
 
     def __init__(self, key: str, geo: Geometry, wanted: range,
                  room: Callable[[int], memoryview] = lambda n: memoryview(bytearray(n))):
@@ -126,6 +126,7 @@ class Landing:
         self._heads = bytearray(len(wanted) * SLICE_HEAD_SIZE)
         self._odd: dict[int, int] = {}  # slices of the wrong size: index -> their size
         self.received = 0  # value bytes placed
+        self.header: bytes | None = None  # the block header, once a slice is checked
 
     def place(self, name: str, size: int) -> list[memoryview]:
         """Where item `name`'s `size` bytes go. A value of the wrong size goes
@@ -141,28 +142,35 @@ class Landing:
 
     def open(self) -> tuple[bytes, memoryview]:
         """(block header bytes, the wanted slices' ciphertext) once each was
-        placed whole; FormatError for a foreign, truncated, extended or
-        misplaced slice, or slices of two copies (an eviction raced a fill).
-        Authentication is the caller's: it decrypts with the header."""
+        placed whole; FormatError as `check`. Authentication is the
+        caller's: it decrypts with the header."""
+        for name in self.names:
+            self.check(name)
+        assert self.header is not None
+        return self.header, self.buf[HEADER_SIZE:]
+
+    def check(self, name: str) -> tuple[int, memoryview]:
+        """(slice index, its chunks' ciphertext) of item `name` once it was
+        placed whole, so it can be decrypted while later items arrive;
+        FormatError for a foreign, truncated, extended or misplaced slice,
+        or one of another copy than the slices checked before (an eviction
+        raced a fill). The first slice checked sets `header`."""
+        i, head_at, body = self._where[name]
         geo = self.geo
-        header = None
-        for n, i in enumerate(self.wanted):
-            if i in self._odd:
-                raise FormatError(f"slice {i} is {self._odd[i]} bytes where "
-                                  f"{SLICE_HEAD_SIZE + geo.body_len(i)} belong "
-                                  f"(truncated or extended)")
-            at = n * SLICE_HEAD_SIZE
-            magic, got_index, count = _SLICE_HEAD.unpack_from(self._heads, at)
-            if magic != MAGIC:
-                raise FormatError(f"slice {i} is not a blockcache tier item (magic {magic!r})")
-            if got_index != i or count != geo.count:
-                raise FormatError(f"slice {i} of {geo.count} says it is slice {got_index} "
-                                  f"of {count}")
-            head = self._heads[at + _SLICE_HEAD.size:at + SLICE_HEAD_SIZE]
-            if header is None:
-                header = bytes(head)
-            elif head != header:
-                raise FormatError(f"slice {i} belongs to another copy of the block")
-        assert header is not None
-        self.buf[:HEADER_SIZE] = header
-        return header, self.buf[HEADER_SIZE:]
+        if i in self._odd:
+            raise FormatError(f"slice {i} is {self._odd[i]} bytes where "
+                              f"{SLICE_HEAD_SIZE + geo.body_len(i)} belong "
+                              f"(truncated or extended)")
+        magic, got_index, count = _SLICE_HEAD.unpack_from(self._heads, head_at)
+        if magic != MAGIC:
+            raise FormatError(f"slice {i} is not a blockcache tier item (magic {magic!r})")
+        if got_index != i or count != geo.count:
+            raise FormatError(f"slice {i} of {geo.count} says it is slice {got_index} "
+                              f"of {count}")
+        head = self._heads[head_at + _SLICE_HEAD.size:head_at + SLICE_HEAD_SIZE]
+        if self.header is None:
+            self.header = bytes(head)
+            self.buf[:HEADER_SIZE] = self.header
+        elif head != self.header:
+            raise FormatError(f"slice {i} belongs to another copy of the block")
+        return i, self.buf[body:body + geo.body_len(i)]

@@ -68,11 +68,14 @@ class Memcache:
 
     # -- requests --------------------------------------------------------------------
 
-    def get_into(self, keys: list[str], place: Place) -> list[str]:
+    def get_into(self, keys: list[str], place: Place,
+                 landed: Callable[[str], None] | None = None) -> list[str]:
         """Read the values of the keys the server holds where `place(key,
         size)` says: writable views whose lengths add up to `size`, filled in
         turn straight from the socket (large reads bypass the buffer: no
-        copies). The keys whose values were read whole, in the server's order."""
+        copies). `landed(key)` is called as each value is in, while the
+        later ones arrive. The keys whose values were read whole, in the
+        server's order."""
         if not keys:
             return []
         asked = set(keys)
@@ -100,6 +103,8 @@ class Memcache:
                 if c.file.read(2) != b"\r\n":
                     raise ServerFailed(f"memcached {self.name}: a value was cut short")
                 done.append(key)
+                if landed is not None:
+                    landed(key)
 
         self._use(talk)
         return done

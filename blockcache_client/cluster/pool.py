@@ -41,7 +41,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ..contract.cluster import ClusterConfig, is_ip, parse_server
 from ..contract.layout import rendezvous_score
@@ -155,11 +155,12 @@ class Pool:
 
     # -- requests (never raise for a server's failure) ----------------------------
 
-    def get_into(self, blocks: dict[str, list[str]], place: Place, counters: Counters
-                 ) -> set[str]:
+    def get_into(self, blocks: dict[str, list[str]], place: Place, counters: Counters,
+                 landed: Callable[[str], None] | None = None) -> set[str]:
         """Read the items of several blocks ({block key: item names}) where
-        `place` says (`Memcache.get_into`): one multi-get per server that
-        holds some. The names read whole; a failing server's are missing."""
+        `place` says, calling `landed` as each is in (`Memcache.get_into`):
+        one multi-get per server that holds some. The names read whole; a
+        failing server's are missing."""
         by_server: dict[Server, list[str]] = {}
         for block_key, names in blocks.items():
             server = self.owner(block_key)
@@ -168,7 +169,7 @@ class Pool:
         found: set[str] = set()
         for server, names in by_server.items():
             try:
-                found.update(server.client.get_into(names, place))
+                found.update(server.client.get_into(names, place, landed))
             except Refused as exc:  # our request, not the server: no skipping
                 log.debug("memcached %s refused a get: %s", server.name, exc)
                 counters.add("cluster_errors")

@@ -104,7 +104,7 @@ class TierReads:
         scratch = self._scratch.take(n) if out is None else None
         try:
             head, body = landing.open()
-            cipher = self._cipher(key, head, geo.blen)
+            cipher = self.cipher(key, head, geo.blen)
             skip = (first - landing.wanted[0] * geo.per) * (chunk + TAG_SIZE)
             span = min(end * chunk, geo.blen) - first * chunk + (end - first) * TAG_SIZE
             target = (out if scratch is None else scratch)[:n]
@@ -121,33 +121,42 @@ class TierReads:
 
     def blocks(self, wanted: list[tuple[str, int]]) -> dict[str, bytes]:
         """The whole blocks found authentic in the tier, by key, from
-        [(key, block length)]: each also handed sealed to the daemon."""
+        [(key, block length)]: each also handed sealed to the daemon. Each
+        item is checked and decrypted as it lands, while the later ones
+        arrive (`_Arrival`)."""
         pool = self.pool()
         wanted = [(k, blen) for k, blen in wanted if fits(k)]
         if pool is None or not wanted:
             return {}
-        landings = {k: self._whole(k, blen) for k, blen in wanted}
-        by_name = {name: landing for landing, _ in landings.values() for name in landing.names}
-        got = pool.get_into({k: landing.names for k, (landing, _) in landings.items()},
-                            lambda name, size: by_name[name].place(name, size), self.counters)
-        found = {}
-        for k, (landing, slot) in landings.items():
-            if not got.issuperset(landing.names):
-                self.counters.add("cluster_misses")
-                self._give(landing, slot)
-                continue
-            try:
-                found[k] = self._open(k, landing, slot)
-            except (FormatError, IntegrityError) as exc:
-                self._give(landing, slot)
-                self._bad(pool, k, landing.geo, exc)
-                continue
-            self.counters.add2("cluster_hits", "cluster_bytes", landing.received)
+        arrivals = {k: self._whole(k, blen) for k, blen in wanted}
+        by_name = {name: a for a in arrivals.values() for name in a.landing.names}
+        try:
+            got = pool.get_into({k: a.landing.names for k, a in arrivals.items()},
+                                lambda name, size: by_name[name].landing.place(name, size),
+                                self.counters, lambda name: by_name[name].landed(name))
+            found = {}
+            for k, a in arrivals.items():
+                if not got.issuperset(a.landing.names):
+                    self.counters.add("cluster_misses")
+                elif a.error is not None:
+                    self._bad(pool, k, a.landing.geo, a.error)
+                else:
+                    found[k] = a.plain[:a.landing.geo.blen].tobytes()
+                    self.counters.add2("cluster_hits", "cluster_bytes", a.landing.received)
+                    self._hand_off(k, a)
+                    a.slot = a.room = None  # the daemon's now
+        finally:
+            for a in arrivals.values():
+                self._scratch.give(a.plain)
+                if a.slot is not None:
+                    a.slot.give()
+                elif a.room is not None:
+                    self._landings.give(a.room)
         return found
 
-    def _whole(self, key: str, blen: int) -> tuple[Landing, Slot | None]:
-        """A landing for all of a block's items: in a fill area slot if one
-        is free (the block will be handed to the daemon from there)."""
+    def _whole(self, key: str, blen: int) -> _Arrival:
+        """Where all of a block's items land: in a fill area slot if one is
+        free (the block will be handed to the daemon from there)."""
         slot = None
 
         def room(n: int) -> memoryview:
@@ -157,38 +166,21 @@ class TierReads:
 
         geo = Geometry(blen, self._chunk)
         landing = Landing(key, geo, range(geo.count), room)
-        return landing, slot
+        return _Arrival(self, key, landing, slot, self._scratch.take(blen))
 
-    def _give(self, landing: Landing, slot: Slot | None) -> None:
-        if slot is not None:
-            slot.give()
-        else:
-            self._landings.give(landing.room)
-
-    def _open(self, key: str, landing: Landing, slot: Slot | None) -> bytes:
-        """A block's plaintext from all its items, authenticated whole; the
-        block file's bytes they make go to the daemon as they are."""
-        head, chunks = landing.open()
-        blen = landing.geo.blen
-        cipher = self._cipher(key, head, blen)
-        scratch = self._scratch.take(blen)
-        try:
-            plain = scratch[:blen]
-            cipher.read_range_into(0, chunks, plain)
-            data = plain.tobytes()
-        finally:
-            self._scratch.give(scratch)
-        if slot is not None:  # put by reference; the daemon frees the slot
-            self._link.offer_fill(key, landing.buf, sealed=True, done=slot.give, slot=slot)
+    def _hand_off(self, key: str, a: _Arrival) -> None:
+        """Give an authentic block's file to the daemon as it came: by
+        reference from its slot, else by value (its buffer reused once sent)."""
+        if a.slot is not None:  # the daemon frees the slot
+            self._link.offer_fill(key, a.landing.buf, sealed=True, done=a.slot.give, slot=a.slot)
         elif self._link.connected:
-            room = landing.room
-            self._link.offer_fill(key, landing.buf, sealed=True,
+            room = a.room
+            self._link.offer_fill(key, a.landing.buf, sealed=True,
                                   done=lambda: self._landings.give(room))
         else:
-            self._landings.give(landing.room)
-        return data
+            self._landings.give(a.room)
 
-    def _cipher(self, key: str, head: bytes, blen: int) -> BlockCipher:
+    def cipher(self, key: str, head: bytes, blen: int) -> BlockCipher:
         ck = (key, head)
         cipher = self._ciphers.get(ck)
         if cipher is None:
@@ -227,3 +219,39 @@ class TierReads:
         """Until this process's queued tier fills are stored (tests, warmup)."""
         pool = self.pool()
         return pool is None or pool.wait_fills(timeout)
+
+
+class _Arrival:
+    """One whole block being read from the tier: each item, as it lands, is
+    checked and its chunks decrypted into `plain`; the first failure is
+    kept in `error` and the rest is not decrypted."""
+
+    __slots__ = ("tier", "key", "landing", "slot", "room", "plain", "slices", "error")
+
+    def __init__(self, tier: TierReads, key: str, landing: Landing, slot: Slot | None,
+                 plain: memoryview):
+        self.tier = tier
+        self.key = key
+        self.landing = landing
+        self.slot = slot  # the fill area slot the items land in, or None
+        self.room = None if slot is not None else landing.room  # else this buffer
+        self.plain = plain
+        self.slices: set[int] = set()
+        self.error: Exception | None = None
+
+    def landed(self, name: str) -> None:
+        if self.error is not None:
+            return
+        landing = self.landing
+        geo = landing.geo
+        try:
+            i, body = landing.check(name)
+            if i in self.slices:
+                raise FormatError(f"slice {i} arrived twice")
+            cipher = self.tier.cipher(self.key, landing.header, geo.blen)
+            first, end = geo.chunks(i)
+            lo = first * geo.chunk
+            cipher.read_range_into(lo, body, self.plain[lo:min(end * geo.chunk, geo.blen)])
+            self.slices.add(i)
+        except (FormatError, IntegrityError) as exc:
+            self.error = exc

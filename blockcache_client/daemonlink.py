@@ -60,7 +60,7 @@ from .contract.errors import BlockcacheError, DaemonError, DaemonUnavailable, Un
 from .contract.layout import Layout
 from .contract.protocol import MAX_BATCH
 from .counters import CLUSTER_COUNTERS, Counters
-from .fillarea import AREA_SLOTS, FillArea, Slot
+from .fillarea import FillArea, Slot, slots_for
 
 log = logging.getLogger(__name__)
 
@@ -461,13 +461,14 @@ class DaemonLink:
         go by value."""
         client = self._filler_client
         conn = client.connection_id
-        if not self._area_slot_bytes or not conn or conn == self._area_refused or (
+        slots = slots_for(self._area_slot_bytes) if self._area_slot_bytes else 0
+        if not slots or not conn or conn == self._area_refused or (
                 self._area is not None and self._area.connection_id == conn):
             return
         self._area = None
         self._collect(wait=True)  # the area's reply must be the next to arrive
         try:
-            fd, slots, slot_bytes = client.open_area(AREA_SLOTS, self._area_slot_bytes)
+            fd, slots, slot_bytes = client.open_area(slots, self._area_slot_bytes)
             self._area = FillArea(fd, slots, slot_bytes, client.connection_id)
         except (DaemonError, ValueError) as exc:
             log.info("blockcached at %s gave no fill area (%s): tier blocks go to it by value",

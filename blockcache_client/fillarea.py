@@ -19,9 +19,17 @@ import threading
 from .contract import fillarea
 from .contract.fillarea import FREE, HELD, SENT
 
-# slots in a reader's area: the daemon writes a block in less time than a
-# tier hit takes, so a few cover the blocks in flight
-AREA_SLOTS = 4
+# most slots a reader asks for: blocks in flight to a daemon slower than the
+# tier (only slots in use are ever touched: `take` is first-fit)
+MAX_AREA_SLOTS = 16
+_FREE = bytes([FREE])
+
+
+def slots_for(slot_bytes: int) -> int:
+    """How many slots of `slot_bytes` to ask for: up to MAX_AREA_SLOTS, as
+    many as the largest area holds; 0 if not even one does."""
+    rounded = fillarea.page_rounded(max(1, slot_bytes))
+    return min(MAX_AREA_SLOTS, (fillarea.MAX_AREA_BYTES - fillarea.PAGE) // rounded)
 
 
 class Slot:
@@ -55,7 +63,8 @@ class FillArea:
             seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
             if not seals & fcntl.F_SEAL_SHRINK or os.fstat(fd).st_size < size:
                 raise ValueError("a fill area that could shrink, or is smaller than named")
-            self._map = memoryview(mmap.mmap(fd, size))
+            self._mm = mmap.mmap(fd, size)
+            self._map = memoryview(self._mm)
         except OSError as exc:  # F_GET_SEALS on something else than a memfd
             raise ValueError(f"not a fill area: {exc}") from None
         finally:
@@ -64,7 +73,6 @@ class FillArea:
         self.slot_bytes = slot_bytes
         self.connection_id = connection_id  # of the connection it was opened on
         self._lock = threading.Lock()
-        self._next = 0  # where the search for a free slot starts: round robin
 
     def take(self, n: int) -> Slot | None:
         """A FREE slot, now HELD, viewing its first `n` bytes; None if every
@@ -73,14 +81,14 @@ class FillArea:
             return None
         states = self._map
         with self._lock:
-            for k in range(self.slots):
-                i = (self._next + k) % self.slots
-                if states[i] == FREE:
-                    states[i] = HELD
-                    self._next = i + 1
-                    start = fillarea.slot_offset(i, self.slot_bytes)
-                    return Slot(self, i, self._map[start:start + n])
-        return None
+            # the first free one: slots the daemon keeps up with stay the
+            # only ones touched (a slot's first use faults in its pages)
+            i = self._mm.find(_FREE, 0, self.slots)
+            if i < 0:
+                return None
+            states[i] = HELD
+        start = fillarea.slot_offset(i, self.slot_bytes)
+        return Slot(self, i, self._map[start:start + n])
 
     def give(self, slot: Slot) -> None:
         with self._lock:

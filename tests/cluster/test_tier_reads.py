@@ -234,3 +234,36 @@ def test_without_a_fill_area_tier_blocks_go_by_value(cluster, key_file, tmp_path
     areas = _tier_blocks_reach_the_daemon(cluster, key_file, tmp_path,
                                           take_the_area)["fill_areas"]
     assert areas == {"opened": 1, "puts": 0}
+
+
+def test_a_restarted_daemon_gives_the_reader_a_new_fill_area(cluster, key_file, tmp_path):
+    """The area belongs to the connection it was opened on: after the daemon
+    restarts, no put names a slot of the old one, and the reader opens a
+    new area on its new connection."""
+    root, files = _remote_files(tmp_path, 12, 256 << 10)
+    cluster.memcached(1)
+    v1 = cluster.volume(cluster.host(), str(root), key_file)
+    for rel, data in files.items():
+        assert v1.read(rel, 0, len(data)) == data
+    assert v1.wait_fills(10)
+    h2 = cluster.host()
+    v2 = cluster.volume(h2, str(root), key_file)
+    names = sorted(files)
+    for rel in names[:4]:
+        assert v2.read(rel, 0, len(files[rel])) == files[rel]
+        assert v2.wait_fills(10)
+    assert h2.client().stats()["fill_areas"]["opened"] == 1
+    h2.restart()
+    for rel in names[4:]:
+        assert v2.read(rel, 0, len(files[rel])) == files[rel]
+        v2.wait_fills(10)
+    h2.wait_idle()
+    areas = h2.client().stats()["fill_areas"]  # the new daemon's
+    assert areas["opened"] == 1 and areas["puts"] >= 1, areas
+    # what reached the new daemon is authentic: a new reader hits it
+    v3 = cluster.volume(h2, str(root), key_file)
+    for rel, data in files.items():
+        assert v3.read(rel, 0, len(data)) == data
+    s3 = v3.stats()
+    assert s3["integrity_failures"] == 0 and s3["backend_bytes"] == 0
+    assert s3["hits"] >= 4 + len(names[4:]) - 2  # at most the first two after the restart missed

@@ -49,6 +49,14 @@ def _remote_files(tmp_path, n: int, size: int):
     return root, files
 
 
+def _fill_tier(cluster, key_file, root, files) -> None:
+    """A first host reads every file from the remote: that fills the tier."""
+    v1 = cluster.volume(cluster.host(), str(root), key_file)
+    for rel, data in files.items():
+        assert v1.read(rel, 0, len(data)) == data
+    assert v1.wait_fills(10)
+
+
 def test_second_host_reads_the_tier_then_its_own_disk(cluster, key_file, dataset):
     root, files = dataset
     cluster.memcached(2)
@@ -85,10 +93,7 @@ def test_blocks_read_in_a_row_reach_the_daemon_whole(cluster, key_file, tmp_path
     still each give the daemon their own block, bytes-exact."""
     root, files = _remote_files(tmp_path, 16, 1 << 20)
     cluster.memcached(2)
-    v1 = cluster.volume(cluster.host(), str(root), key_file)
-    for rel, data in files.items():
-        assert v1.read(rel, 0, len(data)) == data
-    assert v1.wait_fills(10)
+    _fill_tier(cluster, key_file, root, files)
 
     h2 = cluster.host()
     v2 = cluster.volume(h2, str(root), key_file)
@@ -197,10 +202,7 @@ def _tier_blocks_reach_the_daemon(cluster, key_file, tmp_path, prepare=lambda v:
     Returns host 2's daemon stats."""
     root, files = _remote_files(tmp_path, 12, 512 << 10)
     cluster.memcached(1)
-    v1 = cluster.volume(cluster.host(), str(root), key_file)
-    for rel, data in files.items():
-        assert v1.read(rel, 0, len(data)) == data
-    assert v1.wait_fills(10)
+    _fill_tier(cluster, key_file, root, files)
     h2 = cluster.host()
     v2 = cluster.volume(h2, str(root), key_file)
     prepare(v2)
@@ -242,10 +244,7 @@ def test_a_restarted_daemon_gives_the_reader_a_new_fill_area(cluster, key_file, 
     new area on its new connection."""
     root, files = _remote_files(tmp_path, 12, 256 << 10)
     cluster.memcached(1)
-    v1 = cluster.volume(cluster.host(), str(root), key_file)
-    for rel, data in files.items():
-        assert v1.read(rel, 0, len(data)) == data
-    assert v1.wait_fills(10)
+    _fill_tier(cluster, key_file, root, files)
     h2 = cluster.host()
     v2 = cluster.volume(h2, str(root), key_file)
     names = sorted(files)

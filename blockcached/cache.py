@@ -22,6 +22,7 @@ from blockcache_client.contract.layout import CacheDir, Layout
 
 from .capacity import DirCapacity
 from .config import Config
+from .fillarea import AreaSpan
 from .filler import DirWorker, FillQueue
 from .health import Health
 from .index import COUNT_MASK, TIME_GRAIN, Index
@@ -267,12 +268,13 @@ class Cache:
         for w in self.workers:
             w.drain()
 
-    def put(self, key: str, data: bytes | memoryview, owner: int | None = None,
+    def put(self, key: str, data: bytes | memoryview | AreaSpan, owner: int | None = None,
             release: Callable[[], None] | None = None) -> tuple[bool, str]:
         """Admit a validated block for background writing; (accepted, reason).
         `owner` (the peer's uid) is held to its share of the fill queue.
         `release`, if given, is called on the dir's worker once the write of
-        an accepted block no longer reads `data` (a fill area's slot)."""
+        an accepted block no longer reads `data` (an `AreaSpan`: a fill
+        area's slot)."""
         size = len(data)
         self.counters["puts"] += 1
         self.counters["put_bytes"] += size
@@ -745,8 +747,8 @@ def _unlink_all(store: Store, keys: list[str]) -> None:
         store.unlink(key)
 
 
-def _releasing(write: Callable[[str, memoryview], None], release: Callable[[], None],
-               key: str, data: memoryview) -> None:
+def _releasing(write: Callable[[str, Any], None], release: Callable[[], None],
+               key: str, data: Any) -> None:
     """`write`, then `release` however it ended (on the dir's worker: the
     reader waiting for the slot needs no wake-up of the loop)."""
     try:

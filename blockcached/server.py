@@ -254,7 +254,7 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = True
         self._drop_frame_state()
         self.buf = bytearray()
-        self.area = None  # unmapped once the writes still reading its slots are done
+        self.area = None  # closed once the writes still reading its slots are done
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.frame is not None:
@@ -386,7 +386,7 @@ class Connection(asyncio.BufferedProtocol):
             frame = protocol.encode_frame(protocol.error(rid, ErrorCode.INTERNAL, exc.message))
         if len(frame) > SMALL_REPLY or self.transport.get_write_buffer_size():  # type: ignore[union-attr]
             frame = self._within_reply_budget(rid, frame)
-        if self.area is not None and self.area.fd >= 0:
+        if self.area is not None and not self.area.passed:
             return self._send_area(rid, frame)
         self.transport.write(frame)  # type: ignore[union-attr]
         return True
@@ -407,6 +407,7 @@ class Connection(asyncio.BufferedProtocol):
                 sent = socket.send_fds(sock, [frame], [area.fd])
             finally:
                 sock.close()
+            area.passed = True
         except OSError as exc:
             log.warning("cannot pass a fill area to uid %d (pid %d): %s", self.peer.uid,
                         self.peer.pid, exc)
@@ -414,8 +415,6 @@ class Connection(asyncio.BufferedProtocol):
             self.svc.count_error(ErrorCode.INTERNAL)
             frame = protocol.encode_frame(protocol.error(
                 rid, ErrorCode.INTERNAL, f"cannot pass the fill area: {exc}; put blocks by value"))
-        finally:
-            area.close_fd()
         if sent < len(frame):
             transport.write(frame[sent:])
         return True

@@ -25,7 +25,7 @@ from .access import Access, Peer
 from .cache import Cache
 from .clusterstats import ClusterStats
 from .config import Config
-from .fillarea import FillArea
+from .fillarea import AreaSpan, FillArea
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class Service:
                 raise ProtocolError(ErrorCode.BAD_REQUEST,
                                     f"put of {key} names fill area slot {slot}, but this "
                                     f"connection has no fill area: ask for one (area op) first")
-            data = area.view(slot, arg(body, "size", int))
+            data = area.span(slot, arg(body, "size", int))
             release = partial(area.release, slot)
             self.fill_areas["puts"] += 1
         else:
@@ -191,7 +191,8 @@ class Service:
         try:
             vol = BlockKey.parse(key).vol
             self.access.require_volume(peer, vol, f"put of {key}")
-            header = blockfile.BlockHeader.parse(data)
+            header = blockfile.BlockHeader.parse(
+                data.head(blockfile.HEADER_SIZE) if isinstance(data, AreaSpan) else data)
             header.check_file_size(len(data))
             accepted, reason = self.cache.put(key, data, peer.uid, release)
         finally:

@@ -34,6 +34,8 @@ from blockcache_client.common import safeopen
 from blockcache_client.contract import blockfile, layout
 from blockcache_client.contract.blockkey import is_block_name
 
+from .fillarea import AreaSpan
+
 log = logging.getLogger(__name__)
 
 FILE_MODE = 0o644
@@ -160,15 +162,19 @@ class Store:
             os.close(top)
         return safeopen.open_beneath(self._blocks_fd, fan, _LEAF)
 
-    def write(self, key: str, data: bytes | memoryview) -> None:
+    def write(self, key: str, data: bytes | memoryview | AreaSpan) -> None:
         """Write one block: tmp file, then rename into place (no fsync: see
-        the module docstring)."""
+        the module docstring). An `AreaSpan` (a block in a fill area slot)
+        is copied by the kernel."""
         tmp = f"{os.getpid()}.{next(self._names)}"
         fd = os.open(tmp, _CREATE, FILE_MODE, dir_fd=self._tmp_fd)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            if isinstance(data, AreaSpan):
+                data.write_to(fd)
+            else:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
             os.fchmod(fd, FILE_MODE)  # umask must not hide blocks from readers
         except BaseException:
             os.close(fd)

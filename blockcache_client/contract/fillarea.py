@@ -24,9 +24,10 @@ A slot's state says who may touch it:
   longer will (written, declined or failed). The reader waits for that.
 
 The daemon seals the memfd's size (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL)
-before passing it, so no reader can turn the daemon's reads of its mapping
-into SIGBUS. A reader that writes a slot it put can only spoil its own
-blocks, which readers authenticate anyway: what a put by value could do.
+before passing it, so no reader can shrink a slot under a copy, and copies
+slots with `sendfile` (holes cost it no memory). A reader that writes a slot
+it put can only spoil its own blocks, which readers authenticate anyway:
+what a put by value could do.
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ from __future__ import annotations
 PAGE = 4096
 FREE, HELD, SENT = 0, 1, 2
 MAX_SLOTS = PAGE        # state bytes fit the control page
-# the most an area may map: bounded because the daemon's reads of slots may
-# fault in pages a reader left as holes (what a put of a block costs anyway)
+# the most an area may hold (a reader's whole fill queue, by default)
 MAX_AREA_BYTES = 64 << 20
 
 

@@ -133,3 +133,30 @@ def test_area_requests_the_daemon_refuses(daemon):
     [path] = c.lookup([key])
     with open(path, "rb") as f:
         assert blockfile.unseal(key, f.read(), VOLUME_KEY) is not None
+
+
+def test_holes_in_a_slot_cost_the_daemon_no_memory(daemon):
+    """A reader that never wrote most of a slot has the daemon copy holes:
+    they must be read as zeros, not faulted in (pages charged to the daemon
+    and kept while the connection lives)."""
+    c = daemon.client()
+    fd, slots, slot_bytes = c.open_area(1, 1 << 20)
+    try:
+        key = make_key()
+        blob = make_block(key, 500_000)
+        start = fillarea.slot_offset(0, slot_bytes)
+        os.pwrite(fd, blob[:fillarea.PAGE], start)  # the header's page; the rest holes
+        os.pwrite(fd, bytes([fillarea.SENT]), 0)
+        c.post("put", {"key": key, "area": 0, "size": len(blob)})
+        [reply] = c.collect(wait=True)
+        assert reply["accepted"]
+        daemon.wait_idle()
+        path = os.path.join(daemon.cache_dirs[0], layout.block_relpath(key))
+        with open(path, "rb") as f:
+            written = f.read()
+        assert written == blob[:fillarea.PAGE] + bytes(len(blob) - fillarea.PAGE)
+        assert os.pread(fd, 1, 0) == bytes([fillarea.FREE])
+        with pytest.raises(OSError):  # ENXIO: no data past the first page
+            os.lseek(fd, start + fillarea.PAGE, os.SEEK_DATA)
+    finally:
+        os.close(fd)

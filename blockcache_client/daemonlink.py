@@ -395,8 +395,10 @@ class DaemonLink:
             if op == "put" and self.on_sealed is not None:  # the tier still takes it
                 self.on_sealed(key, self._seal(key, data))
             return
-        if op == "area":
-            self._put_area(key, data)
+        if op == "area":  # by value if a reconnect came since its area was opened
+            ours = data.area is self._area and data.area.connection_id == \
+                self._filler_client.connection_id
+            self._put(key, data.view, inline=False, sealed=True, slot=data if ours else None)
             return
         if op != "evict":
             self._put(key, data, inline=False, sealed=op == "sealed")
@@ -409,20 +411,27 @@ class DaemonLink:
             log.debug("evict %s not delivered: %s", key, exc)
         self._count_lost()
 
-    def _put(self, key: str, data: bytes, inline: bool, sealed: bool = False) -> None:
-        """Seal (unless `sealed`) and post one block (the caller holds `_busy`).
+    def _put(self, key: str, data: bytes, inline: bool, sealed: bool = False,
+             slot: Slot | None = None) -> None:
+        """Seal (unless `sealed`) and post one block (the caller holds `_busy`);
+        by reference if it is in `slot` of the open connection's area.
         Inline, the part of the frame the socket could not take is left to
         the filler."""
         client = self._filler_client
         if client.posted >= COLLECT_AFTER:
             self._collect(wait=False)
         try:
-            # the sealer may reuse one buffer: the blob is overwritten by the
-            # next seal, so it is sent now (a tail left for later is a copy)
-            blob = data if sealed else self._seal(key, data)
-            if not sealed and self.on_sealed is not None:
-                self.on_sealed(key, blob)
-            tail = client.post("put", {"key": key, "data": blob})
+            if slot is not None:
+                slot.area.sent(slot)
+                args = {"key": key, "area": slot.index, "size": len(slot)}
+            else:
+                # the sealer may reuse one buffer: the blob is overwritten by
+                # the next seal, so it is sent now (a tail left for later is a copy)
+                blob = data if sealed else self._seal(key, data)
+                if not sealed and self.on_sealed is not None:
+                    self.on_sealed(key, blob)
+                args = {"key": key, "data": blob}
+            tail = client.post("put", args)
         except DaemonUnavailable as exc:
             log.debug("put %s not delivered: %s", key, exc)
             self._counters.add("fills_dropped")
@@ -436,23 +445,6 @@ class DaemonLink:
                 client.finish_post(tail)
             except DaemonUnavailable as exc:
                 log.debug("rest of put %s not delivered: %s", key, exc)
-        self._count_lost()
-
-    def _put_area(self, key: str, slot: Slot) -> None:
-        """Post a put naming `slot`, if its area is the open connection's;
-        else (a reconnect came between) send its bytes by value."""
-        client = self._filler_client
-        if slot.area is not self._area or slot.area.connection_id != client.connection_id:
-            self._put(key, slot.view, inline=False, sealed=True)
-            return
-        if client.posted >= COLLECT_AFTER:
-            self._collect(wait=False)
-        slot.area.sent(slot)
-        try:
-            client.post("put", {"key": key, "area": slot.index, "size": len(slot)})
-        except DaemonUnavailable as exc:  # the area goes with its connection
-            log.debug("put %s not delivered: %s", key, exc)
-            self._counters.add("fills_dropped")
         self._count_lost()
 
     def _open_area(self) -> None:

@@ -268,13 +268,13 @@ class Cache:
         for w in self.workers:
             w.drain()
 
-    def put(self, key: str, data: bytes | memoryview | AreaSpan, owner: int | None = None,
-            release: Callable[[], None] | None = None) -> tuple[bool, str]:
+    def put(self, key: str, data: bytes | memoryview | AreaSpan,
+            owner: int | None = None) -> tuple[bool, str]:
         """Admit a validated block for background writing; (accepted, reason).
-        `owner` (the peer's uid) is held to its share of the fill queue.
-        `release`, if given, is called on the dir's worker once the write of
-        an accepted block no longer reads `data` (an `AreaSpan`: a fill
-        area's slot)."""
+        `owner` (the peer's uid) is held to its share of the fill queue. An
+        accepted `AreaSpan` (a fill area's slot) is released on the dir's
+        worker once its write no longer reads it; one not accepted is the
+        caller's to release."""
         size = len(data)
         self.counters["puts"] += 1
         self.counters["put_bytes"] += size
@@ -293,8 +293,9 @@ class Cache:
         if self.quotas:
             vol = key[:key.index("_")]
             self._vol_reserved[vol] = self._vol_reserved.get(vol, 0) + size
-        write = self.stores[i].write if release is None else partial(_releasing,
-                                                                     self.stores[i].write, release)
+        write = self.stores[i].write
+        if isinstance(data, AreaSpan):
+            write = partial(_releasing, write)
         self.workers[i].submit(write, key, data, done=partial(self._written, i, key, size),
                                lazy=True)
         return True, reason
@@ -747,11 +748,10 @@ def _unlink_all(store: Store, keys: list[str]) -> None:
         store.unlink(key)
 
 
-def _releasing(write: Callable[[str, Any], None], release: Callable[[], None],
-               key: str, data: Any) -> None:
-    """`write`, then `release` however it ended (on the dir's worker: the
-    reader waiting for the slot needs no wake-up of the loop)."""
+def _releasing(write: Callable[[str, AreaSpan], None], key: str, span: AreaSpan) -> None:
+    """`write`, then free the span's slot however it ended (on the dir's
+    worker: the reader waiting for the slot needs no wake-up of the loop)."""
     try:
-        write(key, data)
+        write(key, span)
     finally:
-        release()
+        span.release()

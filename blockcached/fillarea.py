@@ -68,7 +68,7 @@ class FillArea:
             raise ProtocolError(ErrorCode.BAD_REQUEST,
                                 f"a put of {size} bytes from fill area slot {slot}: a slot "
                                 f"holds 1..{self.slot_bytes}")
-        return AreaSpan(self, fillarea.slot_offset(slot, self.slot_bytes), size)
+        return AreaSpan(self, slot, size)
 
     def release(self, slot: int) -> None:
         """Slot `slot` is not read here any more: the reader may reuse it."""
@@ -76,13 +76,15 @@ class FillArea:
 
 
 class AreaSpan:
-    """A block in a slot: what `Store.write` copies into its file."""
+    """A block in a slot: what `Store.write` copies into its file, and who
+    frees the slot once nothing reads it (`release`)."""
 
-    __slots__ = ("area", "offset", "size")
+    __slots__ = ("area", "slot", "offset", "size")
 
-    def __init__(self, area: FillArea, offset: int, size: int):
+    def __init__(self, area: FillArea, slot: int, size: int):
         self.area = area  # keeps the memfd open until the write is done
-        self.offset = offset
+        self.slot = slot
+        self.offset = fillarea.slot_offset(slot, area.slot_bytes)
         self.size = size
 
     def __len__(self) -> int:
@@ -100,3 +102,7 @@ class AreaSpan:
             if n == 0:  # cannot happen to a sealed area: never loop on it
                 raise OSError(f"fill area ended {self.size - done} bytes short")
             done += n
+
+    def release(self) -> None:
+        """Nothing here reads the slot any more: the reader may reuse it."""
+        self.area.release(self.slot)

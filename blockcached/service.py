@@ -12,7 +12,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from blockcache_client.common.metrics import Histogram
@@ -25,7 +24,7 @@ from .access import Access, Peer
 from .cache import Cache
 from .clusterstats import ClusterStats
 from .config import Config
-from .fillarea import AreaSpan, FillArea
+from .fillarea import FillArea
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +171,7 @@ class Service:
 
     def put(self, body: dict[str, Any], peer: Peer, conn: Any = None) -> dict[str, Any]:
         key = arg(body, "key", str)
-        release = None
+        span = None
         if "area" in body:  # the block is in a slot of the connection's fill area
             area: FillArea | None = getattr(conn, "area", None)
             slot = arg(body, "area", int)
@@ -180,8 +179,7 @@ class Service:
                 raise ProtocolError(ErrorCode.BAD_REQUEST,
                                     f"put of {key} names fill area slot {slot}, but this "
                                     f"connection has no fill area: ask for one (area op) first")
-            data = area.span(slot, arg(body, "size", int))
-            release = partial(area.release, slot)
+            data = span = area.span(slot, arg(body, "size", int))
             self.fill_areas["puts"] += 1
         else:
             data = body.get("data")
@@ -192,12 +190,12 @@ class Service:
             vol = BlockKey.parse(key).vol
             self.access.require_volume(peer, vol, f"put of {key}")
             header = blockfile.BlockHeader.parse(
-                data.head(blockfile.HEADER_SIZE) if isinstance(data, AreaSpan) else data)
+                data if span is None else span.head(blockfile.HEADER_SIZE))
             header.check_file_size(len(data))
-            accepted, reason = self.cache.put(key, data, peer.uid, release)
+            accepted, reason = self.cache.put(key, data, peer.uid)
         finally:
-            if release is not None and not accepted:  # never queued: its slot is free now
-                release()
+            if span is not None and not accepted:  # never queued: its slot is free now
+                span.release()
         if reason in _REFUSALS:
             self.refusals.note(reason, peer, key)
         return {"accepted": accepted, "reason": reason}

@@ -79,22 +79,21 @@ class FillArea:
         slot is in use or `n` does not fit one."""
         if n > self.slot_bytes:
             return None
-        states = self._map
         with self._lock:
             # the first free one: slots the daemon keeps up with stay the
             # only ones touched (a slot's first use faults in its pages)
             i = self._mm.find(_FREE, 0, self.slots)
             if i < 0:
                 return None
-            states[i] = HELD
+            self._mm[i] = HELD
         start = fillarea.slot_offset(i, self.slot_bytes)
         return Slot(self, i, self._map[start:start + n])
 
     def give(self, slot: Slot) -> None:
         with self._lock:
-            if self._map[slot.index] == HELD:
-                self._map[slot.index] = FREE
+            if self._mm[slot.index] == HELD:
+                self._mm[slot.index] = FREE
 
     def sent(self, slot: Slot) -> None:
         """A put names the slot: it is the daemon's until it sets it FREE."""
-        self._map[slot.index] = SENT
+        self._mm[slot.index] = SENT

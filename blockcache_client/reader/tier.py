@@ -143,15 +143,16 @@ class TierReads:
                 else:
                     found[k] = a.plain[:a.landing.geo.blen].tobytes()
                     self.counters.add2("cluster_hits", "cluster_bytes", a.landing.received)
-                    self._hand_off(k, a)
-                    a.slot = a.room = None  # the daemon's now
+                    a.handed = self._hand_off(k, a)
         finally:
             for a in arrivals.values():
                 self._scratch.give(a.plain)
+                if a.handed:  # its buffer comes back through `offer_fill`'s done
+                    continue
                 if a.slot is not None:
                     a.slot.give()
-                elif a.room is not None:
-                    self._landings.give(a.room)
+                else:
+                    self._landings.give(a.landing.room)
         return found
 
     def _whole(self, key: str, blen: int) -> _Arrival:
@@ -168,17 +169,19 @@ class TierReads:
         landing = Landing(key, geo, range(geo.count), room)
         return _Arrival(self, key, landing, slot, self._scratch.take(blen))
 
-    def _hand_off(self, key: str, a: _Arrival) -> None:
+    def _hand_off(self, key: str, a: _Arrival) -> bool:
         """Give an authentic block's file to the daemon as it came: by
-        reference from its slot, else by value (its buffer reused once sent)."""
+        reference from its slot, else by value (its buffer reused once sent).
+        False if there is no daemon to give it to."""
         if a.slot is not None:  # the daemon frees the slot
             self._link.offer_fill(key, a.landing.buf, sealed=True, done=a.slot.give, slot=a.slot)
         elif self._link.connected:
-            room = a.room
+            room = a.landing.room
             self._link.offer_fill(key, a.landing.buf, sealed=True,
                                   done=lambda: self._landings.give(room))
         else:
-            self._landings.give(a.room)
+            return False
+        return True
 
     def cipher(self, key: str, head: bytes, blen: int) -> BlockCipher:
         ck = (key, head)
@@ -226,18 +229,18 @@ class _Arrival:
     checked and its chunks decrypted into `plain`; the first failure is
     kept in `error` and the rest is not decrypted."""
 
-    __slots__ = ("tier", "key", "landing", "slot", "room", "plain", "slices", "error")
+    __slots__ = ("tier", "key", "landing", "slot", "plain", "slices", "error", "handed")
 
     def __init__(self, tier: TierReads, key: str, landing: Landing, slot: Slot | None,
                  plain: memoryview):
         self.tier = tier
         self.key = key
         self.landing = landing
-        self.slot = slot  # the fill area slot the items land in, or None
-        self.room = None if slot is not None else landing.room  # else this buffer
+        self.slot = slot  # the fill area slot the items land in (else landing.room)
         self.plain = plain
         self.slices: set[int] = set()
         self.error: Exception | None = None
+        self.handed = False  # given to the daemon: its buffer is the link's now
 
     def landed(self, name: str) -> None:
         if self.error is not None:

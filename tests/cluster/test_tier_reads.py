@@ -57,6 +57,14 @@ def _fill_tier(cluster, key_file, root, files) -> None:
     assert v1.wait_fills(10)
 
 
+def _read_all(cluster, host, root, key_file, files) -> dict:
+    """A new reader on `host` reads every file, bytes-exact: its stats."""
+    v = cluster.volume(host, str(root), key_file)
+    for rel, data in files.items():
+        assert v.read(rel, 0, len(data)) == data
+    return v.stats()
+
+
 def test_second_host_reads_the_tier_then_its_own_disk(cluster, key_file, dataset):
     root, files = dataset
     cluster.memcached(2)
@@ -108,10 +116,7 @@ def test_blocks_read_in_a_row_reach_the_daemon_whole(cluster, key_file, tmp_path
     assert v2.wait_fills(10)
     h2.wait_idle()
     # another process on that host: every block from the cache disk, authentic
-    v3 = cluster.volume(h2, str(root), key_file)
-    for rel, data in files.items():
-        assert v3.read(rel, 0, len(data)) == data
-    s3 = v3.stats()
+    s3 = _read_all(cluster, h2, root, key_file, files)
     assert s3["hits"] == len(files) and s3["integrity_failures"] == 0
     assert s3["cluster_hits"] == 0 and s3["backend_bytes"] == 0
 
@@ -211,10 +216,7 @@ def _tier_blocks_reach_the_daemon(cluster, key_file, tmp_path, prepare=lambda v:
         assert v2.wait_fills(10)  # the first hand-off has the fill area opened
     assert v2.stats()["cluster_hits"] == len(files)
     h2.wait_idle()
-    v3 = cluster.volume(h2, str(root), key_file)
-    for rel, data in files.items():
-        assert v3.read(rel, 0, len(data)) == data
-    s3 = v3.stats()
+    s3 = _read_all(cluster, h2, root, key_file, files)
     assert s3["hits"] == len(files) and s3["integrity_failures"] == 0
     assert s3["backend_bytes"] == 0 and s3["cluster_hits"] == 0
     return h2.client().stats()
@@ -253,6 +255,9 @@ def test_a_restarted_daemon_gives_the_reader_a_new_fill_area(cluster, key_file, 
         assert v2.wait_fills(10)
     assert h2.client().stats()["fill_areas"]["opened"] == 1
     h2.restart()
+    # the link's control thread notices and says hello again: from then on
+    # only the fill connection still holds the old area
+    h2.wait_stats(lambda st: st["requests"].get("hello", 0) >= 1, timeout=30)
     for rel in names[4:]:
         assert v2.read(rel, 0, len(files[rel])) == files[rel]
         v2.wait_fills(10)
@@ -260,9 +265,6 @@ def test_a_restarted_daemon_gives_the_reader_a_new_fill_area(cluster, key_file, 
     areas = h2.client().stats()["fill_areas"]  # the new daemon's
     assert areas["opened"] == 1 and areas["puts"] >= 1, areas
     # what reached the new daemon is authentic: a new reader hits it
-    v3 = cluster.volume(h2, str(root), key_file)
-    for rel, data in files.items():
-        assert v3.read(rel, 0, len(data)) == data
-    s3 = v3.stats()
+    s3 = _read_all(cluster, h2, root, key_file, files)
     assert s3["integrity_failures"] == 0 and s3["backend_bytes"] == 0
     assert s3["hits"] >= 4 + len(names[4:]) - 2  # at most the first two after the restart missed

@@ -62,10 +62,14 @@ class HandleBlocks:
 
     def remember(self, key: str, ent: OpenBlock) -> None:
         """A chunked read of `key` succeeded with the open file `ent`."""
-        self.open[int(key[-16:], 16) // self._block_size] = ent
+        self.open[self._index(key)] = ent
 
     def forget(self, key: str) -> None:
-        self.open.pop(int(key[-16:], 16) // self._block_size, None)
+        self.open.pop(self._index(key), None)
+
+    def _index(self, key: str) -> int:
+        """The block index a key of this file names (its last field: the offset)."""
+        return int(key[-16:], 16) // self._block_size
 
     def expect(self, b: int) -> None:
         """This handle's miss fetched block `b`: hold its file once the fill lands."""
@@ -77,7 +81,7 @@ class HandleBlocks:
         """The handle read `key`'s block from memory, where it is bound to
         the header `head` this process sealed it with: hold its file now if
         that fill has landed, else at a later read (`_hold`)."""
-        b = int(key[-16:], 16) // self._block_size
+        b = self._index(key)
         if b in self.open or b in self._given_up:
             return
         self.fetched.setdefault(b, time.monotonic() + WRITE_WAIT)

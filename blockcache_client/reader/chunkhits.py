@@ -20,7 +20,7 @@ import errno
 import logging
 import os
 
-from ..contract.blockfile import HEADER_SIZE, TAG_SIZE
+from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, file_size
 from ..contract.errors import FormatError, IntegrityError
 from ..contract.layout import Layout
 from .blockfds import BlockFiles, OpenBlock
@@ -156,10 +156,9 @@ class ChunkedHits:
         authenticated."""
         c = self._chunk_size
         cipher = self._cipher(key, head, blen)
-        nchunks = -(-blen // c) or 1
-        if size != HEADER_SIZE + blen + nchunks * TAG_SIZE:
-            raise FormatError(f"block file is {size} bytes; its header says "
-                              f"{HEADER_SIZE + blen + nchunks * TAG_SIZE}")
+        want = file_size(blen, c)
+        if size != want:
+            raise FormatError(f"block file is {size} bytes; its header says {want}")
         step = c + TAG_SIZE
         start = HEADER_SIZE + first * step
         data = os.pread(fd, min(size, HEADER_SIZE + end * step) - start, start)

@@ -8,8 +8,9 @@ with no daemon, socket or disk: a dir worker's job is not run, its `done` is
 called at once as if the write had succeeded, so a put is admitted, evicts
 and is indexed as in the daemon, in microseconds. That lets each scenario run
 at the scales where the policy's sketch collides as it does on a real host
-(8 slots per cached block, whatever the scale): the daemon run stays small
-(800 blocks, ~80 slots per entry). The engine's upkeep (`Cache.tick`: the
+(32 to 64 slots per cached block, `SLOTS_PER_ENTRY` and doubling, from
+2,048 blocks up): the daemon run stays small (800 blocks, ~80 slots per
+entry: the sketch's smallest table). The engine's upkeep (`Cache.tick`: the
 aging of cached counts, a chunk at a time) runs every `TICK_ACCESSES`
 accesses, about what a busy daemon serves between two ticks.
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 PAGE = 4096
 FREE, HELD, SENT = 0, 1, 2
 MAX_SLOTS = PAGE        # state bytes fit the control page
-# the most an area may hold (a reader's whole fill queue, by default)
+# the most an area may hold: the memory one connection can have the daemon create
 MAX_AREA_BYTES = 64 << 20
 
 

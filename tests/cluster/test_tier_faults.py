@@ -245,7 +245,8 @@ def test_a_server_that_was_only_slow_is_used_again_at_once(cluster, key_file, tm
     def read_while_busy(rel):
         """Busy for longer than the read timeout, then answering again."""
         server.stall()
-        threading.Timer(0.3, server.resume).start()
+        # stalled 3x the read timeout: it times out even if the read starts late
+        threading.Timer(0.6, server.resume).start()
         read(rel)  # timed out: from the remote
 
     for _ in range(REVIVALS):
@@ -259,7 +260,7 @@ def test_a_server_that_was_only_slow_is_used_again_at_once(cluster, key_file, tm
     assert s["backend_bytes"] == REVIVALS * size
 
     read_while_busy(next(names))  # once more within retry_after: skipped
-    time.sleep(0.6)  # it answers again by now
+    time.sleep(0.9)  # it answers again by now
     for rel in names:
         read(rel)
     s = v2.stats()

@@ -10,6 +10,7 @@ import os
 import socket
 import stat
 import threading
+import time
 
 import pytest
 
@@ -34,9 +35,15 @@ class Files:
             raise RuntimeError("a handler bug")
         if name != b"f":
             raise FuseError(errno.ENOENT)
+        return self.getattr(2)
+
+    def getattr(self, inode: int) -> Attributes:
         a = Attributes()
-        a.st_ino, a.st_size, a.st_mode, a.entry_timeout = 2, len(self.DATA), \
-            stat.S_IFREG | 0o444, 1.0
+        a.st_ino, a.entry_timeout, a.attr_timeout = inode, 1.0, 1.0
+        if inode == 1:
+            a.st_mode = stat.S_IFDIR | 0o755
+        else:
+            a.st_size, a.st_mode = len(self.DATA), stat.S_IFREG | 0o444
         return a
 
     def forget(self, items) -> None:
@@ -90,6 +97,15 @@ def answer(sock) -> tuple[int, int, bytes]:
     return unique, err, msg[s.OUT_HEADER.size:]
 
 
+def wait_until(cond, timeout: float = TIMEOUT) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def init(sock) -> bytes:
     u = send(sock, s.INIT, s.INIT_IN.pack(7, 45, 131072, 0xFFFFFFFF, 0))
     got, err, payload = answer(sock)
@@ -141,7 +157,7 @@ def test_short_garbled_and_unknown_requests_get_errors_and_the_session_goes_on(k
     lookup_f(sock)
     counts = session.op_counts()
     assert counts["lookup"] == 5 and counts["mkdir"] == 1 and counts["init"] == 1
-    assert all(not w.busy for w in session.workers)
+    assert wait_until(lambda: session.busy() == 0)  # (a worker is busy until it answered)
 
 
 def test_reads_forgets_and_interrupts(kernel):
@@ -158,10 +174,7 @@ def test_reads_forgets_and_interrupts(kernel):
          + s.FORGET_ONE.pack(6, 2))
     # a read that hangs is answered EINTR once the kernel interrupts it
     stuck = send(sock, s.READ, s.READ_IN.pack(7, 1, 10, 0, 0, 0, 0), nodeid=2)
-    for _ in range(200):
-        if session.busy():
-            break
-        threading.Event().wait(0.01)
+    assert wait_until(lambda: session.busy() == 1)
     send(sock, s.INTERRUPT, s.INTERRUPT_IN.pack(stuck))
     assert answer(sock)[:2] == (stuck, -errno.EINTR)
     ops.gate.set()  # its late answer goes nowhere the kernel waits (dropped here too)
@@ -172,3 +185,43 @@ def test_reads_forgets_and_interrupts(kernel):
     u = send(sock, s.DESTROY)
     assert answer(sock)[:2] == (u, 0)
     assert session.ended.wait(TIMEOUT)
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("use_fusermount", [False, True])
+def test_a_real_mount_by_mount2_or_fusermount3(tmp_path, use_fusermount):
+    # the same session over the kernel: mount(2) as root, or fusermount3
+    # handing the /dev/fuse descriptor back over _FUSE_COMMFD
+    from fsclient.session import mount as fusemount
+
+    mnt = str(tmp_path / "mnt")
+    os.mkdir(mnt)
+    ops = Files()
+    ops.gate.set()
+    fd = fusemount.mount(mnt, ["ro", "fsname=probe", "subtype=probe", "default_permissions"],
+                         use_fusermount=use_fusermount)
+    session = Session(ops, workers=2)
+    try:
+        session.start(fd)
+        with open(os.path.join(mnt, "f"), "rb") as f:
+            assert f.read() == Files.DATA
+        with open("/proc/self/mountinfo") as f:
+            line = next(x for x in f if x.split(" ")[4] == mnt)
+        assert " - fuse.probe probe " in line and "ro" in line.split(" ")[5].split(",")
+        assert session.terms is not None and session.op_counts()["read"] >= 1
+    finally:
+        fusemount.unmount_lazy(mnt)
+        assert session.join(TIMEOUT)  # the connection ends with the mount
+        session.close()
+        os.close(fd)
+
+
+def test_unknown_mount_options_are_named():
+    from fsclient.session import mount as fusemount
+
+    flags, kernel, fsname, subtype = fusemount.split(
+        ["ro", "noatime", "allow_other", "fsname=blockcache:v", "subtype=blockcache", "dev"])
+    assert flags == fusemount.MS_RDONLY | fusemount.MS_NOATIME | fusemount.MS_NOSUID
+    assert (kernel, fsname, subtype) == (["allow_other"], "blockcache:v", "blockcache")
+    with pytest.raises(ValueError, match="'auto_unmount' is not known"):
+        fusemount.split(["ro", "auto_unmount"])

@@ -74,19 +74,22 @@ def main(ctx: click.Context, log_level: str, log_format: str) -> None:
 @click.option("--log-format", "mount_log_format", type=click.Choice(FORMATS),
               help="As `fsclient --log-format`, given after `mount`.")
 @click.option("--ready-fd", type=int, hidden=True)
+@click.option("--serve-fd", type=int, hidden=True)
 @click.pass_context
 def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume: str | None,
           key_file: str | None, socket: str | None, config_file: str | None,
           block_size: str | None, meta_ttl: str | None, dir_ttl: tuple[str, ...],
           readahead_blocks: int | None, options: tuple[str, ...], foreground: bool,
           log_file: str | None, metrics_addr: str | None, mount_log_level: str | None,
-          mount_log_format: str | None, ready_fd: int | None) -> None:
+          mount_log_format: str | None, ready_fd: int | None, serve_fd: int | None) -> None:
     """Mount SOURCE (a local path or fsspec URL) on MOUNTPOINT, read-only.
 
     Returns once the mount answers; with --foreground, serves until unmounted
-    or SIGTERM/SIGINT. A dead mount left on MOUNTPOINT by a killed fsclient is
-    recovered.
+    or SIGTERM/SIGINT. A keeper process holds the mount and restarts its server
+    if it dies. A dead mount left on MOUNTPOINT is recovered; on a live one, its
+    server is restarted (as `fsclient restart`).
     """
+    from . import keeping
     from . import mount as mounting
 
     if mount_log_level or mount_log_format:
@@ -101,12 +104,51 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
             dir_ttl=[parse_dir_ttl_flag(d) for d in dir_ttl], options=options)
     except BlockcacheError as exc:
         fail(str(exc))
-    if foreground:
-        code = mounting.run(cfg, mounting.Readiness(ready_fd))
+    if serve_fd is not None:
+        from .session.handoff import KeeperLink
+        code = mounting.run(cfg, mounting.Readiness(ready_fd), KeeperLink(serve_fd))
+    elif foreground:
+        code = keeping.run(cfg, sys.argv[1:], ready_fd)
     else:
         argv = [a for a in sys.argv[1:]]
         code = mounting.run_background(argv, cfg, log_file)
     sys.exit(code)
+
+
+@main.command()
+@click.argument("mountpoint", type=click.Path(file_okay=False))
+def restart(mountpoint: str) -> None:
+    """Replace the server of the mount on MOUNTPOINT without unmounting: a new
+    process (the fsclient installed now) takes over, no read fails."""
+    from . import keeping
+
+    try:
+        answer = keeping.restart(mountpoint)
+    except BlockcacheError as exc:
+        fail(str(exc))
+    click.echo(f"restarted {mountpoint}: server pid {answer['server']}, "
+               f"{answer['restarts']} restarts")
+
+
+@main.command()
+@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(mountpoint: str, as_json: bool) -> None:
+    """The keeper's and the server's pids and the restarts of a mount."""
+    import json
+
+    from . import keeping
+
+    try:
+        answer = keeping.status(mountpoint)
+    except BlockcacheError as exc:
+        fail(str(exc))
+    answer.pop("ok", None)
+    if as_json:
+        click.echo(json.dumps(answer))
+    else:
+        click.echo(f"{answer['mountpoint']}: keeper {answer['keeper']}, server "
+                   f"{answer['server']}, {answer['restarts']} restarts")
 
 
 @main.command()

@@ -20,7 +20,6 @@ state. Every handler runs on the worker thread that read its request.
 from __future__ import annotations
 
 import errno
-import itertools
 import os
 import stat
 import sys
@@ -31,6 +30,7 @@ from blockcache_client.fileinfo import FileInfo
 
 from .config import MountConfig
 from .errors import EioLog, fuse_op
+from .handleids import HandleNumbers, listing_tag, tag_of
 from .handles import OpenFiles
 from .inodes import InodeTable
 from .lookups import Lookups
@@ -59,7 +59,7 @@ class BlockcacheFS:
         self.uid, self.gid = os.getuid(), os.getgid()
         self.xattrs = Xattrs(volume, cfg, self.uid, self.mount_stats)
         self.dir_handles: dict[int, tuple[FileInfo, ...]] = {}
-        self._dir_fh = itertools.count(1)
+        self._dir_fh = HandleNumbers()  # numbers that name the snapshot (see handleids)
         # requests per operation and workers busy: the session's, once it runs
         self.op_counts: Callable[[], dict[str, int]] = dict
         self.eio_log = EioLog()
@@ -172,17 +172,17 @@ class BlockcacheFS:
     @fuse_op()
     def opendir(self, inode: int) -> int:
         listing = self.lookups.listing(self.nodes.path(inode))
-        fh = next(self._dir_fh)
+        fh = self._dir_fh.next(listing_tag(listing.entries), self.dir_handles)
         # A snapshot: readdir offsets index it, so paging a large directory
         # never repeats or skips an entry even if the listing changes meanwhile.
         self.dir_handles[fh] = listing.entries
         return fh
 
     @fuse_op()
-    def readdir(self, fh: int, start_id: int, out: DirReply) -> None:
+    def readdir(self, fh: int, start_id: int, out: DirReply, inode: int = 0) -> None:
         entries = self.dir_handles.get(fh)
         if entries is None:
-            raise FuseError(errno.EBADF)
+            entries = self._adopt_dir(fh, inode)
         for i in range(start_id, len(entries)):
             e = entries[i]
             inode = self.nodes.inode_of(e.path)
@@ -192,6 +192,17 @@ class BlockcacheFS:
                 break
             if out.plus:  # readdirplus: every entry the kernel accepted counts as a lookup
                 self.nodes.remember(e.path, e.size, inode)
+
+    def _adopt_dir(self, fh: int, inode: int) -> tuple[FileInfo, ...]:
+        """A directory handle opened before this server took the mount over:
+        listed again, and kept if it has the same names in the same order
+        (its offsets then mean what they meant); else ESTALE."""
+        if not inode:
+            raise FuseError(errno.EBADF)
+        entries = self.lookups.listing(self.nodes.path(inode)).entries
+        if tag_of(fh) != listing_tag(entries):
+            raise FuseError(errno.ESTALE)
+        return self.dir_handles.setdefault(fh, entries)
 
     def releasedir(self, fh: int) -> None:
         self.dir_handles.pop(fh, None)
@@ -216,8 +227,16 @@ class BlockcacheFS:
         return self.open_files.open(path, info, inode, node, keep)
 
     @fuse_op(gone=errno.ESTALE)
-    def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
-        return self.open_files.read(fh, off, size)
+    def read(self, fh: int, off: int, size: int, inode: int = 0) -> bytes | memoryview:
+        h = self.open_files.get(fh)
+        if h is None and inode:  # opened before this server took the mount over
+            node = self.nodes.node(inode)
+            try:
+                info = self.lookups.from_source(node.path)
+            except FuseError as exc:  # (the version it pinned is gone)
+                raise FuseError(errno.ESTALE if exc.errno == errno.ENOENT else exc.errno) from None
+            h = self.open_files.adopt(fh, node.path, info, inode, node)
+        return self.open_files.read(fh, off, size, h)
 
     def release(self, fh: int) -> None:
         h = self.open_files.release(fh)

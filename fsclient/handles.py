@@ -22,7 +22,6 @@ reads of different handles run side by side.
 from __future__ import annotations
 
 import errno
-import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from blockcache_client.reader.sequential import SEQ_SLACK, Stream
 from blockcache_client.reader.volumefile import VolumeFile
 
 from .config import MountConfig
+from .handleids import HandleNumbers, file_tag, tag_of
 from .inodes import InodeTable, Node
 from .session import FuseError
 
@@ -80,12 +80,13 @@ class OpenFiles:
         self.cfg = cfg
         self.nodes = nodes
         self.handles: dict[int, Handle] = {}
-        self._fh = itertools.count(1)
+        self._fh = HandleNumbers()  # numbers that name the version (see handleids)
         self._lock = threading.Lock()  # the counters below
         self.prefetches = 0
         self.kept_opens = 0  # opens that let the kernel keep its page cache
         self.inline_loads = 0  # whole-file reads that needed no wait
         self.stored_opens = 0  # opens that put the file's bytes in the page cache
+        self.adopted = 0  # handles opened before this server, made again (`adopt`)
         # puts small files' bytes in the kernel's page cache at open (`_store`):
         # the session's notify_store, set once a FUSE session exists
         self.store: Callable[[int, int, memoryview], None] | None = None
@@ -117,7 +118,7 @@ class OpenFiles:
              ) -> tuple[int, bool]:
         """A new handle of `path` pinned to `info`: (fh, keep_cache). `keep`
         says the kernel's pages of the inode already hold this version."""
-        fh = next(self._fh)
+        fh = self._fh.next(file_tag(info), self.handles)
         if keep:
             self._count("kept_opens")
         h = self.handles[fh] = Handle(path, info, inode, node)
@@ -135,6 +136,22 @@ class OpenFiles:
             else:
                 h.data = memoryview(bytes(data)) if storable else data
         return fh, keep
+
+    def adopt(self, fh: int, path: str, info: FileInfo, inode: int, node: Node) -> Handle:
+        """The handle `fh`, opened before this server took the mount over, made
+        again from `info` (the source's version now); ESTALE if that is not the
+        version it was opened on."""
+        if tag_of(fh) != file_tag(info):
+            raise FuseError(errno.ESTALE)
+        with self._lock:
+            h = self.handles.get(fh)
+            if h is None:
+                h = self.handles[fh] = Handle(path, info, inode, node)
+                self.adopted += 1
+            else:
+                return h
+        self.nodes.opened(node)
+        return h
 
     def release(self, fh: int) -> Handle | None:
         h = self.handles.pop(fh, None)
@@ -207,8 +224,8 @@ class OpenFiles:
         self._count("stored_opens")
         return True
 
-    def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
-        h = self.handles.get(fh)
+    def read(self, fh: int, off: int, size: int, h: Handle | None = None) -> bytes | memoryview:
+        h = h or self.handles.get(fh)
         if h is None:
             raise FuseError(errno.EBADF)
         avail = h.info.size - off

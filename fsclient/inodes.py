@@ -8,6 +8,14 @@ entry is added by a successful lookup or readdirplus entry and dropped when
 kernel's own inode cache. A node with open handles stays until their release
 (its open count guards the page-cache store). Every worker thread uses it: the
 counts change under one lock, held for a few dict operations.
+
+Under a keeper (`session.keeper`), every node's path is also written to the
+mount's saved state (`session.saved`) before the kernel learns its id, once
+per mount. A server that took the connection over starts with the root alone
+and finds any other id the kernel sends there; such a node's lookup count is
+unknown (0 here), so the kernel's next forget of it drops it from the table,
+and the saved path brings it back if the kernel still uses it: forgets are
+safe without the counts.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from blockcache_client import Volume
 
 from .session import ROOT_ID, FuseError
+from .session.saved import SavedState
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +52,14 @@ class Node:
 class InodeTable:
     """inode -> Node for the inodes the kernel holds, the root always."""
 
-    __slots__ = ("_nodes", "_volume", "_lock")
+    __slots__ = ("_nodes", "_volume", "_lock", "saved", "recovered")
 
-    def __init__(self, volume: Volume):
+    def __init__(self, volume: Volume, saved: SavedState | None = None):
         self._nodes: dict[int, Node] = {ROOT_INODE: Node("", 1)}
         self._volume = volume
         self._lock = threading.Lock()
+        self.saved = saved  # the keeper's record of every node's path
+        self.recovered = 0  # nodes found in the saved state, not by a lookup
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -68,9 +79,20 @@ class InodeTable:
     def node(self, inode: int) -> Node:
         node = self._nodes.get(inode)
         if node is None:
-            # The kernel asked about an inode it forgot: never expected, but an
-            # errno is better than a crash.
+            return self._recover(inode)
+        return node
+
+    def _recover(self, inode: int) -> Node:
+        """A node the kernel holds from before this server (or forgot here
+        first), found in the saved state; ESTALE for an id never handed out."""
+        path = self.saved.paths.get(inode) if self.saved is not None else None
+        if path is None:
             raise FuseError(errno.ESTALE)
+        with self._lock:
+            node = self._nodes.get(inode)
+            if node is None:
+                node = self._nodes[inode] = Node(path, 0)
+                self.recovered += 1
         return node
 
     def path(self, inode: int) -> str:
@@ -105,6 +127,8 @@ class InodeTable:
             node = self._nodes.get(inode)
             if node is None:
                 node = self._nodes[inode] = Node(path, 1)
+                if self.saved is not None:  # (before the kernel can send the id)
+                    self.saved.save_node(inode, path)
             elif node.path != path:
                 node = None
             else:

@@ -15,8 +15,10 @@ returns success for a mount that does not work, and never hangs.
 Shutdown: SIGTERM/SIGINT unmount lazily (open files do not block the exit);
 the session's workers end when the connection does, and a connection that
 open files keep alive is aborted (their reads then fail with ENOTCONN); then
-the volume is closed. A process killed with -9 leaves a dead mount behind:
-the next `fsclient mount` on that mount point recovers it (`mountpoint.prepare`).
+the volume is closed. This process is a keeper's server (`session.keeper`):
+if it dies, the keeper starts another on the same connection; if the keeper
+dies, it ends the connection, leaving a dead mount that the next `fsclient
+mount` on that mount point recovers (`mountpoint.prepare`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from blockcache_client.volumekey import load_key_file
 from . import mountpoint as mp
 from .config import MountConfig
 from .mountpoint import MountError
+from .session.handoff import Connection, KeeperLink
+from .session.saved import SavedState, SavedStateError
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,9 @@ KERNEL_READAHEAD_KB = 1024
 # (every request's objects are freed by reference counting), so collecting
 # less often costs little memory.
 GC_YOUNG_THRESHOLD = 10_000
+# A server handing over waits this long for the requests it is handling; any
+# left unanswered are resent to its successor.
+HANDOVER_DRAIN = 20.0
 
 
 class Readiness:
@@ -155,14 +162,14 @@ def open_volume(cfg: MountConfig) -> Any:
         raise MountError(f"cannot reach source {cfg.source}: {exc}") from None
 
 
-def run(cfg: MountConfig, readiness: Readiness) -> int:
-    """Mount and serve until unmounted or signalled; returns the exit code."""
+def run(cfg: MountConfig, readiness: Readiness, link: KeeperLink) -> int:
+    """Serve the mount the keeper holds (`link`) until it ends, or until the
+    keeper asks to hand over; returns the exit code."""
     from .fs import BlockcacheFS
     from .session import Session
-    from .session import mount as fusemount
 
+    mountpoint = mp.absolute(cfg.mountpoint)
     try:
-        mountpoint = mp.prepare(cfg.mountpoint, readiness.warn)
         load_key_file(cfg.key_file)
         check_daemon(cfg, readiness)
         volume = open_volume(cfg)
@@ -170,10 +177,20 @@ def run(cfg: MountConfig, readiness: Readiness) -> int:
         readiness.error(str(exc))
         return 1
     fs = BlockcacheFS(volume, cfg)
-    session = Session(fs, cfg.threads)
-    fs.op_counts = session.op_counts
     metrics = None
+    conn = None
     try:
+        try:
+            conn = link.connect()
+            state = SavedState(conn.saved_fd)
+        except (OSError, ValueError, SavedStateError) as exc:
+            readiness.error(f"cannot mount {cfg.source} on {mountpoint}: {exc} (is /dev/fuse "
+                            f"available, and are you root or is fusermount3 setuid?)")
+            return 1
+        fs.nodes.saved = state
+        session = Session(fs, cfg.threads, terms=None if conn.fresh else state.terms)
+        session.on_init = state.save_terms
+        fs.op_counts = session.op_counts
         if cfg.metrics_addr:
             from . import metrics as fsmetrics
             try:
@@ -182,23 +199,16 @@ def run(cfg: MountConfig, readiness: Readiness) -> int:
                 readiness.error(f"cannot serve metrics on {cfg.metrics_addr}: {exc}; choose "
                                 f"a free HOST:PORT for metrics_addr")
                 return 1
-        try:
-            fd = fusemount.mount(mountpoint, cfg.fuse_options())
-        except (OSError, ValueError) as exc:
-            readiness.error(f"cannot mount {cfg.source} on {mountpoint}: {exc} (is /dev/fuse "
-                            f"available, and are you root or is fusermount3 setuid?)")
-            return 1
         # a FUSE session exists now: notify_store has somewhere to go
         fs.open_files.store = session.notify_store
-        try:
-            return _serve(session, fd, fs, mountpoint, readiness)
-        finally:
-            os.close(fd)
+        return _serve(session, conn, fs, mountpoint, readiness, link)
     finally:
         if metrics is not None:
             metrics.close()
         fs.close()
         volume.close()
+        if conn is not None:
+            conn.close()
 
 
 def tune_gc() -> None:
@@ -227,39 +237,65 @@ def set_kernel_readahead(dev: int, kb: int) -> bool:
         return False
 
 
-def _serve(session: Any, fd: int, fs: Any, mountpoint: str, readiness: Readiness) -> int:
-    """Serve until a signal, DESTROY or an unmount from outside; then unmount."""
+def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: Readiness,
+           link: KeeperLink) -> int:
+    """Serve until a signal, DESTROY, an unmount from outside (then unmount), or
+    the keeper's handover (then leave the mount to the successor)."""
     from .session import mount as fusemount
 
     stop = threading.Event()
+    handover = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("%s: unmounting %s", signal.Signals(signum).name, mountpoint)
         stop.set()
 
+    def on_handover() -> None:
+        handover.set()
+        stop.set()
+
+    def on_keeper_lost() -> None:
+        # ending the process closes the last descriptors of the connection:
+        # the kernel aborts it, and the mount answers ENOTCONN
+        log.error("the keeper of %s is gone; ending the FUSE connection", mountpoint)
+        os._exit(1)
+
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     tune_gc()
-    session.start(fd)
+    session.start(conn.fuse_fds[0], conn.fuse_fds[1:])
+    if not conn.fresh:
+        resent = session.resend()
+        fs.nodes.recovered = 0
+        log.info("took over %s (restart %d): %d saved nodes, %s", mountpoint, conn.restarts,
+                 len(fs.nodes.saved.paths), "requests resent" if resent else "no resend")
+    link.watch(on_handover, on_keeper_lost)
     dev = _ready(session, fs, mountpoint, readiness)
+    if dev is not None:
+        link.serving()
     try:
         while dev is not None and not stop.is_set() and not session.ended.is_set():
             stop.wait(0.5)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        session.stop()
-        if mp.is_mounted(mountpoint):
-            try:
-                fusemount.unmount_lazy(mountpoint)
-            except OSError as exc:
-                log.warning("%s", exc)
-        # open files keep a lazily unmounted connection alive: end it, as
-        # closing the last descriptor of a libfuse process would
-        if not session.join(1.0) and dev is not None:
-            abort_connection(dev)
-            session.join(2.0)
-        session.close()
-        log.info("unmounted %s", mountpoint)
+    if handover.is_set():
+        answered = session.drain(HANDOVER_DRAIN)
+        log.info("handed %s over (%s)", mountpoint,
+                 "all requests answered" if answered else "some left to the successor")
+        return 0
+    session.stop()
+    if mp.is_mounted(mountpoint):
+        try:
+            fusemount.unmount_lazy(mountpoint)
+        except OSError as exc:
+            log.warning("%s", exc)
+    # open files keep a lazily unmounted connection alive: end it, as
+    # closing the last descriptor of a libfuse process would
+    if not session.join(1.0) and dev is not None:
+        abort_connection(dev)
+        session.join(2.0)
+    session.close()
+    log.info("unmounted %s", mountpoint)
     return 0 if dev is not None else 1
 
 

@@ -6,6 +6,9 @@
 - `negotiate`: INIT, and the terms agreed (`Negotiated`, serializable for a successor).
 - `requests`: each request decoded, handed to the file system (`Operations`), answered.
 - `workers`: the `Session`: threads that each answer the requests they read.
+- `keeper`: the process that holds the connection and restarts its server;
+  `handoff` (keeper and server, descriptors by SCM_RIGHTS), `saved` (the memfd
+  record of INIT terms and node paths), `fdstore` (systemd's fd store).
 """
 
 from .negotiate import Negotiated

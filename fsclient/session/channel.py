@@ -89,6 +89,12 @@ class Channel:
         total = s.OUT_HEADER.size + len(head) + len(data)
         os.writev(self.fd, [s.OUT_HEADER.pack(total, s.NOTIFY_STORE, 0), head, data])
 
+    def notify_resend(self) -> None:
+        """Ask the kernel to queue again every request read but not answered on
+        this connection (FUSE_NOTIFY_RESEND, 7.40): a bare header, unique 0.
+        Raises OSError as the kernel answers it (EINVAL before 7.40)."""
+        os.write(self.fd, s.OUT_HEADER.pack(s.OUT_HEADER.size, s.NOTIFY_RESEND, 0))
+
     def _write(self, parts: list) -> bool:
         try:
             os.writev(self.fd, parts)

@@ -64,10 +64,10 @@ class Operations(Protocol):
     def getattr(self, inode: int) -> s.Attributes: ...
     def readlink(self, inode: int) -> bytes: ...
     def open(self, inode: int, flags: int) -> tuple[int, bool]: ...
-    def read(self, fh: int, off: int, size: int) -> bytes | memoryview: ...
+    def read(self, fh: int, off: int, size: int, inode: int) -> bytes | memoryview: ...
     def release(self, fh: int) -> None: ...
     def opendir(self, inode: int) -> int: ...
-    def readdir(self, fh: int, off: int, out: DirReply) -> None: ...
+    def readdir(self, fh: int, off: int, out: DirReply, inode: int) -> None: ...
     def releasedir(self, fh: int) -> None: ...
     def statfs(self) -> bytes: ...
     def getxattr(self, inode: int, name: bytes, uid: int) -> bytes: ...
@@ -152,7 +152,7 @@ class Dispatcher:
 
     def _read(self, ch: Channel, unique: int, nodeid: int, body: memoryview, uid: int) -> None:
         fh, off, size = _READ_HEAD.unpack_from(body)
-        ch.reply(unique, (self.ops.read(fh, off, size),))
+        ch.reply(unique, (self.ops.read(fh, off, size, nodeid),))
 
     def _release(self, ch: Channel, unique: int, nodeid: int, body: memoryview,
                  uid: int) -> None:
@@ -168,16 +168,17 @@ class Dispatcher:
 
     def _readdir(self, ch: Channel, unique: int, nodeid: int, body: memoryview,
                  uid: int) -> None:
-        self._entries(ch, unique, body, False)
+        self._entries(ch, unique, nodeid, body, False)
 
     def _readdirplus(self, ch: Channel, unique: int, nodeid: int, body: memoryview,
                      uid: int) -> None:
-        self._entries(ch, unique, body, True)
+        self._entries(ch, unique, nodeid, body, True)
 
-    def _entries(self, ch: Channel, unique: int, body: memoryview, plus: bool) -> None:
+    def _entries(self, ch: Channel, unique: int, nodeid: int, body: memoryview,
+                 plus: bool) -> None:
         fh, off, size = _READ_HEAD.unpack_from(body)
         out = DirReply(size, plus)
-        self.ops.readdir(fh, off, out)
+        self.ops.readdir(fh, off, out, nodeid)
         ch.reply(unique, (out.buf,))
 
     def _releasedir(self, ch: Channel, unique: int, nodeid: int, body: memoryview,

@@ -79,6 +79,8 @@ FOPEN_KEEP_CACHE = 1 << 1
 
 # enum fuse_notify_code
 NOTIFY_STORE = 4
+NOTIFY_RESEND = 7  # 7.40: requests read but not answered are queued again
+RESEND_MINOR = 40
 
 # FUSE_DEV_IOC_CLONE = _IOR(229, 0, uint32_t)
 DEV_IOC_CLONE = 0x8004E500

@@ -33,6 +33,7 @@ import errno
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import structs as s
@@ -73,18 +74,24 @@ class Session:
         self.workers: list[Worker] = []
         self.ended = threading.Event()  # DESTROY, stop, or every worker gone
         self.latency: Any = None  # a LockedHistogram of handling time per op, when timed
+        # called with the terms once INIT is agreed, before the kernel hears of it
+        # (the keeper's saved state keeps them for a successor)
+        self.on_init: Callable[[Negotiated], None] | None = None
         self._inflight: dict[int, Channel] = {}  # unique -> channel, for INTERRUPT
         self._running = 0
         self._lock = threading.Lock()
 
     # lifecycle
 
-    def start(self, fd: int) -> None:
+    def start(self, fd: int, channel_fds: Sequence[int] = ()) -> None:
         """Start the workers: the first on the mount's descriptor `fd` (which the
-        caller keeps and closes), the rest on clones."""
+        caller keeps and closes), the rest on `channel_fds` (the keeper's clones,
+        also kept by the caller) and then on clones made here."""
         self.fd = fd
         channels = [Channel(self.fd, self.buffer_size, owned=False)]
-        for _ in range(self.nworkers - 1):
+        channels += [Channel(c, self.buffer_size, owned=False)
+                     for c in channel_fds[:self.nworkers - 1]]
+        for _ in range(self.nworkers - len(channels)):
             if self.clone:
                 try:
                     channels.append(Channel.clone(self.fd, self.buffer_size))
@@ -119,6 +126,29 @@ class Session:
         for w in self.workers:
             if w.thread is None or not w.thread.is_alive():
                 w.channel.close()
+
+    def resend(self) -> bool:
+        """Ask the kernel for the requests a dead predecessor had read (a session
+        taken over); False if this kernel cannot (before 7.40, or refused)."""
+        if self.terms is not None and self.terms.minor < s.RESEND_MINOR:
+            return False
+        try:
+            self.workers[0].channel.notify_resend()
+        except OSError as exc:
+            log.warning("the kernel refused FUSE_NOTIFY_RESEND (%s): requests the previous "
+                        "server had read wait until interrupted", exc)
+            return False
+        return True
+
+    def drain(self, timeout: float) -> bool:
+        """Stop taking requests and wait for those being handled; True if all
+        were answered. Workers blocked in a read stay there: a request one of
+        them takes now is answered by the successor after its resend."""
+        self.ended.set()
+        deadline = time.monotonic() + timeout
+        while self.busy() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return not self.busy()
 
     def notify_store(self, nodeid: int, offset: int, data: bytes | memoryview) -> None:
         """Put file data into the kernel's page cache (see `Channel.notify_store`)."""
@@ -205,6 +235,8 @@ class Session:
             ch.error(unique, errno.EPROTO)
             self.ended.set()
             return
+        if self.on_init is not None:
+            self.on_init(terms)
         self.terms = terms
         log.info("FUSE %d.%d (kernel offers 7.%d): flags %#x, max_pages %d", terms.major,
                  terms.minor, s.INIT_IN_OLD.unpack_from(body)[1], terms.flags, terms.max_pages)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from devtools.procs import stop_process
+from fsclient import keeping
 
 REPO = str(Path(__file__).resolve().parents[2])
 READY_TIMEOUT = 60.0
@@ -119,9 +120,18 @@ class FsclientMount:
         return json.loads(os.getxattr(self.mountpoint, "user.blockcache.stats"))
 
     def kill9(self) -> None:
+        """SIGKILL the keeper; return once its server has ended the connection
+        (it sees the keeper gone and exits), so the mount answers ENOTCONN."""
         if self.proc is not None and self.proc.poll() is None:
+            try:
+                server = keeping.status(self.mountpoint)["server"]
+            except Exception:  # no keeper answers: nothing more to wait for
+                server = None
             self.proc.kill()
             self.proc.wait(10)
+            deadline = time.monotonic() + 10
+            while server and os.path.exists(f"/proc/{server}") and time.monotonic() < deadline:
+                time.sleep(0.02)
 
     def stop(self) -> int | None:
         """SIGTERM, wait, SIGKILL; then lazily unmount anything left. Never raises."""

@@ -1,0 +1,100 @@
+"""`fsclient mount --foreground` runs the keeper (`session.keeper`): it checks
+the mount point, then keeps a server process (`fsclient mount --serve-fd N`,
+which opens the volume and serves, `mount.run`) on the connection it holds.
+
+On a mount point whose keeper is alive, `fsclient mount` and `fsclient restart`
+ask that keeper for a live restart instead: a new server (the code installed
+now) takes the connection over without unmounting.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from . import mountpoint as mp
+from .config import MountConfig
+from .mount import Readiness
+from .mountpoint import MountError
+from .session import keeper as keeping
+from .session.fdstore import FdStore, listened
+
+log = logging.getLogger(__name__)
+
+RESTART_TIMEOUT = 120.0
+
+
+def server_command(argv: list[str], sock_fd: int, ready_fd: int | None) -> list[str]:
+    """The server's command line: this `fsclient mount` one, with the keeper's
+    socket, and the readiness fd for the first server only."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--ready-fd":
+            skip = True
+        elif not a.startswith("--ready-fd="):
+            out.append(a)
+    if ready_fd is not None:
+        out += ["--ready-fd", str(ready_fd)]
+    return [sys.executable, "-m", "fsclient.cli", *out, "--serve-fd", str(sock_fd)]
+
+
+def run(cfg: MountConfig, argv: list[str], ready_fd: int | None) -> int:
+    """Be the keeper of `cfg`'s mount; the exit code."""
+    readiness = Readiness(ready_fd)
+    path = mp.absolute(cfg.mountpoint)
+    control = keeping.listen(path)
+    if control is None:  # a live keeper holds this mount point: restart its server
+        try:
+            answer = restart(path)
+        except MountError as exc:
+            readiness.error(str(exc))
+            return 1
+        readiness.warn(f"{path} was mounted already; its server was restarted "
+                       f"(now pid {answer['server']})")
+        readiness.ready()
+        return 0
+    store = FdStore.from_env()
+    kept = listened() if store is not None else None
+    k = keeping.Keeper(path, cfg.fuse_options(), cfg.threads,
+                       lambda fd, ready: server_command(argv, fd, ready), store)
+    if kept is not None:  # systemd kept the live connection across the unit's restart
+        log.info("taking over %s from systemd's fd store (%d FUSE descriptors)", path,
+                 len(kept[0]))
+        k.adopt(*kept)
+    else:
+        try:
+            mp.prepare(path, readiness.warn)
+        except MountError as exc:
+            control.close()
+            readiness.error(str(exc))
+            return 1
+    return k.run(ready_fd, control)
+
+
+def _ask(path: str, op: str, timeout: float) -> dict[str, Any]:
+    path = mp.absolute(path)
+    try:
+        answer = keeping.ask(path, op, timeout)
+    except (ConnectionRefusedError, FileNotFoundError):
+        raise MountError(f"no fsclient keeper serves {path}; is it mounted by "
+                         f"`fsclient mount`?") from None
+    except OSError as exc:
+        raise MountError(f"the keeper of {path} did not answer: {exc}") from None
+    if "error" in answer:
+        raise MountError(f"{op} of {path} failed: {answer['error']}")
+    return answer
+
+
+def restart(path: str, timeout: float = RESTART_TIMEOUT) -> dict[str, Any]:
+    """Replace the server of the mount on `path` without unmounting; the keeper's
+    status once the new server answers."""
+    return _ask(path, "restart", timeout)
+
+
+def status(path: str) -> dict[str, Any]:
+    """The keeper's and the server's pids and the restarts of the mount on `path`."""
+    return _ask(path, "status", 10.0)

@@ -1,0 +1,109 @@
+"""The keeper and its server talk over one SOCK_SEQPACKET socket pair (one
+message per send, descriptors by SCM_RIGHTS). Every message is JSON:
+
+    server -> keeper  {"op": "connect"}     the volume is open: hand me the connection
+    keeper -> server  {"fresh": bool, "restarts": n, "keeper": pid}
+                      + the saved-state memfd, then one /dev/fuse descriptor per worker
+                      or {"error": "..."} and no descriptors (the mount failed)
+    server -> keeper  {"op": "serving"}     the mount answers (first start: READY sent)
+    keeper -> server  {"op": "handover"}    stop taking requests, finish, exit 0 (upgrade)
+
+The socket's end is the other side's death: the server learns that its keeper is
+gone (EOF), the keeper learns it by waiting on the server's pid.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+MAX_FDS = 253  # SCM_MAX_FD
+MAX_MESSAGE = 64 << 10
+
+
+def pair() -> tuple[socket.socket, socket.socket]:
+    """(keeper's end, server's end); the server's end is inheritable."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    theirs.set_inheritable(True)
+    return ours, theirs
+
+
+def send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+    data = json.dumps(message).encode()
+    if fds:
+        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    else:
+        sock.send(data)
+
+
+def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """The next message and the descriptors it carried (close-on-exec);
+    (None, []) when the other side is gone."""
+    try:
+        data, fds, _flags, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS,
+                                              socket.MSG_CMSG_CLOEXEC)
+    except (ConnectionResetError, OSError):
+        return None, []
+    if not data:
+        return None, list(fds)
+    return json.loads(data), list(fds)
+
+
+class Connection:
+    """What a server gets from its keeper."""
+
+    def __init__(self, message: dict[str, Any], fds: list[int]):
+        self.fresh = bool(message["fresh"])
+        self.restarts = int(message.get("restarts", 0))
+        self.keeper = int(message.get("keeper", 0))
+        self.saved_fd = fds[0]
+        self.fuse_fds = fds[1:]
+
+    def close(self) -> None:
+        for fd in [self.saved_fd, *self.fuse_fds]:
+            os.close(fd)
+
+
+class KeeperLink:
+    """The server's end of the socket to its keeper."""
+
+    def __init__(self, fd: int):
+        self.sock = socket.socket(fileno=fd)
+        self.sock.set_inheritable(False)
+
+    def connect(self) -> Connection:
+        """The mount's connection; OSError with the keeper's reason if it has none."""
+        send(self.sock, {"op": "connect"})
+        message, fds = receive(self.sock)
+        if message is None:
+            raise ConnectionError("the keeper is gone")
+        if "error" in message or len(fds) < 2:
+            for fd in fds:
+                os.close(fd)
+            raise OSError(message.get("error", "the keeper sent no FUSE descriptor"))
+        return Connection(message, fds)
+
+    def serving(self) -> None:
+        send(self.sock, {"op": "serving"})
+
+    def watch(self, on_handover: Callable[[], None], on_lost: Callable[[], None]) -> None:
+        """Call `on_handover` when the keeper asks for it, `on_lost` when it is gone
+        (on a thread of its own)."""
+
+        def run() -> None:
+            while True:
+                message, fds = receive(self.sock)
+                for fd in fds:
+                    os.close(fd)
+                if message is None:
+                    on_lost()
+                    return
+                if message.get("op") == "handover":
+                    on_handover()
+
+        threading.Thread(target=run, name="keeper-link", daemon=True).start()

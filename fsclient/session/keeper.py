@@ -1,0 +1,352 @@
+"""The keeper: a small process that holds a mount's FUSE connection and its saved
+state, and runs the server that answers it, so that the mount outlives the server.
+
+It mounts when its first server asks (after that server has opened its volume),
+then holds the mount's /dev/fuse descriptor, one clone of it per further worker,
+and the saved-state memfd (`saved`). It does no file I/O of its own: it only
+starts servers, hands them the descriptors (`handoff`), and waits.
+
+- A server that dies (a crash, kill -9, OOM) is started again at once, then with
+  a backoff of up to MAX_BACKOFF while restarts fail before serving. The kernel
+  keeps the requests the dead server had read on the keeper's descriptors; the
+  new one asks for them again (FUSE_NOTIFY_RESEND).
+- A server that exits 0 has ended the mount (unmounted, SIGTERM): the keeper
+  exits 0 too. The first server failing before it serves ends the keeper with
+  its code, and the keeper unmounts what it mounted.
+- `restart` (its control socket, `control`): a new server opens its volume
+  while the old one serves on; then the old one is told to hand over (stop
+  taking requests, finish its own, exit), and the new one gets the connection.
+- SIGTERM/SIGINT are passed to the server, which unmounts. Under systemd with
+  a file descriptor store (`fdstore`), the connection is kept there instead:
+  SIGTERM makes the server hand over and exit, and the unit's next start
+  takes the mount over from LISTEN_FDS (`adopt`); the mount ends with
+  `fsclient umount`.
+- If the keeper dies, its server sees the socket close and ends the connection
+  (the mount answers ENOTCONN, as a killed server did before keepers); the next
+  `fsclient mount` there recovers the mount point.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import handoff, saved
+from . import mount as fusemount
+from .channel import Channel
+from .fdstore import FdStore
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF = 5.0
+HANDOVER_TIMEOUT = 30.0  # the old server's time to finish its requests
+
+
+class Server:
+    """One server process and the keeper's end of its socket."""
+
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
+        self.proc = proc
+        self.sock = sock
+        self.serving = False
+        self.connected = False
+
+
+class Keeper:
+    """Holds one mount's connection and keeps a server on it."""
+
+    def __init__(self, mountpoint: str, options: list[str], channels: int,
+                 command: Callable[[int, int | None], list[str]],
+                 store: FdStore | None = None):
+        self.mountpoint = mountpoint
+        self.options = options
+        self.channels = max(1, channels)
+        # the server's argv, given the fd of its socket and the readiness fd
+        self.command = command
+        self.fds: list[int] = []  # the mount's descriptor, then its clones
+        self.saved_fd = -1
+        self.restarts = 0
+        self.server: Server | None = None
+        self.successor: Server | None = None  # a restart's new server, until it takes over
+        self.waiters: list[socket.socket] = []  # `restart` callers waiting for the successor
+        self.terminate = False
+        self.served = False  # a server has served this mount: restart, never give up
+        self.control: socket.socket | None = None
+        self.store = store  # systemd's fd store, which keeps the connection across starts
+        self.keeping = False  # SIGTERM under systemd: hand over, leave the mount in the store
+        self.ready_sent = False
+
+    def adopt(self, fuse_fds: list[int], saved_fd: int) -> None:
+        """Take over a live connection that systemd kept (the unit restarted)."""
+        self.fds, self.saved_fd = fuse_fds, saved_fd
+        self.served = True  # a server served it: restart servers, never unmount
+
+    # descriptors
+
+    def _mount(self) -> None:
+        fd = fusemount.mount(self.mountpoint, self.options)
+        self.fds = [fd]
+        for _ in range(self.channels - 1):
+            try:
+                self.fds.append(Channel.clone(fd, 0).fd)
+            except OSError as exc:  # an old kernel: the workers share the one descriptor
+                log.warning("cannot clone the FUSE channel (%s); workers share one", exc)
+                break
+        self.saved_fd = saved.create()
+        if self.store is not None:
+            try:
+                self.store.store(self.fds, self.saved_fd)
+            except OSError as exc:
+                log.warning("cannot keep the FUSE connection in systemd's fd store (%s): "
+                            "a restart of the unit will remount", exc)
+
+    def close(self) -> None:
+        for fd in [*self.fds, self.saved_fd]:
+            if fd >= 0:
+                os.close(fd)
+        self.fds, self.saved_fd = [], -1
+        if self.control is not None:
+            self.control.close()
+
+    # servers
+
+    def _spawn(self, ready_fd: int | None = None) -> Server:
+        ours, theirs = handoff.pair()
+        extra = (ready_fd,) if ready_fd is not None else ()
+        try:
+            proc = subprocess.Popen(self.command(theirs.fileno(), ready_fd),
+                                    stdin=subprocess.DEVNULL,
+                                    pass_fds=(theirs.fileno(), *extra), close_fds=True)
+        finally:
+            theirs.close()
+        log.info("keeper %d: started server %d on %s", os.getpid(), proc.pid, self.mountpoint)
+        return Server(proc, ours)
+
+    def _connect(self, server: Server) -> None:
+        """Hand `server` the connection (mounting it first, for the first server)."""
+        fresh = not self.fds
+        if fresh:
+            try:
+                self._mount()
+            except (OSError, ValueError) as exc:
+                handoff.send(server.sock, {"error": str(exc)})
+                return
+        handoff.send(server.sock, {"fresh": fresh, "restarts": self.restarts,
+                                   "keeper": os.getpid()}, [self.saved_fd, *self.fds])
+        server.connected = True
+
+    def _on_message(self, server: Server) -> None:
+        message, fds = handoff.receive(server.sock)
+        for fd in fds:
+            os.close(fd)
+        if message is None:
+            return
+        op = message.get("op")
+        if op == "connect":
+            if server is self.successor:
+                self._hand_over()
+            else:
+                self._connect(server)
+        elif op == "serving":
+            server.serving = True
+            if self.store is not None and not self.ready_sent:
+                self.ready_sent = True
+                self._notify("READY=1")
+            self.served = True
+            if server is self.server:
+                for w in self.waiters:
+                    handoff.send(w, {"ok": True, **self.status()})
+                    w.close()
+                self.waiters = []
+
+    def _hand_over(self) -> None:
+        """The successor has its volume open: stop the old server, then connect it."""
+        old, new = self.server, self.successor
+        assert new is not None
+        if old is not None and old.proc.poll() is None:
+            handoff.send(old.sock, {"op": "handover"})
+            try:
+                old.proc.wait(HANDOVER_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                log.warning("server %d did not hand over within %gs; killed", old.proc.pid,
+                            HANDOVER_TIMEOUT)
+                old.proc.kill()
+                old.proc.wait()
+        if old is not None:
+            old.sock.close()
+        self.server, self.successor = new, None
+        self.restarts += 1
+        self._connect(new)
+
+    def restart(self, caller: socket.socket | None) -> None:
+        """Start a successor; `caller` gets {"ok": ...} once it serves."""
+        if not self.fds or self.server is None or not self.served:
+            if caller is not None:
+                handoff.send(caller, {"error": "the mount is not serving yet; try again"})
+                caller.close()
+            return
+        if caller is not None:
+            self.waiters.append(caller)
+        if self.successor is None:
+            self.successor = self._spawn()
+
+    def status(self) -> dict[str, Any]:
+        server = self.server
+        return {"keeper": os.getpid(), "server": server.proc.pid if server else None,
+                "serving": bool(server and server.serving), "restarts": self.restarts,
+                "mountpoint": self.mountpoint}
+
+    # the loop
+
+    def run(self, ready_fd: int | None, control: socket.socket | None) -> int:
+        """Keep a server on the mount until it ends; the exit code."""
+        self.control = control
+        previous = {sig: signal.signal(sig, self._on_signal)
+                    for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.server = self._spawn(ready_fd)
+            if ready_fd is not None:
+                os.close(ready_fd)  # the server reports readiness; our copy would hide its EOF
+            return self._loop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.close()
+
+    def _notify(self, state: str) -> None:
+        try:
+            self.store.notify(state)  # type: ignore[union-attr]
+        except OSError as exc:
+            log.warning("cannot notify systemd (%s): %s", state.replace("\n", " "), exc)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.terminate = True
+        self.keeping = self.store is not None and bool(self.fds)
+        for s in (self.server, self.successor):
+            if s is None or s.proc.poll() is not None:
+                continue
+            if self.keeping:
+                handoff.send(s.sock, {"op": "handover"})
+            else:
+                s.proc.send_signal(signal.SIGTERM)
+
+    def _loop(self) -> int:
+        backoff = 0.0
+        while True:
+            socks: dict[Any, Any] = {s.sock: s for s in (self.server, self.successor)
+                                     if s is not None}
+            if self.control is not None:
+                socks[self.control] = None
+            ready, _, _ = select.select(list(socks), [], [], 0.1)
+            for sock in ready:
+                if sock is self.control:
+                    self._on_control()
+                else:
+                    self._on_message(socks[sock])
+            if self.successor is not None and self.successor.proc.poll() is not None:
+                log.warning("the new server %d exited with %s before taking over; the old "
+                            "one serves on", self.successor.proc.pid,
+                            self.successor.proc.returncode)
+                self.successor.sock.close()
+                self.successor = None
+                for w in self.waiters:
+                    handoff.send(w, {"error": "the new server exited before taking over; "
+                                              "see the mount's log"})
+                    w.close()
+                self.waiters = []
+            server = self.server
+            assert server is not None
+            code = server.proc.poll()
+            if code is None:
+                if server.serving:
+                    backoff = 0.0
+                continue
+            server.sock.close()
+            if code == 0 or self.terminate or not self.served:
+                return self._end(code)
+            log.warning("server %d died (%s); starting another on %s", server.proc.pid,
+                        _describe(code), self.mountpoint)
+            time.sleep(backoff)
+            backoff = min(MAX_BACKOFF, max(0.5, backoff * 2)) if not server.serving else 0.0
+            self.restarts += 1
+            self.server = self._spawn()
+
+    def _end(self, code: int) -> int:
+        """The server is gone for good: unmount if it could not (it never served,
+        or died under SIGTERM), and end: 0 if the mount ended as asked."""
+        if self.keeping:
+            log.info("keeper %d: %s stays mounted, kept by systemd", os.getpid(), self.mountpoint)
+            return 0
+        if self.fds and code != 0:
+            try:
+                fusemount.unmount_lazy(self.mountpoint)
+            except OSError as exc:
+                log.warning("%s", exc)
+        if self.store is not None and self.fds:
+            self._notify("FDSTOREREMOVE=1\nFDNAME=fuse")
+            self._notify("FDSTOREREMOVE=1\nFDNAME=saved")
+        if code == 0 or (self.terminate and self.served):
+            return 0
+        return code if code > 0 else 1
+
+    def _on_control(self) -> None:
+        assert self.control is not None
+        try:
+            conn, _ = self.control.accept()
+        except OSError:
+            return
+        message, fds = handoff.receive(conn)
+        for fd in fds:
+            os.close(fd)
+        op = (message or {}).get("op")
+        if op == "restart":
+            self.restart(conn)
+        elif op == "status":
+            handoff.send(conn, {"ok": True, **self.status()})
+            conn.close()
+        else:
+            handoff.send(conn, {"error": f"unknown request {op!r}"})
+            conn.close()
+
+
+def _describe(code: int) -> str:
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
+def control_address(mountpoint: str) -> str:
+    """The keeper's control socket: abstract (no file to leave behind), named
+    by the absolute mount point."""
+    return "\0fsclient-keeper:" + mountpoint
+
+
+def listen(mountpoint: str) -> socket.socket | None:
+    """The control socket, or None if another keeper holds this mount point's."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        sock.bind(control_address(mountpoint))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen(8)
+    return sock
+
+
+def ask(mountpoint: str, op: str, timeout: float) -> dict[str, Any]:
+    """Send `op` to the keeper of `mountpoint`; its answer. OSError if none listens."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.settimeout(timeout)
+        sock.connect(control_address(mountpoint))
+        handoff.send(sock, {"op": op})
+        message, fds = handoff.receive(sock)
+        for fd in fds:
+            os.close(fd)
+    if message is None:
+        raise ConnectionError(f"the keeper of {mountpoint} closed the connection; see its log")
+    return message

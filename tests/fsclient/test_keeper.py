@@ -1,0 +1,69 @@
+"""The keeper: a mount outlives its server. Real mounts, a real daemon, a reader
+in its own process (working directory in the mount) verifying every byte while
+the server is killed with SIGKILL, restarted live, or the keeper itself killed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fsclient import keeping
+from tests.fsclient.keepers import Reader, kill_server, serving
+from tests.fsclient.mounting import REPO, env
+
+pytestmark = pytest.mark.fuse
+
+def test_server_killed_20_times_fails_no_read(tree, daemon, mounts, tmp_path):
+    m = mounts(tree, daemon.socket_path, args=["--meta-ttl", "0"])
+    reader = Reader(m.mountpoint, tree, tmp_path)
+    try:
+        time.sleep(1.0)  # the reader is under way: files open, cwd in the mount
+        for _ in range(20):
+            old = kill_server(m.mountpoint)
+            serving(m.mountpoint, other_than=old)
+            time.sleep(0.3)
+        tally = reader.finish()
+    finally:
+        reader.kill()
+    assert tally["failed"] == {} and tally["wrong"] == 0, tally
+    assert tally["ok"] > 100, tally
+    assert keeping.status(m.mountpoint)["restarts"] == 20
+    assert "requests resent" in m.log()
+
+
+def test_restart_under_load_fails_no_read(tree, daemon, mounts, tmp_path):
+    m = mounts(tree, daemon.socket_path, args=["--meta-ttl", "0"])
+    reader = Reader(m.mountpoint, tree, tmp_path)
+    try:
+        time.sleep(1.0)
+        before = serving(m.mountpoint)
+        for _ in range(3):
+            res = subprocess.run([sys.executable, "-m", "fsclient.cli", "restart",
+                                  m.mountpoint], capture_output=True, text=True, timeout=120,
+                                 env=env(), cwd=REPO)
+            assert res.returncode == 0, res.stderr
+            assert "restarted" in res.stdout
+        tally = reader.finish()
+    finally:
+        reader.kill()
+    assert tally["failed"] == {} and tally["wrong"] == 0, tally
+    after = keeping.status(m.mountpoint)
+    assert after["server"] != before and after["restarts"] == 3
+    assert "handed" in m.log() and m.proc.poll() is None  # the keeper never left
+
+
+def test_mount_on_a_live_mount_restarts_its_server(tree, key_file, daemon, mounts):
+    m = mounts(tree, daemon.socket_path)
+    before = serving(m.mountpoint)
+    res = subprocess.run([sys.executable, "-m", "fsclient.cli", "mount", str(tree),
+                          m.mountpoint, "--volume", "testvol", "--key-file", str(key_file),
+                          "--socket", daemon.socket_path], capture_output=True, text=True,
+                         timeout=120, env=env(), cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    assert "restarted" in res.stderr
+    assert serving(m.mountpoint) != before
+    assert sorted(os.listdir(m.mountpoint)) == sorted(os.listdir(tree))

@@ -133,6 +133,8 @@ class MetaCache:
             return info
         if self.negative.get(path) is not None:
             return NEGATIVE
+        if not path:  # the root is an entry of no listing (parent_of("") is "" itself)
+            return None
         listing = self.listings.get(parent_of(path))
         if listing is not None:
             info = listing.by_name.get(path.rpartition("/")[2])

@@ -85,3 +85,13 @@ def test_keep_cache_only_for_an_unchanged_version_under_a_positive_ttl():
     assert mc.keep_cache(7, info("data/f", "v2")) is True
     mc.keep_cache(8, info("code/f", "v1"))
     assert mc.keep_cache(8, info("code/f", "v1")) is False   # zero TTL: never
+
+
+def test_the_root_listing_never_makes_the_root_absent():
+    # the root is an entry of no listing: once its attributes expired (or in
+    # a server that took a mount over), its cached listing must not answer
+    # "absent" for it (getxattr and getattr on the mount point got ENOENT)
+    mc = MetaCache(TtlPolicy.build(60, {}), 1000, Clock())
+    mc.put_listing("", [info("a"), info("d", is_dir=True)])
+    assert mc.lookup("") is None
+    assert mc.lookup("a").path == "a" and mc.lookup("zzz") is NEGATIVE

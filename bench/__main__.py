@@ -9,6 +9,7 @@
     python -m bench cluster                      # hosts sharing blocks through memcached
     python -m bench prefetch                     # cold epochs with and without prefetch_ahead
     python -m bench fio                          # fio on fsclient against the passthrough
+    python -m bench restarts                     # reads across server kills and live restarts
 
 Set-up is part of the run: matplotlib is pip-installed into this interpreter
 when missing, rclone and s3fs-fuse are apt-installed when missing (a system
@@ -30,7 +31,7 @@ import subprocess
 import sys
 import time
 
-from . import PROJECT_ROOT, capacity, cluster, datasets, fio, policy_sim, prefetch, report
+from . import PROJECT_ROOT, capacity, cluster, datasets, fio, policy_sim, prefetch, report, restarts
 from .remote import DEFAULT_RTT_MS, Remote
 from .systems import Ctx, _project_version, all_systems
 from .workloads import WORKLOADS, Runner
@@ -40,7 +41,7 @@ log = logging.getLogger("bench")
 # `capacity` runs on our daemon alone, `prefetch` on ours over `latency::`,
 # `cluster` on our hosts and a memcached pool, `fio` on fsclient and the passthrough:
 # without the other systems
-ALL_WORKLOADS = [*WORKLOADS, "capacity", "prefetch", "cluster", "fio"]
+ALL_WORKLOADS = [*WORKLOADS, "capacity", "prefetch", "cluster", "fio", "restarts"]
 
 RESULTS = os.path.join(PROJECT_ROOT, "bench", "results")
 
@@ -199,6 +200,15 @@ def run_fio(args: argparse.Namespace) -> int:
     return fio.main(["--out", args.out] + (["--mib", "128", "--rounds", "1"] if tiny else []))
 
 
+def run_restarts(args: argparse.Namespace) -> int:
+    """Workload `restarts` (bench/restarts.py): a verifying reader across server
+    kills and live restarts, against the same reader undisturbed. 0 if no read
+    failed or was wrong and the longest stall was within the target."""
+    log.info("workload restarts: reads across fsclient server kills and live restarts")
+    return restarts.main(["--out", args.out] + (["--kills", "3", "--restarts", "2"]
+                                                if args.size == "tiny" else []))
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -211,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         own_ok = True
         for name, run_own in (("capacity", run_capacity), ("prefetch", run_prefetch),
-                              ("cluster", run_cluster), ("fio", run_fio)):
+                              ("cluster", run_cluster), ("fio", run_fio),
+                              ("restarts", run_restarts)):
             if not args.workloads or name in args.workloads:
                 own_ok &= run_own(args) == 0
                 if args.workloads:

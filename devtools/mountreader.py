@@ -6,7 +6,7 @@ every byte and listing it gets is compared with the source tree.
 Runs with its working directory in the mount (MOUNT/DIR) until STOPFILE exists,
 then prints one JSON line: ok, failed (by error), wrong, the longest operation
 (`worst`, seconds) and the operations that took over a second (`stalled`).
-Each thread keeps to one kind of access:
+`serving` waits for a mount's (new) server. Each thread keeps to one kind of access:
 - a file held open from the start, read at random offsets (its pages dropped
   first with POSIX_FADV_DONTNEED, so every read reaches the server);
 - fresh opens by a path relative to the working directory;
@@ -24,6 +24,20 @@ import threading
 import time
 
 
+def serving(mountpoint: str, other_than: int = 0, timeout: float = 60.0) -> int:
+    """The pid of the mount's server once one other than `other_than` serves
+    (asked of its keeper); RuntimeError after `timeout`."""
+    from fsclient import keeping
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = keeping.status(mountpoint)
+        if st["serving"] and st["server"] != other_than:
+            return st["server"]
+        time.sleep(0.01)
+    raise RuntimeError(f"no server took {mountpoint} over within {timeout:g}s")
+
+
 class Tally:
     def __init__(self) -> None:
         self.ok = 0
@@ -31,6 +45,7 @@ class Tally:
         self.failed: dict[str, int] = {}
         self.worst = 0.0
         self.stalled = 0
+        self.samples: list[str] = []  # the first few failures, with their paths
         self.lock = threading.Lock()
 
     def run(self, fn, *args) -> None:
@@ -39,7 +54,9 @@ class Tally:
             right = fn(*args)
         except OSError as exc:
             with self.lock:
-                key = exc.strerror or str(exc.errno)
+                key = f"{getattr(fn, '__name__', 'op')}: {exc.strerror or exc.errno}"
+                if len(self.samples) < 5:
+                    self.samples.append(f"{key} {exc.filename or ''}")
                 self.failed[key] = self.failed.get(key, 0) + 1
             return
         finally:
@@ -128,7 +145,8 @@ def main() -> None:
                                                                                   a.cwd))))
     os.close(held)
     print(json.dumps({"ok": tally.ok, "wrong": tally.wrong, "failed": tally.failed,
-                      "worst": round(tally.worst, 3), "stalled": tally.stalled}), flush=True)
+                      "worst": round(tally.worst, 3), "stalled": tally.stalled,
+                      "samples": tally.samples}), flush=True)
 
 
 if __name__ == "__main__":

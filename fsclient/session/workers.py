@@ -79,6 +79,7 @@ class Session:
         self.on_init: Callable[[Negotiated], None] | None = None
         self._inflight: dict[int, Channel] = {}  # unique -> channel, for INTERRUPT
         self._running = 0
+        self._draining = False  # handing over: a request read now is left to the successor
         self._lock = threading.Lock()
 
     # lifecycle
@@ -143,7 +144,8 @@ class Session:
     def drain(self, timeout: float) -> bool:
         """Stop taking requests and wait for those being handled; True if all
         were answered. Workers blocked in a read stay there: a request one of
-        them takes now is answered by the successor after its resend."""
+        them takes now is left unanswered, for the successor's resend."""
+        self._draining = True
         self.ended.set()
         deadline = time.monotonic() + timeout
         while self.busy() and time.monotonic() < deadline:
@@ -178,7 +180,10 @@ class Session:
                 n = ch.read()
                 if n == 0:
                     break
-                w.busy = True
+                w.busy = True  # (before the check: `drain` then waits for it, or it stops)
+                if self._draining:
+                    w.busy = False  # left unanswered: the successor has it resent
+                    break
                 try:
                     self._serve(ch, n, w)
                 finally:

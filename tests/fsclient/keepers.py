@@ -8,9 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
-from fsclient import keeping
+from devtools import mountreader
 from tests.fsclient.mounting import REPO, env
 
 RESUME = 30.0  # a hang bound, not a speed target (bench/ has the stall figures)
@@ -18,13 +17,7 @@ RESUME = 30.0  # a hang bound, not a speed target (bench/ has the stall figures)
 
 def serving(mountpoint: str, other_than: int = 0) -> int:
     """The server pid once a server other than `other_than` serves."""
-    deadline = time.monotonic() + RESUME
-    while time.monotonic() < deadline:
-        st = keeping.status(mountpoint)
-        if st["serving"] and st["server"] != other_than:
-            return st["server"]
-        time.sleep(0.05)
-    raise AssertionError(f"no server took {mountpoint} over within {RESUME}s")
+    return mountreader.serving(mountpoint, other_than, RESUME)
 
 
 class Reader:

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from blockcache_client import cli
-from blockcache_client.client import Client
 from blockcache_client.contract import blockfile, layout, protocol, wire
 from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
 from blockcache_client.contract.protocol import ErrorCode
+from blockcache_client.daemonclient.client import Client
 from blockcached.server import BUDGETED_TIMEOUT, FRAME_CLASS, READ_SIZE, SMALL_FRAME
 from devtools.daemon import DaemonProcess
 
@@ -612,7 +612,7 @@ def test_client_times_out_on_a_stopped_daemon_then_reconnects(daemon):
 # (other tests' volumes, servers) must not decide whether the client spins.
 _SLEEPS_PER_LOOKUP = """
 import os, resource, sys, threading
-from blockcache_client.client import Client
+from blockcache_client.daemonclient.client import Client
 sock, spin, cpu = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 extra_thread = sys.argv[4] == "1"
 os.sched_setaffinity(0, {cpu})

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from blockcache_client.client import Client
 from blockcache_client.contract import blockfile, protocol
 from blockcache_client.contract.errors import DaemonUnavailable
 from blockcache_client.contract.layout import Layout, fanout
+from blockcache_client.daemonclient.client import Client
 from devtools.daemon import DaemonProcess
 from tests.blockcached.engine import key as make_key
 from tests.fsclient.mounting import FsclientMount

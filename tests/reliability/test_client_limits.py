@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from blockcache_client.client import Client
 from blockcache_client.contract import blockfile, layout, protocol
 from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.errors import DaemonError, DaemonUnavailable
+from blockcache_client.daemonclient.client import Client
 from devtools.daemon import DaemonProcess
 from tests.reliability.conftest import as_nobody, needs_fuse, needs_root, record
 from tests.support.faultyfs import FaultyMount

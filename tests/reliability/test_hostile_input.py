@@ -28,10 +28,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blockcache_client.client import Client
 from blockcache_client.contract import blockfile, protocol
 from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.protocol import MAX_FRAME, ErrorCode
+from blockcache_client.daemonclient.client import Client
 from devtools.daemon import DaemonProcess
 from tests.reliability.conftest import peak_rss_kib, record
 

@@ -9,10 +9,11 @@ import signal
 import threading
 import time
 
+from blockcache_client.common.counters import Counters
 from blockcache_client.contract import blockfile
 from blockcache_client.contract.blockkey import BlockKey
-from blockcache_client.counters import Counters
-from blockcache_client.daemonlink import COLLECT_AFTER, INLINE_FILL_MAX, DaemonLink
+from blockcache_client.daemonclient.fillqueue import COLLECT_AFTER, INLINE_FILL_MAX
+from blockcache_client.daemonclient.link import DaemonLink
 from tests.blockcache_client.conftest import wait_for
 
 VOLUME_KEY = bytes(32)

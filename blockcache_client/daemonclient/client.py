@@ -1,7 +1,7 @@
 """`Client`: the blocking socket client of `blockcached` (and `AsyncClient`'s
 defaults: asyncclient.py).
 
-Both speak `protocol` and expose the same operations (daemonops.py); every
+Both speak `protocol` and expose the same operations (ops.py); every
 call has a timeout. Failures split in two, so callers can fail open:
 
 - `DaemonUnavailable`: the socket is missing, refused, closed, or the daemon
@@ -26,15 +26,15 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from .common.forks import generation as _forks
-from .contract import protocol
-from .contract.errors import (
+from ..common.forks import generation as _forks
+from ..contract import protocol
+from ..contract.errors import (
     DaemonError,
     DaemonUnavailable,
     ProtocolError,
 )
-from .contract.protocol import LENGTH
-from .daemonops import DaemonOps, result_of
+from ..contract.protocol import LENGTH
+from .ops import DaemonOps, result_of
 from .peercheck import check_peer, configured_daemon_uid
 
 DEFAULT_TIMEOUT = 5.0

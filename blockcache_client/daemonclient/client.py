@@ -23,7 +23,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from ..common.forks import generation as _forks
@@ -350,12 +349,6 @@ class Client(DaemonOps):
         if self._sock is None:
             raise ConnectionError("the connection of the posted requests was closed")
         return self._sock
-
-    def pipeline(self, calls: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-        """Send several (op, args) requests in one write; return their reply maps
-        in order. Error replies are returned, not raised."""
-        reqs = [{"id": self._next_id(), "op": op, **args} for op, args in calls]
-        return self._exchange(reqs) if reqs else []
 
 
 def _send_parts(sock: socket.socket, parts: list[bytes | memoryview]) -> None:

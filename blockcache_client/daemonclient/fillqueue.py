@@ -252,7 +252,10 @@ class FillQueue:
             return
         try:  # posted puts' replies read meanwhile are kept for `_collect`
             self._filler_client.evict(key)
-        except (DaemonUnavailable, DaemonError) as exc:
+        except DaemonError as exc:  # refused (access rules, busy): the bad file stays
+            log.debug("blockcached refused to evict %s: %s", key, exc)
+            self._counters.add("evictions_refused")
+        except DaemonUnavailable as exc:
             log.debug("evict %s not delivered: %s", key, exc)
         self._count_lost()
 
@@ -295,7 +298,7 @@ class FillQueue:
     def _open_area(self) -> None:
         """Open a fill area on the fill connection (the caller holds `_busy`),
         unless it has one or refused one. Best effort: without one, blocks
-        go by value."""
+        go by value. Holds the filler for at most one CALL_TIMEOUT."""
         client = self._filler_client
         conn = client.connection_id
         slots = slots_for(self._area_slot_bytes) if self._area_slot_bytes else 0
@@ -304,6 +307,11 @@ class FillQueue:
             return
         self._area = None
         self._collect(wait=True)  # the area's reply must be the next to arrive
+        if client.connection_id != conn:
+            # the replies did not come within the timeout (a stopped daemon):
+            # asking on a new connection would hold the filler for a second one
+            self._count_lost()
+            return
         try:
             fd, slots, slot_bytes = client.open_area(slots, self._area_slot_bytes)
             self._area = ReaderArea(fd, slots, slot_bytes, client.connection_id)

@@ -30,7 +30,7 @@ from ..common.counters import CLUSTER_COUNTERS, Counters
 from ..contract.cluster import ClusterConfig
 from ..contract.errors import BlockcacheError, DaemonError, DaemonUnavailable, UntrustedPeer
 from ..contract.layout import Layout
-from ..contract.protocol import MAX_BATCH
+from ..contract.protocol import MAX_BATCH, ErrorCode
 from .client import Client
 from .fillqueue import CALL_TIMEOUT, FillQueue
 
@@ -56,7 +56,7 @@ class DaemonLink(FillQueue):
         # the uid that owns the block files: hello's, else the peer's (SO_PEERCRED)
         self.daemon_uid: int | None = None
         self.cluster: ClusterConfig | None = None  # hello's memcached pool, if any
-        self._warned = ""  # the last untrusted peer warned about
+        self._warned = ""  # the last untrusted peer or version refusal warned about
         self._touch_interval = touch_interval
         self._touch_batch = min(touch_batch, MAX_BATCH)
         self._client_name = client_name
@@ -146,9 +146,10 @@ class DaemonLink(FillQueue):
                     backoff = _BACKOFF_MIN
                 except (DaemonUnavailable, DaemonError, ValueError, KeyError) as exc:
                     self._disconnect(exc)
-                    if isinstance(exc, UntrustedPeer) and str(exc) != self._warned:
+                    if _needs_an_operator(exc) and str(exc) != self._warned:
                         self._warned = str(exc)  # once, not at every retry
-                        log.warning("%s", exc)
+                        log.warning("%s", exc if isinstance(exc, UntrustedPeer) else
+                                    f"blockcached at {self.socket_path}: {exc}")
                     log.debug("blockcached at %s unavailable: %s", self.socket_path, exc)
                     self._closed.wait(random.uniform(backoff / 2, backoff))
                     backoff = min(_BACKOFF_MAX, backoff * 2)
@@ -197,3 +198,10 @@ class DaemonLink(FillQueue):
         if not grown or self._volume is None:
             return self._reported, None
         return now, {"volume": self._volume, "counters": grown}
+
+
+def _needs_an_operator(exc: Exception) -> bool:
+    """A refusal that retrying will not mend: an untrusted peer, or a daemon
+    of another protocol version."""
+    return isinstance(exc, UntrustedPeer) or (
+        isinstance(exc, DaemonError) and exc.code == ErrorCode.UNSUPPORTED_VERSION)

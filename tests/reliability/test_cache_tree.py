@@ -275,7 +275,8 @@ def _fake_daemon(path: str, uid: int, ready) -> None:
                 while len(body) < n:
                     body += conn.recv(n - len(body))
                 req = protocol.decode_body(body)
-                reply = {"id": req["id"], "ok": True, "version": 1, "layout_epoch": 1,
+                reply = {"id": req["id"], "ok": True, "version": protocol.PROTOCOL_VERSION,
+                         "layout_epoch": 1,
                          "layout": {"dirs": [{"path": "/etc", "weight": 1, "healthy": True}]},
                          "max_frame": protocol.MAX_FRAME, "max_batch": 16, "uid": uid,
                          "time": 0.0, "touched": 0, "accepted": True, "reason": "queued"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from blockcache_client.contract import layout
-from blockcached import store
+from blockcached import scan
 from blockcached.store import Store
 
 from .engine import block, key
@@ -66,8 +66,8 @@ def test_parallel_scan_finds_the_same_as_one_process(tmp_path, monkeypatch):
     keys = _fill(s, 300)
     bad = os.path.join(s.blocks, layout.fanout(keys[0]), "junk")
     open(bad, "wb").close()
-    monkeypatch.setattr(store, "PARALLEL_MIN_TOPS", 1)
-    monkeypatch.setattr(store, "PARALLEL_MIN_MIDS", 1)
+    monkeypatch.setattr(scan, "PARALLEL_MIN_TOPS", 1)
+    monkeypatch.setattr(scan, "PARALLEL_MIN_MIDS", 1)
     par = s.scan(None, 0, processes=2)
     assert not os.path.exists(bad) and par.removed == 1
     one = s.scan(None, 0, processes=1)

@@ -41,10 +41,6 @@ _TOUCHED_MASK = _TIME_MASK & -TIME_GRAIN  # the touch time, without the count
 _PREFIX_END = "\x7f"
 
 
-def volume_of(key: str) -> str:
-    return key[:key.index("_")]
-
-
 class DirIndex:
     """Entries of one cache dir, in LRU order (first = least recently used)."""
 
@@ -91,13 +87,6 @@ class Index:
                 return True
         return False
 
-    def dir_of(self, key: str) -> int:
-        """Index of the dir holding `key`, or -1."""
-        for i, d in enumerate(self.dirs):
-            if key in d.lru:
-                return i
-        return -1
-
     def count_of(self, key: str) -> int:
         """How often `key` was accessed (0..15, 0 if absent)."""
         for d in self.dirs:
@@ -106,20 +95,9 @@ class Index:
                 return v & COUNT_MASK
         return 0
 
-    def size_of(self, key: str) -> int | None:
-        for d in self.dirs:
-            v = d.lru.get(key)
-            if v is not None:
-                return v >> 32
-        return None
-
     @property
     def used_bytes(self) -> int:
         return sum(d.used_bytes for d in self.dirs)
-
-    def lru_order(self, dir_index: int) -> list[str]:
-        """Keys of one dir, least recently used first (for tests and tools)."""
-        return list(self.dirs[dir_index].lru)
 
     def range(self, prefix: str | None = None, limit: int | None = None,
               after: str | None = None) -> Iterator[str]:
@@ -279,16 +257,6 @@ class Index:
             freed += size
             if freed >= free_bytes and len(victims) >= free_entries:
                 break
-        return victims
-
-    def pop_lru(self, dir_index: int, free_bytes: int,
-                free_entries: int = 0) -> list[tuple[str, int]]:
-        """Remove least recently used entries of one dir until at least
-        `free_bytes` bytes and `free_entries` entries are freed (or the dir is
-        empty); returns (key, size) of each."""
-        victims = self.peek_lru(dir_index, free_bytes, free_entries)
-        for key, _ in victims:
-            self.remove(key)
         return victims
 
     def _count(self, key: str, n: int, size: int) -> None:

@@ -88,9 +88,6 @@ class Store:
                 os.close(fd)
         self._blocks_fd = self._tmp_fd = -1
 
-    def lock_path(self) -> str:
-        return os.path.join(self.path, layout.LOCK_FILE)
-
     def block_path(self, key: str) -> str:
         """`<dir>/blocks/xx/yy/<key>`, built without os.path.join: it is on
         every lookup hit."""

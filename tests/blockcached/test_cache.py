@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from blockcache_client.contract import layout
 from blockcache_client.contract.blockkey import BlockKey
 from blockcached import cache as cache_mod
+from tests.support.indexviews import dir_of, lru_order, size_of
 
 from .engine import Engine, block, key
 
@@ -51,13 +52,13 @@ class CacheMachine(RuleBasedStateMachine):
         self.e.settle()
         cache = self.e.cache
         for k in written:
-            i = cache.index.dir_of(k)
+            i = dir_of(cache.index, k)
             if i >= 0:
                 if k in self.order[i]:  # evicted earlier in the burst, then put again
                     self.order[i].remove(k)
                 self.order[i].append(k)
         for i in range(2):
-            lru = cache.index.lru_order(i)
+            lru = lru_order(cache.index, i)
             survivors = [k for k in self.order[i] if k in cache.index.dirs[i].lru]
             assert survivors == lru
             gone = len(self.order[i]) - len(survivors)
@@ -83,7 +84,7 @@ class CacheMachine(RuleBasedStateMachine):
             if ok:
                 written.append(k)
             elif reason == "exists":
-                i = self.e.cache.index.dir_of(k)
+                i = dir_of(self.e.cache.index, k)
                 self.order[i].remove(k)
                 self.order[i].append(k)
         self._settle_and_reconcile(written)
@@ -95,7 +96,7 @@ class CacheMachine(RuleBasedStateMachine):
             return
         k = cached[pick % len(cached)]
         assert self.e.cache.touch([k]) == 1
-        i = self.e.cache.index.dir_of(k)
+        i = dir_of(self.e.cache.index, k)
         self.order[i].remove(k)
         self.order[i].append(k)
 
@@ -131,9 +132,9 @@ def test_lru_evicts_least_recently_touched_first(engines):
     assert e.cache.put(k9, block(k9, 4000)) == (True, "queued")
     e.settle()
     # crossing 90% evicted just enough to stay under it: the oldest untouched
-    remaining = e.cache.index.lru_order(0)
+    remaining = lru_order(e.cache.index, 0)
     assert remaining == keys[3:] + keys[:2] + [k9]
-    assert e.cache.index.dirs[0].used_bytes == 8 * e.cache.index.size_of(k9) <= 0.9 * 40_000
+    assert e.cache.index.dirs[0].used_bytes == 8 * size_of(e.cache.index, k9) <= 0.9 * 40_000
     assert set(e.files()) == set(remaining)
     assert e.cache.stats()["evictions_by_reason"] == {"admission": 1}
 
@@ -228,7 +229,7 @@ def test_rebuild_restores_entries_order_and_cleans(tmp_path, engines):
     e.settle()
     # distinct mtimes, oldest first in ks order
     for i, k in enumerate(ks):
-        d = e.cache.index.dir_of(k)
+        d = dir_of(e.cache.index, k)
         os.utime(e.cache.stores[d].block_path(k), (1_000_000 + i, 1_000_000 + i))
     d0 = e.cfg.cache_dirs[0].path
     stray = [
@@ -255,7 +256,7 @@ def test_rebuild_restores_entries_order_and_cleans(tmp_path, engines):
     e2 = engines([1 << 20, 1 << 20], sub="r")
     assert sorted(e2.cache.index.range()) == sorted(ks)
     for i in range(2):
-        order = e2.cache.index.lru_order(i)
+        order = lru_order(e2.cache.index, i)
         assert order == [k for k in ks if k in order]  # mtime order survived
     for p in stray + [tiny]:
         assert not os.path.exists(p), p

@@ -21,6 +21,7 @@ from blockcached import policy as policymod
 from blockcached.index import Index
 from blockcached.policy import Policy, decode_mtime_ns, encode_mtime_ns
 from blockcached.staleness import StaleRule, Verdict
+from tests.support.indexviews import lru_order, pop_lru
 
 from .engine import Engine, block, key
 
@@ -158,10 +159,10 @@ def test_an_old_working_set_no_longer_hit_is_demoted():
     for i in range(900, 950):
         index.touch(f"v_{i}_0_0", 0, 60)  # the youngest blocks: read again
     index.add_many(0, ((2, f"b_{i}_0_0", 100) for i in range(50)))  # the new job's
-    order = index.lru_order(0)
+    order = lru_order(index, 0)
     v = _judge(index, sample, accesses=100)
     assert v.hit == 0 and v.demoted == 950
-    assert index.lru_order(0) == order
+    assert lru_order(index, 0) == order
     assert {index.count_of(k) for k in order[:950]} == {0}
     assert {index.count_of(k) for k in order[950:1000]} == {4}  # touched
     assert {index.count_of(k) for k in order[1000:]} == {2}     # added
@@ -200,7 +201,7 @@ def test_live_blocks_hit_in_random_order_are_not_demoted(hit_rate, seed):
     rng = random.Random(seed)
     index = _index(2000, count=3)
     sample = StaleRule.sample(index, 0, accesses=0)
-    touched = [k for k in index.lru_order(0)[:1000] if rng.random() < hit_rate]
+    touched = [k for k in lru_order(index, 0)[:1000] if rng.random() < hit_rate]
     for k in touched:
         index.touch(k, 0, 60)
     assert _judge(index, sample, accesses=len(touched) + 1).demoted == 0
@@ -226,7 +227,7 @@ def test_a_block_touched_or_added_since_the_sample_is_never_demoted(ops, returni
             if index.add(k, 0, 100, 0, count=2):
                 fresh.add(k)
         else:
-            index.pop_lru(0, 1)
+            pop_lru(index, 0, 1)
     _judge(index, sample, accesses=len(ops), misses=10, returning=10 if returning else 0)
     assert all(index.count_of(k) > 0 for k in fresh if k in index)
 
@@ -406,7 +407,7 @@ def test_aging_halves_cached_counts_too(engines):
     e.cache.policy.sketch.age()
     e.run_for(0.1)
     assert {e.cache.index.count_of(k) for k in data} == {2}
-    assert e.cache.index.lru_order(0) == data  # places kept
+    assert lru_order(e.cache.index, 0) == data  # places kept
 
 
 def test_a_put_with_room_costs_the_policy_nothing(engines):

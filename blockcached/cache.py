@@ -65,7 +65,8 @@ class Cache(Rebuild, Eviction, Upkeep):
                              touch_bytes=0)
         self.put_reasons: dict[str, int] = {}
         # which blocks a full dir keeps; None = plain LRU (admit every block)
-        self.policy = Policy(self.index, self.counters) if cfg.admission_policy != "lru" else None
+        self.policy = (Policy(self.index, self.counters, self._note_demoted)
+                       if cfg.admission_policy != "lru" else None)
         # per volume: [touches, touch_bytes, puts, put_bytes]. Readers find hits
         # through the layout and report them by touch, and put a block after a
         # miss, so touches and puts are the reader hits and misses the daemon

@@ -108,9 +108,10 @@ class Rebuild:
 
     def _restored(self, mtime_ns: int, key: str, size: int) -> tuple[int, str, int]:
         """A scanned block as `Index.add_many` takes it, its count restored
-        from its mtime's nanoseconds (see `policy`): at least 1, it was put."""
+        from its mtime's nanoseconds (see `policy`): 0 if it was demoted, 1
+        if none was written (it was put)."""
         seconds, count = decode_mtime_ns(mtime_ns)
-        return (seconds & -TIME_GRAIN) | max(1, count), key, size
+        return (seconds & -TIME_GRAIN) | (1 if count is None else count), key, size
 
     def _rebuild_done(self, i: int) -> None:
         self.rebuilding[i] = False

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from .eviction import IO_BATCH
-from .index import COUNT_MASK
+from .index import COUNT_MASK, TIME_MASK
 from .policy import encode_mtime_ns
 from .store import TreeMoved
 
@@ -107,6 +107,15 @@ class Upkeep:
         if len(pending) < MAX_PENDING_UTIMES:
             # the mtime in ns: its nanoseconds carry the block's access count
             pending[key] = encode_mtime_ns(now, self.index.dirs[i].lru[key] & COUNT_MASK)
+
+    def _note_demoted(self, i: int, keys: list[str]) -> None:
+        """Persist a demotion (the policy's stale rule): each block's mtime
+        keeps its indexed touch time, so its LRU place, with a count of 0."""
+        pending = self._utimes[i]
+        lru = self.index.dirs[i].lru
+        room = MAX_PENDING_UTIMES - len(pending)
+        for key in keys[:max(0, room)]:
+            pending[key] = encode_mtime_ns(lru[key] & TIME_MASK, 0)
 
     def stats(self) -> dict[str, Any]:
         dirs = []

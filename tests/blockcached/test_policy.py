@@ -250,7 +250,7 @@ def test_mtime_carries_the_frequency(seconds, count):
 
 
 def test_an_ordinary_mtime_carries_no_frequency():
-    assert decode_mtime_ns(1_700_000_000_123_456_789) == (1_700_000_000, 0)
+    assert decode_mtime_ns(1_700_000_000_123_456_789) == (1_700_000_000, None)
 
 
 # -- behaviours on the engine ----------------------------------------------------
@@ -332,6 +332,28 @@ def test_a_restart_keeps_what_the_policy_learned(engines):
     # a block seen before the restart is still refused in favour of the cached ones
     assert read(e2, shuffled(data, 3)) >= 0.9 * usable_blocks(e2) / len(data)
     assert sorted(e2.cache.index.range()) == cached
+
+
+def test_a_demotion_survives_a_restart(engines):
+    """Blocks the stale rule demoted come back from a restart with a count
+    of 0 (written into their mtimes), not the count they had before: any
+    block asked for before is still admitted over them."""
+    e = engines([DIR], sub="d")
+    a = [key(vol="a", inode=i + 1) for i in range(150)]
+    for epoch in range(3):
+        read(e, shuffled(a, epoch))
+    read(e, shuffled([key(vol="b", inode=i + 1) for i in range(80)], 10))
+    e.run_for(0.1)  # the tick writes the demotions into the files' mtimes
+    counts = {k: e.cache.index.count_of(k) for k in e.cache.index.range()}
+    demoted = sorted(k for k, n in counts.items() if n == 0)
+    assert e.cache.stats()["policy"]["demoted"] > 0 and demoted
+    e.close()
+
+    e2 = engines([DIR], sub="d")
+    restored = {k: e2.cache.index.count_of(k) for k in e2.cache.index.range()}
+    assert restored.keys() == counts.keys()
+    assert sorted(k for k, n in restored.items() if n == 0) == demoted
+    assert all(restored[k] >= min(n, 2) for k, n in counts.items() if n), (counts, restored)
 
 
 # -- properties -------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Server pieces that need no socket: the read budget."""
+"""The read budget for large frame bodies (`buffers.ByteBudget`), no socket needed."""
 
 from blockcached.buffers import ByteBudget
 

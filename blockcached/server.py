@@ -419,7 +419,7 @@ class Server:
         log.info("serving on %s (mode %o)", path, self.cfg.socket_mode)
 
     def take_frame(self, n: int) -> bytearray:
-        """A pooled buffer for a large frame of `n` bytes (see `FramePool`)."""
+        """A pooled buffer for a large frame of `n` bytes (see `buffers.FramePool`)."""
         return self.frames.take(n)
 
     async def close(self) -> None:

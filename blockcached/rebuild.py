@@ -125,9 +125,9 @@ class RebuildEvictions:
     """Evictions issued while a dir is still being scanned, applied to what
     the scan finds. Each scanned entry costs O(1) whatever their number: a
     set of keys, a set of `vol_` / `vol_inode_` prefixes (looked up by the
-    entry's own two prefixes), and one flag for "everything". A list of
-    matchers, each tried on every entry, let 5,000 evicts during a
-    20,000-entry rebuild block the loop for 1.66 s at a time.
+    entry's own two prefixes), and one flag for "everything": a list of
+    matchers tried on every entry would cost evicts x entries, seconds of
+    a blocked loop for thousands of evicts during a large rebuild.
 
     Bounded: past `MAX_REBUILD_EVICTIONS` keys, further ones are not
     remembered (logged once); such a block comes back with the scan, and its

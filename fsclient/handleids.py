@@ -24,7 +24,7 @@ import itertools
 import threading
 from collections.abc import Container, Iterable
 
-from blockcache_client.fileinfo import FileInfo
+from blockcache_client.sources.fileinfo import FileInfo
 
 SERIAL_BITS = 16
 SERIAL_MASK = (1 << SERIAL_BITS) - 1

@@ -27,9 +27,9 @@ import threading
 from collections.abc import Callable
 
 from blockcache_client import Volume
-from blockcache_client.fileinfo import FileInfo
 from blockcache_client.reader.sequential import SEQ_SLACK, Stream
 from blockcache_client.reader.volumefile import VolumeFile
+from blockcache_client.sources.fileinfo import FileInfo
 
 from .config import MountConfig
 from .handleids import HandleNumbers, file_tag, tag_of

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from blockcache_client.fileinfo import FileInfo
+from blockcache_client.sources.fileinfo import FileInfo
 from fsclient.handleids import HandleNumbers, file_tag, listing_tag, tag_of
 from fsclient.session import Negotiated, saved
 

@@ -43,7 +43,8 @@ from blockcache_client.volumekey import load_key_file
 from . import mountpoint as mp
 from .config import MountConfig
 from .mountpoint import MountError
-from .session.handoff import Connection, KeeperLink
+from .session.fdstore import pass_on
+from .session.handoff import HANDED_OVER, Connection, KeeperLink
 from .session.saved import SavedState, SavedStateError
 
 log = logging.getLogger(__name__)
@@ -55,13 +56,11 @@ READY_TIMEOUT = 90.0
 # two requests and a 4 MiB block 32. 1 MiB (the largest request libfuse
 # takes) serves a whole small file, or a quarter block, per request.
 KERNEL_READAHEAD_KB = 1024
-# Container allocations between two young-generation collections of the
-# cyclic garbage collector (Python's default: 700). A warm small file costs a
-# few allocations that outlive their request (inode table, open versions), so
-# at 700 the loop collected every few hundred files, and each collection also
-# walked the older generations now and then. Garbage cycles are rare here
-# (every request's objects are freed by reference counting), so collecting
-# less often costs little memory.
+# Container allocations between two young-generation collections (Python's
+# default: 700, at which a warm small file's few lasting allocations made the
+# loop collect every few hundred files, walking older generations now and
+# then). Garbage cycles are rare here (reference counting frees each
+# request's objects), so collecting less often costs little memory.
 GC_YOUNG_THRESHOLD = 10_000
 # A server handing over waits this long for the requests it is handling; any
 # left unanswered are resent to its successor.
@@ -247,7 +246,10 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
     handover = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
-        log.info("%s: unmounting %s", signal.Signals(signum).name, mountpoint)
+        if conn.stored:  # systemd keeps the connection for the unit's next start
+            handover.set()
+        log.info("%s: %s %s", signal.Signals(signum).name,
+                 "handing over" if conn.stored else "unmounting", mountpoint)
         stop.set()
 
     def on_handover() -> None:
@@ -282,7 +284,7 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
         answered = session.drain(HANDOVER_DRAIN)
         log.info("handed %s over (%s)", mountpoint,
                  "all requests answered" if answered else "some left to the successor")
-        return 0
+        return HANDED_OVER
     session.stop()
     if mp.is_mounted(mountpoint):
         try:
@@ -352,9 +354,10 @@ def spawn(argv: list[str], cfg: MountConfig, log_file: str | None,
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "fsclient.cli", *argv, "--foreground", "--ready-fd", str(w)]
     out = open(log_file, "ab") if log_file else open(os.devnull, "wb")
+    env, kept = pass_on()  # the connection systemd kept is for the keeper (Type=forking)
     try:
-        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                 pass_fds=(w,), start_new_session=detach, close_fds=True)
+        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
+                                 pass_fds=(w, *kept), start_new_session=detach, close_fds=True)
     finally:
         os.close(w)
         out.close()

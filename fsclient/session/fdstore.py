@@ -11,7 +11,9 @@ The protocol (sd_notify(3), sd_listen_fds(3)):
   "READY=1" once the mount answers (Type=notify); "FDSTOREREMOVE=1\\nFDNAME=<name>"
   when the mount has ended and the descriptors mean nothing any more.
 - the next process started gets them from fd 3 on: LISTEN_PID (its pid),
-  LISTEN_FDS (how many), LISTEN_FDNAMES (their names, ':'-separated).
+  LISTEN_FDS (how many), LISTEN_FDNAMES (their names, ':'-separated). Under
+  Type=forking that is `fsclient mount`, which passes them on to the keeper
+  it starts (`pass_on`).
 
 Names used: FUSE_NAME for each /dev/fuse descriptor (the mount's, then its
 clones, in order) and SAVED_NAME for the saved-state memfd.
@@ -27,6 +29,9 @@ from collections.abc import MutableMapping, Sequence
 FUSE_NAME = "fuse"
 SAVED_NAME = "saved"
 LISTEN_FDS_START = 3
+# Set by a process that passes systemd's descriptors on to its child (the
+# keeper): the child then takes LISTEN_PID as its parent's.
+PASSED_ON = "FSCLIENT_LISTEN_FDS_PASSED_ON"
 
 
 class FdStore:
@@ -66,7 +71,8 @@ def listened(env: MutableMapping[str, str] = os.environ) -> tuple[list[int], int
     names = env.get("LISTEN_FDNAMES", "").split(":")
     for key in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         env.pop(key, None)
-    if pid != os.getpid() or count <= 0:
+    passed_on = env.pop(PASSED_ON, "") == "1"
+    if pid != (os.getppid() if passed_on else os.getpid()) or count <= 0:
         return None
     fuse: list[int] = []
     saved: list[int] = []
@@ -82,3 +88,18 @@ def listened(env: MutableMapping[str, str] = os.environ) -> tuple[list[int], int
             os.close(fd)
         return None
     return fuse, saved[0]
+
+
+def pass_on(env: MutableMapping[str, str] = os.environ) -> tuple[dict[str, str] | None,
+                                                                tuple[int, ...]]:
+    """For `fsclient mount` under Type=forking, which starts the keeper: (the
+    child's environment, the descriptors to keep open at their numbers) when
+    systemd passed this process descriptors; (None, ()) otherwise."""
+    if env.get("LISTEN_PID") != str(os.getpid()):
+        return None, ()
+    try:
+        count = int(env.get("LISTEN_FDS", "0"))
+    except ValueError:
+        return None, ()
+    return ({**env, PASSED_ON: "1"},
+            tuple(range(LISTEN_FDS_START, LISTEN_FDS_START + count)))

@@ -2,7 +2,7 @@
 message per send, descriptors by SCM_RIGHTS). Every message is JSON:
 
     server -> keeper  {"op": "connect"}     the volume is open: hand me the connection
-    keeper -> server  {"fresh": bool, "restarts": n, "keeper": pid}
+    keeper -> server  {"fresh": bool, "restarts": n, "keeper": pid, "stored": bool}
                       + the saved-state memfd, then one /dev/fuse descriptor per worker
                       or {"error": "..."} and no descriptors (the mount failed)
     server -> keeper  {"op": "serving"}     the mount answers (first start: READY sent)
@@ -23,6 +23,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 MAX_FDS = 253  # SCM_MAX_FD
+# A server's exit code after a handover: it left the mount to a successor
+# (EX_TEMPFAIL; 0 means the mount has ended).
+HANDED_OVER = 75
 MAX_MESSAGE = 64 << 10
 
 
@@ -61,6 +64,9 @@ class Connection:
         self.fresh = bool(message["fresh"])
         self.restarts = int(message.get("restarts", 0))
         self.keeper = int(message.get("keeper", 0))
+        # systemd keeps the connection: SIGTERM (the unit stops or restarts,
+        # every process of it signalled) hands over instead of unmounting
+        self.stored = bool(message.get("stored", False))
         self.saved_fd = fds[0]
         self.fuse_fds = fds[1:]
 

@@ -139,7 +139,8 @@ class Keeper:
                 handoff.send(server.sock, {"error": str(exc)})
                 return
         handoff.send(server.sock, {"fresh": fresh, "restarts": self.restarts,
-                                   "keeper": os.getpid()}, [self.saved_fd, *self.fds])
+                                   "keeper": os.getpid(), "stored": self.store is not None},
+                     [self.saved_fd, *self.fds])
         server.connected = True
 
     def _on_message(self, server: Server) -> None:
@@ -271,6 +272,7 @@ class Keeper:
             server.sock.close()
             if code == 0 or self.terminate or not self.served:
                 return self._end(code)
+            # (a server that handed over unasked, SIGTERMed under systemd, is replaced too)
             log.warning("server %d died (%s); starting another on %s", server.proc.pid,
                         _describe(code), self.mountpoint)
             time.sleep(backoff)
@@ -281,7 +283,7 @@ class Keeper:
     def _end(self, code: int) -> int:
         """The server is gone for good: unmount if it could not (it never served,
         or died under SIGTERM), and end: 0 if the mount ended as asked."""
-        if self.keeping:
+        if self.keeping or code == handoff.HANDED_OVER:
             log.info("keeper %d: %s stays mounted, kept by systemd", os.getpid(), self.mountpoint)
             return 0
         if self.fds and code != 0:

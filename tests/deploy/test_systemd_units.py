@@ -127,6 +127,10 @@ def test_fsclient_unit_mounts_in_the_host_namespace(installed):
         f"mount namespace")
     assert value(unit, "CapabilityBoundingSet") == "CAP_SYS_ADMIN"
     assert "/dev/fuse rw" in values(unit, "DeviceAllow")
+    # the keeper (a child of ExecStart) keeps a worker's worth of /dev/fuse
+    # descriptors and the saved state in the unit's fd store
+    assert value(unit, "NotifyAccess") == "all"
+    assert int(value(unit, "FileDescriptorStoreMax")) >= 33
     assert "blockcache" in value(unit, "SupplementaryGroups").split()
     argv = exec_start(unit)
     assert argv[argv.index("--config") + 1] == "/etc/blockcache/volumes/%i.toml"

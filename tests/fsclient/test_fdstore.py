@@ -100,11 +100,18 @@ def test_a_unit_restart_keeps_the_mount_through_the_fd_store(tree, key_file, dae
         reader = Reader(mp, tree, tmp_path)
         time.sleep(1.0)
         first = procs[0]
-        first.send_signal(signal.SIGTERM)  # systemctl restart: the unit's processes end
+        server = serving(mp)
+        # systemctl restart (KillMode=control-group): every process of the unit
+        # gets SIGTERM, the server too; neither unmounts
+        first.send_signal(signal.SIGTERM)
+        os.kill(server, signal.SIGTERM)
         assert first.wait(WAIT) == 0
         assert is_mounted(mp)  # kept: systemd holds the connection
         systemd.states.clear()
-        procs.append(systemd.start(argv, log))
+        # the unit as shipped (Type=forking): `fsclient mount` gets LISTEN_FDS and
+        # passes them on to the keeper it starts, then exits 0 once it serves
+        procs.append(systemd.start([*argv[:-1], "--log-file", log], log))
+        assert procs[1].wait(WAIT) == 0
         systemd.receive_until("READY=1")
         serving(mp)
         time.sleep(1.0)
@@ -115,7 +122,6 @@ def test_a_unit_restart_keeps_the_mount_through_the_fd_store(tree, key_file, dae
         # `fsclient umount` ends the mount; the unit asks systemd to drop the descriptors
         assert fsclient("umount", mp).returncode == 0
         systemd.receive_until("FDSTOREREMOVE saved")
-        assert procs[1].wait(WAIT) == 0
         assert "fuse" not in systemd.store
     finally:
         if reader is not None:

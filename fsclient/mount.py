@@ -198,8 +198,8 @@ def run(cfg: MountConfig, readiness: Readiness, link: KeeperLink) -> int:
                 readiness.error(f"cannot serve metrics on {cfg.metrics_addr}: {exc}; choose "
                                 f"a free HOST:PORT for metrics_addr")
                 return 1
-        # a FUSE session exists now: notify_store has somewhere to go
-        fs.open_files.store = session.notify_store
+        # page-cache stores need every open handle counted: not after a takeover
+        fs.open_files.store = session.notify_store if conn.fresh else None
         return _serve(session, conn, fs, mountpoint, readiness, link)
     finally:
         if metrics is not None:

@@ -23,8 +23,8 @@ from blockcache_client.contract.layout import CacheDir, Layout
 
 from .capacity import DirCapacity
 from .config import Config
+from .daemonarea import AreaSpan
 from .eviction import Eviction
-from .fillarea import AreaSpan
 from .filler import DirWorker, FillQueue
 from .health import Health
 from .index import Index

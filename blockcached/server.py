@@ -41,7 +41,7 @@ from blockcache_client.contract.protocol import ErrorCode
 
 from .buffers import ByteBudget, IdleTrimmedPool
 from .config import Config
-from .fillarea import FillArea
+from .daemonarea import DaemonArea
 from .service import Peer, Service
 from .unixsocket import bind_socket, peer_of
 
@@ -87,7 +87,7 @@ class Connection(asyncio.BufferedProtocol):
         self.paused_for: set[str] = set()
         self.scheduled = False
         self.closed = False
-        self.area: FillArea | None = None  # set by the `area` op (fillarea.py)
+        self.area: DaemonArea | None = None  # set by the `area` op (daemonarea.py)
 
     # -- transport callbacks -------------------------------------------------
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from blockcache_client.common import safeopen
 from blockcache_client.contract import layout
 
-from .fillarea import AreaSpan
+from .daemonarea import AreaSpan
 from .scan import Placement, ScanResult, scan_blocks
 
 log = logging.getLogger(__name__)

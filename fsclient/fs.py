@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable, Iterable
 
 from blockcache_client import Volume
-from blockcache_client.fileinfo import FileInfo
+from blockcache_client.sources.fileinfo import FileInfo
 
 from .config import MountConfig
 from .errors import EioLog, fuse_op

@@ -28,9 +28,9 @@ import threading
 from collections.abc import Callable
 
 from blockcache_client import Volume
-from blockcache_client.fileinfo import FileInfo
 from blockcache_client.reader.sequential import SEQ_SLACK, Stream
 from blockcache_client.reader.volumefile import VolumeFile
+from blockcache_client.sources.fileinfo import FileInfo
 
 from .config import MountConfig
 from .inodes import InodeTable, Node

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 
 from blockcache_client import Volume
-from blockcache_client.fileinfo import FileInfo
+from blockcache_client.sources.fileinfo import FileInfo
 
 from .metacache import NEGATIVE, DirListing, MetaCache, TtlLru, parent_of
 from .session import FuseError

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from blockcache_client import Volume
-from blockcache_client.fileinfo import FileInfo
+from blockcache_client.sources.fileinfo import FileInfo
 
 from .config import MountConfig
 from .inodes import ROOT_INODE

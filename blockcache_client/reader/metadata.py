@@ -17,8 +17,8 @@ import errno
 import logging
 import time
 
-from ..backend import Backend
-from ..fileinfo import FileInfo
+from ..sources.backend import Backend
+from ..sources.fileinfo import FileInfo
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..fileinfo import FileInfo
+from ..sources.fileinfo import FileInfo
 
 SEQ_START = 256 << 10     # a read this large at offset 0 (or continuing one) is sequential
 # "continues the previous read": starts this close to its end (the reader

@@ -1,7 +1,7 @@
 """`Client`: the blocking socket client of `blockcached` (and `AsyncClient`'s
 defaults: asyncclient.py).
 
-Both speak `protocol` and expose the same operations (daemonops.py); every
+Both speak `protocol` and expose the same operations (ops.py); every
 call has a timeout. Failures split in two, so callers can fail open:
 
 - `DaemonUnavailable`: the socket is missing, refused, closed, or the daemon
@@ -23,18 +23,17 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
-from .common.forks import generation as _forks
-from .contract import protocol
-from .contract.errors import (
+from ..common.forks import generation as _forks
+from ..contract import protocol
+from ..contract.errors import (
     DaemonError,
     DaemonUnavailable,
     ProtocolError,
 )
-from .contract.protocol import LENGTH
-from .daemonops import DaemonOps, result_of
+from ..contract.protocol import LENGTH
+from .ops import DaemonOps, result_of
 from .peercheck import check_peer, configured_daemon_uid
 
 DEFAULT_TIMEOUT = 5.0
@@ -350,12 +349,6 @@ class Client(DaemonOps):
         if self._sock is None:
             raise ConnectionError("the connection of the posted requests was closed")
         return self._sock
-
-    def pipeline(self, calls: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-        """Send several (op, args) requests in one write; return their reply maps
-        in order. Error replies are returned, not raised."""
-        reqs = [{"id": self._next_id(), "op": op, **args} for op, args in calls]
-        return self._exchange(reqs) if reqs else []
 
 
 def _send_parts(sock: socket.socket, parts: list[bytes | memoryview]) -> None:

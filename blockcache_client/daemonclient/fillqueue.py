@@ -1,23 +1,15 @@
-"""A volume's background link to `blockcached`: layout, touches, fills, evictions.
+"""The fill queue of a volume's link to `blockcached` (`link.DaemonLink`),
+and the filler thread that empties it.
 
-Readers never wait on this module. It owns two threads per process:
-
-- control: connects (`hello` -> `Layout` + `layout_epoch`), reconnects with
-  jittered exponential backoff while the daemon is down, and every
-  `touch_interval` seconds (or as soon as `touch_batch` keys are waiting)
-  sends the recorded accesses as batched `touch`es; with nothing to report it
-  `ping`s, so a dead daemon or a new `layout_epoch` is noticed within about
-  one interval. While it is not connected `layout` is None and every read goes
-  to the backend.
-- filler: takes jobs from a queue bounded in bytes, in order, on its own
-  connection: `("evict", key)`, `("put", key, plaintext)` (sealed here, off
-  the reader's thread, and handed to `on_sealed` too: the cluster tier's
-  fill), `("sealed", key, block file)` (a block from the tier, as it
-  came) and `("area", key, slot)` (the same, landed in a slot of the fill
-  connection's fill area: put by reference, see `fillarea`). Keeping an
-  integrity eviction and its refill on one ordered queue means the daemon
-  sees the evict before the new put and does not discard the put as a
-  duplicate of the bad file.
+The filler takes jobs from a queue bounded in bytes, in order, on its own
+connection: `("evict", key)`, `("put", key, plaintext)` (sealed here, off
+the reader's thread, and handed to `on_sealed` too: the cluster tier's
+fill), `("sealed", key, block file)` (a block from the tier, as it
+came) and `("area", key, slot)` (the same, landed in a slot of the fill
+connection's fill area: put by reference, see `readerarea`). Keeping an
+integrity eviction and its refill on one ordered queue means the daemon
+sees the evict before the new put and does not discard the put as a
+duplicate of the bad file.
 
 The fill connection's fill area is opened by the filler after its first
 `sealed` job (the tier is in use), and anew after each reconnect;
@@ -31,8 +23,8 @@ the filler. Handing it to the filler cost more than sealing it: a thread
 wake-up, GIL hand-offs and a wait for the reply. Puts are posted
 (`Client.post`), never waited for one by one: their replies are read in
 batches, by a put once `COLLECT_AFTER` are unread (those that have arrived),
-by the filler when the control thread nudges it (every `touch_interval` while
-some are unread), and by `wait_idle`.
+by the filler when the link's control thread nudges it (every
+`touch_interval` while some are unread), and by `wait_idle`.
 Puts whose connection closed before their reply was read count as dropped.
 Exactly one party uses the fill connection at a time: whoever set `_busy`
 under `_fill_cv` (the filler for a job or to connect, a reader for an inline
@@ -41,31 +33,23 @@ put, `wait_idle` to read the last replies).
 Invariants: `offer_fill` never blocks (a full queue drops and counts; an
 inline put sends only what the socket takes at once); a job whose put fails
 because the daemon went away is dropped and counted; nothing here raises into
-a reader. Fork: a child must build a new link (the threads and sockets of the
-parent's do not work there); `Volume` does that.
+a reader.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import os
-import random
 import threading
 from collections.abc import Callable
 
+from ..common.counters import Counters
+from ..contract.errors import DaemonError, DaemonUnavailable
 from .client import Client
-from .contract.cluster import ClusterConfig
-from .contract.errors import BlockcacheError, DaemonError, DaemonUnavailable, UntrustedPeer
-from .contract.layout import Layout
-from .contract.protocol import MAX_BATCH
-from .counters import CLUSTER_COUNTERS, Counters
-from .fillarea import FillArea, Slot, slots_for
+from .readerarea import ReaderArea, Slot, slots_for
 
 log = logging.getLogger(__name__)
 
-_BACKOFF_MIN = 0.05
-_BACKOFF_MAX = 5.0
 CALL_TIMEOUT = 2.0
 # put replies that mean the block is (or is about to be) cached already
 _ALREADY_CACHED = frozenset({"exists", "duplicate"})
@@ -80,40 +64,22 @@ INLINE_FILL_MAX = 256 << 10
 COLLECT_AFTER = 64
 
 
-class DaemonLink:
-    """Background connection of one volume in one process to the daemon."""
+class FillQueue:
+    """The fills of one volume in one process, and the filler thread that
+    sends them (started by `_start_filler`; stopped by the link's close)."""
 
     def __init__(self, socket_path: str, counters: Counters,
-                 seal: Callable[[str, bytes], bytes | memoryview],
-                 fill_queue_bytes: int, touch_interval: float = 0.5, touch_batch: int = 1024,
-                 client_name: str = "blockcache_client", daemon_uid: int | None = None,
-                 volume: str | None = None, area_slot_bytes: int = 0):
+                 seal: Callable[[str, bytes], bytes | memoryview], fill_queue_bytes: int,
+                 daemon_up: Callable[[], bool], daemon_uid: int | None = None,
+                 area_slot_bytes: int = 0):
         self.socket_path = socket_path
-        self._pid = os.getpid()
-        self.layout: Layout | None = None
-        self.layout_epoch: int | None = None
-        # the uid that owns the block files: hello's, else the peer's (SO_PEERCRED)
-        self.daemon_uid: int | None = None
-        self.cluster: ClusterConfig | None = None  # hello's memcached pool, if any
         # called with (key, block file bytes) after each seal: the tier's fill
         self.on_sealed: Callable[[str, memoryview], None] | None = None
-        self._warned = ""  # the last untrusted peer warned about
         self._counters = counters
         self._seal = seal
-        self._touch_interval = touch_interval
-        self._touch_batch = min(touch_batch, MAX_BATCH)
-        self._client_name = client_name
-        self._volume = volume  # whose cluster counters the pings and touches report
-        self._reported = dict.fromkeys(CLUSTER_COUNTERS, 0)  # what the daemon has
-        self._control = Client(socket_path, timeout=CALL_TIMEOUT, daemon_uid=daemon_uid)
+        self._daemon_up = daemon_up  # the link is connected: fills have somewhere to go
         self._filler_client = Client(socket_path, timeout=CALL_TIMEOUT, daemon_uid=daemon_uid)
         self._closed = threading.Event()
-        self._wake = threading.Event()
-        # a set: FUSE reads a 4 MiB block 128 KiB at a time; one report per batch is enough
-        self._touches: set[str] = set()
-        self._touch_lock = threading.Lock()
-        # bumped as each batch is taken: a key touched in this round need not be again
-        self.touch_round = 0
         # fill queue: jobs in order, bounded by the plaintext bytes they hold
         self._fill_cap = max(0, int(fill_queue_bytes))
         self._fill_bytes = 0
@@ -127,32 +93,10 @@ class DaemonLink:
         self._replies_wanted = False  # the control thread asked the filler to read replies
         self._closing = False  # close() began: no new fills
         self._area_slot_bytes = area_slot_bytes  # 0: never open a fill area
-        self._area: FillArea | None = None
+        self._area: ReaderArea | None = None
         self._area_refused = 0  # the connection_id of a connection that refused one
-        try:  # connect now, so the first reads can already use the cache
-            self._connect()
-        except (DaemonUnavailable, DaemonError, ValueError, KeyError) as exc:
-            log.debug("blockcached at %s not reachable yet: %s", socket_path, exc)
-        self._threads = [threading.Thread(target=self._control_loop, name="blockcache-link",
-                                          daemon=True),
-                         threading.Thread(target=self._filler_loop, name="blockcache-filler",
-                                          daemon=True)]
-        for t in self._threads:
-            t.start()
 
     # -- called by readers (never block, never raise) --------------------------
-
-    @property
-    def connected(self) -> bool:
-        return self.layout is not None
-
-    def touch(self, key: str) -> None:
-        """Record an access; sent later in a batch."""
-        with self._touch_lock:
-            self._touches.add(key)
-            full = len(self._touches) >= self._touch_batch
-        if full:
-            self._wake.set()
 
     def offer_fill(self, key: str, plaintext: bytes | memoryview, sealed: bool = False,
                    done: Callable[[], None] | None = None, slot: Slot | None = None) -> bool:
@@ -172,7 +116,7 @@ class DaemonLink:
             else:
                 # connected: a reader must not wait in connect(2) for a full backlog
                 inline = (not sealed and len(plaintext) <= INLINE_FILL_MAX
-                          and self.layout is not None and self._filler_client.connected
+                          and self._daemon_up() and self._filler_client.connected
                           and not self._fills and not self._busy and self._tail is None)
                 if inline:
                     self._busy = True
@@ -209,10 +153,6 @@ class DaemonLink:
             self._fills.append(("evict", key, b"", None))
             self._fill_cv.notify()
 
-    def evict_inode(self, volume: str, inode: int) -> int:
-        """Synchronously evict every cached block of one file; DaemonUnavailable if down."""
-        return self._control.evict(inode=(volume, inode))
-
     def pending_fill_bytes(self) -> int:
         return self._fill_bytes
 
@@ -232,107 +172,12 @@ class DaemonLink:
             self._release()
         return True
 
-    def close(self, timeout: float = 1.0) -> None:
-        """Flush what can be flushed quickly, then stop the threads."""
-        if self._closed.is_set() or self._pid != os.getpid():
-            # in a forked child this link's threads do not exist and its locks
-            # may be held forever by them: touch nothing
-            return
-        with self._fill_cv:  # fills offered from now on are dropped, not sent
-            self._closing = True
-        self.wait_idle(timeout)
-        self._closed.set()
-        self._wake.set()
-        with self._fill_cv:
-            self._fill_cv.notify_all()
-            self._idle_cv.notify_all()
-        for t in self._threads:
-            t.join(timeout)
-        self._control.close()
-        self._filler_client.close()
 
-    # -- control thread --------------------------------------------------------
-
-    def _connect(self) -> None:
-        reply = self._control.hello(self._client_name)
-        self.layout_epoch = reply.get("layout_epoch")
-        uid = reply.get("uid", self._control.peer_uid)
-        self.daemon_uid = uid if isinstance(uid, int) and not isinstance(uid, bool) else None
-        self.cluster = ClusterConfig.from_wire(reply.get("cluster"))
-        if self.cluster is None and reply.get("cluster") is not None:
-            log.warning("blockcached at %s names a cluster tier this reader cannot use (%r); "
-                        "reading without it", self.socket_path, reply.get("cluster"))
-        self.layout = Layout.from_wire(reply["layout"])
-        log.info("connected to blockcached at %s (layout epoch %s, %d dir(s))",
-                 self.socket_path, self.layout_epoch, len(self.layout.dirs))
-
-    def _disconnect(self, why: object) -> None:
-        if self.layout is not None:
-            log.warning("lost blockcached at %s: %s; reading from the backend until it "
-                        "returns", self.socket_path, why)
-        self.layout = None
-        self._control.close()
-
-    def _control_loop(self) -> None:
-        backoff = _BACKOFF_MIN
-        while not self._closed.is_set():
-            if self.layout is None:
-                try:
-                    self._connect()
-                    backoff = _BACKOFF_MIN
-                except (DaemonUnavailable, DaemonError, ValueError, KeyError) as exc:
-                    self._disconnect(exc)
-                    if isinstance(exc, UntrustedPeer) and str(exc) != self._warned:
-                        self._warned = str(exc)  # once, not at every retry
-                        log.warning("%s", exc)
-                    log.debug("blockcached at %s unavailable: %s", self.socket_path, exc)
-                    self._closed.wait(random.uniform(backoff / 2, backoff))
-                    backoff = min(_BACKOFF_MAX, backoff * 2)
-                    continue
-            self._wake.wait(self._touch_interval)
-            self._wake.clear()
-            self._nudge_filler()
-            try:
-                self._report()
-            except DaemonError as exc:
-                # an error reply (busy, ...): the daemon is there and the layout
-                # still holds; these touches are lost, LRU order barely notices
-                log.debug("blockcached refused a touch/ping: %s", exc)
-            except (DaemonUnavailable, ValueError, KeyError) as exc:
-                self._disconnect(exc)
-        try:
-            self._report()  # last touches on close, best effort
-        except BlockcacheError:
-            pass
-
-    def _report(self) -> None:
-        with self._touch_lock:
-            keys, self._touches = list(self._touches), set()
-            self.touch_round += 1
-        if self.layout is None:
-            return
-        epoch = None
-        now, cluster = self._cluster_report()
-        if not keys:
-            epoch = self._control.ping(cluster).get("layout_epoch")
-        for i in range(0, len(keys), MAX_BATCH):
-            epoch = self._control.touch(keys[i:i + MAX_BATCH],
-                                        cluster if i == 0 else None).get("layout_epoch")
-        self._reported = now  # delivered: the next report starts from here
-        if epoch is not None and epoch != self.layout_epoch:
-            log.info("blockcached layout epoch %s -> %s; fetching the new layout",
-                     self.layout_epoch, epoch)
-            self._connect()
-
-    def _cluster_report(self) -> tuple[dict[str, int], dict | None]:
-        """(the cluster counters now, the report of their growth since the
-        last delivered one, or None if nothing grew)."""
-        snap = self._counters.snapshot()
-        now = {k: snap[k] for k in CLUSTER_COUNTERS}
-        grown = {k: v - self._reported[k] for k, v in now.items() if v != self._reported[k]}
-        if not grown or self._volume is None:
-            return self._reported, None
-        return now, {"volume": self._volume, "counters": grown}
+    def _start_filler(self) -> threading.Thread:
+        thread = threading.Thread(target=self._filler_loop, name="blockcache-filler",
+                                  daemon=True)
+        thread.start()
+        return thread
 
     # -- filler thread ---------------------------------------------------------
 
@@ -389,7 +234,7 @@ class DaemonLink:
             self._idle_cv.notify_all()
 
     def _run_fill(self, op: str, key: str, data) -> None:
-        if self.layout is None:  # daemon down: nothing to fill into
+        if not self._daemon_up():  # daemon down: nothing to fill into
             if op != "evict":
                 self._counters.add("fills_dropped")
             if op == "put" and self.on_sealed is not None:  # the tier still takes it
@@ -407,7 +252,10 @@ class DaemonLink:
             return
         try:  # posted puts' replies read meanwhile are kept for `_collect`
             self._filler_client.evict(key)
-        except (DaemonUnavailable, DaemonError) as exc:
+        except DaemonError as exc:  # refused (access rules, busy): the bad file stays
+            log.debug("blockcached refused to evict %s: %s", key, exc)
+            self._counters.add("evictions_refused")
+        except DaemonUnavailable as exc:
             log.debug("evict %s not delivered: %s", key, exc)
         self._count_lost()
 
@@ -450,7 +298,7 @@ class DaemonLink:
     def _open_area(self) -> None:
         """Open a fill area on the fill connection (the caller holds `_busy`),
         unless it has one or refused one. Best effort: without one, blocks
-        go by value."""
+        go by value. Holds the filler for at most one CALL_TIMEOUT."""
         client = self._filler_client
         conn = client.connection_id
         slots = slots_for(self._area_slot_bytes) if self._area_slot_bytes else 0
@@ -459,9 +307,14 @@ class DaemonLink:
             return
         self._area = None
         self._collect(wait=True)  # the area's reply must be the next to arrive
+        if client.connection_id != conn:
+            # the replies did not come within the timeout (a stopped daemon):
+            # asking on a new connection would hold the filler for a second one
+            self._count_lost()
+            return
         try:
             fd, slots, slot_bytes = client.open_area(slots, self._area_slot_bytes)
-            self._area = FillArea(fd, slots, slot_bytes, client.connection_id)
+            self._area = ReaderArea(fd, slots, slot_bytes, client.connection_id)
         except (DaemonError, ValueError) as exc:
             log.info("blockcached at %s gave no fill area (%s): tier blocks go to it by value",
                      self.socket_path, exc)

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from tests.blockcache_client.conftest import wait_for
-from tests.blockcache_client.test_chunk_cache import (
+from tests.blockcache_client.reader.test_chunk_cache import (
     BS,
     CHUNK,
     cli_evict,
@@ -116,7 +116,7 @@ def test_chunk_hits_counted_without_the_lock_add_up_exactly():
     every hit and byte is counted once, and what waits stays bounded."""
     import threading
 
-    from blockcache_client import counters as counters_mod
+    from blockcache_client.common import counters as counters_mod
     c = counters_mod.Counters()
     per_thread, threads = 20_000, 4
     stop = threading.Event()

@@ -33,7 +33,7 @@ from blockcache_client.contract.protocol import ErrorCode
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
-class FillArea:
+class DaemonArea:
     """A sealed memfd of `slots` slots of `slot_bytes`; `passed` once its
     descriptor went to the peer."""
 
@@ -81,7 +81,7 @@ class AreaSpan:
 
     __slots__ = ("area", "slot", "offset", "size")
 
-    def __init__(self, area: FillArea, slot: int, size: int):
+    def __init__(self, area: DaemonArea, slot: int, size: int):
         self.area = area  # keeps the memfd open until the write is done
         self.slot = slot
         self.offset = fillarea.slot_offset(slot, area.slot_bytes)

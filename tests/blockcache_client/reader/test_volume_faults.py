@@ -16,7 +16,7 @@ from blockcache_client.contract.errors import ConfigError, IntegrityError
 from blockcache_client.contract.layout import Layout
 from blockcache_client.volumekey import generate_key_file, load_key_file
 from tests.blockcache_client.conftest import wait_for
-from tests.blockcache_client.test_volume import BS, settle, volume, wait_connected
+from tests.blockcache_client.reader.test_volume import BS, settle, volume, wait_connected
 
 
 def cached_block_path(vol, daemon, rel, boff=0):

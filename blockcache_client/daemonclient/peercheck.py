@@ -14,7 +14,7 @@ import os
 import socket
 import struct
 
-from .contract.errors import ConfigError, UntrustedPeer
+from ..contract.errors import ConfigError, UntrustedPeer
 
 DAEMON_UID_ENV = "BLOCKCACHE_DAEMON_UID"
 _PEERCRED = struct.Struct("3i")

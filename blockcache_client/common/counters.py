@@ -14,7 +14,7 @@ VOLUME_COUNTERS = (
     "hits", "misses", "hit_bytes", "miss_bytes", "memory_hits", "backend_bytes",
     "backend_requests", "fills_sent", "fills_dropped", "integrity_failures",
     "daemon_unavailable", "prefetches", "prefetches_dropped", "version_checks",
-    "chunk_hits",
+    "chunk_hits", "evictions_refused",
     *CLUSTER_COUNTERS,
 )
 PENDING_HITS = 256  # lock-free chunk hits counted before they are added up

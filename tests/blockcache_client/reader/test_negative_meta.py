@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.blockcache_client.conftest import wait_for
-from tests.blockcache_client.test_volume import volume
+from tests.blockcache_client.reader.test_volume import volume
 
 
 def stat_calls(vol) -> list[str]:

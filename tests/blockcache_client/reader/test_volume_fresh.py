@@ -8,10 +8,10 @@ import random
 
 from blockcache_client.contract.blockfile import HEADER_SIZE
 from blockcache_client.contract.blockkey import BlockKey, KeyNamer
-from blockcache_client.reader import hits as hits_mod
+from blockcache_client.reader import ciphers as hits_mod
 from blockcache_client.volumekey import load_key_file
-from tests.blockcache_client.test_volume import BS, settle, volume, wait_connected
-from tests.blockcache_client.test_volume_faults import cached_block_path
+from tests.blockcache_client.reader.test_volume import BS, settle, volume, wait_connected
+from tests.blockcache_client.reader.test_volume_faults import cached_block_path
 
 
 def test_key_prefix_is_the_canonical_block_key(local_source, key_file, daemon):

@@ -13,8 +13,8 @@ import random
 
 import pytest
 
-from blockcache_client.backend import Backend
-from blockcache_client.s3direct import USER_AGENT
+from blockcache_client.sources.backend import Backend
+from blockcache_client.sources.s3direct import USER_AGENT
 from tests.support.s3front import S3Front
 
 KEYS = ["plain.bin", "a b/c+d%e.bin", "x/ü~n.bin", "deep/er/path/f=1&g.bin"]

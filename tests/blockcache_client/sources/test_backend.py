@@ -13,8 +13,8 @@ from fsspec.implementations.memory import MemoryFileSystem
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blockcache_client.backend import Backend
-from blockcache_client.fileinfo import FileInfo, is_canonical_name, normalize
+from blockcache_client.sources.backend import Backend
+from blockcache_client.sources.fileinfo import FileInfo, is_canonical_name, normalize
 
 
 @pytest.mark.parametrize("path,want", [("", ""), ("/", ""), ("a", "a"), ("/a/b/", "a/b"),

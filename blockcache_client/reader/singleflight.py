@@ -3,7 +3,7 @@
 The first caller (the leader) runs the function; callers arriving while it
 runs wait for its result or exception. Once the leader finishes, the key is
 forgotten, so a later call runs the work again (results are cached elsewhere,
-in `blockmem`). Not shared across fork: a child builds its own instance.
+in `memory`). Not shared across fork: a child builds its own instance.
 
 A leader whose work also produces other keys' values (one ranged read that
 brings several blocks) `claim`s those keys first, so callers asking for them

@@ -4,15 +4,22 @@ a queued job go through the filler thread, in order."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
 import time
 
-from blockcache_client.contract import blockfile
+import pytest
+
+from blockcache_client.common.counters import Counters
+from blockcache_client.contract import blockfile, protocol
 from blockcache_client.contract.blockkey import BlockKey
-from blockcache_client.counters import Counters
-from blockcache_client.daemonlink import COLLECT_AFTER, INLINE_FILL_MAX, DaemonLink
+from blockcache_client.contract.errors import DaemonError
+from blockcache_client.contract.protocol import ErrorCode
+from blockcache_client.daemonclient.fillqueue import CALL_TIMEOUT, COLLECT_AFTER, INLINE_FILL_MAX
+from blockcache_client.daemonclient.link import DaemonLink
+from devtools.daemon import DaemonProcess
 from tests.blockcache_client.conftest import wait_for
 
 VOLUME_KEY = bytes(32)
@@ -165,5 +172,78 @@ def test_a_sealed_fill_says_done_only_once_its_bytes_are_sent(daemon):
         (path,) = daemon.client().lookup([key])
         with open(path, "rb") as f:
             assert f.read() == blob
+    finally:
+        link.close()
+
+
+def test_an_eviction_the_daemon_refuses_is_counted(tmp_path):
+    """A bad block whose eviction the daemon refuses (here: no peer may use
+    the volume) stays in the cache: the reader's stats say so."""
+    d = DaemonProcess(tmp_path, extra_args=["--unlisted-volumes", "admin", "--admin-uid", ""])
+    try:
+        d.start()
+        link = _link(d, SealRecorder())
+        try:
+            link.evict_later(_key(1))
+            assert link.wait_idle(10)
+            assert link._counters.snapshot()["evictions_refused"] == 1
+        finally:
+            link.close()
+    finally:
+        d.stop()
+
+
+def test_a_reader_of_another_protocol_version_is_refused_clearly(daemon, monkeypatch, caplog):
+    theirs = protocol.PROTOCOL_VERSION
+    monkeypatch.setattr(protocol, "PROTOCOL_VERSION", theirs + 1)
+    with pytest.raises(DaemonError) as err:
+        daemon.client().hello()
+    assert err.value.code == ErrorCode.UNSUPPORTED_VERSION
+    assert f"protocol version {theirs + 1} is not supported" in str(err.value)
+    assert f"speaks version {theirs}: upgrade the older side" in str(err.value)
+    # a volume's link keeps reading uncached, and says why once, as a warning
+    with caplog.at_level(logging.WARNING, logger="blockcache_client.daemonclient.link"):
+        link = DaemonLink(daemon.socket_path, Counters(), SealRecorder(), fill_queue_bytes=1 << 20)
+        try:
+            wait_for(lambda: any("upgrade the older side" in r.getMessage()
+                                 for r in caplog.records), what="the version warning")
+            time.sleep(0.5)  # several reconnects: still one warning
+            assert not link.connected
+            warned = [r for r in caplog.records if "upgrade" in r.getMessage()]
+            assert len(warned) == 1 and daemon.socket_path in warned[0].getMessage()
+        finally:
+            link.close()
+
+
+def test_opening_a_fill_area_holds_the_filler_one_timeout_on_a_stopped_daemon(daemon):
+    """The area is asked for after the first sealed fill, once the posted
+    puts are answered. If they are not (the daemon is stopped), the filler
+    gives up there: no new connection and a second wait for the area."""
+    link = _link(daemon, SealRecorder(), area_slot_bytes=1 << 20)
+    try:
+        assert link.offer_fill(_key(1), os.urandom(4096))  # opens the fill connection
+        assert link.wait_idle(10)
+        client = link._filler_client
+        conn = client.connection_id
+        key = _key(2)
+        blob = blockfile.seal(key, os.urandom(4096), VOLUME_KEY)
+        daemon.proc.send_signal(signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            assert link.offer_fill(key, blob, sealed=True)
+            wait_for(lambda: not link._fills and not link._busy, timeout=4 * CALL_TIMEOUT,
+                     what="the filler to be free")
+            held = time.monotonic() - start
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+        assert not client.connected and client.connection_id != conn  # given up, not retried
+        assert client._connects == 1  # no connection was opened just to ask for the area
+        assert held < 2 * CALL_TIMEOUT
+        # later sealed fills open the area on the next connection
+        key = _key(3)
+        assert link.offer_fill(key, blockfile.seal(key, os.urandom(4096), VOLUME_KEY),
+                               sealed=True)
+        assert link.wait_idle(10)
+        wait_for(lambda: link.take_slot(4096) is not None, what="a fill area")
     finally:
         link.close()

@@ -10,11 +10,11 @@ import asyncio
 import itertools
 from typing import Any
 
+from ..contract import protocol
+from ..contract.errors import DaemonUnavailable, ProtocolError
+from ..contract.protocol import LENGTH
 from .client import DEFAULT_TIMEOUT
-from .contract import protocol
-from .contract.errors import DaemonUnavailable, ProtocolError
-from .contract.protocol import LENGTH
-from .daemonops import DaemonOps, result_of
+from .ops import DaemonOps, result_of
 from .peercheck import check_peer, configured_daemon_uid
 
 

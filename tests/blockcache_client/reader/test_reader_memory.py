@@ -1,4 +1,4 @@
-"""The shared LRU of blocks and chunks (`blockmem`, `reader/chunks`) and the table of open
+"""The shared LRU of blocks and chunks (`reader/memory`, `reader/chunks`) and the table of open
 block files (`reader/blockfds`): their bounds hold whatever the sequence."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockcache_client.blockmem import PIECE_OVERHEAD, BlockMemory
 from blockcache_client.reader.blockfds import BlockFiles
 from blockcache_client.reader.chunks import UNSEALED, ChunkCache
+from blockcache_client.reader.memory import PIECE_OVERHEAD, BlockMemory
 
 CAP = 1000
 OVERHEAD = 16  # a small piece overhead, so the budget sees it in sequences of tiny pieces

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .contract import protocol
-from .contract.errors import DaemonError
+from ..contract import protocol
+from ..contract.errors import DaemonError
 
 
 class DaemonOps:

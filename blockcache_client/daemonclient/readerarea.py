@@ -16,8 +16,8 @@ import mmap
 import os
 import threading
 
-from .contract import fillarea
-from .contract.fillarea import FREE, HELD, SENT
+from ..contract import fillarea
+from ..contract.fillarea import FREE, HELD, SENT
 
 # most slots a reader asks for: blocks in flight to a daemon slower than the
 # tier (only slots in use are ever touched: `take` is first-fit)
@@ -37,7 +37,7 @@ class Slot:
 
     __slots__ = ("area", "index", "view")
 
-    def __init__(self, area: FillArea, index: int, view: memoryview):
+    def __init__(self, area: ReaderArea, index: int, view: memoryview):
         self.area = area
         self.index = index
         self.view = view
@@ -50,7 +50,7 @@ class Slot:
         self.area.give(self)
 
 
-class FillArea:
+class ReaderArea:
     """The mapping of one connection's fill area (thread-safe)."""
 
     def __init__(self, fd: int, slots: int, slot_bytes: int, connection_id: int):

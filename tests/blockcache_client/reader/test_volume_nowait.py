@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from blockcache_client import nowait
-from tests.blockcache_client.test_volume import BS, volume
-from tests.blockcache_client.test_volume_faults import cached_block_path, damage_block, fill
+from blockcache_client.common import nowait
+from tests.blockcache_client.reader.test_volume import BS, volume
+from tests.blockcache_client.reader.test_volume_faults import cached_block_path, damage_block, fill
 
 pytestmark = pytest.mark.skipif(not nowait.SUPPORTED, reason="needs openat2 and RWF_NOWAIT")
 

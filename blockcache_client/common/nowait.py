@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import os
 
-from .common import safeopen
-from .common.safeopen import Unsupported
+from . import safeopen
+from .safeopen import Unsupported
 
 __all__ = ["SUPPORTED", "Unsupported", "open_cached"]
 

@@ -140,7 +140,7 @@ def test_small_files_go_to_the_page_cache_only_when_that_is_safe(tmp_path, key_f
 
     def go():
         ino = _small_inode(f)
-        fh, keep = f.open(ino, os.O_RDONLY)  # a miss: read on the pool, after the open
+        fh, keep = f.open(ino, os.O_RDONLY)  # a miss: read by the first read, after the open
         assert not keep and f.read(fh, 0, 4096) == want
         f.release(fh)
         assert stored == []

@@ -96,10 +96,12 @@ def targets(result: dict) -> list[dict]:
             "s3fs-fuse", 2, 10.0)
         add("warm FUSE >= 80% of passthrough", "small-files", config, "fuse", "passthrough",
             2, 0.8)
-        for peer in FSSPEC_CACHES + ("s3fs",):
+        for peer in FSSPEC_CACHES + ("s3fs", "crt"):
             add(f"cold Volume >= 1.0x {peer}", "small-files", config, "volume", peer, 1, 1.0)
         for peer in ("rclone", "s3fs-fuse"):
             add(f"cold FUSE >= 1.0x {peer}", "small-files", config, "fuse", peer, 1, 1.0)
+    # issue 33: cold large files against AWS's CRT client (many 8 MiB parts in flight)
+    add("cold Volume >= 1.0x crt", "large-seq", "1 reader", "volume", "crt", 1, 1.0)
     # issue 22: warm small random reads through Volume, files held open
     for config, want in (("4 KiB", 0.5), ("128 KiB", 1.0)):
         add(f"warm random reads: Volume >= {want:.1f}x fsspec-simplecache", "random", config,

@@ -31,6 +31,7 @@ from ..counters import Counters
 from ..daemonlink import DaemonLink
 from ..nowait import Unsupported
 from ..nowait import open_cached as nowait_open
+from .decrypt import ParallelDecrypt
 from .handlehits import HandleBlocks
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,8 @@ class HitReader:
     """Reads blocks of one volume that this host already holds."""
 
     def __init__(self, name: str, volume_key: bytes, key_id: bytes, chunk_size: int,
-                 mem: BlockMemory, link: DaemonLink, counters: Counters, ciphers: Ciphers):
+                 mem: BlockMemory, link: DaemonLink, counters: Counters, ciphers: Ciphers,
+                 decrypt: ParallelDecrypt):
         self.name = name
         self.volume_key = volume_key
         self.key_id = key_id
@@ -135,6 +137,7 @@ class HitReader:
         self.scratch = Scratch()  # shared with the tier's reads (see _SCRATCH_KEPT)
         self.nowait = nowait.SUPPORTED  # cleared if the kernel or cache fs refuses it
         self.chunks = None  # a `chunkhits.ChunkedHits`: small partial reads keep chunks
+        self.decrypt = decrypt  # large reads' chunks on every core
 
     def read(self, key: str, blen: int, lo: int, hi: int, out: memoryview | None,
              nowait: bool = False, holder: HandleBlocks | None = None, keep: bool = False):
@@ -257,9 +260,9 @@ class HitReader:
                                   f"({len(body)} bytes where {stop - start} belong)")
             if out is None:
                 plain = scratch[plain_at:plain_at + n]
-                cipher.read_range_into(lo, body, plain)
+                self.decrypt.read_range_into(cipher, lo, body, plain)
                 return plain.tobytes()
-            cipher.read_range_into(lo, body, out[:n])
+            self.decrypt.read_range_into(cipher, lo, body, out[:n])
             return n
         except (FormatError, IntegrityError) as exc:
             if nowait:  # judged once, by the blocking read that follows

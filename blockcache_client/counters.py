@@ -13,7 +13,8 @@ CLUSTER_COUNTERS = (
 VOLUME_COUNTERS = (
     "hits", "misses", "hit_bytes", "miss_bytes", "memory_hits", "backend_bytes",
     "backend_requests", "fills_sent", "fills_dropped", "integrity_failures",
-    "daemon_unavailable", "prefetches", "prefetches_dropped", "version_checks",
+    "daemon_unavailable", "prefetches", "prefetches_dropped", "prefetches_cancelled",
+    "version_checks",
     "chunk_hits",
     *CLUSTER_COUNTERS,
 )

@@ -2,8 +2,10 @@
 
 Consecutive missing blocks go in one request of up to a window of blocks,
 one job per window so windows arrive in parallel. Bounded: past
-`PENDING_LIMIT` queued jobs new ones are dropped and counted. Never blocks a
-reader, never raises for I/O: the real read reports errors.
+`PENDING_LIMIT` queued jobs new ones are dropped and counted. A sequential
+reader's job is dropped (counted) if its run was cancelled before it sends a
+request (`sequential.Stream.cancel`). Never blocks a reader, never raises
+for I/O: the real read reports errors.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from ..counters import Counters
 from ..fileinfo import FileInfo
 from .fetch import Fetcher
 from .hits import HitReader
+from .sequential import Stream
 
 log = logging.getLogger(__name__)
 
@@ -49,20 +52,26 @@ class Prefetcher:
                 return
             boff += step
 
-    def ahead(self, rel: str, info: FileInfo, prefix: str, start: int, end: int) -> bool:
-        """`run` in the background; False if dropped."""
-        return self.submit(self.run, rel, info, prefix, start, end)
+    def ahead(self, rel: str, info: FileInfo, prefix: str, start: int, end: int,
+              stream: Stream | None = None) -> bool:
+        """`run` in the background (dropped once `stream` is cancelled); False if dropped."""
+        return self.submit(self.run, rel, info, prefix, start, end, stream,
+                           stream.epoch if stream is not None else 0)
 
-    def run(self, rel: str, info: FileInfo, prefix: str, start: int, end: int) -> None:
+    def run(self, rel: str, info: FileInfo, prefix: str, start: int, end: int,
+            stream: Stream | None = None, epoch: int = 0) -> None:
         """Fetch the blocks of [start, end) (block-aligned `start`) that are
         neither in memory, cached nor being fetched: each run of consecutive
-        missing ones with one request."""
+        missing ones with one request; none once `stream` has a new epoch."""
         bs = self.block_size
         boff = start
         mem = self._hits.mem
         try:
             while boff < end:
                 key = prefix + format(boff, "016x")
+                if stream is not None and stream.epoch != epoch:
+                    self.counters.add("prefetches_cancelled")
+                    return
                 if (mem.get(key) is None and not self._fetcher.busy(key)
                         and not self._hits.is_cached(key)):
                     self._fetcher.fetch(rel, info, key, boff, -(-(end - boff) // bs))

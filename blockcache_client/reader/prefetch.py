@@ -1,7 +1,7 @@
 """Blocks fetched ahead of the reads that will want them, on a small pool.
 
-Consecutive missing blocks go in one request of up to a window of blocks,
-one job per window so windows arrive in parallel. Bounded: past
+Consecutive missing blocks go in one request of up to a part of a window
+(`options.PART_BYTES`), one job per part so parts arrive in parallel. Bounded: past
 `PENDING_LIMIT` queued jobs new ones are dropped and counted. A sequential
 reader's job is dropped (counted) if its run was cancelled before it sends a
 request (`sequential.Stream.cancel`). Never blocks a reader, never raises
@@ -18,6 +18,7 @@ from ..counters import Counters
 from ..fileinfo import FileInfo
 from .fetch import Fetcher
 from .hits import HitReader
+from .options import part_blocks
 from .sequential import Stream
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class Prefetcher:
                  counters: Counters):
         self.block_size = block_size
         self.window = window
+        self.part = part_blocks(block_size)
         self._hits = hits
         self._fetcher = fetcher
         self.counters = counters
@@ -42,7 +44,7 @@ class Prefetcher:
 
     def windows(self, rel: str, info: FileInfo, prefix: str, offset: int, length: int) -> None:
         """Fetch the blocks of [offset, offset+length) in the background, one
-        job per window."""
+        job per part of each window."""
         bs = self.block_size
         end = min(info.size, offset + length)
         step = self.window * bs
@@ -54,9 +56,16 @@ class Prefetcher:
 
     def ahead(self, rel: str, info: FileInfo, prefix: str, start: int, end: int,
               stream: Stream | None = None) -> bool:
-        """`run` in the background (dropped once `stream` is cancelled); False if dropped."""
-        return self.submit(self.run, rel, info, prefix, start, end, stream,
-                           stream.epoch if stream is not None else 0)
+        """`run` in the background, a job per part (`options.PART_BYTES`) so
+        parts arrive in parallel; dropped once `stream` is cancelled. False
+        if a part was dropped."""
+        epoch = stream.epoch if stream is not None else 0
+        step = self.part * self.block_size
+        for part in range(start, end, step):
+            if not self.submit(self.run, rel, info, prefix, part, min(end, part + step), stream,
+                               epoch):
+                return False
+        return True
 
     def run(self, rel: str, info: FileInfo, prefix: str, start: int, end: int,
             stream: Stream | None = None, epoch: int = 0) -> None:

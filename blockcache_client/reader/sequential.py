@@ -7,8 +7,10 @@ at offset 0, or starts at most the slack (an eighth of a block, at most
 `SEQ_SLACK`) after where the run's reads ended: at once for large reads,
 from the third small read of the run (two steps forward). A read starting
 at most the slack before that end is a late request of the run: it neither
-counts nor breaks it. Its miss brings a window of blocks nobody has yet, and
-half way through a window the next one is fetched in the background. A read
+counts nor breaks it. Its miss brings a window of blocks nobody has yet: the
+read waits for the window's first part (`options.PART_BYTES`), the other
+parts come in parallel in the background; half way through a window the
+next one is fetched in the background, in parts too (`prefetch`). A read
 spanning several blocks brings its own blocks with one request; any other
 read (random 4 KiB) brings its block only.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..fileinfo import FileInfo
+from .options import part_blocks
 
 SEQ_START = 256 << 10     # a read this large at offset 0 (or continuing one) is sequential
 # "continues the previous read": starts this close to its end (the reader
@@ -80,6 +83,7 @@ class SequentialReads:
                  fetch_ahead: Callable[[str, FileInfo, str, int, int, Stream], object]):
         self.block_size = block_size
         self.window = window
+        self.part = part_blocks(block_size)
         self._slack = min(SEQ_SLACK, block_size // 8)
         self._has_block = has_block
         self._fetch_ahead = fetch_ahead
@@ -125,7 +129,11 @@ class SequentialReads:
         if b >= st.issued:
             st.issued = min(nblocks, b + win)
             if not self._has_block(prefix + format(b * bs, "016x")):
-                return st.issued - b  # the miss brings the window
+                first = min(self.part, st.issued - b)  # the miss waits for one part
+                if st.issued > b + first:  # and the window's other parts come meanwhile
+                    self._fetch_ahead(rel, info, prefix, (b + first) * bs,
+                                      min(info.size, st.issued * bs), st)
+                return first
             if st.issued > b + 1:  # a hit: the rest of the window in the background
                 self._fetch_ahead(rel, info, prefix, (b + 1) * bs,
                                   min(info.size, st.issued * bs), st)
@@ -136,6 +144,6 @@ class SequentialReads:
             self._fetch_ahead(rel, info, prefix, start * bs, min(info.size, st.issued * bs),
                               st)
         # a miss here (the background job is still queued, or the block was
-        # evicted) brings the rest of its window; blocks that job already
+        # evicted) brings the rest of its part; blocks that job already
         # claimed stop the run, so nothing is fetched twice
-        return min(win, st.issued - b)
+        return min(self.part, st.issued - b)

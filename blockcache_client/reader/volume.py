@@ -382,8 +382,8 @@ class Volume:
     def prefetch(self, path: str, offset: int, length: int, info: FileInfo | None = None) -> None:
         """Fetch the blocks of [offset, offset+length) into the cache in the
         background (readahead): consecutive missing blocks in one request of
-        up to `_window` blocks, one job per window so windows arrive in
-        parallel. Never blocks on the backend, never raises for I/O."""
+        up to a part (`options.PART_BYTES`), one job per part so parts arrive
+        in parallel. Never blocks on the backend, never raises for I/O."""
         self._proc()
         options.check_range(path, offset, length)
         rel = normalize(path)

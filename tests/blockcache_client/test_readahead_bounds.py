@@ -126,3 +126,24 @@ def test_eight_sequential_readers_stay_in_the_memory_budget(local_source, key_fi
             wait_for(lambda vol=vol: vol._prefetcher._pending == 0, what="read-ahead to end")
             assert vol.wait_fills(20)
             daemon.wait_idle()
+
+
+def test_a_cold_window_comes_in_parallel_parts(local_source, key_file, tmp_path):
+    """A sequential miss waits for the window's first part (8 MiB); its other
+    parts are fetched at once, in parallel, not after it."""
+    import fsspec
+
+    data = random.Random(50).randbytes(32 * BS)
+    local_source.write("w.bin", data)
+    fs = fsspec.filesystem("latency", target_protocol="file", delay=DELAY)
+    with Volume("parts", local_source.root, key_file, fs=fs,
+                socket_path=str(tmp_path / "no-daemon.sock"), block_size=BS,
+                memory_cache_bytes=64 * BS) as vol:  # a window of 32 blocks
+        with vol.open("w.bin") as f:
+            assert f.read(BS) == data[:BS]
+            wait_for(lambda: vol.stats()["prefetches"] >= 31, timeout=10 * DELAY + 10,
+                     what="the window's other parts")
+            assert f.read() == data[BS:]
+        assert fs.max_in_flight >= 3, fs.max_in_flight  # parts 2-4 together
+        s = vol.stats()
+        assert s["backend_bytes"] == len(data) and s["misses"] == 1

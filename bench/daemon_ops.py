@@ -35,9 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from blockcache_client.client import Client
 from blockcache_client.contract import blockfile, layout
 from blockcache_client.contract.blockkey import BlockKey
+from blockcache_client.daemonclient.client import Client
 from blockcached.store import MIN_BLOCK_FILE
 from devtools.daemon import DaemonProcess
 

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from blockcache_client import s3direct
+from blockcache_client.sources import s3direct
 
 from . import PROJECT_ROOT
 from .datasets import MIB, Size
@@ -331,7 +331,7 @@ class _Daemon:
         """Until the daemon's put queue is empty and its block count holds still
         (for 0.15 s: the readers have settled first, so every fill they make
         has already been handed over; this runs after every epoch)."""
-        from blockcache_client.client import Client
+        from blockcache_client.daemonclient.client import Client
         c = Client(self.socket)
         try:
             deadline = time.monotonic() + timeout
@@ -347,7 +347,7 @@ class _Daemon:
             c.close()
 
     def stats(self) -> dict:
-        from blockcache_client.client import Client
+        from blockcache_client.daemonclient.client import Client
         c = Client(self.socket)
         try:
             return c.stats()

@@ -17,15 +17,15 @@ _EXPORTS = {
     # reading a volume
     "Volume": "reader.volume",
     "VolumeFile": "reader.volumefile",
-    "FileInfo": "backend",
+    "FileInfo": "sources.fileinfo",
     "BlockcachedFileSystem": "fsspec_fs",
     "prefetch_ahead": "reader.ahead",
     # volume keys
     "generate_key_file": "volumekey",
     "load_key_file": "volumekey",
     # talking to the daemon
-    "Client": "client",
-    "AsyncClient": "asyncclient",
+    "Client": "daemonclient.client",
+    "AsyncClient": "daemonclient.asyncclient",
     "default_socket": "contract.protocol",
     # the contract: block keys and sealed block files
     "BlockKey": "contract.blockkey",

@@ -23,10 +23,10 @@ from typing import Any, NoReturn
 
 import click
 
-from .client import Client
 from .contract import protocol
 from .contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
 from .contract.units import format_size
+from .daemonclient.client import Client
 from .keygen import keygen_command
 
 EXIT_REFUSED = 1

@@ -22,7 +22,7 @@ from blockcache_client.contract.layout import CacheDir, Layout
 
 from .capacity import DirCapacity
 from .config import Config
-from .fillarea import AreaSpan
+from .daemonarea import AreaSpan
 from .filler import DirWorker, FillQueue
 from .health import Health
 from .index import COUNT_MASK, TIME_GRAIN, Index

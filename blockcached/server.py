@@ -45,7 +45,7 @@ from blockcache_client.contract.errors import ProtocolError
 from blockcache_client.contract.protocol import ErrorCode
 
 from .config import Config
-from .fillarea import FillArea
+from .daemonarea import DaemonArea
 from .service import Peer, Service
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ class Connection(asyncio.BufferedProtocol):
         self.paused_for: set[str] = set()
         self.scheduled = False
         self.closed = False
-        self.area: FillArea | None = None  # set by the `area` op (fillarea.py)
+        self.area: DaemonArea | None = None  # set by the `area` op (daemonarea.py)
 
     # -- transport callbacks -------------------------------------------------
 

@@ -24,7 +24,7 @@ from .access import Access, Peer
 from .cache import Cache
 from .clusterstats import ClusterStats
 from .config import Config
-from .fillarea import FillArea
+from .daemonarea import DaemonArea
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class Service:
         key = arg(body, "key", str)
         span = None
         if "area" in body:  # the block is in a slot of the connection's fill area
-            area: FillArea | None = getattr(conn, "area", None)
+            area: DaemonArea | None = getattr(conn, "area", None)
             slot = arg(body, "area", int)
             if area is None:
                 raise ProtocolError(ErrorCode.BAD_REQUEST,
@@ -211,7 +211,7 @@ class Service:
             raise ProtocolError(ErrorCode.BAD_REQUEST,
                                 "this connection has a fill area already: one per connection")
         try:
-            conn.area = FillArea(slots, slot_bytes)
+            conn.area = DaemonArea(slots, slot_bytes)
         except OSError as exc:
             log.warning("cannot create a fill area for uid %d: %s", peer.uid, exc)
             raise ProtocolError(ErrorCode.INTERNAL,

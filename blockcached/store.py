@@ -34,7 +34,7 @@ from blockcache_client.common import safeopen
 from blockcache_client.contract import blockfile, layout
 from blockcache_client.contract.blockkey import is_block_name
 
-from .fillarea import AreaSpan
+from .daemonarea import AreaSpan
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from blockcache_client.client import Client
 from blockcache_client.contract.errors import BlockcacheError
+from blockcache_client.daemonclient.client import Client
 from devtools.procs import stop_process
 
 START_TIMEOUT = 10.0

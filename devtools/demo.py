@@ -33,8 +33,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from blockcache_client.client import Client
 from blockcache_client.contract.errors import BlockcacheError
+from blockcache_client.daemonclient.client import Client
 from blockcache_client.volumekey import generate_key_file
 from devtools.daemon import DaemonProcess
 from fsclient import mountpoint as mp

@@ -33,7 +33,7 @@ import pyfuse3
 import pyfuse3.asyncio
 
 from blockcache_client import Volume
-from blockcache_client.fileinfo import FileInfo
+from blockcache_client.sources.fileinfo import FileInfo
 
 from . import fuseloop
 from .config import MountConfig

@@ -25,8 +25,8 @@ import logging
 import pyfuse3
 
 from blockcache_client import Volume
-from blockcache_client.fileinfo import FileInfo
 from blockcache_client.reader.sequential import SEQ_SLACK, Stream
+from blockcache_client.sources.fileinfo import FileInfo
 
 from .config import MountConfig
 from .inodes import Node

@@ -19,7 +19,7 @@ import time
 import pyfuse3
 
 from blockcache_client import Volume
-from blockcache_client.fileinfo import FileInfo
+from blockcache_client.sources.fileinfo import FileInfo
 
 from .metacache import NEGATIVE, DirListing, MetaCache, TtlLru, parent_of
 from .pool import LoopPool

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .config import TtlPolicy
 
 if TYPE_CHECKING:
-    from blockcache_client.fileinfo import FileInfo
+    from blockcache_client.sources.fileinfo import FileInfo
 
 # `MetaCache.lookup` answer for "known not to exist".
 NEGATIVE = object()

@@ -50,6 +50,8 @@ COUNTERS = {
                        "multi-block file did not change during a block read"),
     "chunk_hits": ("blockcache_client_chunk_hits_total", "Hits served from decrypted chunks "
                    "kept in memory (no decryption)"),
+    "evictions_refused": ("blockcache_client_evictions_refused_total", "Evictions of bad "
+                          "cached blocks the daemon refused (the volume's access rules)"),
     "cluster_hits": ("blockcache_client_cluster_hits_total", "Blocks or ranges found in the "
                      "cluster tier"),
     "cluster_misses": ("blockcache_client_cluster_misses_total", "Blocks or ranges not found "

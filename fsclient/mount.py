@@ -33,9 +33,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from blockcache_client.client import Client
 from blockcache_client.contract import protocol
 from blockcache_client.contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
+from blockcache_client.daemonclient.client import Client
 from blockcache_client.volumekey import load_key_file
 
 from . import mountpoint as mp

@@ -10,7 +10,7 @@ from typing import Any
 import pyfuse3
 
 from blockcache_client import Volume
-from blockcache_client.fileinfo import FileInfo
+from blockcache_client.sources.fileinfo import FileInfo
 
 from .config import MountConfig
 from .inodes import ROOT_INODE

@@ -43,9 +43,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from ..common.counters import Counters
 from ..contract.cluster import ClusterConfig, is_ip, parse_server
 from ..contract.layout import rendezvous_score
-from ..counters import Counters
 from .memcache import Memcache, Place, Refused, ServerFailed
 
 log = logging.getLogger(__name__)

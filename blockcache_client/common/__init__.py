@@ -1,3 +1,6 @@
 """Utilities the daemon, the readers and fsclient share, with no I/O policy of
-their own: metrics primitives (`metrics`), log setup (`logsetup`) and the
-fork counter (`forks`). They import only the contract."""
+their own: metrics primitives (`metrics`), log setup (`logsetup`), the fork
+counter (`forks`), config value conversions (`convert`), opening cache files
+without following symlinks (`safeopen`), TOML config files (`tomlfile`), the
+readers' event counters (`counters`) and reads that never wait on the cache
+disk (`nowait`). They import only the contract."""

@@ -61,7 +61,9 @@ from typing import Any
 from . import wire
 from .errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+# hello's `version`: the daemon refuses any other. Bump it when a side could
+# misread the other: 2 = hello names `key_format` and `uid`, and `area` ops
+PROTOCOL_VERSION = 2
 LENGTH = struct.Struct(">I")
 # A put carries one block file: up to blockfile.MAX_PLAINTEXT (16 MiB) plus
 # header and tags; the rest is headroom for the map around it.

@@ -1,13 +1,15 @@
 """The read path of `Volume`, one concern a module.
 
 `Volume.read` walks down this package once: `metadata` (the file's version)
--> block keys -> `hits` (memory LRU, then the cache disk) or `fetch` (the
-source, single-flight; `fills` seals what it brought for the daemon) -> back
-to the caller. Small random reads go through `chunkhits`: decrypted chunks
-kept in the memory LRU (`chunks`), block files held open for open handles
-(`blockfds`); an open handle serves its repeat hits of kept chunks itself
-(`handlehits`). `sequential` decides how many blocks a miss may bring, and
-`prefetch` fetches ahead in the background. No module calls back up.
+-> block keys -> `hits` (the memory LRU, `memory`, then the cache disk) or
+`fetch` (the source, once per block at a time: `singleflight`; `fills` seals
+what it brought for the daemon) -> back to the caller. Hits, the tier and
+the sealer share one cache of derived block ciphers (`ciphers`). Small
+random reads go through `chunkhits`: decrypted chunks kept in the memory LRU
+(`chunks`), block files held open for open handles (`blockfds`); an open
+handle serves its repeat hits of kept chunks itself (`handlehits`).
+`sequential` decides how many blocks a miss may bring, and `prefetch`
+fetches ahead in the background. No module calls back up.
 
 Beside the read path: `ahead` (`prefetch_ahead`) walks an epoch's order ahead
 of readers in other processes, putting each file into the host cache with

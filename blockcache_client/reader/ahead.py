@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..counters import Counters
+from ..common.counters import Counters
 from .hostfill import ByteBudget, Cancelled, HostFill
 from .volume import Volume
 

@@ -37,7 +37,7 @@ class ChunkedHits:
     def __init__(self, hits: HitReader, cache: ChunkCache, files: BlockFiles):
         self._chunk_size = hits.chunk_size
         self._link = hits.link
-        self._cipher = hits.cipher
+        self._cipher = hits.ciphers.cipher
         self.counters = hits.counters
         self._bad_block = hits.bad_block
         self.cache = cache

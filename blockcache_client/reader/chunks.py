@@ -3,7 +3,7 @@
 Why: a 4 KiB read of a cached block decrypts the whole 64 KiB chunk around
 it; LMDB, record files, Parquet pages and token windows read the same
 chunks again and again. Their plaintext is kept in the memory LRU
-(`blockmem`), under the one budget it shares with whole blocks.
+(`memory`), under the one budget it shares with whole blocks.
 
 What a read keeps (`spans`), keyed by its byte range in the block's
 plaintext, (block key, header bytes, start, stop):
@@ -35,15 +35,15 @@ where the last one of its block ended (a stream, such as FUSE's 128 KiB
 requests) would only push blocks out of the LRU. Two in a row are not a
 stream: random reads at aligned offsets meet by chance, and each epoch
 would decrypt the second again. The block a miss fetched for such a read is
-transient (`blockmem`): its pieces are what stays.
+transient (`memory`): its pieces are what stays.
 """
 
 from __future__ import annotations
 
 import threading
 
-from ..blockmem import BlockMemory
 from ..contract.blockfile import MIN_CHUNK
+from .memory import BlockMemory
 
 CHUNKED_READ_MAX = 256 << 10  # larger reads stream: their chunks are not kept
 PENDING_LIMIT = 4096          # blocks whose read pieces (and sealed headers) are remembered

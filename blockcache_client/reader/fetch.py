@@ -27,13 +27,13 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 
-from ..backend import Backend
-from ..blockmem import BlockMemory
-from ..counters import Counters
-from ..daemonlink import DaemonLink
-from ..fileinfo import FileInfo
-from ..singleflight import SingleFlight
+from ..common.counters import Counters
+from ..daemonclient.link import DaemonLink
+from ..sources.backend import Backend
+from ..sources.fileinfo import FileInfo
 from .hits import deliver
+from .memory import BlockMemory
+from .singleflight import SingleFlight
 from .tier import TierReads
 
 
@@ -61,7 +61,7 @@ class Fetcher:
         its length once stored in `out`): from the tier's slices for a random
         read inside a large block, else from the whole block (`fetch`), which
         `fetched` is shown (the chunk cache keeps the chunks it wants).
-        `transient`: for one small random read (see `blockmem`)."""
+        `transient`: for one small random read (see `memory`)."""
         blen = min(self.block_size, info.size - boff)
         if self.tier.ranged(blen, lo, run):
             got = self.tier.read_range(key, blen, lo, hi, out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..contract import blockfile
 from ..contract.blockfile import HEADER_SIZE
 from .chunks import ChunkCache
-from .hits import Ciphers
+from .ciphers import Ciphers
 
 
 class Sealer:

@@ -30,7 +30,7 @@ import os
 import time
 
 from ..common.forks import generation as _forks
-from ..fileinfo import FileInfo
+from ..sources.fileinfo import FileInfo
 from .blockfds import OpenBlock
 from .chunks import CHUNKED_READ_MAX, PAGE, assemble, cut, lookup
 from .hostfill import WRITE_WAIT

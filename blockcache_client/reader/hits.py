@@ -21,22 +21,21 @@ import errno
 import logging
 import os
 import stat
-import threading
 
-from .. import nowait
-from ..blockmem import BlockMemory
-from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
+from ..common import nowait
+from ..common.counters import Counters
+from ..common.nowait import Unsupported
+from ..common.nowait import open_cached as nowait_open
+from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, chunk_span
 from ..contract.errors import FormatError, IntegrityError
-from ..counters import Counters
-from ..daemonlink import DaemonLink
-from ..nowait import Unsupported
-from ..nowait import open_cached as nowait_open
+from ..daemonclient.link import DaemonLink
+from .ciphers import Ciphers
 from .decrypt import ParallelDecrypt
 from .handlehits import HandleBlocks
+from .memory import BlockMemory
 
 log = logging.getLogger(__name__)
 
-CIPHER_LIMIT = 4096       # derived per-block ciphers kept (saves an HKDF per hit)
 # No O_NOATIME: open(2) refuses it with EPERM unless the caller owns the file
 # (or has CAP_FOWNER), so every hit of a reader that is not the daemon's uid
 # became a miss. relatime already skips nearly every atime write.
@@ -75,28 +74,6 @@ def deliver(data: bytes, lo: int, hi: int, out: memoryview | None):
     return hi - lo
 
 
-class Ciphers:
-    """Per-block ciphers derived in this process, by (key, exact header
-    bytes): a header seen before was validated then, and its HKDF subkey is
-    derived once. The oldest goes first past CIPHER_LIMIT. Only writers lock;
-    readers `get` (a dict get is atomic)."""
-
-    __slots__ = ("by_head", "_lock")
-
-    def __init__(self) -> None:
-        self.by_head: dict[tuple[str, bytes], BlockCipher] = {}
-        self._lock = threading.Lock()
-
-    def get(self, ck: tuple[str, bytes]) -> BlockCipher | None:
-        return self.by_head.get(ck)
-
-    def keep(self, ck: tuple[str, bytes], cipher: BlockCipher) -> None:
-        with self._lock:
-            self.by_head[ck] = cipher
-            if len(self.by_head) > CIPHER_LIMIT:
-                del self.by_head[next(iter(self.by_head))]
-
-
 class Scratch:
     """Idle read buffers (see _SCRATCH_KEPT): `take` one of at least `need`
     bytes, `give` it back when done."""
@@ -123,12 +100,9 @@ class Scratch:
 class HitReader:
     """Reads blocks of one volume that this host already holds."""
 
-    def __init__(self, name: str, volume_key: bytes, key_id: bytes, chunk_size: int,
-                 mem: BlockMemory, link: DaemonLink, counters: Counters, ciphers: Ciphers,
-                 decrypt: ParallelDecrypt):
+    def __init__(self, name: str, chunk_size: int, mem: BlockMemory, link: DaemonLink,
+                 counters: Counters, ciphers: Ciphers, decrypt: ParallelDecrypt):
         self.name = name
-        self.volume_key = volume_key
-        self.key_id = key_id
         self.chunk_size = chunk_size
         self.mem = mem
         self.link = link
@@ -254,7 +228,7 @@ class HitReader:
             else:
                 head = os.pread(fd, HEADER_SIZE, 0)
                 body = scratch[:os.preadv(fd, [scratch[:want]], start)]
-            cipher = self.cipher(key, bytes(head), blen)
+            cipher = self.ciphers.cipher(key, bytes(head), blen)
             if len(body) != stop - start:  # one byte over: longer; under: truncated
                 raise FormatError(f"block file is shorter or longer than its header says "
                                   f"({len(body)} bytes where {stop - start} belong)")
@@ -278,22 +252,6 @@ class HitReader:
             os.close(fd)
             if scratch is not None:
                 self.scratch.give(scratch)
-
-    def cipher(self, key: str, head: bytes, blen: int) -> BlockCipher:
-        """The cipher of `key`'s block file with header `head`, which must hold
-        `blen` bytes in this volume's chunks. A header seen before was
-        validated then, and its HKDF subkey is derived once: FormatError for a
-        bad header or another length, IntegrityError for a foreign key."""
-        ck = (key, head)
-        cipher = self.ciphers.get(ck)  # a dict get is atomic: no lock on the hit path
-        if cipher is None:
-            cipher = BlockCipher.from_head(head, key, self.volume_key, self.key_id)
-            self.ciphers.keep(ck, cipher)
-        if cipher.plaintext_len != blen or cipher.chunk_size != self.chunk_size:
-            raise FormatError(f"block holds {cipher.plaintext_len} bytes in chunks of "
-                              f"{cipher.chunk_size}; this file version needs {blen} in "
-                              f"chunks of {self.chunk_size}")
-        return cipher
 
     def bad_block(self, key: str, why: object) -> None:
         """Count a cache file that is not an authentic block of ours, and have

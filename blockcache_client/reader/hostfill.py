@@ -37,10 +37,10 @@ import queue
 import threading
 import time
 
-from ..backend import FileInfo
-from ..client import Client
 from ..contract import blockfile
 from ..contract.errors import DaemonError, DaemonUnavailable
+from ..daemonclient.client import Client
+from ..sources.backend import FileInfo
 
 log = logging.getLogger(__name__)
 

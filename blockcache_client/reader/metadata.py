@@ -21,9 +21,9 @@ import errno
 import logging
 import time
 
-from ..backend import Backend
-from ..fileinfo import FileInfo
-from ..singleflight import SingleFlight
+from ..sources.backend import Backend
+from ..sources.fileinfo import FileInfo
+from .singleflight import SingleFlight
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..counters import Counters
-from ..fileinfo import FileInfo
+from ..common.counters import Counters
+from ..sources.fileinfo import FileInfo
 from .fetch import Fetcher
 from .hits import HitReader
 from .options import part_blocks

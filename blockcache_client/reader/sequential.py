@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..fileinfo import FileInfo
+from ..sources.fileinfo import FileInfo
 from .options import part_blocks
 
 SEQ_START = 256 << 10     # a read this large at offset 0 (or continuing one) is sequential

@@ -30,13 +30,14 @@ import logging
 
 from ..cluster.items import Geometry, Landing, fits, item_key, split
 from ..cluster.pool import Pool, pool_for
-from ..contract.blockfile import TAG_SIZE, BlockCipher, chunk_span
+from ..common.counters import Counters
+from ..contract.blockfile import TAG_SIZE, chunk_span
 from ..contract.cluster import ClusterConfig
 from ..contract.errors import FormatError, IntegrityError
-from ..counters import Counters
-from ..daemonlink import DaemonLink
-from ..fillarea import Slot
-from .hits import Ciphers, Scratch
+from ..daemonclient.link import DaemonLink
+from ..daemonclient.readerarea import Slot
+from .ciphers import Ciphers
+from .hits import Scratch
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +45,12 @@ log = logging.getLogger(__name__)
 class TierReads:
     """One volume's reads from, and fills of, the cluster tier."""
 
-    def __init__(self, volume_key: bytes, key_id: bytes, chunk_size: int, link: DaemonLink,
-                 counters: Counters, ciphers: Ciphers, scratch: Scratch):
-        self._volume_key = volume_key
-        self._key_id = key_id
+    def __init__(self, chunk_size: int, link: DaemonLink, counters: Counters,
+                 ciphers: Ciphers, scratch: Scratch):
         self._chunk = chunk_size
         self._link = link
         self.counters = counters
-        self._ciphers = ciphers
+        self.ciphers = ciphers
         self._scratch = scratch  # plaintext is decrypted there, then copied out once
         # where items land: reused once a range is read, or a block's bytes
         # are handed to the daemon (`offer_fill`'s done)
@@ -104,7 +103,7 @@ class TierReads:
         scratch = self._scratch.take(n) if out is None else None
         try:
             head, body = landing.open()
-            cipher = self.cipher(key, head, geo.blen)
+            cipher = self.ciphers.cipher(key, head, geo.blen)
             skip = (first - landing.wanted[0] * geo.per) * (chunk + TAG_SIZE)
             span = min(end * chunk, geo.blen) - first * chunk + (end - first) * TAG_SIZE
             target = (out if scratch is None else scratch)[:n]
@@ -183,18 +182,6 @@ class TierReads:
             return False
         return True
 
-    def cipher(self, key: str, head: bytes, blen: int) -> BlockCipher:
-        ck = (key, head)
-        cipher = self._ciphers.get(ck)
-        if cipher is None:
-            cipher = BlockCipher.from_head(head, key, self._volume_key, self._key_id)
-            if cipher.plaintext_len != blen or cipher.chunk_size != self._chunk:
-                raise FormatError(f"item holds {cipher.plaintext_len} bytes in chunks of "
-                                  f"{cipher.chunk_size}; this block has {blen} in chunks of "
-                                  f"{self._chunk}")
-            self._ciphers.keep(ck, cipher)
-        return cipher
-
     def _bad(self, pool: Pool, key: str, geo: Geometry, why: object) -> None:
         """Count an item that is not an authentic slice of this block and
         delete the block's items (a later fill stores it anew)."""
@@ -251,7 +238,7 @@ class _Arrival:
             i, body = landing.check(name)
             if i in self.slices:
                 raise FormatError(f"slice {i} arrived twice")
-            cipher = self.tier.cipher(self.key, landing.header, geo.blen)
+            cipher = self.tier.ciphers.cipher(self.key, landing.header, geo.blen)
             first, end = geo.chunks(i)
             lo = first * geo.chunk
             cipher.read_range_into(lo, body, self.plain[lo:min(end * geo.chunk, geo.blen)])

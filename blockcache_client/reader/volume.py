@@ -4,7 +4,7 @@
 handling, block keys, and the walk of one read down the parts in this
 package (see `__init__`):
 
-1. `hits`: the memory LRU (`blockmem`: blocks fetched moments ago, and
+1. `hits`: the memory LRU (`memory`: blocks fetched moments ago, and
    decrypted chunks of small reads, `chunks`), then the cache disk, read and
    decrypted by the reader itself with the layout from the daemon's `hello`
    (no round trip; accesses are reported in batched `touch`es);
@@ -32,7 +32,7 @@ Invariants:
   following a symlink (O_NOFOLLOW) and without blocking (O_NONBLOCK), and
   used only if it is a regular file owned by the daemon's uid (`hello`);
   anything else counts as a bad block. The daemon itself is believed only
-  if SO_PEERCRED shows the expected uid (`peercheck.check_peer`).
+  if SO_PEERCRED shows the expected uid (`daemonclient.peercheck.check_peer`).
 - Fork safe: every public call first checks the process; a child (a
   DataLoader worker) builds its parts anew (`_start_process`: caches,
   threads, connections) and drops what it inherited, including queued fills.
@@ -51,24 +51,25 @@ import logging
 import os
 import weakref
 
-from ..backend import Backend
-from ..blockmem import BlockMemory
+from ..common.counters import Counters
 from ..common.forks import generation as _forks
 from ..contract import blockfile, protocol
 from ..contract.blockkey import KeyNamer, check_volume_name
 from ..contract.errors import DaemonError, DaemonUnavailable
-from ..counters import Counters
-from ..daemonlink import DaemonLink
-from ..fileinfo import FileInfo, normalize
+from ..daemonclient.link import DaemonLink
+from ..sources.backend import Backend
+from ..sources.fileinfo import FileInfo, normalize
 from ..volumekey import load_key_file
 from . import options
 from .blockfds import BlockFiles
 from .chunkhits import ChunkCache, ChunkedHits
+from .ciphers import Ciphers
 from .decrypt import ParallelDecrypt
 from .fetch import Fetcher
 from .fills import Sealer
 from .handlehits import HandleBlocks
-from .hits import Ciphers, HitReader
+from .hits import HitReader
+from .memory import BlockMemory
 from .metadata import Metadata
 from .prefetch import Prefetcher
 from .sequential import SequentialReads
@@ -110,7 +111,6 @@ class Volume:
         self.block_size = options.check_block_size(name, block_size)
         self.meta_ttl = float(meta_ttl)
         self._volume_key = load_key_file(key_file)
-        self._key_id = blockfile.key_id(self._volume_key)
         # block names derive from the key too: equal on every host with it, opaque to
         # others; a same-named volume under another key is another namespace
         self.names = KeyNamer(self._volume_key)
@@ -142,7 +142,7 @@ class Volume:
         self._mem = BlockMemory(self._memory_cache_bytes)
         chunks = ChunkCache(self._mem, self._chunk_size, self._chunk_cache)
         self._files = BlockFiles.renew(getattr(self, "_files", None))
-        ciphers = Ciphers()
+        ciphers = Ciphers(self._volume_key, self._chunk_size)
         # the sealer must not reference self, or the link's threads would keep us alive
         seal = Sealer(self._volume_key, self._chunk_size, ciphers, chunks)
         self._link = DaemonLink(self.socket_path, self.counters, seal,
@@ -152,11 +152,11 @@ class Volume:
                                                                     self._chunk_size))
         # a Volume dropped without close() must not leave its threads reconnecting forever
         weakref.finalize(self, self._link.close, 0.2)
-        self._hits = HitReader(self.name, self._volume_key, self._key_id, self._chunk_size,
-                               self._mem, self._link, self.counters, ciphers, ParallelDecrypt())
+        self._hits = HitReader(self.name, self._chunk_size, self._mem, self._link,
+                               self.counters, ciphers, ParallelDecrypt())
         self._hits.chunks = ChunkedHits(self._hits, chunks, self._files) if chunks.enabled else None
-        self._tier = TierReads(self._volume_key, self._key_id, self._chunk_size, self._link,
-                               self.counters, ciphers, self._hits.scratch)
+        self._tier = TierReads(self._chunk_size, self._link, self.counters, ciphers,
+                               self._hits.scratch)
         self._fetcher = Fetcher(self.name, self.backend, self.block_size, self._mem,
                                 self._link, self.counters, self._hits.is_cached,
                                 self._meta.forget, self._tier)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import os
 
-from ..fileinfo import FileInfo
+from ..sources.fileinfo import FileInfo
 from .handlehits import HandleBlocks
 
 

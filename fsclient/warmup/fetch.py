@@ -13,7 +13,7 @@ from typing import Any
 
 from blockcache_client.contract.errors import BlockcacheError
 from blockcache_client.contract.units import format_size
-from blockcache_client.fileinfo import FileInfo
+from blockcache_client.sources.fileinfo import FileInfo
 
 from .interrupts import Interrupted
 from .progress import Tally

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from blockcache_client.contract.errors import BlockcacheError
-from blockcache_client.fileinfo import FileInfo, normalize
+from blockcache_client.sources.fileinfo import FileInfo, normalize
 
 from .interrupts import wait_result
 

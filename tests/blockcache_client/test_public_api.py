@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 import blockcache_client
-from blockcache_client import asyncclient, client, volumekey
+from blockcache_client import volumekey
 from blockcache_client.contract import blockfile, blockkey, errors
+from blockcache_client.daemonclient import asyncclient, client
 from blockcache_client.reader import volume
 
 PUBLIC = [

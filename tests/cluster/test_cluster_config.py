@@ -17,9 +17,9 @@ from cryptography.x509.oid import NameOID
 
 from blockcache_client.cluster import pool as pool_module
 from blockcache_client.cluster.pool import Pool
+from blockcache_client.common.counters import Counters
 from blockcache_client.contract.cluster import ClusterConfig
 from blockcache_client.contract.errors import ConfigError
-from blockcache_client.counters import Counters
 from blockcached.cli import config_from_args
 from devtools.daemon import DaemonProcess
 from devtools.memcached import MemcachedProcess

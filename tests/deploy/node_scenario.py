@@ -86,7 +86,7 @@ def scrape(log: Path) -> str:
 
 def run(root: Path, bin_dir: Path) -> dict[str, Any]:
     """The scenario; every observation goes into the returned dict."""
-    from blockcache_client.client import Client
+    from blockcache_client.daemonclient.client import Client
 
     obs: dict[str, Any] = {"expected_bytes": sum(FILES.values())}
     daemon_objs, example_objs = render(DAEMONSET), render(EXAMPLE)

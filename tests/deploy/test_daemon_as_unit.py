@@ -101,8 +101,8 @@ def ping_through_read_only_bind(run_dir) -> subprocess.CompletedProcess:
 
 def put_block(socket_path: str) -> str:
     """Put one sealed block as a client would; its cached path once written."""
-    from blockcache_client.client import Client
     from blockcache_client.contract import blockfile
+    from blockcache_client.daemonclient.client import Client
 
     key = "imagenet_42_000000000000000000000000000000ab_0000000000000000"
     blob = blockfile.seal(key, os.urandom(100_000), os.urandom(32))

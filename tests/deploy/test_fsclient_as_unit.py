@@ -141,7 +141,7 @@ def read_all(mnt: Path, files: dict) -> None:
 
 
 def check_mount(start, mnt: Path, logdir: Path, files: dict, daemon) -> None:
-    from blockcache_client.client import Client
+    from blockcache_client.daemonclient.client import Client
 
     started(start)
     assert is_mounted(mnt)

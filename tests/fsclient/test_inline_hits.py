@@ -13,7 +13,7 @@ import time
 import pytest
 
 from bench.systems import read_into_page_cache
-from blockcache_client import nowait
+from blockcache_client.common import nowait
 from fsclient.mount import KERNEL_READAHEAD_KB
 
 pytestmark = pytest.mark.fuse

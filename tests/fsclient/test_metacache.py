@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from blockcache_client.fileinfo import FileInfo
+from blockcache_client.sources.fileinfo import FileInfo
 from fsclient.config import TtlPolicy
 from fsclient.metacache import NEGATIVE, MetaCache, TtlLru
 

@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 
 from blockcache_client import cli
-from blockcache_client.client import Client
 from blockcache_client.contract import blockfile, layout, protocol, wire
 from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
 from blockcache_client.contract.protocol import ErrorCode
+from blockcache_client.daemonclient.client import Client
 from blockcached.server import BUDGETED_TIMEOUT, FRAME_CLASS, READ_SIZE, SMALL_FRAME
 from devtools.daemon import DaemonProcess
+from tests.support.pipeline import pipeline
 
 VOLUME_KEY = bytes(range(32))
 
@@ -38,7 +39,7 @@ def make_block(key: str, size: int = 4096) -> bytes:
 def test_put_lookup_touch_stats(daemon):
     c = daemon.client()
     hello = c.hello()
-    assert hello["version"] == 1
+    assert hello["version"] == protocol.PROTOCOL_VERSION
     key = make_key()
     blob = make_block(key)
     assert c.put(key, blob) == (True, "queued")
@@ -95,8 +96,8 @@ def test_bad_requests_get_errors_and_connection_survives(daemon):
         with pytest.raises(DaemonError) as err:
             c.put(key, data)
         assert err.value.code == ErrorCode.INVALID_BLOCK
-    replies = c.pipeline([("nosuch", {}), ("lookup", {"keys": "notalist"}),
-                          ("evict", {}), ("hello", {"version": 99}), ("ping", {})])
+    replies = pipeline(c, [("nosuch", {}), ("lookup", {"keys": "notalist"}),
+                           ("evict", {}), ("hello", {"version": 99}), ("ping", {})])
     assert [r.get("code") for r in replies] == [ErrorCode.UNKNOWN_OP, ErrorCode.BAD_REQUEST,
                                                 ErrorCode.BAD_REQUEST,
                                                 ErrorCode.UNSUPPORTED_VERSION, None]
@@ -552,7 +553,7 @@ def test_put_frames_of_every_size_boundary_are_stored_exactly(daemon, pipelined)
     puts = [_put_for_body(100 + i, n) for i, n in enumerate(sizes)]
     c = daemon.client()
     if pipelined:
-        replies = c.pipeline(("put", {"key": k, "data": b}) for k, b in puts)
+        replies = pipeline(c, [("put", {"key": k, "data": b}) for k, b in puts])
         assert [(r["accepted"], r["reason"]) for r in replies] == [(True, "queued")] * len(puts)
     else:
         assert [c.put(k, b) for k, b in puts] == [(True, "queued")] * len(puts)
@@ -612,7 +613,7 @@ def test_client_times_out_on_a_stopped_daemon_then_reconnects(daemon):
 # (other tests' volumes, servers) must not decide whether the client spins.
 _SLEEPS_PER_LOOKUP = """
 import os, resource, sys, threading
-from blockcache_client.client import Client
+from blockcache_client.daemonclient.client import Client
 sock, spin, cpu = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 extra_thread = sys.argv[4] == "1"
 os.sched_setaffinity(0, {cpu})

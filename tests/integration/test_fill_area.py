@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from blockcache_client import fillarea as reader_area
-from blockcache_client.client import Client
 from blockcache_client.contract import blockfile, fillarea, layout
 from blockcache_client.contract.errors import DaemonError
 from blockcache_client.contract.protocol import ErrorCode
+from blockcache_client.daemonclient import readerarea as reader_area
+from blockcache_client.daemonclient.client import Client
 
 from .test_daemon import VOLUME_KEY, make_block, make_key
 
@@ -22,7 +22,7 @@ SLOT = 64 << 10
 
 def _open(c: Client, slots: int = 2, slot_bytes: int = SLOT):
     fd, slots, slot_bytes = c.open_area(slots, slot_bytes)
-    return reader_area.FillArea(fd, slots, slot_bytes, c.connection_id)
+    return reader_area.ReaderArea(fd, slots, slot_bytes, c.connection_id)
 
 
 def _put_from_slot(c: Client, area, key: str, blob: bytes):

@@ -28,7 +28,7 @@ def test_daemon_and_fsclient_json_logs(tmp_path, tree, key_file):
                     *warmup_args(root, key_file, d))
         assert r.returncode == 0, r.stderr
         fs_logs = json_lines(r.stderr)
-        assert any(e["logger"] == "blockcache_client.daemonlink" for e in fs_logs)
+        assert any(e["logger"] == "blockcache_client.daemonclient.link" for e in fs_logs)
     finally:
         d.stop()
     daemon_logs = json_lines(d.stderr())
@@ -40,5 +40,5 @@ def test_text_logs_by_default(daemon, tree, key_file):
     root, _ = tree
     r = run_cli("fsclient.cli", *warmup_args(root, key_file, daemon, "--check"))
     assert r.returncode == 0
-    assert " INFO blockcache_client.daemonlink: connected" in r.stderr
+    assert " INFO blockcache_client.daemonclient.link: connected" in r.stderr
     assert not r.stderr.lstrip().startswith("{")

@@ -21,11 +21,11 @@ import stat
 import pytest
 
 from blockcache_client import Volume
-from blockcache_client.client import Client
 from blockcache_client.contract import blockfile
 from blockcache_client.contract.errors import DaemonError, IntegrityError
 from blockcache_client.contract.layout import Layout
 from blockcache_client.contract.protocol import ErrorCode
+from blockcache_client.daemonclient.client import Client
 from blockcache_client.volumekey import generate_key_file, load_key_file
 from devtools.daemon import DaemonProcess
 from tests.reliability.conftest import (

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from blockcache_client.client import Client
 from blockcache_client.contract import blockfile, protocol
 from blockcache_client.contract.errors import DaemonUnavailable
 from blockcache_client.contract.layout import Layout, fanout
+from blockcache_client.daemonclient.client import Client
 from devtools.daemon import DaemonProcess
 from tests.blockcached.engine import key as make_key
 from tests.fsclient.mounting import FsclientMount
@@ -275,7 +275,8 @@ def _fake_daemon(path: str, uid: int, ready) -> None:
                 while len(body) < n:
                     body += conn.recv(n - len(body))
                 req = protocol.decode_body(body)
-                reply = {"id": req["id"], "ok": True, "version": 1, "layout_epoch": 1,
+                reply = {"id": req["id"], "ok": True, "version": protocol.PROTOCOL_VERSION,
+                         "layout_epoch": 1,
                          "layout": {"dirs": [{"path": "/etc", "weight": 1, "healthy": True}]},
                          "max_frame": protocol.MAX_FRAME, "max_batch": 16, "uid": uid,
                          "time": 0.0, "touched": 0, "accepted": True, "reason": "queued"}

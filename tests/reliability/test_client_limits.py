@@ -14,13 +14,14 @@ import time
 
 import pytest
 
-from blockcache_client.client import Client
 from blockcache_client.contract import blockfile, layout, protocol
 from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.errors import DaemonError, DaemonUnavailable
+from blockcache_client.daemonclient.client import Client
 from devtools.daemon import DaemonProcess
 from tests.reliability.conftest import as_nobody, needs_fuse, needs_root, record
 from tests.support.faultyfs import FaultyMount
+from tests.support.pipeline import pipeline
 
 # a pause this long means the loop ran one long job: today's matcher list made
 # 1.66 s pauses with 5,000 evicts; the set costs milliseconds per 5k chunk
@@ -88,7 +89,7 @@ def test_evictions_during_a_rebuild_do_not_freeze_the_loop(tmp_path):
             evicted = keys[::2][:n_evicts]
             replies = []
             for start in range(0, len(evicted), 1000):
-                replies += c.pipeline(("evict", {"key": k}) for k in evicted[start:start + 1000])
+                replies += pipeline(c, [("evict", {"key": k}) for k in evicted[start:start + 1000]])
             during = c.stats()["rebuild"]["state"] == "running"
             # and one inode's blocks by prefix
             c.evict(inode=("vol", 1001))

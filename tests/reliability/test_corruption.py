@@ -3,7 +3,7 @@ cause it: every kind at once, on blocks a reader then reads.
 
 What must hold: 0 wrong bytes served; each bad block is counted in
 `integrity_failures`, evicted through the daemon and refilled with a good
-block. (tests/blockcache_client/test_volume_faults.py covers flipped header,
+block. (tests/blockcache_client/reader/test_volume_faults.py covers flipped header,
 body and tag bits, truncation and extension one at a time; here the renamed,
 swapped and zero-filled cases join them, all on one cache at once.)
 """

@@ -28,12 +28,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blockcache_client.client import Client
 from blockcache_client.contract import blockfile, protocol
 from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.protocol import MAX_FRAME, ErrorCode
+from blockcache_client.daemonclient.client import Client
 from devtools.daemon import DaemonProcess
 from tests.reliability.conftest import peak_rss_kib, record
+from tests.support.pipeline import pipeline
 
 PROMPT = 5.0          # seconds: "answers others promptly", generous on a loaded box
 KNOWN_CODES = {v for k, v in vars(ErrorCode).items() if k.isupper()}
@@ -169,7 +170,7 @@ FIELDS = {"hello": ["version", "client"], "lookup": ["keys"], "put": ["key", "da
           "touch": ["keys"], "evict": ["key", "volume", "inode", "all"],
           "list": ["volume", "limit"], "ping": [], "stats": [], "area": ["slots", "slot_bytes"]}
 GOOD_KEY = str(BlockKey("vol", 1, 0xabc, 0))
-GOOD = {"version": 1, "client": "t", "keys": [GOOD_KEY], "key": GOOD_KEY,
+GOOD = {"version": protocol.PROTOCOL_VERSION, "client": "t", "keys": [GOOD_KEY], "key": GOOD_KEY,
         "data": blockfile.seal(GOOD_KEY, b"x" * 100, VOLUME_KEY), "volume": "vol", "limit": 10,
         "slots": 1, "slot_bytes": 4096}
 
@@ -241,7 +242,7 @@ def test_untrusted_frames_get_id0_error_and_close(daemon, name, raw):
 ])
 def test_huge_values_inside_a_valid_frame(daemon, name, field):
     value = b"\xff" * (16 << 20) if "16 MiB" in name else None
-    body = {"id": 3, "op": "hello", "version": 1}
+    body = {"id": 3, "op": "hello", "version": protocol.PROTOCOL_VERSION}
     if name.startswith("a deep"):
         inner: list = []
         for _ in range(900):  # under msgpack's stack limit, over repr's comfort
@@ -413,12 +414,13 @@ def test_bad_keys_are_refused_before_any_path_is_built(daemon):
         watch.events()  # anything still in flight from the setup
         replies = []
         for k in BAD_KEYS:
-            replies += c.pipeline([("lookup", {"keys": [good, k]}), ("touch", {"keys": [k]}),
-                                   ("put", {"key": k, "data": blockfile.seal(k, b"z", VOLUME_KEY)}),
-                                   ("evict", {"key": k})])
+            replies += pipeline(c, [
+                ("lookup", {"keys": [good, k]}), ("touch", {"keys": [k]}),
+                ("put", {"key": k, "data": blockfile.seal(k, b"z", VOLUME_KEY)}),
+                ("evict", {"key": k})])
         for v in BAD_VOLUMES:
-            replies += c.pipeline([("evict", {"volume": v}), ("evict", {"volume": v, "inode": 1}),
-                                   ("list", {"volume": v})])
+            replies += pipeline(c, [("evict", {"volume": v}), ("evict", {"volume": v, "inode": 1}),
+                                    ("list", {"volume": v})])
         events = watch.events()
     finally:
         watch.close()

@@ -8,10 +8,10 @@ import grp
 import os
 import pwd
 
-from blockcache_client.client import Client
 from blockcache_client.contract import blockfile
 from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.errors import DaemonError
+from blockcache_client.daemonclient.client import Client
 from devtools.daemon import DaemonProcess
 from tests.reliability.conftest import as_nobody, needs_root, record
 

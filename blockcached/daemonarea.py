@@ -1,0 +1,108 @@
+"""The daemon's side of a fill area (`contract/fillarea.py`): one per
+connection that asks, created here, sealed, and passed to the peer.
+
+The daemon never maps the slots: a put's block is copied from its slot into
+the block file by `sendfile` (`AreaSpan.write_to`), in the kernel. Reading
+through a mapping would fault in a page for every hole a reader left in a
+slot, charged to the daemon and kept in the memfd while the connection
+lives: up to a whole area per connection. `sendfile` reads holes as zeros
+and allocates nothing. Only the control page is mapped, to set states.
+
+Invariants:
+- the memfd's size is sealed before the peer gets it: a slot's bytes are
+  always there to copy (no short copy from a shrunk file);
+- a slot named by a put is read only through its `AreaSpan`, and `release`
+  sets it FREE once nothing here reads it (the put's write finished, or was
+  never queued): until then the reader leaves it alone;
+- the memfd stays open while the area or any span of it lives (a write
+  queued by a connection that has closed still reads its slot), and is
+  closed when the last of them goes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import weakref
+
+from blockcache_client.contract import fillarea
+from blockcache_client.contract.errors import ProtocolError
+from blockcache_client.contract.protocol import ErrorCode
+
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+class DaemonArea:
+    """A sealed memfd of `slots` slots of `slot_bytes`; `passed` once its
+    descriptor went to the peer."""
+
+    def __init__(self, slots: int, slot_bytes: int):
+        if not 1 <= slots <= fillarea.MAX_SLOTS or slot_bytes < 1:
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                f"a fill area has 1..{fillarea.MAX_SLOTS} slots of at least "
+                                f"1 byte; asked for {slots} of {slot_bytes}")
+        slot_bytes = fillarea.page_rounded(slot_bytes)
+        size = fillarea.area_bytes(slots, slot_bytes)
+        if size > fillarea.MAX_AREA_BYTES:
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                f"a fill area of {slots} slots of {slot_bytes} bytes would map "
+                                f"{size} bytes; at most {fillarea.MAX_AREA_BYTES} are allowed: "
+                                f"ask for fewer or smaller slots")
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self.passed = False
+        self.fd = os.memfd_create("blockcache-fill-area", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        weakref.finalize(self, os.close, self.fd)
+        os.ftruncate(self.fd, size)
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, _SEALS)
+        self._states = mmap.mmap(self.fd, fillarea.PAGE)
+
+    def span(self, slot: int, size: int) -> AreaSpan:
+        """The first `size` bytes of `slot`; BAD_REQUEST naming what is wrong."""
+        if not 0 <= slot < self.slots:
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                f"fill area slot {slot} does not exist: the area has "
+                                f"{self.slots}")
+        if not 0 < size <= self.slot_bytes:
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                f"a put of {size} bytes from fill area slot {slot}: a slot "
+                                f"holds 1..{self.slot_bytes}")
+        return AreaSpan(self, slot, size)
+
+    def release(self, slot: int) -> None:
+        """Slot `slot` is not read here any more: the reader may reuse it."""
+        self._states[slot] = fillarea.FREE
+
+
+class AreaSpan:
+    """A block in a slot: what `Store.write` copies into its file, and who
+    frees the slot once nothing reads it (`release`)."""
+
+    __slots__ = ("area", "slot", "offset", "size")
+
+    def __init__(self, area: DaemonArea, slot: int, size: int):
+        self.area = area  # keeps the memfd open until the write is done
+        self.slot = slot
+        self.offset = fillarea.slot_offset(slot, area.slot_bytes)
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def head(self, n: int) -> bytes:
+        """Its first `n` bytes (a copy: the reader may change the slot)."""
+        return os.pread(self.area.fd, min(n, self.size), self.offset)
+
+    def write_to(self, fd: int) -> None:
+        """Copy it to the end of `fd`, in the kernel."""
+        done = 0
+        while done < self.size:
+            n = os.sendfile(fd, self.area.fd, self.offset + done, self.size - done)
+            if n == 0:  # cannot happen to a sealed area: never loop on it
+                raise OSError(f"fill area ended {self.size - done} bytes short")
+            done += n
+
+    def release(self) -> None:
+        """Nothing here reads the slot any more: the reader may reuse it."""
+        self.area.release(self.slot)

@@ -9,7 +9,8 @@ ranged GETs copying only their range (`bench.moto_ranges`); each system
 starts with empty caches; readers are spawned processes (`bench.worker`).
 
 1. cold small files: `--small-files` files of `--small-kib` KiB read whole,
-   in order, by one reader: `Volume`, the CRT client, s3fs.
+   in order, by one reader: `Volume`, the CRT client, s3fs; `--rounds`
+   times, each round in the other order, a system's best round counting.
 2. cold large files: `--large-files` files of `--large-mib` MiB read front to
    back in 1 MiB reads, by the same systems.
 3. warm large files through `Volume`: a new `Volume` (a new process) reads
@@ -311,7 +312,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--large-mib", type=int, default=192)
     p.add_argument("--model-mib", type=int, default=1024,
                    help="the checkpoint's size (0: no model-loading workload)")
-    p.add_argument("--repeat", type=int, default=3, help="warm Volume epochs (default 3)")
+    p.add_argument("--repeat", type=int, default=2,
+                   help="warm Volume epochs per round (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds of the cold workloads, each in the other order; every "
+                        "figure takes a system's best round (default %(default)s)")
     p.add_argument("--systems", default=",".join(COLD_SYSTEMS),
                    help="systems of the cold workloads (default %(default)s)")
     p.add_argument("--workdir", default="/tmp/blockcache-large-files")
@@ -333,8 +338,10 @@ def run(args: argparse.Namespace) -> dict:
     with DirectRemote(args.workdir) as remote:
         data = upload(remote, local_root, args)
         ctx = Ctx(remote, local_root, args.workdir, None)
-        for name in args.systems:
-            cold_and_warm(ctx, makers[name](), data, args, rows)
+        os.sync()  # the local copy's writeback must not fall on the first system's epochs
+        for r in range(args.rounds):  # alternate the order: no system always goes first
+            for name in args.systems if r % 2 == 0 else reversed(args.systems):
+                cold_and_warm(ctx, makers[name](), data, args, rows)
         if args.model_mib:
             for name in MODEL_SYSTEMS:
                 system = makers[name]()

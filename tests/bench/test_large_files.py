@@ -10,7 +10,7 @@ from bench.datasets import MIB
 def test_large_files_small_run(tmp_path):
     args = large_files.parse_args([
         "--small-files", "5", "--small-kib", "16", "--large-files", "1", "--large-mib", "8",
-        "--model-mib", "4", "--repeat", "1", "--workdir", str(tmp_path / "work"),
+        "--model-mib", "4", "--repeat", "1", "--rounds", "1", "--workdir", str(tmp_path / "work"),
         "--out", str(tmp_path / "out")])
     result = large_files.run(args)
     rows = {r["case"]: r for r in result["rows"]}

@@ -38,7 +38,7 @@ from pathlib import Path
 from blockcache_client.contract import blockfile, layout
 from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.daemonclient.client import Client
-from blockcached.store import MIN_BLOCK_FILE
+from blockcached.scan import MIN_BLOCK_FILE
 from devtools.daemon import DaemonProcess
 
 VOLUME_KEY = bytes(32)

@@ -15,7 +15,7 @@ from blockcache_client.contract.blockkey import check_volume_name
 from blockcache_client.contract.cluster import ClusterConfig
 from blockcache_client.contract.errors import InvalidKey
 
-# what readers report (blockcache_client.counters.CLUSTER_COUNTERS, without
+# what readers report (blockcache_client.common.counters.CLUSTER_COUNTERS, without
 # the prefix); a report's other names are ignored
 COUNTERS = ("hits", "misses", "bytes", "errors", "bad", "fills_sent", "fills_dropped")
 _MAX_DELTA = 1 << 62

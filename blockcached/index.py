@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 
 from sortedcontainers import SortedList
 
-_TIME_MASK = 0xFFFFFFFF
+TIME_MASK = 0xFFFFFFFF
 # Touch times are kept to this granularity (seconds, a power of two). Blocks
 # mostly share a size (the volume's block size), so coarse times make many
 # entries' packed values equal, and equal values share one int object.
@@ -33,16 +33,13 @@ TIME_GRAIN = 16
 _VALUE_CACHE_MAX = 1 << 16
 COUNT_MASK = TIME_GRAIN - 1  # the access count, in the low bits of the time field
 # Counts at which a touch asks for the block's mtime to be written at once
-# (it carries the count across a restart): at most 4 extra writes per block.
-# Held as the counts before the touch that reaches 2, 4, 8 and 15.
-_PERSIST_BEFORE = frozenset((1, 3, 7, COUNT_MASK - 1))
-_TOUCHED_MASK = _TIME_MASK & -TIME_GRAIN  # the touch time, without the count
+# (it carries the count across a restart): at most 5 extra writes per block.
+# Held as the counts before the touch that reaches 1 (a demoted block's
+# first touch since: its 0 is on disk), 2, 4, 8 and 15.
+_PERSIST_BEFORE = frozenset((0, 1, 3, 7, COUNT_MASK - 1))
+_TOUCHED_MASK = TIME_MASK & -TIME_GRAIN  # the touch time, without the count
 # Greater than every character a key may contain ([a-z0-9._-]).
 _PREFIX_END = "\x7f"
-
-
-def volume_of(key: str) -> str:
-    return key[:key.index("_")]
 
 
 class DirIndex:
@@ -71,7 +68,7 @@ class Index:
         """`size << 32 | touched`, the low 4 bits of `touched` being the
         count; one shared int object per distinct value (32 bytes saved per
         entry whose value another entry already has)."""
-        v = (size << 32) | (touched & _TIME_MASK)
+        v = (size << 32) | (touched & TIME_MASK)
         cache = self._values
         shared = cache.get(v)
         if shared is None:
@@ -91,13 +88,6 @@ class Index:
                 return True
         return False
 
-    def dir_of(self, key: str) -> int:
-        """Index of the dir holding `key`, or -1."""
-        for i, d in enumerate(self.dirs):
-            if key in d.lru:
-                return i
-        return -1
-
     def count_of(self, key: str) -> int:
         """How often `key` was accessed (0..15, 0 if absent)."""
         for d in self.dirs:
@@ -106,20 +96,9 @@ class Index:
                 return v & COUNT_MASK
         return 0
 
-    def size_of(self, key: str) -> int | None:
-        for d in self.dirs:
-            v = d.lru.get(key)
-            if v is not None:
-                return v >> 32
-        return None
-
     @property
     def used_bytes(self) -> int:
         return sum(d.used_bytes for d in self.dirs)
-
-    def lru_order(self, dir_index: int) -> list[str]:
-        """Keys of one dir, least recently used first (for tests and tools)."""
-        return list(self.dirs[dir_index].lru)
 
     def range(self, prefix: str | None = None, limit: int | None = None,
               after: str | None = None) -> Iterator[str]:
@@ -205,21 +184,21 @@ class Index:
             v = lru.get(key)
             if v is not None and v & COUNT_MASK > 1:
                 count = v & COUNT_MASK
-                lru[key] = self._pack(v >> 32, (v & _TIME_MASK) - count + (count >> 1))
+                lru[key] = self._pack(v >> 32, (v & TIME_MASK) - count + (count >> 1))
 
     def demote(self, dir_index: int, count: int | None = None,
-               through: str | None = None) -> int:
+               through: str | None = None) -> list[str]:
         """Set to 0 the counts of one dir's least recently used entries: the
         first `count` of them, or those up to and including key `through`
-        (the policy's stale rule), keeping their LRU places. Returns how
-        many had a count above 0."""
+        (the policy's stale rule), keeping their LRU places. Returns those
+        that had a count above 0."""
         lru = self.dirs[dir_index].lru
-        demoted = 0
+        demoted = []
         for key in itertools.islice(lru, count):
             v = lru[key]
             if v & COUNT_MASK:
-                lru[key] = self._pack(v >> 32, v & _TIME_MASK & ~COUNT_MASK)
-                demoted += 1
+                lru[key] = self._pack(v >> 32, v & TIME_MASK & ~COUNT_MASK)
+                demoted.append(key)
             if key == through:
                 break
         return demoted
@@ -279,16 +258,6 @@ class Index:
             freed += size
             if freed >= free_bytes and len(victims) >= free_entries:
                 break
-        return victims
-
-    def pop_lru(self, dir_index: int, free_bytes: int,
-                free_entries: int = 0) -> list[tuple[str, int]]:
-        """Remove least recently used entries of one dir until at least
-        `free_bytes` bytes and `free_entries` entries are freed (or the dir is
-        empty); returns (key, size) of each."""
-        victims = self.peek_lru(dir_index, free_bytes, free_entries)
-        for key, _ in victims:
-            self.remove(key)
         return victims
 
     def _count(self, key: str, n: int, size: int) -> None:

@@ -28,12 +28,14 @@ per write, and the cache's counters are read only at an upkeep.
 
 What the policy knows of cached blocks survives a restart in the block
 files' mtimes: the nanoseconds field carries the count (`encode_mtime_ns`),
-written with the recency the daemon persists anyway.
+written with the recency the daemon persists anyway, and a demotion's 0 is
+written too. A block file whose mtime carries no count (just written) is
+restored with a count of 1: it was put.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from .index import COUNT_MASK, Index
 from .staleness import StaleRule
@@ -101,12 +103,14 @@ class Policy:
     the cache's (its len() sizes the sketch and the windows, its dirs' LRU
     heads are what the stale rule samples); `counters` the cache's, whose
     "hits" + "touches" + "puts" are its accesses so far, read only at an
-    upkeep (not passed in by every put)."""
+    upkeep (not passed in by every put); `on_demote` gets the (dir, keys)
+    of each demotion by the stale rule."""
 
     name = NAME
 
     def __init__(self, index: Index | None = None,
-                 counters: Mapping[str, int] | None = None) -> None:
+                 counters: Mapping[str, int] | None = None,
+                 on_demote: Callable[[int, list[str]], None] | None = None) -> None:
         self.sketch = FrequencySketch()
         # the sketch's table (grown and halved in place) and masks, for `miss`
         self._table, self._mask = self.sketch.table, self.sketch.mask
@@ -114,7 +118,7 @@ class Policy:
         self._index = index if index is not None else Index(1)
         self._counters = counters if counters is not None else {"hits": 0, "touches": 0,
                                                                  "puts": 0}
-        self.stale_rule = StaleRule()
+        self.stale_rule = StaleRule(on_demote)
         self._misses = 0   # misses into a full dir (`miss`): they age the sketch
         self._aged_at = 0  # misses at the sketch's last halving
         self._age_at = self.sketch.sample
@@ -237,8 +241,8 @@ def encode_mtime_ns(seconds: int, count: int) -> int:
     return seconds * 1_000_000_000 + MTIME_MARK + min(max(count, 0), MAX_COUNT)
 
 
-def decode_mtime_ns(ns: int) -> tuple[int, int]:
-    """(seconds, frequency) of a mtime in ns; frequency 0 if none was written."""
+def decode_mtime_ns(ns: int) -> tuple[int, int | None]:
+    """(seconds, frequency) of a mtime in ns; frequency None if none was written."""
     seconds, frac = divmod(ns, 1_000_000_000)
     count = frac - MTIME_MARK
-    return seconds, count if 0 <= count <= MAX_COUNT else 0
+    return seconds, count if 0 <= count <= MAX_COUNT else None

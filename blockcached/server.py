@@ -5,7 +5,7 @@ answered as soon as it is read, with no coroutine, task or timer per
 request (this halves the daemon's CPU per lookup); a whole small frame
 arriving alone is answered straight from the shared read buffer, and a large
 one (a put's block) is read straight into a pooled buffer of its own and
-decoded with the block as a view of it (`FramePool`). Each connection answers its
+decoded with the block as a view of it (`buffers.FramePool`). Each connection answers its
 requests in order, one at a time; a client that pipelines has its later frames
 wait in its buffer. What keeps one client from hurting the others:
 
@@ -34,19 +34,16 @@ import asyncio
 import logging
 import os
 import socket
-import stat
-import struct
-import time
-from collections import deque
-from collections.abc import Callable
 
 from blockcache_client.contract import protocol
 from blockcache_client.contract.errors import ProtocolError
 from blockcache_client.contract.protocol import ErrorCode
 
+from .buffers import ByteBudget, IdleTrimmedPool
 from .config import Config
 from .daemonarea import DaemonArea
 from .service import Peer, Service
+from .unixsocket import bind_socket, peer_of
 
 log = logging.getLogger(__name__)
 
@@ -59,121 +56,6 @@ FAIR_EVERY = 32
 READ_SIZE = 256 << 10         # bytes read from a socket at once
 MAX_CONNECTIONS = 4096
 SMALL_REPLY = 64 << 10        # replies up to this size skip the per-uid unread check
-FRAME_POOL_BYTES = 128 << 20  # large-frame buffers kept for reuse (= READ_BUDGET)
-FRAME_POOL_IDLE = 10.0        # seconds without a large frame before the pool is emptied
-FRAME_CLASS = 64 << 10        # their sizes are rounded up to a multiple of this
-_PEERCRED = struct.Struct("3i")
-SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
-
-
-class ByteBudget:
-    """A non-blocking counting limit in bytes, with FIFO waiters."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.used = 0
-        self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
-
-    def try_acquire(self, n: int) -> bool:
-        if self.used + n <= self.limit and not self._waiters:
-            self.used += n
-            return True
-        return False
-
-    def wait(self, n: int, wake: Callable[[], None]) -> None:
-        """Call `wake()` once `n` bytes have been acquired for the caller."""
-        self._waiters.append((n, wake))
-        self._grant()
-
-    def release(self, n: int) -> None:
-        self.used -= n
-        self._grant()
-
-    def forget(self, wake: Callable[[], None]) -> None:
-        self._waiters = deque(w for w in self._waiters if w[1] is not wake)
-
-    def _grant(self) -> None:
-        while self._waiters and self.used + self._waiters[0][0] <= self.limit:
-            n, wake = self._waiters.popleft()
-            self.used += n
-            wake()
-
-
-class FramePool:
-    """Buffers for large frame bodies, reused once nothing refers to them.
-
-    A put's block is decoded as a view of its frame's buffer and written from
-    it by a dir worker, so the buffer stays in use until that write is done.
-    Allocating a fresh one per frame costs more than the transfer itself:
-    big allocations are mmapped (`__main__` pins glibc's mmap threshold), so
-    each 1 MiB frame faulted in 256 zeroed pages and was unmapped after its
-    write. Buffers of up to `FRAME_POOL_BYTES` in all are kept instead and
-    handed out again once no view of them is alive (a burst of puts outruns
-    the disk by that much before it allocates afresh), and given back once
-    no large frame came for `FRAME_POOL_IDLE` seconds. That is checked, not
-    assumed: a bytearray with a live view cannot be resized, so `_unused`
-    shrinks it by a byte and grows it back (O(1), no copy), and BufferError
-    means a queued write (or anything else) still refers to it. A reused
-    buffer is thus never one something still reads.
-    """
-
-    def __init__(self, limit: int = FRAME_POOL_BYTES):
-        self.limit = limit
-        self.buffers: list[bytearray] = []
-        self.size = 0
-        self.last_take = 0.0  # time.monotonic() of the last `take`
-
-    def trim(self) -> None:
-        """Let go of every buffer nothing refers to (the others are kept, so
-        the pool still knows they are in use)."""
-        self.buffers = [b for b in self.buffers if not _unused(b)]
-        self.size = sum(map(len, self.buffers))
-
-    def take(self, n: int) -> bytearray:
-        """A buffer of at least `n` bytes (at most `FRAME_CLASS` more) that
-        nothing else refers to."""
-        self.last_take = time.monotonic()
-        want = -(-n // FRAME_CLASS) * FRAME_CLASS
-        spare = None
-        for buf in self.buffers:
-            if _unused(buf):
-                if len(buf) == want:
-                    return buf
-                spare = buf
-        if spare is not None and self.size + want > self.limit:
-            # make room: frames of another size are being sent now
-            self.buffers.remove(spare)
-            self.size -= len(spare)
-        buf = bytearray(want)
-        if self.size + want <= self.limit:
-            self.buffers.append(buf)
-            self.size += want
-        return buf
-
-
-def _unused(buf: bytearray) -> bool:
-    """True if no view of `buf` is alive (resizing it would fail otherwise)."""
-    try:
-        del buf[-1:]
-    except BufferError:
-        return False
-    buf.append(0)
-    return True
-
-
-def peer_of(sock: socket.socket | None) -> Peer:
-    """The peer's pid/uid/gid and supplementary groups, from the kernel."""
-    if sock is None:
-        return Peer(0, -1, -1)
-    pid, uid, gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                     _PEERCRED.size))
-    groups: tuple[int, ...] = ()
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * 1024)
-        groups = struct.unpack(f"{len(raw) // 4}I", raw[:len(raw) // 4 * 4])
-    except OSError:
-        pass  # older kernels: primary gid only
-    return Peer(pid, uid, gid, tuple(groups))
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -520,8 +402,7 @@ class Server:
         self.service = service
         self.loop = asyncio.get_running_loop()
         self.budget = ByteBudget(READ_BUDGET)
-        self.frames = FramePool()
-        self._trim_timer: asyncio.TimerHandle | None = None
+        self.frames = IdleTrimmedPool(self.loop)
         # what every connection reads into (see `Connection`); the size of a
         # read, as asyncio's own default
         self.read_buffer = memoryview(bytearray(READ_SIZE))
@@ -531,53 +412,19 @@ class Server:
 
     async def start(self) -> None:
         path = self.cfg.socket
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            pass
-        else:
-            # We hold <socket>.lock, so a socket left here is a dead daemon's.
-            if not stat.S_ISSOCK(st.st_mode):
-                raise OSError(f"{path} exists and is not a socket; remove it or choose "
-                              f"another --socket")
-            os.unlink(path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)  # never briefly world-accessible before chmod
-        try:
-            sock.bind(path)
-        finally:
-            os.umask(old)
-        try:  # never through a symlink that replaced the socket meanwhile
-            os.chmod(path, self.cfg.socket_mode, follow_symlinks=False)
-            if self.cfg.socket_group is not None:
-                os.chown(path, -1, self.cfg.socket_group, follow_symlinks=False)
-        except NotImplementedError:  # glibc's answer for a symlink
-            raise OSError(f"{path} was replaced by a symlink while the daemon created it; "
-                          f"check who can write in {os.path.dirname(path)}") from None
+        sock = bind_socket(self.cfg)
         # a restarted daemon is reconnected to by every reader at once
         sock.listen(socket.SOMAXCONN)
         self._server = await self.loop.create_unix_server(lambda: Connection(self), sock=sock)
         log.info("serving on %s (mode %o)", path, self.cfg.socket_mode)
 
     def take_frame(self, n: int) -> bytearray:
-        """A pooled buffer for a large frame of `n` bytes (see `FramePool`)."""
-        if self._trim_timer is None:
-            self._trim_timer = self.loop.call_later(FRAME_POOL_IDLE, self._trim_frames)
+        """A pooled buffer for a large frame of `n` bytes (see `buffers.FramePool`)."""
         return self.frames.take(n)
-
-    def _trim_frames(self) -> None:
-        """Empty the frame pool once large frames have stopped coming."""
-        self._trim_timer = None
-        pool = self.frames
-        if time.monotonic() - pool.last_take >= FRAME_POOL_IDLE:
-            pool.trim()
-        if pool.buffers:
-            self._trim_timer = self.loop.call_later(FRAME_POOL_IDLE, self._trim_frames)
 
     async def close(self) -> None:
         """Stop accepting, close every connection, remove the socket."""
-        if self._trim_timer is not None:
-            self._trim_timer.cancel()
+        self.frames.close()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):

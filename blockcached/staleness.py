@@ -9,6 +9,8 @@ sampled (up to `SAMPLE` keys, evenly spread, in LRU order); at the next
 window's end each sampled key is found hit, not hit, or evicted, and a dead
 run is demoted: its blocks' counts drop to 0 (`Index.demote`), so any block
 asked for before is admitted over them, while they keep their LRU places.
+The demoted keys go to `on_demote`, which the cache uses to write their 0
+into their mtimes, so a demotion survives a restart.
 
 A run is dead when
 - some sampled blocks were hit, at rate p, and the oldest `run` of them all
@@ -36,6 +38,7 @@ demoted keys once.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .index import COUNT_MASK, Index
@@ -66,7 +69,8 @@ class Verdict:
 class StaleRule:
     """Samples each dir's LRU head per window and demotes dead runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_demote: Callable[[int, list[str]], None] | None = None) -> None:
+        self._on_demote = on_demote  # (dir, keys) of each demotion
         self._samples: dict[int, HeadSample] = {}
         self.demoted = 0        # blocks demoted so far
         self.stale = False      # whether the last window demoted any
@@ -114,7 +118,14 @@ class StaleRule:
         if hit:
             if (unhit / (hit + unhit)) ** run >= DEAD_ODDS:
                 return Verdict(hit, unhit, run, 0)
-            return Verdict(hit, unhit, run, index.demote(i, through=last))
+            return Verdict(hit, unhit, run, self._demote(index, i, through=last))
         if 2 * sample.popular < len(sample.keys) and 2 * returning < misses:
             return Verdict(0, unhit, run, 0)
-        return Verdict(0, unhit, run, index.demote(i, count=untouched))
+        return Verdict(0, unhit, run, self._demote(index, i, count=untouched))
+
+    def _demote(self, index: Index, i: int, count: int | None = None,
+                through: str | None = None) -> int:
+        keys = index.demote(i, count, through)
+        if keys and self._on_demote is not None:
+            self._on_demote(i, keys)
+        return len(keys)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from blockcache_client.contract import protocol, wire
 from blockcache_client.contract.errors import ProtocolError
 from blockcache_client.contract.protocol import VIEW_MIN, ErrorCode
-from blockcached.server import FRAME_CLASS, FramePool
+from blockcached.buffers import FRAME_CLASS, FramePool
 
 # bin lengths at every msgpack header boundary and at the view threshold
 BIN_SIZES = [0, 1, 255, 256, 65535, 65536, 65537, VIEW_MIN - 1, VIEW_MIN, VIEW_MIN + 1, 1 << 20]

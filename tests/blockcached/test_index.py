@@ -8,6 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from blockcache_client.contract.blockkey import BlockKey, key_prefix
 from blockcached.index import Index
+from tests.support.indexviews import lru_order, pop_lru, size_of
 
 NDIRS = 2
 VOLS = ["a", "b", "a.b", "a-1"]  # "a" is a string prefix of the others: ranges must not mix them
@@ -80,7 +81,7 @@ class IndexMachine(RuleBasedStateMachine):
 
     @rule(d=st.integers(0, NDIRS - 1), free=st.integers(0, 1 << 25), count=st.integers(0, 5))
     def pop_lru(self, d, free, count):
-        victims = self.index.pop_lru(d, free, count)
+        victims = pop_lru(self.index, d, free, count)
         # exactly the shortest LRU prefix of this dir that frees enough
         want, freed = [], 0
         for k in self.order[d]:
@@ -97,7 +98,7 @@ class IndexMachine(RuleBasedStateMachine):
     def agrees_with_model(self):
         idx = self.index
         for i in range(NDIRS):
-            assert idx.lru_order(i) == self.order[i]
+            assert lru_order(idx, i) == self.order[i]
             assert idx.dirs[i].used_bytes == sum(self.size[k] for k in self.order[i])
         assert list(idx.range()) == sorted(self.size)
         assert len(idx) == len(self.size)
@@ -120,7 +121,7 @@ def test_add_many_keeps_given_order_and_skips_present():
                          (2, "v_1_00000000000000000000000000000000_0000000000000000", 99),
                          (3, "v_3_00000000000000000000000000000000_0000000000000000", 20)])
     assert n == 2
-    assert idx.lru_order(0) == ["v_1_00000000000000000000000000000000_0000000000000000",
+    assert lru_order(idx, 0) == ["v_1_00000000000000000000000000000000_0000000000000000",
                                 "v_2_00000000000000000000000000000000_0000000000000000",
                                 "v_3_00000000000000000000000000000000_0000000000000000"]
     assert idx.dirs[0].used_bytes == 35
@@ -141,7 +142,7 @@ def test_touch_counts_accesses_and_asks_to_persist_at_milestones():
     k = "v_1_0000000000000000_0000000000000000"
     idx.add(k, 0, 7, 96)
     persisted = [c for c in range(2, 20) if idx.touch(k, 100, 10_000)[1]]
-    assert idx.count_of(k) == 15 and idx.size_of(k) == 7
+    assert idx.count_of(k) == 15 and size_of(idx, k) == 7
     assert persisted == [2, 4, 8, 15]  # the count each touch reached
     idx.halve_counts(0, [k, "v_2_0000000000000000_0000000000000000"])
-    assert idx.count_of(k) == 7 and idx.size_of(k) == 7
+    assert idx.count_of(k) == 7 and size_of(idx, k) == 7

@@ -21,7 +21,8 @@ from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
 from blockcache_client.contract.protocol import ErrorCode
 from blockcache_client.daemonclient.client import Client
-from blockcached.server import BUDGETED_TIMEOUT, FRAME_CLASS, READ_SIZE, SMALL_FRAME
+from blockcached.buffers import FRAME_CLASS
+from blockcached.server import BUDGETED_TIMEOUT, READ_SIZE, SMALL_FRAME
 from devtools.daemon import DaemonProcess
 from tests.support.pipeline import pipeline
 

@@ -1,6 +1,6 @@
-"""Server pieces that need no socket: the read budget."""
+"""The read budget for large frame bodies (`buffers.ByteBudget`), no socket needed."""
 
-from blockcached.server import ByteBudget
+from blockcached.buffers import ByteBudget
 
 
 def test_byte_budget_grants_in_order_and_forgets_the_gone():

@@ -1,0 +1,140 @@
+"""Memory for large frame bodies: the byte budget that bounds how much of
+them is read at once (`ByteBudget`), and the pool their buffers are reused
+from (`FramePool`), emptied once large frames stop coming (`IdleTrimmedPool`).
+Both run on the event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
+FRAME_POOL_BYTES = 128 << 20  # large-frame buffers kept for reuse (= server.READ_BUDGET)
+FRAME_POOL_IDLE = 10.0        # seconds without a large frame before the pool is emptied
+FRAME_CLASS = 64 << 10        # their sizes are rounded up to a multiple of this
+
+
+class ByteBudget:
+    """A non-blocking counting limit in bytes, with FIFO waiters."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
+
+    def try_acquire(self, n: int) -> bool:
+        if self.used + n <= self.limit and not self._waiters:
+            self.used += n
+            return True
+        return False
+
+    def wait(self, n: int, wake: Callable[[], None]) -> None:
+        """Call `wake()` once `n` bytes have been acquired for the caller."""
+        self._waiters.append((n, wake))
+        self._grant()
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        self._grant()
+
+    def forget(self, wake: Callable[[], None]) -> None:
+        self._waiters = deque(w for w in self._waiters if w[1] is not wake)
+
+    def _grant(self) -> None:
+        while self._waiters and self.used + self._waiters[0][0] <= self.limit:
+            n, wake = self._waiters.popleft()
+            self.used += n
+            wake()
+
+
+class FramePool:
+    """Buffers for large frame bodies, reused once nothing refers to them.
+
+    A put's block is decoded as a view of its frame's buffer and written from
+    it by a dir worker, so the buffer stays in use until that write is done.
+    Allocating a fresh one per frame costs more than the transfer itself:
+    big allocations are mmapped (`__main__` pins glibc's mmap threshold), so
+    each 1 MiB frame faulted in 256 zeroed pages and was unmapped after its
+    write. Buffers of up to `FRAME_POOL_BYTES` in all are kept instead and
+    handed out again once no view of them is alive (a burst of puts outruns
+    the disk by that much before it allocates afresh), and given back once
+    no large frame came for `FRAME_POOL_IDLE` seconds. That is checked, not
+    assumed: a bytearray with a live view cannot be resized, so `_unused`
+    shrinks it by a byte and grows it back (O(1), no copy), and BufferError
+    means a queued write (or anything else) still refers to it. A reused
+    buffer is thus never one something still reads.
+    """
+
+    def __init__(self, limit: int = FRAME_POOL_BYTES):
+        self.limit = limit
+        self.buffers: list[bytearray] = []
+        self.size = 0
+        self.last_take = 0.0  # time.monotonic() of the last `take`
+
+    def trim(self) -> None:
+        """Let go of every buffer nothing refers to (the others are kept, so
+        the pool still knows they are in use)."""
+        self.buffers = [b for b in self.buffers if not _unused(b)]
+        self.size = sum(map(len, self.buffers))
+
+    def take(self, n: int) -> bytearray:
+        """A buffer of at least `n` bytes (at most `FRAME_CLASS` more) that
+        nothing else refers to."""
+        self.last_take = time.monotonic()
+        want = -(-n // FRAME_CLASS) * FRAME_CLASS
+        spare = None
+        for buf in self.buffers:
+            if _unused(buf):
+                if len(buf) == want:
+                    return buf
+                spare = buf
+        if spare is not None and self.size + want > self.limit:
+            # make room: frames of another size are being sent now
+            self.buffers.remove(spare)
+            self.size -= len(spare)
+        buf = bytearray(want)
+        if self.size + want <= self.limit:
+            self.buffers.append(buf)
+            self.size += want
+        return buf
+
+
+def _unused(buf: bytearray) -> bool:
+    """True if no view of `buf` is alive (resizing it would fail otherwise)."""
+    try:
+        del buf[-1:]
+    except BufferError:
+        return False
+    buf.append(0)
+    return True
+
+
+class IdleTrimmedPool:
+    """A `FramePool` that lets go of its buffers once no large frame came
+    for `FRAME_POOL_IDLE` seconds (checked by a timer on `loop`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int = FRAME_POOL_BYTES):
+        self.loop = loop
+        self.pool = FramePool(limit)
+        self._trim_timer: asyncio.TimerHandle | None = None
+
+    def take(self, n: int) -> bytearray:
+        if self._trim_timer is None:
+            self._trim_timer = self.loop.call_later(FRAME_POOL_IDLE, self._trim)
+        return self.pool.take(n)
+
+    def _trim(self) -> None:
+        """Empty the pool once large frames have stopped coming."""
+        self._trim_timer = None
+        pool = self.pool
+        if time.monotonic() - pool.last_take >= FRAME_POOL_IDLE:
+            pool.trim()
+        if pool.buffers:
+            self._trim_timer = self.loop.call_later(FRAME_POOL_IDLE, self._trim)
+
+    def close(self) -> None:
+        if self._trim_timer is not None:
+            self._trim_timer.cancel()
+            self._trim_timer = None

@@ -11,8 +11,7 @@ import pytest
 
 from bench import capacity
 from blockcache_client.contract.units import format_size
-from tests.operations.conftest import logged_port
-from tests.operations.test_mount_ops import scrape, value
+from tests.support.metrics import logged_port, scrape, value
 
 SCALE = capacity.SCALES["tiny"]
 

@@ -19,7 +19,7 @@ import pytest
 from blockcache_client.contract import blockfile
 from blockcache_client.volumekey import generate_key_file
 from devtools.daemon import DaemonProcess
-from tests.blockcache_client.conftest import wait_for as wait_until  # noqa: F401  (re-exported)
+from tests.support.waiting import wait_for as wait_until  # noqa: F401  (re-exported)
 
 BS = 64 << 10  # the smallest block size fsclient accepts: many blocks from little data
 

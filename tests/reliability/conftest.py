@@ -198,7 +198,3 @@ def fill(vol, daemon: DaemonProcess, files: dict[str, bytes]):
     return Layout.from_wire(daemon.client().hello()["layout"])
 
 
-def block_key(vol, rel: str, boff: int = 0) -> str:
-    """The cache key of the block at `boff` of `rel`'s current version."""
-    info = vol.stat(rel)
-    return vol._key_prefix(info.path, info.version) + format(boff, "016x")

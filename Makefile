@@ -12,6 +12,9 @@ EXTRAS  := fuse,s3,metrics,test,bench
 # tier's tests start their own servers on loopback ports.
 SYSPKGS := fuse3 libfuse3-dev pkg-config memcached
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# pytest-xdist workers, one per core; a test file stays on one worker (its
+# module fixtures built once). `make test TEST_WORKERS=0` runs in one process.
+TEST_WORKERS ?= auto
 
 .PHONY: setup sysdeps test demo bench clean install-systemd
 
@@ -39,7 +42,7 @@ test: $(STAMP)
 	@$(MAKE) --no-print-directory sysdeps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 demo: $(STAMP)
 	@$(MAKE) --no-print-directory sysdeps

@@ -6,12 +6,16 @@ PYTHON  ?= python3
 VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-EXTRAS  := fuse,s3,metrics,test,bench
-# fuse3: fusermount3 + the kernel protocol helpers; libfuse3-dev + pkg-config:
-# to build pyfuse3 from source when no wheel fits. memcached: the cluster
-# tier's tests start their own servers on loopback ports.
-SYSPKGS := fuse3 libfuse3-dev pkg-config memcached
+EXTRAS  := s3,metrics,test,bench
+# fuse3: fusermount3 (fsclient mounts through it when not root). The rest is
+# for development only: libfuse3-dev + pkg-config build pyfuse3 (the bench
+# extra's passthrough floor) when no wheel fits; fio is a bench workload;
+# memcached: the cluster tier's tests start their own servers on loopback ports.
+SYSPKGS := fuse3 libfuse3-dev pkg-config fio memcached
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# pytest-xdist workers, one per core; a test file stays on one worker (its
+# module fixtures built once). `make test TEST_WORKERS=0` runs in one process.
+TEST_WORKERS ?= auto
 
 .PHONY: setup sysdeps test demo bench clean install-systemd
 
@@ -39,7 +43,7 @@ test: $(STAMP)
 	@$(MAKE) --no-print-directory sysdeps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 demo: $(STAMP)
 	@$(MAKE) --no-print-directory sysdeps

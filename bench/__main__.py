@@ -8,6 +8,7 @@
     python -m bench capacity                     # the daemon's hit ratios when data outgrows it
     python -m bench cluster                      # hosts sharing blocks through memcached
     python -m bench prefetch                     # cold epochs with and without prefetch_ahead
+    python -m bench fio                          # fio on fsclient against the passthrough
 
 Set-up is part of the run: matplotlib is pip-installed into this interpreter
 when missing, rclone and s3fs-fuse are apt-installed when missing (a system
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from . import PROJECT_ROOT, capacity, cluster, datasets, policy_sim, prefetch, report
+from . import PROJECT_ROOT, capacity, cluster, datasets, fio, policy_sim, prefetch, report
 from .remote import DEFAULT_RTT_MS, Remote
 from .systems import Ctx, _project_version, all_systems
 from .workloads import WORKLOADS, Runner
@@ -37,8 +38,9 @@ from .workloads import WORKLOADS, Runner
 log = logging.getLogger("bench")
 
 # `capacity` runs on our daemon alone, `prefetch` on ours over `latency::`,
-# `cluster` on our hosts and a memcached pool: without the other systems
-ALL_WORKLOADS = [*WORKLOADS, "capacity", "prefetch", "cluster"]
+# `cluster` on our hosts and a memcached pool, `fio` on fsclient and the passthrough:
+# without the other systems
+ALL_WORKLOADS = [*WORKLOADS, "capacity", "prefetch", "cluster", "fio"]
 
 RESULTS = os.path.join(PROJECT_ROOT, "bench", "results")
 
@@ -74,8 +76,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="do not read each system's cache files (or local copy) into the "
                         "page cache before its warm epochs")
     p.add_argument("--publish", action="store_true",
-                   help="write the run into docs/: the verdicts into benchmarks.md, every "
-                        "table into benchmarks-results.md, the JSON beside, plots into img/")
+                   help="write the run into docs/: its verdicts and every table into "
+                        "benchmarks-results.md, the JSON beside, plots into img/")
     p.add_argument("--from-json", metavar="FILE",
                    help="run nothing: rebuild tables and plots (and --publish) from a results file")
     args = p.parse_args(argv)
@@ -188,6 +190,15 @@ def run_prefetch(args: argparse.Namespace) -> int:
     return prefetch.main(["--files", str(files), "--out", args.out])
 
 
+def run_fio(args: argparse.Namespace) -> int:
+    """Workload `fio` (bench/fio.py): fio's 4 KiB random and 1 MiB sequential
+    reads on fresh fsclient mounts over a warm cache, against the passthrough
+    (a 128 MiB file, 1 round, with `--size tiny`). 0 if both targets are met."""
+    tiny = args.size == "tiny"
+    log.info("workload fio: fsclient against the pyfuse3 passthrough")
+    return fio.main(["--out", args.out] + (["--mib", "128", "--rounds", "1"] if tiny else []))
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -200,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         own_ok = True
         for name, run_own in (("capacity", run_capacity), ("prefetch", run_prefetch),
-                              ("cluster", run_cluster)):
+                              ("cluster", run_cluster), ("fio", run_fio)):
             if not args.workloads or name in args.workloads:
                 own_ok &= run_own(args) == 0
                 if args.workloads:

@@ -40,6 +40,8 @@ from blockcache_client.common.tomlfile import read_toml
 from blockcache_client.contract.blockkey import check_volume_name
 from blockcache_client.contract.errors import ConfigError, InvalidKey
 
+from .session.mount import check_options as check_mount_options
+
 DEFAULT_BLOCK_SIZE = 4 << 20
 DEFAULT_META_TTL = 60.0
 # Block sizes the reader supports: at least 64 KiB (one AEAD chunk), at most 16 MiB
@@ -107,7 +109,7 @@ class MountConfig:
     fill_queue_bytes: int = 256 << 20
     # Bounds of the in-process metadata caches (entries, LRU).
     meta_cache_entries: int = 200_000
-    threads: int = 32
+    threads: int = 32  # FUSE worker threads (each answers the requests it reads)
     metrics_addr: str | None = None  # HOST:PORT of this mount's Prometheus endpoint
 
     @property
@@ -115,7 +117,8 @@ class MountConfig:
         return self.ttl.default
 
     def fuse_options(self) -> set[str]:
-        """The option set handed to pyfuse3.init."""
+        """The mount options (`session.mount.mount` turns them into mount(2) flags and
+        FUSE options, or hands them to fusermount3)."""
         opts = {"ro", "default_permissions", "noatime", f"fsname=blockcache:{self.volume}",
                 "subtype=blockcache"}
         if self.allow_other:
@@ -215,6 +218,10 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         if o.split("=", 1)[0] in _RESERVED_OPTIONS:
             raise ConfigError(f"mount option {o!r} is not allowed: the mount is read-only "
                               f"and fsclient sets fsname/subtype itself")
+    try:
+        check_mount_options(options)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     mountpoint = _str(data, "mountpoint", True)
     return MountConfig(
         volume=volume,

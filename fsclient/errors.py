@@ -1,11 +1,11 @@
-"""How the mount answers errors: every handler raises FUSEError and nothing else.
+"""How the mount answers errors: every handler raises FuseError and nothing else.
 
-pyfuse3 ends its main loop on any exception other than FUSEError, which would
-kill the mount, so `fuse_op` turns every exception into an errno. A volume
-error keeps its errno only when it says something true about the file or the
-request; anything else (a timeout, a refused connection, a remote 5xx after
-the retry budget) is the remote failing: EIO, as a disk error would be, with
-the real cause logged once per file (`EioLog`).
+The session answers any other exception with EIO too, but only a handler knows
+which file a request was about, so `fuse_op` turns every exception into an errno
+here. A volume error keeps its errno only when it says something true about the
+file or the request; anything else (a timeout, a refused connection, a remote
+5xx after the retry budget) is the remote failing: EIO, as a disk error would
+be, with the real cause logged once per file (`EioLog`).
 """
 
 from __future__ import annotations
@@ -13,16 +13,21 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-import pyfuse3
+from .session import FuseError
 
-if TYPE_CHECKING:
-    from .fs import BlockcacheFS
+log = logging.getLogger(__name__)
 
-log = logging.getLogger("fsclient.fs")
+
+class RequestOwner(Protocol):
+    """What `fuse_op` needs of the file system whose handlers it wraps."""
+
+    eio_log: EioLog
+
+    def path_of_request(self, op: str, args: tuple) -> str: ...
+
 
 _KEPT_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
                           errno.ESTALE, errno.EINVAL, errno.ENAMETOOLONG})
@@ -42,20 +47,16 @@ def errno_of(exc: BaseException, gone: int = errno.ENOENT) -> int:
 
 
 def fuse_op(gone: int = errno.ENOENT) -> Callable:
-    """Decorate a handler so that it only ever raises FUSEError; count it and
-    time it (when the mount's metrics are on)."""
+    """Decorate a handler so that it only ever raises FuseError."""
 
     def wrap(fn: Callable) -> Callable:
         name = fn.__name__
 
         @functools.wraps(fn)
-        async def handler(self: BlockcacheFS, *args: Any) -> Any:
-            self.ops[name] += 1
-            timed = self.op_latency
-            start = time.perf_counter() if timed is not None else 0.0
+        def handler(self: RequestOwner, *args: Any) -> Any:
             try:
-                return await fn(self, *args)
-            except pyfuse3.FUSEError:
+                return fn(self, *args)
+            except FuseError:
                 raise
             except OSError as exc:
                 code = errno_of(exc, gone)
@@ -63,24 +64,13 @@ def fuse_op(gone: int = errno.ENOENT) -> Callable:
                     self.eio_log.warn(name, self.path_of_request(name, args), exc)
                 else:
                     log.debug("%s%r: %s", name, args[:2], exc)
-                raise pyfuse3.FUSEError(code) from None
+                raise FuseError(code) from None
             except Exception:
-                log.exception("%s%r failed; answering EIO", fn.__name__, args[:2])
-                raise pyfuse3.FUSEError(errno.EIO) from None
-            finally:
-                if timed is not None:
-                    timed.observe(name, time.perf_counter() - start)
+                log.exception("%s%r failed; answering EIO", name, args[:2])
+                raise FuseError(errno.EIO) from None
         return handler
 
     return wrap
-
-
-def erofs(fn: Callable) -> Callable:
-    """A write handler of this read-only file system: always EROFS."""
-    @functools.wraps(fn)
-    async def handler(self: Any, *args: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EROFS)
-    return handler
 
 
 class EioLog:

@@ -1,38 +1,42 @@
-"""Open files and their read path.
+"""Open files and their read path, on the worker thread that took the request.
 
 - `open` pins the FileInfo (the version) it saw; every read of that handle
   reads that version.
-- A small file (up to WHOLE_FILE_MAX, within one block) is read whole,
-  starting at open, and served from the handle. When its cache file is in
-  the page cache it is read at open on the loop (`Volume.readinto_nowait`,
-  which cannot wait on a disk) and, when no other handle of it is open,
-  handed to the kernel's page cache before the open answers (`_store`), so
-  its reads need no request.
+- A small file (up to WHOLE_FILE_MAX, within one block) is read whole. When
+  its cache file is in the page cache it is read at open
+  (`Volume.readinto_nowait`, which cannot wait on a disk) and, when no other
+  handle of it is open, handed to the kernel's page cache before the open
+  answers (`_store`), so its reads need no request. Otherwise its first read
+  request reads it whole; later reads are slices of that.
 - A sequential reader of a larger file reads whole blocks into its handle
   (at most two per handle, BUFFER_BYTES_MAX over all) and prefetches the next
-  `readahead_blocks` blocks, once per block crossed; random reads reset the
-  streak, prefetch nothing, and read just their range.
-Used on the event loop only; the reads themselves run on the pool.
+  `readahead_blocks` blocks, once per block crossed.
+- Random reads go through the reader's chunk cache (a `VolumeFile` per
+  handle: the decrypted pages and runs `Volume`'s random reads keep, and its
+  held block files), reading just their range.
+
+Reads of one handle take its lock (the kernel may send several at once);
+reads of different handles run side by side.
 """
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import itertools
 import logging
-
-import pyfuse3
+import threading
+from collections.abc import Callable
 
 from blockcache_client import Volume
 from blockcache_client.reader.sequential import SEQ_SLACK, Stream
+from blockcache_client.reader.volumefile import VolumeFile
 from blockcache_client.sources.fileinfo import FileInfo
 
 from .config import MountConfig
-from .inodes import Node
-from .pool import LoopPool, log_prefetch_failure, retrieve
+from .inodes import InodeTable, Node
+from .session import FuseError
 
-log = logging.getLogger("fsclient.fs")
+log = logging.getLogger(__name__)
 
 # A file up to this size (and within one block) is read whole at open: the
 # read is under way while the open answer travels back, and one volume read
@@ -44,10 +48,10 @@ BUFFER_BYTES_MAX = 128 << 20
 
 
 class Handle:
-    """An open file: the pinned FileInfo and the sequential-read state."""
+    """An open file: the pinned FileInfo, its read state and the lock its reads take."""
 
     __slots__ = ("path", "info", "node", "inode", "stream", "prefetched_until",
-                 "data", "pending", "blocks")
+                 "data", "blocks", "file", "lock", "waits")
 
     def __init__(self, path: str, info: FileInfo, inode: int, node: Node):
         self.path = path
@@ -55,34 +59,41 @@ class Handle:
         self.inode = inode
         self.node = node  # its open count includes this handle until release
         self.data: memoryview | None = None  # the whole (small) file, once read
-        self.pending: asyncio.Future | None = None  # ... while it is being read
+        # the open found it needs a wait (its no-wait read failed): a read
+        # request reads it with no second try (the first try's readahead may
+        # have brought the pages in, but not because they were warm)
+        self.waits = False
         # block offset -> its bytes, for a sequential reader (made at its first
         # block: most handles are small files and never need one)
-        self.blocks: dict[int, asyncio.Future] | None = None
+        self.blocks: dict[int, memoryview] | None = None
+        self.file: VolumeFile | None = None  # random reads: the reader's chunk cache
         self.stream = Stream()  # the read pattern: sequential from the second read in a row
         self.prefetched_until = 0
+        self.lock = threading.Lock()
 
 
 class OpenFiles:
     """The mount's open file handles, and how their reads are served."""
 
-    def __init__(self, volume: Volume, cfg: MountConfig, pool: LoopPool):
+    def __init__(self, volume: Volume, cfg: MountConfig, nodes: InodeTable):
         self.volume = volume
         self.cfg = cfg
-        self._pool = pool
+        self.nodes = nodes
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
+        self._lock = threading.Lock()  # the counters below
         self.prefetches = 0
-        self.inline_loads = 0  # whole-file reads served on the loop (no thread hop)
+        self.kept_opens = 0  # opens that let the kernel keep its page cache
+        self.inline_loads = 0  # whole-file reads that needed no wait
         self.stored_opens = 0  # opens that put the file's bytes in the page cache
-        # put small files' bytes in the kernel's page cache at open (`_store`);
-        # set by the mount once its FUSE session exists (never without one)
-        self.store_pages = False
+        # puts small files' bytes in the kernel's page cache at open (`_store`):
+        # the session's notify_store, set once a FUSE session exists
+        self.store: Callable[[int, int, memoryview], None] | None = None
         self.whole_file_max = min(WHOLE_FILE_MAX, cfg.block_size)
         # a small file put in the kernel's page cache at its open is read into
-        # this one buffer: the kernel copies its bytes before the open returns,
-        # and nothing keeps a view of it after
-        self._spare = memoryview(bytearray(self.whole_file_max))
+        # its thread's spare buffer: the kernel copies its bytes before the
+        # open returns, and nothing keeps a view of it after
+        self._spares = threading.local()
         self.buffered_blocks = 0
         self.max_buffered_blocks = max(2, BUFFER_BYTES_MAX // cfg.block_size)
 
@@ -92,24 +103,33 @@ class OpenFiles:
     def get(self, fh: int) -> Handle | None:
         return self.handles.get(fh)
 
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
+
+    def _spare(self, size: int) -> memoryview:
+        spare = getattr(self._spares, "buf", None)
+        if spare is None:
+            spare = self._spares.buf = memoryview(bytearray(self.whole_file_max))
+        return spare[:size]
+
     def open(self, path: str, info: FileInfo, inode: int, node: Node, keep: bool
              ) -> tuple[int, bool]:
         """A new handle of `path` pinned to `info`: (fh, keep_cache). `keep`
         says the kernel's pages of the inode already hold this version."""
         fh = next(self._fh)
+        if keep:
+            self._count("kept_opens")
         h = self.handles[fh] = Handle(path, info, inode, node)
-        node.opens += 1
+        opens = self.nodes.opened(node)
         if 0 < info.size <= self.whole_file_max and not keep:
             # Safe to put in the page cache (see _store): read into the spare
             # buffer, whose bytes the kernel copies before this call returns.
-            storable = self.store_pages and node.opens == 1 and node.size == info.size
-            buf = self._spare[:info.size] if storable else bytearray(info.size)
+            storable = self.store is not None and opens == 1 and node.size == info.size
+            buf = self._spare(info.size) if storable else bytearray(info.size)
             data = self._load_nowait(path, info, buf)
             if data is None:
-                if storable:
-                    buf = bytearray(info.size)  # the pool's read outlives this call
-                h.pending = self._pool.call(self._load, path, 0, info.size, info, buf)
-                h.pending.add_done_callback(retrieve)
+                h.waits = True  # the first read request reads it, on its own thread
             elif storable and self._store(inode, data):
                 keep = True  # (keep_cache=False would drop the pages just stored)
             else:
@@ -118,16 +138,23 @@ class OpenFiles:
 
     def release(self, fh: int) -> Handle | None:
         h = self.handles.pop(fh, None)
-        if h is not None and h.blocks:
-            self.buffered_blocks -= len(h.blocks)
+        if h is None:
+            return None
+        with h.lock:
+            if h.blocks:
+                self._count("buffered_blocks", -len(h.blocks))
+                h.blocks = None
+            if h.file is not None:
+                h.file.close()
+                h.file = None
         return h
 
     def _load(self, path: str, off: int, size: int, info: FileInfo,
               buf: bytearray | memoryview | None = None) -> memoryview:
         """[off, off+size) of `path` (pinned to `info`) as a view of `buf` (a
-        fresh buffer if None), on a pool thread: cached blocks decrypt straight
-        into it, and replies to the kernel are slices of it, so the bytes are
-        copied once from the cache file and once to the kernel, nothing more."""
+        fresh buffer if None): cached blocks decrypt straight into it, and
+        replies to the kernel are slices of it, so the bytes are copied once
+        from the cache file and once to the kernel, nothing more."""
         if buf is None:
             buf = bytearray(size)
         n = self.volume.readinto(path, off, buf, info=info)
@@ -135,22 +162,18 @@ class OpenFiles:
 
     def _load_nowait(self, path: str, info: FileInfo,
                      buf: bytearray | memoryview) -> memoryview | None:
-        """The whole (small) file read here on the event loop, when the
-        volume can do it without waiting: its block in the memory LRU, or its
-        cache file's path and pages in the kernel's caches (`readinto_nowait`).
-        A warm hit then costs no thread hop at all (two hops and the GIL
-        handoffs around them cost several times the read itself); anything
-        else returns None and goes to the pool, so a slow or hung cache disk
-        still never blocks the loop. `buf` (info.size bytes) is left for
-        the pool's read when this returns None."""
+        """The whole (small) file, when the volume can read it without waiting:
+        its block in the memory LRU, or its cache file's path and pages in the
+        kernel's caches (`readinto_nowait`). None otherwise: an open then
+        answers at once and the first read waits for the read."""
         try:
             n = self.volume.readinto_nowait(path, 0, buf, info=info)
-        except Exception as exc:  # the pool's read reports real errors
-            log.debug("inline read of %s: %s", path, exc)
+        except Exception as exc:  # the blocking read reports real errors
+            log.debug("no-wait read of %s: %s", path, exc)
             return None
         if n is None:
             return None
-        self.inline_loads += 1
+        self._count("inline_loads")
         return memoryview(buf)[:n]
 
     def _store(self, inode: int, data: memoryview) -> bool:
@@ -161,58 +184,68 @@ class OpenFiles:
 
         The caller guarantees it is safe: no other handle of the inode is
         open (the kernel locks a page while a read of it waits for this
-        process, and the store waits for that lock: a store during such a
-        read would never return), and the kernel's size of the inode is this
-        version's (every page it may serve, [0, size), now holds these
-        bytes, so keeping them serves this version and nothing else); and
-        that `store_pages` is still on."""
+        process, and the store waits for that lock), and the kernel's size of
+        the inode is this version's (every page it may serve, [0, size), now
+        holds these bytes, so keeping them serves this version and nothing
+        else); and that `store` is still set."""
+        store = self.store
+        if store is None:
+            return False
         try:
-            pyfuse3.notify_store(inode, 0, data)
+            store(inode, 0, data)
         except OSError as exc:
             # failed, perhaps part way: this open answers without keep_cache,
             # so the kernel drops whatever was stored. Only a kernel without
             # the call turns it off; anything else (ENOMEM) is this file's
             if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP):
-                self.store_pages = False
+                self.store = None
                 log.info("cannot put file data in the kernel's page cache (%s); small files "
                          "are read through read requests", exc)
             else:
                 log.debug("notify_store of inode %d failed: %s", inode, exc)
             return False
-        self.stored_opens += 1
+        self._count("stored_opens")
         return True
 
-    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
+    def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         h = self.handles.get(fh)
         if h is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
+            raise FuseError(errno.EBADF)
         avail = h.info.size - off
         if avail <= 0 or size <= 0:
             return b""
         size = min(size, avail)
-        if h.data is None and h.pending is not None:
-            pending = h.pending  # concurrent reads all wait for the one whole-file read
-            try:
-                h.data = await pending
-            finally:
-                if h.pending is pending:
-                    h.pending = None  # done (or failed: the next read tries again)
-        if h.data is None and h.info.size <= self.whole_file_max:
-            # a kept open whose pages the kernel partly lost: the same inline try
-            buf = bytearray(h.info.size)
-            h.data = self._load_nowait(h.path, h.info, buf)
-            if h.data is None:
-                h.data = await self._pool.call(self._load, h.path, 0, h.info.size, h.info, buf)
-        if h.data is not None:
-            return h.data[off:off + size]
-        sequential = self._follow(h, off, size)
-        if (h.blocks is not None and (off - off % self.cfg.block_size) in h.blocks) or (
-                sequential and self.buffered_blocks < self.max_buffered_blocks):
-            return await self._read_blocks(h, off, size)
-        return await self._pool.call(self._load, h.path, off, size, h.info)
+        data = h.data
+        if data is None and h.info.size <= self.whole_file_max:
+            with h.lock:  # concurrent reads of it wait for the one whole-file read
+                data = h.data
+                if data is None:
+                    buf = bytearray(h.info.size)
+                    # (a kept open whose pages the kernel lost: first the same try)
+                    data = None if h.waits else self._load_nowait(h.path, h.info, buf)
+                    if data is None:
+                        data = self._load(h.path, 0, h.info.size, h.info, buf)
+                    h.data = data
+        if data is not None:
+            return data[off:off + size]
+        with h.lock:
+            sequential = self._follow(h, off, size)
+            if (h.blocks is not None and (off - off % self.cfg.block_size) in h.blocks) or (
+                    sequential and self.buffered_blocks < self.max_buffered_blocks):
+                return self._read_blocks(h, off, size)
+            return self._read_chunked(h, off, size)
 
-    async def _read_blocks(self, h: Handle, off: int, size: int) -> bytes | memoryview:
-        """Serve [off, off+size) from whole blocks read into the handle."""
+    def _read_chunked(self, h: Handle, off: int, size: int) -> memoryview:
+        """[off, off+size) through the reader's chunk cache (under `h.lock`)."""
+        f = h.file
+        if f is None:
+            f = h.file = VolumeFile(self.volume, h.path, h.info)
+        buf = bytearray(size)
+        f.seek(off)
+        return memoryview(buf)[:f.readinto(buf)]
+
+    def _read_blocks(self, h: Handle, off: int, size: int) -> bytes | memoryview:
+        """Serve [off, off+size) from whole blocks read into the handle (under `h.lock`)."""
         bs = self.cfg.block_size
         blocks = h.blocks
         if blocks is None:
@@ -220,23 +253,16 @@ class OpenFiles:
         out = []
         while size > 0:
             boff = off - off % bs
-            fut = blocks.get(boff)
-            if fut is None:
-                fut = self._pool.call(self._load, h.path, boff, min(bs, h.info.size - boff),
-                                      h.info)
-                fut.add_done_callback(retrieve)
-                blocks[boff] = fut
-                self.buffered_blocks += 1
+            data = blocks.get(boff)
+            if data is None:
+                data = self._load(h.path, boff, min(bs, h.info.size - boff), h.info)
+                blocks[boff] = data
+                added = 1
                 if len(blocks) > 2:
                     del blocks[next(iter(blocks))]
-                    self.buffered_blocks -= 1
-            try:
-                data = await fut
-            except BaseException:
-                if blocks.get(boff) is fut:  # let the next read try again
-                    del blocks[boff]
-                    self.buffered_blocks -= 1
-                raise
+                    added = 0
+                if added:
+                    self._count("buffered_blocks")
             piece = data[off - boff:off - boff + size]
             if not piece:
                 break
@@ -263,6 +289,8 @@ class OpenFiles:
         if start >= end:
             return
         h.prefetched_until = end
-        self.prefetches += 1
-        fut = self._pool.call(self.volume.prefetch, h.path, start, end - start, info=h.info)
-        fut.add_done_callback(log_prefetch_failure)
+        self._count("prefetches")
+        try:  # (with `info`, only queues the fetch: never waits on the remote)
+            self.volume.prefetch(h.path, start, end - start, info=h.info)
+        except Exception as exc:
+            log.debug("prefetch failed (reads are unaffected): %s", exc)

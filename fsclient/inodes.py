@@ -6,22 +6,24 @@ and every restart. An
 entry is added by a successful lookup or readdirplus entry and dropped when
 `forget` brings its lookup count to zero, so the table is bounded by the
 kernel's own inode cache. A node with open handles stays until their release
-(its open count guards the page-cache store). Used on the event loop only.
+(its open count guards the page-cache store). Every worker thread uses it: the
+counts change under one lock, held for a few dict operations.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import threading
 from collections.abc import Iterable, Iterator
-
-import pyfuse3
 
 from blockcache_client import Volume
 
-log = logging.getLogger("fsclient.fs")
+from .session import ROOT_ID, FuseError
 
-ROOT_INODE = pyfuse3.ROOT_INODE
+log = logging.getLogger(__name__)
+
+ROOT_INODE = ROOT_ID
 
 
 class Node:
@@ -41,11 +43,12 @@ class Node:
 class InodeTable:
     """inode -> Node for the inodes the kernel holds, the root always."""
 
-    __slots__ = ("_nodes", "_volume")
+    __slots__ = ("_nodes", "_volume", "_lock")
 
     def __init__(self, volume: Volume):
         self._nodes: dict[int, Node] = {ROOT_INODE: Node("", 1)}
         self._volume = volume
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -57,7 +60,7 @@ class InodeTable:
         return self._nodes[inode]
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._nodes)
+        return iter(list(self._nodes))
 
     def get(self, inode: int) -> Node | None:
         return self._nodes.get(inode)
@@ -67,7 +70,7 @@ class InodeTable:
         if node is None:
             # The kernel asked about an inode it forgot: never expected, but an
             # errno is better than a crash.
-            raise pyfuse3.FUSEError(errno.ESTALE)
+            raise FuseError(errno.ESTALE)
         return node
 
     def path(self, inode: int) -> str:
@@ -98,28 +101,40 @@ class InodeTable:
         now has; None on an inode-hash collision (the entry is then not shown)."""
         if inode is None:
             inode = self.inode_of(path)
-        node = self._nodes.get(inode)
-        if node is None:
-            node = self._nodes[inode] = Node(path, 1)
-        elif not self.shown(inode, path):
-            return None
-        else:
-            node.lookups += 1
-        node.size = size
-        return inode
+        with self._lock:
+            node = self._nodes.get(inode)
+            if node is None:
+                node = self._nodes[inode] = Node(path, 1)
+            elif node.path != path:
+                node = None
+            else:
+                node.lookups += 1
+            if node is not None:
+                node.size = size
+                return inode
+        self.shown(inode, path)  # (logs the collision)
+        return None
 
     def forget(self, inode_list: Iterable[tuple[int, int]]) -> None:
-        for inode, nlookup in inode_list:
-            node = self._nodes.get(inode)
-            if node is None or inode == ROOT_INODE:
-                continue
-            node.lookups -= nlookup
-            if node.lookups <= 0 and node.opens <= 0:  # (an open node goes at its release)
-                del self._nodes[inode]
+        with self._lock:
+            for inode, nlookup in inode_list:
+                node = self._nodes.get(inode)
+                if node is None or inode == ROOT_INODE:
+                    continue
+                node.lookups -= nlookup
+                if node.lookups <= 0 and node.opens <= 0:  # (an open node goes at its release)
+                    del self._nodes[inode]
+
+    def opened(self, node: Node) -> int:
+        """One more handle of `node` is open: the count of its open handles."""
+        with self._lock:
+            node.opens += 1
+            return node.opens
 
     def closed(self, inode: int, node: Node) -> None:
         """One handle of `node` was released: drop it if the kernel forgot it
         while it was open."""
-        node.opens -= 1
-        if node.opens <= 0 and node.lookups <= 0 and self._nodes.get(inode) is node:
-            del self._nodes[inode]
+        with self._lock:
+            node.opens -= 1
+            if node.opens <= 0 and node.lookups <= 0 and self._nodes.get(inode) is node:
+                del self._nodes[inode]

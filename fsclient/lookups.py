@@ -6,25 +6,25 @@ that finds a directory; lookups there that come while the listing is in
 flight wait for it (at most LISTING_WAIT, or the directory's TTL if shorter)
 instead of a remote stat each. The volume is asked for fresh answers
 (`max_age=0`): the metadata cache is the one place the TTL is applied.
-Used on the event loop only.
+Called on the worker threads; listings run on their own small pool.
 """
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
+import threading
 import time
-
-import pyfuse3
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 
 from blockcache_client import Volume
 from blockcache_client.sources.fileinfo import FileInfo
 
 from .metacache import NEGATIVE, DirListing, MetaCache, TtlLru, parent_of
-from .pool import LoopPool
+from .session import FuseError
 
-log = logging.getLogger("fsclient.fs")
+log = logging.getLogger(__name__)
 
 # Directory listings fetched in the background at once, at most.
 MAX_LISTING_TASKS = 16
@@ -39,13 +39,14 @@ LISTING_WAIT = 0.1
 class Lookups:
     """FileInfos and listings of one mount's paths, by TTL."""
 
-    def __init__(self, volume: Volume, meta: MetaCache, pool: LoopPool):
+    def __init__(self, volume: Volume, meta: MetaCache):
         self.volume = volume
         self.meta = meta
-        self._pool = pool
+        self._pool = ThreadPoolExecutor(MAX_LISTING_TASKS, thread_name_prefix="fsclient-list")
         # parent dir -> its in-flight background listing, and until when a
         # lookup there may wait for it (`_await_listing`)
-        self._tasks: dict[str, tuple[asyncio.Task, float]] = {}
+        self._tasks: dict[str, tuple[Future, float]] = {}
+        self._lock = threading.Lock()
         # dirs listed in the background within their TTL: never listed again
         # sooner, even when the listing was too large to keep or failed
         self._listed = TtlLru(4096)
@@ -56,14 +57,17 @@ class Lookups:
         a cached answer needs no coroutine (`from_source`)."""
         info = self.meta.lookup(path)
         if info is NEGATIVE:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            raise FuseError(errno.ENOENT)
         return info  # type: ignore[return-value]
 
-    async def stat(self, path: str) -> FileInfo:
-        """FileInfo of `path` (cached by TTL); FUSEError(ENOENT) if missing."""
-        return self.cached(path) or await self.from_source(path)
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def from_source(self, path: str) -> FileInfo:
+    def stat(self, path: str) -> FileInfo:
+        """FileInfo of `path` (cached by TTL); FuseError(ENOENT) if missing."""
+        return self.cached(path) or self.from_source(path)
+
+    def from_source(self, path: str) -> FileInfo:
         """`stat` for a path not in the metadata cache: from its directory's
         listing if one is in flight, else from the source."""
         if path:
@@ -73,15 +77,15 @@ class Lookups:
                 # this lookup starts the listing and does not wait for it (a
                 # huge directory's takes many requests): one stat, as before
                 self.list_in_background(parent)
-            elif await _await_listing(*running):
+            elif _await_listing(*running):
                 cached = self.cached(path)
                 if cached is not None:
                     return cached
         try:
-            info = await self._pool.call(self.volume.stat, path, max_age=0)
+            info = self.volume.stat(path, max_age=0)
         except FileNotFoundError:
             self.meta.put_negative(path)
-            raise pyfuse3.FUSEError(errno.ENOENT) from None
+            raise FuseError(errno.ENOENT) from None
         self.meta.put_attr(info)
         return info
 
@@ -92,18 +96,24 @@ class Lookups:
         answered from the listing instead of one remote stat each (a training
         job opens every file of a directory, in any order)."""
         ttl = self.meta.ttl(parent)
-        if (ttl <= 0 or parent in self._tasks or len(self._tasks) >= MAX_LISTING_TASKS
-                or self._listed.get(parent) is not None or self.meta.listing(parent) is not None):
+        if ttl <= 0:
             return
-        self._listed.put(parent, True, ttl)
-        task = asyncio.ensure_future(self.list(parent))
-        # waiting is bounded by the TTL too: the listing's answer may be as
-        # old as its start, and no answer may be older than the TTL
-        wait_until = time.monotonic() + min(LISTING_WAIT, ttl)
-        self._tasks[parent] = (task, wait_until)
+        with self._lock:
+            if (parent in self._tasks or len(self._tasks) >= MAX_LISTING_TASKS
+                    or self._listed.get(parent) is not None
+                    or self.meta.listing(parent) is not None):
+                return
+            self._listed.put(parent, True, ttl)
+            try:
+                task = self._pool.submit(self.list, parent)
+            except RuntimeError:  # shut down: the mount is closing
+                return
+            # waiting is bounded by the TTL too: the listing's answer may be as
+            # old as its start, and no answer may be older than the TTL
+            self._tasks[parent] = (task, time.monotonic() + min(LISTING_WAIT, ttl))
         task.add_done_callback(lambda t: self._listing_done(parent, t))
 
-    async def listing(self, path: str) -> DirListing:
+    def listing(self, path: str) -> DirListing:
         """The listing of directory `path`: cached, the one in flight if it
         started recently enough (`ls dir` right after its lookup lists it
         once, not twice), or a new one."""
@@ -111,24 +121,25 @@ class Lookups:
         running = self._tasks.get(path) if listing is None else None
         if running is not None and time.monotonic() <= running[1]:
             try:
-                listing = await asyncio.shield(running[0])
+                listing = running[0].result()
             except Exception:  # (logged by _listing_done): list it here
                 listing = None
         if listing is None:
-            listing = await self.list(path)
+            listing = self.list(path)
         return listing
 
-    async def list(self, path: str) -> DirListing:
-        entries = await self._pool.call(self.volume.listdir, path, max_age=0)
+    def list(self, path: str) -> DirListing:
+        entries = self.volume.listdir(path, max_age=0)
         return self.meta.put_listing(path, entries)
 
-    def _listing_done(self, parent: str, task: asyncio.Task) -> None:
-        self._tasks.pop(parent, None)
+    def _listing_done(self, parent: str, task: Future) -> None:
+        with self._lock:
+            self._tasks.pop(parent, None)
         if not task.cancelled() and task.exception() is not None:
             log.debug("background listing of %r failed: %s", parent, task.exception())
 
 
-async def _await_listing(task: asyncio.Task, wait_until: float) -> bool:
+def _await_listing(task: Future, wait_until: float) -> bool:
     """Wait for a listing in flight until `wait_until` (LISTING_WAIT, or the
     directory's TTL if shorter, after it started); True if it finished
     (answered or failed: the caller looks in the cache either way, and asks
@@ -140,5 +151,5 @@ async def _await_listing(task: asyncio.Task, wait_until: float) -> bool:
         left = wait_until - time.monotonic()
         if left <= 0:
             return False
-        await asyncio.wait((task,), timeout=left)
+        wait_for((task,), timeout=left)
     return task.done()

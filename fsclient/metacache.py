@@ -14,11 +14,13 @@ Invariants:
 - The caches hold only what the volume said; nothing here is authoritative,
   and dropping any entry at any time is always correct.
 
-Answers are looked up on the event loop thread only (no locks needed).
+Read and written by every worker thread: each `TtlLru` takes its own lock for
+each call (a few dict operations), never around I/O.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
@@ -37,7 +39,7 @@ class TtlLru:
     """A map bounded by total weight, evicting the least recently used entry;
     each entry expires at its own deadline."""
 
-    __slots__ = ("max_weight", "weight", "_data", "_clock", "evictions")
+    __slots__ = ("max_weight", "weight", "_data", "_clock", "evictions", "_lock")
 
     def __init__(self, max_weight: int, clock: Callable[[], float] = time.monotonic):
         if max_weight < 1:
@@ -48,41 +50,47 @@ class TtlLru:
         self._clock = clock
         # key -> (deadline, weight, value)
         self._data: OrderedDict[Hashable, tuple[float, int, Any]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._data)
 
     def get(self, key: Hashable, default: Any = None) -> Any:
-        item = self._data.get(key)
-        if item is None:
-            return default
-        if item[0] <= self._clock():
-            self._remove(key)
-            return default
-        self._data.move_to_end(key)
-        return item[2]
+        with self._lock:
+            item = self._data.get(key)
+            if item is None:
+                return default
+            if item[0] <= self._clock():
+                self._remove(key)
+                return default
+            self._data.move_to_end(key)
+            return item[2]
 
     def put(self, key: Hashable, value: Any, ttl: float, weight: int = 1) -> None:
         """Store `value` for `ttl` seconds; ttl <= 0 stores nothing (and drops
         an older entry, which would otherwise outlive the new answer)."""
-        self._remove(key)
-        if ttl <= 0 or weight > self.max_weight:
-            return
-        self._data[key] = (self._clock() + ttl, weight, value)
-        self.weight += weight
-        while self.weight > self.max_weight:
-            old, (_, w, _) = self._data.popitem(last=False)
-            self.weight -= w
-            self.evictions += 1
+        with self._lock:
+            self._remove(key)
+            if ttl <= 0 or weight > self.max_weight:
+                return
+            self._data[key] = (self._clock() + ttl, weight, value)
+            self.weight += weight
+            while self.weight > self.max_weight:
+                old, (_, w, _) = self._data.popitem(last=False)
+                self.weight -= w
+                self.evictions += 1
 
     def pop(self, key: Hashable) -> None:
-        self._remove(key)
+        with self._lock:
+            self._remove(key)
 
     def clear(self) -> None:
-        self._data.clear()
-        self.weight = 0
+        with self._lock:
+            self._data.clear()
+            self.weight = 0
 
     def _remove(self, key: Hashable) -> None:
+        """(Under the lock.)"""
         item = self._data.pop(key, None)
         if item is not None:
             self.weight -= item[1]

@@ -2,9 +2,10 @@
 
 Read at scrape time from what the mount already counts, so the numbers agree
 with the `user.blockcache.stats` xattr: the reader's `Volume.stats()`
-(thread-safe counters), the FUSE op counts and latencies of `BlockcacheFS`,
-and remote request latencies and errors from the `Backend.observe` hook.
-The endpoint runs on prometheus-client's own thread, never on the FUSE loop.
+(thread-safe counters), the FUSE session's requests per operation, handling
+times and busy workers, the mount's open files and inodes, and remote request
+latencies and errors from the `Backend.observe` hook. The endpoint runs on
+prometheus-client's own thread, never on a FUSE worker.
 
 Every series is labelled `volume`; several mounts on one host each serve
 their own address (pick one port per mount).
@@ -21,7 +22,7 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from blockcache_client.common.metrics import Histogram, LockedHistogram, MetricsServer
+from blockcache_client.common.metrics import LockedHistogram, MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +98,10 @@ def _reason(exc: BaseException) -> str:
 class MountCollector(Collector):
     """The mount's metrics, from the reader, the FUSE layer and the backend hook."""
 
-    def __init__(self, volume: Any, fs: Any, backend: BackendTimer):
+    def __init__(self, volume: Any, fs: Any, session: Any, backend: BackendTimer):
         self.volume = volume
         self.fs = fs
+        self.session = session
         self.backend = backend
         self.name = volume.name
 
@@ -121,7 +123,10 @@ class MountCollector(Collector):
                 ("blockcache_client_memory_bytes", "Bytes in the in-process memory cache",
                  stats.get("memory_bytes", 0)),
                 ("blockcache_fuse_open_files", "Open file handles", len(self.fs.open_files)),
-                ("blockcache_fuse_inodes", "Inodes the kernel holds", len(self.fs.nodes))):
+                ("blockcache_fuse_inodes", "Inodes the kernel holds", len(self.fs.nodes)),
+                ("blockcache_fuse_workers", "FUSE worker threads", len(self.session.workers)),
+                ("blockcache_fuse_workers_busy", "FUSE worker threads serving a request now",
+                 self.session.busy())):
             fam = GaugeMetricFamily(name, doc, labels=["volume"])
             fam.add_metric(v, value)
             yield fam
@@ -139,20 +144,20 @@ class MountCollector(Collector):
         yield fam
         fam = CounterMetricFamily("blockcache_fuse_ops_total", "FUSE requests by operation",
                                   labels=["volume", "op"])
-        for op, n in sorted(dict(self.fs.ops).items()):
+        for op, n in sorted(self.session.op_counts().items()):
             fam.add_metric([self.name, op], n)
         yield fam
-        if self.fs.op_latency is not None:
-            yield self.fs.op_latency.family("blockcache_fuse_op_seconds", "FUSE request "
+        if self.session.latency is not None:
+            yield self.session.latency.family("blockcache_fuse_op_seconds", "FUSE request "
                                             "handling time by operation", "op", const=const)
 
 
-def start(addr: str, volume: Any, fs: Any) -> MetricsServer:
-    """Time FUSE ops and source requests, and serve the mount's metrics on `addr`."""
+def start(addr: str, volume: Any, fs: Any, session: Any) -> MetricsServer:
+    """Time FUSE requests and source requests, and serve the mount's metrics on `addr`."""
     timer = BackendTimer()
     volume.backend.observe = timer
-    fs.op_latency = Histogram()  # observed on the FUSE loop thread only
+    session.latency = LockedHistogram()  # observed on every worker thread
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(MountCollector(volume, fs, timer))
+    registry.register(MountCollector(volume, fs, session, timer))
     ProcessCollector(registry=registry)
     return MetricsServer(addr, registry)

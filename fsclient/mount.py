@@ -12,15 +12,15 @@ died) or after `ready_timeout` it prints the reason, makes sure the child is
 gone and nothing stays mounted, and returns 1. So `fsclient mount` never
 returns success for a mount that does not work, and never hangs.
 
-Shutdown: SIGTERM/SIGINT end the FUSE loop; the mount is then unmounted
-(lazily, so open files do not block the exit) and the volume closed. A
-process killed with -9 leaves a dead mount behind: the next `fsclient mount`
-on that mount point recovers it (`mountpoint.prepare`).
+Shutdown: SIGTERM/SIGINT unmount lazily (open files do not block the exit);
+the session's workers end when the connection does, and a connection that
+open files keep alive is aborted (their reads then fail with ENOTCONN); then
+the volume is closed. A process killed with -9 leaves a dead mount behind:
+the next `fsclient mount` on that mount point recovers it (`mountpoint.prepare`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 import os
@@ -157,9 +157,9 @@ def open_volume(cfg: MountConfig) -> Any:
 
 def run(cfg: MountConfig, readiness: Readiness) -> int:
     """Mount and serve until unmounted or signalled; returns the exit code."""
-    import pyfuse3
-
     from .fs import BlockcacheFS
+    from .session import Session
+    from .session import mount as fusemount
 
     try:
         mountpoint = mp.prepare(cfg.mountpoint, readiness.warn)
@@ -170,29 +170,30 @@ def run(cfg: MountConfig, readiness: Readiness) -> int:
         readiness.error(str(exc))
         return 1
     fs = BlockcacheFS(volume, cfg)
+    session = Session(fs, cfg.threads)
+    fs.op_counts = session.op_counts
     metrics = None
     try:
         if cfg.metrics_addr:
             from . import metrics as fsmetrics
             try:
-                metrics = fsmetrics.start(cfg.metrics_addr, volume, fs)
+                metrics = fsmetrics.start(cfg.metrics_addr, volume, fs, session)
             except OSError as exc:
                 readiness.error(f"cannot serve metrics on {cfg.metrics_addr}: {exc}; choose "
                                 f"a free HOST:PORT for metrics_addr")
                 return 1
         try:
-            pyfuse3.init(fs, mountpoint, cfg.fuse_options())
-        except (RuntimeError, OSError) as exc:
+            fd = fusemount.mount(mountpoint, cfg.fuse_options())
+        except (OSError, ValueError) as exc:
             readiness.error(f"cannot mount {cfg.source} on {mountpoint}: {exc} (is /dev/fuse "
                             f"available, and are you root or is fusermount3 setuid?)")
             return 1
         # a FUSE session exists now: notify_store has somewhere to go
-        fs.open_files.store_pages = True
+        fs.open_files.store = session.notify_store
         try:
-            return asyncio.run(_serve(fs, mountpoint, readiness))
+            return _serve(session, fd, fs, mountpoint, readiness)
         finally:
-            pyfuse3.close(unmount=True)
-            log.info("unmounted %s", mountpoint)
+            os.close(fd)
     finally:
         if metrics is not None:
             metrics.close()
@@ -226,39 +227,79 @@ def set_kernel_readahead(dev: int, kb: int) -> bool:
         return False
 
 
-async def _serve(fs: Any, mountpoint: str, readiness: Readiness) -> int:
-    import pyfuse3
+def _serve(session: Any, fd: int, fs: Any, mountpoint: str, readiness: Readiness) -> int:
+    """Serve until a signal, DESTROY or an unmount from outside; then unmount."""
+    from .session import mount as fusemount
 
-    loop = asyncio.get_running_loop()
+    stop = threading.Event()
 
-    def on_signal(signum: int) -> None:
+    def on_signal(signum: int, _frame: Any) -> None:
         log.info("%s: unmounting %s", signal.Signals(signum).name, mountpoint)
-        pyfuse3.terminate()
+        stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     tune_gc()
-    main = asyncio.ensure_future(pyfuse3.main())
-    # The mount is ready when a stat of the mount point, made by another thread,
-    # is answered by this loop through the kernel: end to end, not just "mounted".
-    probe = loop.run_in_executor(fs.pool.executor, os.stat, mountpoint)
-    done, _ = await asyncio.wait({main, probe}, timeout=READY_TIMEOUT,
-                                 return_when=asyncio.FIRST_COMPLETED)
-    if probe in done and probe.exception() is None:
-        set_kernel_readahead(probe.result().st_dev, KERNEL_READAHEAD_KB)
+    session.start(fd)
+    dev = _ready(session, fs, mountpoint, readiness)
+    try:
+        while dev is not None and not stop.is_set() and not session.ended.is_set():
+            stop.wait(0.5)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        session.stop()
+        if mp.is_mounted(mountpoint):
+            try:
+                fusemount.unmount_lazy(mountpoint)
+            except OSError as exc:
+                log.warning("%s", exc)
+        # open files keep a lazily unmounted connection alive: end it, as
+        # closing the last descriptor of a libfuse process would
+        if not session.join(1.0) and dev is not None:
+            abort_connection(dev)
+            session.join(2.0)
+        session.close()
+        log.info("unmounted %s", mountpoint)
+    return 0 if dev is not None else 1
+
+
+def _ready(session: Any, fs: Any, mountpoint: str, readiness: Readiness) -> int | None:
+    """Report READY once a stat of the mount point, made by another thread, was
+    answered by the session through the kernel (end to end, not just "mounted");
+    the mount's device number, or None (ERROR reported) if it never was."""
+    box: list = []
+
+    def probe() -> None:
+        try:
+            box.append(os.stat(mountpoint))
+        except OSError as exc:
+            box.append(exc)
+
+    t = threading.Thread(target=probe, name="ready-probe", daemon=True)
+    t.start()
+    deadline = time.monotonic() + READY_TIMEOUT
+    while t.is_alive() and not session.ended.is_set() and time.monotonic() < deadline:
+        t.join(0.1)
+    if box and not isinstance(box[0], OSError):
+        set_kernel_readahead(box[0].st_dev, KERNEL_READAHEAD_KB)
         log.info("mounted %s on %s", fs.cfg.source, mountpoint)
         readiness.ready()
-    elif main not in done:
-        readiness.error(f"mount {mountpoint} did not answer: "
-                        f"{probe.exception() if probe.done() else 'timed out'}")
-        pyfuse3.terminate()
+        return box[0].st_dev
+    why = box[0] if box else "the session ended" if session.ended.is_set() else "timed out"
+    readiness.error(f"mount {mountpoint} did not answer: {why}")
+    return None
+
+
+def abort_connection(dev: int) -> bool:
+    """Abort the FUSE connection of the mount with st_dev `dev` (fusectl, root
+    only): its waiting requests fail with ENOTCONN and its readers return."""
     try:
-        await main
-    except Exception as exc:
-        readiness.error(f"the FUSE loop of {mountpoint} failed: {exc}")
-        log.exception("FUSE main loop failed")
-        return 1
-    return 0
+        with open(f"/sys/fs/fuse/connections/{os.minor(dev)}/abort", "w") as f:
+            f.write("1")
+        return True
+    except OSError as exc:
+        log.debug("cannot abort FUSE connection %d: %s", os.minor(dev), exc)
+        return False
 
 
 def spawn(argv: list[str], cfg: MountConfig, log_file: str | None,

@@ -12,9 +12,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHIPPED = ("blockcache_client", "blockcached", "fsclient")
 MAX_LINES = 450
 # Known exceptions, each being fixed on its own branch of issue 29 (the lead
-# removes them at merge; `test_known_exceptions_still_fail` says when):
-# the fsclient errors <-> fs cycle.
-KNOWN_EXCEPTIONS = frozenset({"fsclient.errors", "fsclient.fs"})
+# removes them at merge; `test_known_exceptions_still_fail` says when): none.
+KNOWN_EXCEPTIONS: frozenset[str] = frozenset()
 
 
 def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:

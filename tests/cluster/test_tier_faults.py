@@ -12,7 +12,7 @@ from blockcache_client.cluster.memcache import Memcache
 from blockcache_client.cluster.pool import REVIVALS
 from blockcache_client.contract import blockfile
 from blockcache_client.volumekey import generate_key_file, load_key_file
-from tests.cluster.test_tier_reads import all_items, block_keys
+from tests.support.tier import all_items, block_keys
 
 # a read's worst case with a failing server: one connect or read timeout
 # (the fixture's 100 ms) per server it tries, plus the remote; generous for

@@ -12,8 +12,8 @@ import tomllib
 
 import pytest
 
-from tests.deploy.paths import DAEMONSET, REPO
-from tests.deploy.render import containers, named, pod_spec, render
+from tests.support.deploy.paths import DAEMONSET, REPO
+from tests.support.deploy.render import containers, named, pod_spec, render
 
 CONTAINERFILE = DAEMONSET / "Containerfile"
 IGNORE = DAEMONSET / "Containerfile.dockerignore"
@@ -50,9 +50,11 @@ def test_base_images_are_pinned(lines):
 def test_installs_the_project_with_the_extras_pods_need(lines, pyproject):
     wheel = next(line for line in lines if "pip wheel" in line)
     extras = set(re.search(r"\[([a-z0-9_,]+)\]", wheel).group(1).split(","))
-    assert {"fuse", "s3", "metrics"} <= extras
+    assert {"s3", "metrics"} <= extras
     assert extras <= set(pyproject["project"]["optional-dependencies"])
     assert any("apt-get install" in line and " fuse3" in line for line in final_stage(lines))
+    # fsclient speaks FUSE itself: nothing is compiled, no libfuse headers
+    assert not any(re.search(r"\b(gcc|libfuse3-dev|pkg-config)\b", line) for line in lines)
 
 
 def test_build_context_holds_every_package(lines, pyproject):

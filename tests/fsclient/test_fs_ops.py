@@ -3,11 +3,10 @@ local source: inode lookup counts and forget, handle buffers, readahead."""
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
+from concurrent.futures import ThreadPoolExecutor
 
-import pyfuse3
 import pytest
 
 import fsclient.lookups
@@ -16,6 +15,7 @@ from fsclient.config import build_config
 from fsclient.errors import errno_of
 from fsclient.fs import BlockcacheFS
 from fsclient.inodes import ROOT_INODE
+from fsclient.session import FuseError
 
 BS = 64 << 10
 
@@ -43,73 +43,73 @@ def fs(tmp_path, key_file):
         vol.close()
 
 
-def run(coro):
-    return asyncio.run(coro)
+def run(fn):
+    return fn()
 
 
-async def _small_inode(f: BlockcacheFS) -> int:
+def _small_inode(f: BlockcacheFS) -> int:
     """d/small looked up as the kernel would: its inode."""
-    d = await f.lookup(ROOT_INODE, b"d")
-    return (await f.lookup(d.st_ino, b"small")).st_ino
+    d = f.lookup(ROOT_INODE, b"d")
+    return (f.lookup(d.st_ino, b"small")).st_ino
 
 
 def test_lookup_counts_and_forget_keep_the_inode_table_bounded(fs):
     f, _ = fs
 
-    async def go():
-        d = await f.lookup(ROOT_INODE, b"d")
-        await f.lookup(ROOT_INODE, b"d")
-        small = await f.lookup(d.st_ino, b"small")
+    def go():
+        d = f.lookup(ROOT_INODE, b"d")
+        f.lookup(ROOT_INODE, b"d")
+        small = f.lookup(d.st_ino, b"small")
         assert f.nodes[d.st_ino].lookups == 2 and small.st_ino in f.nodes
-        await f.forget([(small.st_ino, 1), (d.st_ino, 1)])
+        f.forget([(small.st_ino, 1), (d.st_ino, 1)])
         assert small.st_ino not in f.nodes and f.nodes[d.st_ino].lookups == 1
-        await f.forget([(d.st_ino, 1), (ROOT_INODE, 5)])
+        f.forget([(d.st_ino, 1), (ROOT_INODE, 5)])
         assert set(f.nodes) == {ROOT_INODE}  # the root is never forgotten
-        with pytest.raises(pyfuse3.FUSEError) as exc:
-            await f.getattr(d.st_ino)
+        with pytest.raises(FuseError) as exc:
+            f.getattr(d.st_ino)
         assert exc.value.errno == errno.ESTALE
-        missing = await f.lookup(ROOT_INODE, b"nope")
+        missing = f.lookup(ROOT_INODE, b"nope")
         assert missing.st_ino == 0 and missing.entry_timeout == 60  # cached negative entry
-    run(go())
+    run(go)
 
 
 def test_sequential_reads_buffer_blocks_and_prefetch_random_reads_do_not(fs):
     f, src = fs
     data = (src / "big").read_bytes()
 
-    async def go():
-        big = await f.lookup(ROOT_INODE, b"big")
-        fi = await f.open(big.st_ino, os.O_RDONLY)
+    def go():
+        big = f.lookup(ROOT_INODE, b"big")
+        fh, keep = f.open(big.st_ino, os.O_RDONLY)
         for off in (30 * BS, 15 * BS, 39 * BS, 0, 20 * BS):  # random: jumps > SEQ_SLACK
-            assert await f.read(fi.fh, off, 4096) == data[off:off + 4096]
+            assert f.read(fh, off, 4096) == data[off:off + 4096]
         assert f.open_files.prefetches == 0 and f.open_files.buffered_blocks == 0
-        out = b"".join([await f.read(fi.fh, off, 16 << 10)
+        out = b"".join([f.read(fh, off, 16 << 10)
                         for off in range(0, len(data), 16 << 10)])
         assert out == data
         assert f.open_files.prefetches > 0
         assert 0 < f.open_files.buffered_blocks <= 2
-        await f.release(fi.fh)
+        f.release(fh)
         assert f.open_files.buffered_blocks == 0 and not f.open_files.handles
-    run(go())
+    run(go)
 
 
 def test_small_files_are_read_whole_at_open(fs):
     f, _ = fs
 
-    async def go():
-        ino = await _small_inode(f)
-        fi = await f.open(ino, os.O_RDONLY)
-        h = f.open_files.handles[fi.fh]
-        assert h.pending is not None  # under way before the first read
-        assert await f.read(fi.fh, 10, 20) == b"s" * 20
-        assert h.data == b"s" * 1000 and h.pending is None
-        assert await f.read(fi.fh, 990, 100) == b"s" * 10
-        assert await f.read(fi.fh, 1000, 100) == b""
-        await f.release(fi.fh)
-        with pytest.raises(pyfuse3.FUSEError) as exc:
-            await f.open(ino, os.O_RDWR)
+    def go():
+        ino = _small_inode(f)
+        fh, keep = f.open(ino, os.O_RDONLY)
+        h = f.open_files.handles[fh]
+        assert h.data is None and h.waits  # a miss: not read at open, nor tried again
+        assert f.read(fh, 10, 20) == b"s" * 20
+        assert h.data == b"s" * 1000  # read whole by the first read
+        assert f.read(fh, 990, 100) == b"s" * 10
+        assert f.read(fh, 1000, 100) == b""
+        f.release(fh)
+        with pytest.raises(FuseError) as exc:
+            f.open(ino, os.O_RDWR)
         assert exc.value.errno == errno.EROFS
-    run(go())
+    run(go)
 
 
 def test_an_inode_forgotten_while_open_stays_until_its_release(fs):
@@ -117,15 +117,15 @@ def test_an_inode_forgotten_while_open_stays_until_its_release(fs):
     # handle of the inode is open), so it must outlive a forget
     f, _ = fs
 
-    async def go():
-        ino = await _small_inode(f)
-        fi = await f.open(ino, os.O_RDONLY)
-        await f.forget([(ino, 1)])
+    def go():
+        ino = _small_inode(f)
+        fh, keep = f.open(ino, os.O_RDONLY)
+        f.forget([(ino, 1)])
         assert f.nodes[ino].opens == 1
-        assert await f.read(fi.fh, 0, 10) == b"s" * 10
-        await f.release(fi.fh)
+        assert f.read(fh, 0, 10) == b"s" * 10
+        f.release(fh)
         assert ino not in f.nodes
-    run(go())
+    run(go)
 
 
 def test_small_files_go_to_the_page_cache_only_when_that_is_safe(tmp_path, key_file,
@@ -135,36 +135,34 @@ def test_small_files_go_to_the_page_cache_only_when_that_is_safe(tmp_path, key_f
     f, vol, _ = _make_fs(tmp_path, key_file, 0.0)
     stored: list[tuple[int, int, bytes]] = []
     # the kernel's side of notify_store (there is no FUSE session here)
-    monkeypatch.setattr(pyfuse3, "notify_store",
-                        lambda inode, off, data: stored.append((inode, off, bytes(data))))
-    f.open_files.store_pages = True
+    f.open_files.store = lambda inode, off, data: stored.append((inode, off, bytes(data)))
     want = b"s" * 1000
 
-    async def go():
-        ino = await _small_inode(f)
-        fi = await f.open(ino, os.O_RDONLY)  # a miss: read on the pool, after the open
-        assert not fi.keep_cache and await f.read(fi.fh, 0, 4096) == want
-        await f.release(fi.fh)
+    def go():
+        ino = _small_inode(f)
+        fh, keep = f.open(ino, os.O_RDONLY)  # a miss: read by the first read, after the open
+        assert not keep and f.read(fh, 0, 4096) == want
+        f.release(fh)
         assert stored == []
-        first = await f.open(ino, os.O_RDONLY)  # now in memory: read at open, stored
-        assert stored == [(ino, 0, want)] and first.keep_cache
+        first, first_keep = f.open(ino, os.O_RDONLY)  # now in memory: read at open, stored
+        assert stored == [(ino, 0, want)] and first_keep
         # a second handle while the first is open: never stored (the kernel
         # could be waiting on this process for a read of the first)
-        second = await f.open(ino, os.O_RDONLY)
-        assert len(stored) == 1 and not second.keep_cache
-        assert await f.read(second.fh, 0, 4096) == want
+        second, second_keep = f.open(ino, os.O_RDONLY)
+        assert len(stored) == 1 and not second_keep
+        assert f.read(second, 0, 4096) == want
         # the kernel lost the first handle's pages: its read is served anew
-        assert await f.read(first.fh, 0, 4096) == want
-        await f.release(second.fh)
-        await f.release(first.fh)
+        assert f.read(first, 0, 4096) == want
+        f.release(second)
+        f.release(first)
         # the kernel was told another size for the inode: not stored either
         f.nodes[ino].size = 999
-        fi = await f.open(ino, os.O_RDONLY)
-        assert len(stored) == 1 and not fi.keep_cache and await f.read(fi.fh, 0, 4096) == want
-        await f.release(fi.fh)
+        fh, keep = f.open(ino, os.O_RDONLY)
+        assert len(stored) == 1 and not keep and f.read(fh, 0, 4096) == want
+        f.release(fh)
         assert f.open_files.stored_opens == 1
     try:
-        run(go())
+        run(go)
     finally:
         f.close()
         vol.close()
@@ -180,25 +178,24 @@ def test_a_failed_store_answers_without_keep_cache_and_only_enosys_stops_storing
         if errors:
             raise errors.pop(0)
         stored.append(inode)
-    monkeypatch.setattr(pyfuse3, "notify_store", notify_store)
-    f.open_files.store_pages = True
+    f.open_files.store = notify_store
     want = b"s" * 1000
 
-    async def go():
-        ino = await _small_inode(f)
-        fi = await f.open(ino, os.O_RDONLY)  # a miss: fills the cache
-        assert await f.read(fi.fh, 0, 4096) == want
-        await f.release(fi.fh)
+    def go():
+        ino = _small_inode(f)
+        fh, keep = f.open(ino, os.O_RDONLY)  # a miss: fills the cache
+        assert f.read(fh, 0, 4096) == want
+        f.release(fh)
         for stores_after in (True, False):  # ENOMEM: this file only; ENOSYS: the mount
-            fi = await f.open(ino, os.O_RDONLY)
-            assert not fi.keep_cache and await f.read(fi.fh, 0, 4096) == want
-            await f.release(fi.fh)
-            assert f.open_files.store_pages is stores_after
-        fi = await f.open(ino, os.O_RDONLY)  # no more tries once off
-        assert not fi.keep_cache and stored == [] and f.open_files.stored_opens == 0
-        await f.release(fi.fh)
+            fh, keep = f.open(ino, os.O_RDONLY)
+            assert not keep and f.read(fh, 0, 4096) == want
+            f.release(fh)
+            assert (f.open_files.store is not None) is stores_after
+        fh, keep = f.open(ino, os.O_RDONLY)  # no more tries once off
+        assert not keep and stored == [] and f.open_files.stored_opens == 0
+        f.release(fh)
     try:
-        run(go())
+        run(go)
     finally:
         f.close()
         vol.close()
@@ -258,18 +255,23 @@ def test_lookups_during_a_listing_wait_for_it_instead_of_a_stat_each(tmp_path, k
     f = BlockcacheFS(vol, cfg)
     stats, listings = _counting(monkeypatch, vol, "stat"), _counting(monkeypatch, vol, "listdir")
 
-    async def go():
-        d = await f.lookup(ROOT_INODE, b"d")
-        found = await asyncio.gather(*(f.lookup(d.st_ino, n.encode()) for n in [*names, "no"]),
-                                     return_exceptions=True)
+    def go():
+        d = f.lookup(ROOT_INODE, b"d")
+        def lookup(name: str):
+            try:
+                return f.lookup(d.st_ino, name.encode())
+            except FuseError as exc:
+                return exc
+        with ThreadPoolExecutor(len(names) + 1) as pool:  # as the kernel's parallel lookups
+            found = list(pool.map(lookup, [*names, "no"]))
         if ttl:  # and `ls e` right after its lookup takes the listing that started
-            e = await f.lookup(ROOT_INODE, b"e")
-            fh = await f.opendir(e.st_ino)
+            e = f.lookup(ROOT_INODE, b"e")
+            fh = f.opendir(e.st_ino)
             assert [x.name for x in f.dir_handles[fh]] == ["x"]
-            await f.releasedir(fh)
+            f.releasedir(fh)
         return found
     try:
-        found = run(go())
+        found = run(go)
         assert [a.st_size for a in found[:-1]] == [len(n) for n in names]
         if ttl:
             assert found[-1].st_ino == 0  # a negative entry, from the listing too
@@ -296,12 +298,12 @@ def test_a_mount_keeps_its_metadata_once(tmp_path, key_file):
     vol = open_volume(cfg)
     f = BlockcacheFS(vol, cfg)
     try:
-        async def walk():
-            d = await f.lookup(ROOT_INODE, b"d")
-            fh = await f.opendir(d.st_ino)
-            await f.lookup(d.st_ino, b"f")
-            await f.releasedir(fh)
-        run(walk())
+        def walk():
+            d = f.lookup(ROOT_INODE, b"d")
+            fh = f.opendir(d.st_ino)
+            f.lookup(d.st_ino, b"f")
+            f.releasedir(fh)
+        run(walk)
         assert f.meta.stats()["attrs"] >= 2  # held by the mount ...
         assert vol.stat("d/f").size == 1
         assert (vol._meta._meta, vol._meta._dirs, vol._meta._missing) == ({}, {}, {})  # ... only

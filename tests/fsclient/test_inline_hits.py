@@ -1,7 +1,7 @@
 """A fresh mount over a warm shared cache: small files whose cache files are in
-the page cache are read on the event loop (no thread hop) and put in the
+the page cache are read at open without waiting on a disk and put in the
 kernel's page cache at open, so their reads need no request at all; the
-others, and everything while their pages are on disk only, through the pool,
+others, and everything while their pages are on disk only, by their first read request,
 with the same bytes and one read request per small file."""
 
 from __future__ import annotations
@@ -78,20 +78,20 @@ def test_fresh_mount_reads_warm_small_files_inline(tree, daemon, mounts):
                 and time.monotonic() - seen[1] >= 0.2)
     daemon.wait_stats(quiet, timeout=20)
 
-    # the cache files' pages are on disk only: served through the pool, same bytes
+    # the cache files' pages are on disk only: read by read requests, same bytes
     assert _drop_cache_pages(daemon.cache_dirs) >= len(want)
     second = mounts(tree, daemon.socket_path, name="second")
     assert _read(second, want) == want
     s = second.stats()
-    # most through the pool; some reads may be inline all the same (3 of 11
+    # most by read requests; some reads may be inline all the same (3 of 11
     # seen under load, with every cache file's pages shown dropped by fincore
     # before and after the mount): a file's read split into several requests
-    # finds the pages its first pool read brought in
+    # finds the pages its first blocking read brought in
     assert s["misses"] == 0 and s["fsclient"]["inline_loads"] < len(want) // 2, s
 
-    # now in the page cache: a third mount reads them on the event loop and
+    # now in the page cache: a third mount reads them at open without waiting and
     # hands them to the kernel at open: no read requests for those (this
-    # machine's kernel may still drop a page meanwhile: such a file takes the pool)
+    # machine's kernel may still drop a page meanwhile: such a file takes a read request)
     third = mounts(tree, daemon.socket_path, name="third")
     read_into_page_cache(daemon.cache_dirs)
     assert _read(third, want) == want
@@ -167,7 +167,7 @@ def test_kept_open_refills_pages_the_kernel_dropped_inline(tree, daemon, mounts)
     assert s1["kept_opens"] == s0["kept_opens"] + 1
     assert s1["ops"].get("read", 0) == s0["ops"].get("read", 0)
     # the kernel loses the file's pages (as under memory pressure): the next
-    # kept open's read reaches fsclient, which serves it on the loop
+    # kept open's read reaches fsclient, which serves it without waiting on a disk
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

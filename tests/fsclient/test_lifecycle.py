@@ -5,6 +5,7 @@ deleted remotely while open."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -15,7 +16,7 @@ import time
 import pytest
 
 from tests.fsclient.mounting import force_unmount, fsclient, is_mounted
-from tests.fsclient.test_mount import snapshot
+from tests.support.trees import snapshot
 
 pytestmark = pytest.mark.fuse
 
@@ -87,6 +88,24 @@ def test_sigterm_unmounts_cleanly(tree, daemon, mounts):
     m = mounts(tree, daemon.socket_path)
     assert m.stop() == 0
     assert not is_mounted(m.mountpoint)
+
+
+def test_sigterm_with_a_file_open_ends_the_mount_too(tree, daemon, mounts):
+    # a lazy unmount leaves the connection alive while files are open: the
+    # process still exits, and the open file then fails instead of hanging
+    m = mounts(tree, daemon.socket_path)
+    held = os.open(os.path.join(m.mountpoint, "big.bin"), os.O_RDONLY)
+    try:
+        assert len(os.pread(held, 1000, 0)) == 1000
+        m.proc.send_signal(signal.SIGTERM)
+        assert m.proc.wait(20) == 0
+        assert not is_mounted(m.mountpoint)
+        with pytest.raises(OSError) as exc:
+            os.pread(held, 1000, 4 << 20)
+        assert exc.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    finally:
+        with contextlib.suppress(OSError):  # (its flush fails the same way)
+            os.close(held)
 
 
 def test_kill9_then_next_mount_recovers_the_mount_point(tree, daemon, mounts):

@@ -14,8 +14,7 @@ from blockcache_client.contract.errors import DaemonError
 from blockcache_client.contract.protocol import ErrorCode
 from blockcache_client.daemonclient import readerarea as reader_area
 from blockcache_client.daemonclient.client import Client
-
-from .test_daemon import VOLUME_KEY, make_block, make_key
+from tests.support.blocks import VOLUME_KEY, make_block, make_key
 
 SLOT = 64 << 10
 

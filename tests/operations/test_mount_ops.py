@@ -5,30 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fsclient.mounting import FsclientMount
-from tests.operations.conftest import BLOCK, VOLUME, blocks_of, logged_port, run_cli
+from tests.operations.conftest import BLOCK, VOLUME, blocks_of, run_cli
+from tests.support.metrics import logged_port, scrape, value
 
 pytestmark = pytest.mark.fuse
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    """{(sample name, sorted label items): value} from a /metrics endpoint."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(samples: dict, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 @pytest.fixture
@@ -64,6 +48,9 @@ def test_mount_metrics_parse_and_move_with_reads(mount, tree, daemon):
         == sum(read.values())
     assert value(after, "blockcache_fuse_ops_total", volume=VOLUME, op="read") > 0
     assert value(after, "blockcache_fuse_op_seconds_count", volume=VOLUME, op="read") > 0
+    # the session's workers (the mount's `threads`), none busy between requests
+    assert value(after, "blockcache_fuse_workers", volume=VOLUME) == 32
+    assert ("blockcache_fuse_workers_busy", (("volume", VOLUME),)) in after
     # at least one ranged read per non-empty file, at most one per block
     # (sequential reads of a multi-block file bring several blocks per request)
     reads = value(after, "blockcache_client_backend_request_seconds_count",

@@ -10,8 +10,7 @@ import random
 import pytest
 
 from blockcache_client.common import nowait
-from tests.blockcache_client.reader.test_volume import BS, volume
-from tests.blockcache_client.reader.test_volume_faults import cached_block_path, damage_block, fill
+from tests.support.volumes import BS, cached_block_path, damage_block, fill, volume
 
 pytestmark = pytest.mark.skipif(not nowait.SUPPORTED, reason="needs openat2 and RWF_NOWAIT")
 

@@ -1,0 +1,150 @@
+"""Workload `fio`: fsclient on a fresh mount over a warm cache, against the
+pyfuse3 passthrough (`bench.passthrough`) on a fresh mount of the same
+page-cached local file, both read by Debian's fio.
+
+    python -m bench.fio [--mib 512] [--runtime 10] [--rounds 3]
+
+What a new job on a host sees: a 512 MiB file, read once through fsclient so
+the host's block cache holds it, then for each round and each side a fresh
+mount (nothing in the mount's page cache or the reader's memory), the cache
+files (or the local file) read into the host page cache first, untimed:
+
+- 4 KiB random reads, 2 jobs, `--runtime` seconds: IOPS. Target: fsclient
+  >= 0.8x the passthrough.
+- 1 MiB sequential reads of the whole file, 1 job: MB/s. Target: >= 0.9x.
+
+The two sides alternate within a round; the ratio of each round's pair and
+their median are printed with the machine's load average. fio is
+apt-installed when missing (root). Results go to stdout and
+bench/results/fio.json; the exit code is 0 when both targets are met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+
+from bench.fuse_vs_passthrough import RESULTS, start_passthrough
+from bench.systems import _apt_install, read_into_page_cache
+from devtools.demo import Demo, stop_mount
+
+FILE = "data.bin"
+TARGETS = {"rand4k": 0.8, "seq1m": 0.9}
+
+
+def fio(path: str, kind: str, runtime: float) -> float:
+    """Run fio once on `path`: IOPS for "rand4k", MB/s for "seq1m"."""
+    common = ["fio", f"--filename={path}", "--readonly", "--ioengine=psync",
+              "--group_reporting", "--output-format=json"]
+    if kind == "rand4k":
+        args = ["--name=rand4k", "--rw=randread", "--bs=4k", "--numjobs=2", "--time_based",
+                f"--runtime={runtime:g}"]
+    else:
+        args = ["--name=seq1m", "--rw=read", "--bs=1M", "--numjobs=1"]
+    res = subprocess.run(common + args, capture_output=True, text=True, timeout=600,
+                         stdin=subprocess.DEVNULL)
+    if res.returncode != 0:
+        raise RuntimeError(f"fio failed: {(res.stderr or res.stdout).strip()[-500:]}")
+    job = json.loads(res.stdout[res.stdout.index("{"):])["jobs"][0]["read"]
+    return job["iops"] if kind == "rand4k" else job["bw_bytes"] / 1e6
+
+
+def run_ours(demo: Demo, config: str, remote: str, kind: str, runtime: float) -> float:
+    """One fio run on a fresh fsclient mount over the warm block cache."""
+    demo.mount(config)
+    try:
+        read_into_page_cache([os.path.join(demo.tmp, "cache")])
+        return fio(os.path.join(demo.mountpoint, FILE), kind, runtime)
+    finally:
+        demo.unmount()
+
+
+def run_passthrough(demo: Demo, remote: str, kind: str, runtime: float) -> float:
+    """One fio run on a fresh passthrough mount of the page-cached local file."""
+    proc = start_passthrough(demo, remote, None)
+    try:
+        read_into_page_cache([remote])
+        return fio(os.path.join(demo.mountpoint, FILE), kind, runtime)
+    finally:
+        stop_mount(proc, demo.mountpoint)
+
+
+def fill_cache(demo: Demo, config: str) -> None:
+    """Read the file once through fsclient: every block into the host's cache."""
+    demo.mount(config)
+    try:
+        with open(os.path.join(demo.mountpoint, FILE), "rb") as f:
+            while f.read(1 << 20):
+                pass
+        demo.wait_fills()
+    finally:
+        demo.unmount()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.fio", description=__doc__.split("\n")[0])
+    p.add_argument("--mib", type=int, default=512, help="size of the file read")
+    p.add_argument("--runtime", type=float, default=10.0, help="seconds per random-read run")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=RESULTS, help="where fio.json goes")
+    p.add_argument("--keep", action="store_true")
+    args = p.parse_args(argv)
+    why = _apt_install("fio", "fio")
+    if why is not None:
+        print(f"bench.fio: {why}", file=sys.stderr)
+        return 1
+    args.delay = 0.002  # the remote of the one cold read (Demo's config)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    demo = Demo(args)
+    rounds: dict[str, list[tuple[float, float]]] = {k: [] for k in TARGETS}
+    try:
+        remote = os.path.join(demo.tmp, "remote")
+        os.makedirs(remote)
+        with open(os.path.join(remote, FILE), "wb") as f:
+            for _ in range(args.mib):
+                f.write(os.urandom(1 << 20))
+        demo.start_daemon()
+        config = demo.write_config(remote)
+        fill_cache(demo, config)
+        for r in range(args.rounds):
+            for kind in TARGETS:
+                # alternate which side goes first, so neither always runs second
+                if r % 2:
+                    ours = run_ours(demo, config, remote, kind, args.runtime)
+                    peer = run_passthrough(demo, remote, kind, args.runtime)
+                else:
+                    peer = run_passthrough(demo, remote, kind, args.runtime)
+                    ours = run_ours(demo, config, remote, kind, args.runtime)
+                rounds[kind].append((ours, peer))
+                print(f"round {r + 1} {kind}: fsclient {ours:,.0f} passthrough {peer:,.0f} "
+                      f"ratio {ours / peer:.2f}x", flush=True)
+    finally:
+        demo.cleanup()
+    load = os.getloadavg()
+    out: dict = {"mib": args.mib, "runtime_s": args.runtime, "load_average": load}
+    print(f"\nfio on a {args.mib} MiB file, fresh mounts over warm caches; load average "
+          f"{load[0]:.1f} {load[1]:.1f} on {os.cpu_count()} cpus")
+    for kind, unit in (("rand4k", "IOPS (4 KiB random, 2 jobs)"),
+                       ("seq1m", "MB/s (1 MiB sequential)")):
+        pairs = rounds[kind]
+        ratios = [o / p for o, p in pairs]
+        out[kind] = {"fsclient": [o for o, _ in pairs], "passthrough": [p for _, p in pairs],
+                     "ratios": ratios, "median_ratio": statistics.median(ratios),
+                     "target_min": TARGETS[kind]}
+        print(f"{unit:30} fsclient {statistics.median(o for o, _ in pairs):9,.0f}  passthrough "
+              f"{statistics.median(p for _, p in pairs):9,.0f}  ratio per round "
+              + ", ".join(f"{x:.2f}x" for x in ratios)
+              + f"; median {statistics.median(ratios):.2f}x (target >= {TARGETS[kind]}x)")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "fio.json"), "w") as f:
+        json.dump(out, f, indent=2)
+    return 0 if all(out[k]["median_ratio"] >= t for k, t in TARGETS.items()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

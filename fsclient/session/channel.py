@@ -1,0 +1,104 @@
+"""A channel: one file descriptor of a FUSE connection that requests are read from
+and answered on.
+
+The mount's own /dev/fuse descriptor is the first channel; `clone` opens another
+/dev/fuse and attaches it to the same connection (FUSE_DEV_IOC_CLONE), so each
+worker thread reads and answers on its own descriptor. The kernel hands each
+request to one reader; its answer may go to any channel of the connection, but
+each worker answers on the channel it read from.
+
+Every read is one whole request into a buffer made once per channel (`readinto`);
+every answer is one `writev` of the header and its parts. Any descriptor that keeps
+message boundaries serves (a SOCK_SEQPACKET socket in the protocol tests).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import struct
+from collections.abc import Sequence
+
+from . import structs as s
+
+# Errors that end reading: the connection is gone (unmounted or aborted).
+GONE = frozenset({errno.ENODEV, errno.ECONNABORTED, errno.EBADF})
+# Errors of a read that just tries again: a signal, a request taken by another
+# reader between the wake-up and the read, a request interrupted while queued.
+AGAIN = frozenset({errno.EINTR, errno.EAGAIN, errno.ENOENT})
+
+
+def open_device() -> int:
+    """A new /dev/fuse descriptor (close-on-exec)."""
+    return os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+
+
+class Channel:
+    """One descriptor of the connection and the request buffer read into."""
+
+    __slots__ = ("fd", "buf", "view", "owned")
+
+    def __init__(self, fd: int, buffer_size: int, owned: bool = True):
+        self.fd = fd
+        self.buf = bytearray(buffer_size)
+        self.view = memoryview(self.buf)
+        self.owned = owned  # closed with the channel (the mount's own fd is not)
+
+    @classmethod
+    def clone(cls, fd: int, buffer_size: int) -> Channel:
+        """A new /dev/fuse descriptor attached to `fd`'s connection."""
+        new = open_device()
+        try:
+            fcntl.ioctl(new, s.DEV_IOC_CLONE, struct.pack("I", fd))
+        except OSError:
+            os.close(new)
+            raise
+        return cls(new, buffer_size)
+
+    def read(self) -> int:
+        """Read one request into `buf`; its length, or 0 when the connection is gone.
+        Raises OSError only for errors other than GONE and AGAIN."""
+        while True:
+            try:
+                return os.readv(self.fd, (self.buf,))
+            except OSError as exc:
+                if exc.errno in AGAIN:
+                    continue
+                if exc.errno in GONE:
+                    return 0
+                raise
+
+    def reply(self, unique: int, parts: Sequence[bytes | memoryview | bytearray] = ()) -> bool:
+        """Answer request `unique` with the concatenation of `parts`. False if the
+        kernel no longer waits for it (interrupted and answered, or the
+        connection gone): nothing to do then."""
+        size = s.OUT_HEADER.size
+        for p in parts:
+            size += len(p)
+        return self._write([s.OUT_HEADER.pack(size, 0, unique), *parts])
+
+    def error(self, unique: int, code: int) -> bool:
+        """Answer request `unique` with -errno `code`."""
+        return self._write([s.OUT_HEADER.pack(s.OUT_HEADER.size, -code, unique)])
+
+    def notify_store(self, nodeid: int, offset: int, data: bytes | memoryview) -> None:
+        """Put `data` into the kernel's page cache of `nodeid` at `offset`
+        (FUSE_NOTIFY_STORE). Raises OSError as the kernel answers it."""
+        head = s.NOTIFY_STORE_OUT.pack(nodeid, offset, len(data), 0)
+        total = s.OUT_HEADER.size + len(head) + len(data)
+        os.writev(self.fd, [s.OUT_HEADER.pack(total, s.NOTIFY_STORE, 0), head, data])
+
+    def _write(self, parts: list) -> bool:
+        try:
+            os.writev(self.fd, parts)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT or exc.errno in GONE:
+                return False
+            raise
+        return True
+
+    def close(self) -> None:
+        if self.owned and self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1

@@ -1,0 +1,223 @@
+"""The session: worker threads, each reading requests from its own channel and
+answering each one on the thread that read it.
+
+A hit is read and decrypted on the worker that took its request: no hand-off, no
+event loop. A remote miss holds its worker for the fetch, so the pool is sized
+(`workers`, the mount's `threads`) for misses in flight beside the hits; idle
+workers cost a blocked read each. Every worker but the first reads a clone of the
+mount's descriptor (FUSE_DEV_IOC_CLONE), so the kernel wakes one reader per
+request.
+
+Counted per worker (no shared counter on the request path), summed when read:
+requests per opcode, and whether the worker is busy now.
+
+Interrupts: the kernel asks to interrupt a request it is waiting for (a reader got
+a signal). A handler on a thread cannot be stopped, so the interrupted request is
+answered EINTR at once, as the asyncio layer did by cancelling; the handler's own
+late answer then finds the request gone and is dropped (an OPEN's handle is
+released, the kernel never having seen it). An INTERRUPT for a request already
+answered, or not yet read, is ignored.
+
+What must hold:
+- Nothing but INIT is served before INIT is answered (EIO, as libfuse does).
+- A request too short for its header is dropped (answered EIO when its unique can
+  be read); one whose length field disagrees with what was read is answered EIO;
+  neither ends the session.
+- The session ends when the connection does (unmount: reads return ENODEV), on
+  DESTROY, or on `stop`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from typing import Any
+
+from . import structs as s
+from .channel import Channel
+from .negotiate import MAX_WRITE, Negotiated, ProtocolError, negotiate
+from .requests import Dispatcher, Operations
+
+log = logging.getLogger(__name__)
+
+_OPCODES = 64  # per-opcode counters; larger opcodes count under 0
+
+
+class Worker:
+    """One thread's channel and its counters."""
+
+    __slots__ = ("channel", "thread", "ops", "busy")
+
+    def __init__(self, channel: Channel):
+        self.channel = channel
+        self.thread: threading.Thread | None = None
+        self.ops = [0] * _OPCODES
+        self.busy = False
+
+
+class Session:
+    """One FUSE connection served by `workers` threads."""
+
+    def __init__(self, ops: Operations, workers: int, clone: bool = True,
+                 terms: Negotiated | None = None):
+        self.ops = ops
+        self.fd = -1
+        self.nworkers = max(1, workers)
+        self.clone = clone
+        self.dispatcher = Dispatcher(ops)
+        # set once INIT is answered (or given: a session taken over)
+        self.terms = terms
+        self.buffer_size = (terms or _DEFAULT_TERMS).buffer_size()
+        self.workers: list[Worker] = []
+        self.ended = threading.Event()  # DESTROY, stop, or every worker gone
+        self.latency: Any = None  # a LockedHistogram of handling time per op, when timed
+        self._inflight: dict[int, Channel] = {}  # unique -> channel, for INTERRUPT
+        self._running = 0
+        self._lock = threading.Lock()
+
+    # lifecycle
+
+    def start(self, fd: int) -> None:
+        """Start the workers: the first on the mount's descriptor `fd` (which the
+        caller keeps and closes), the rest on clones."""
+        self.fd = fd
+        channels = [Channel(self.fd, self.buffer_size, owned=False)]
+        for _ in range(self.nworkers - 1):
+            if self.clone:
+                try:
+                    channels.append(Channel.clone(self.fd, self.buffer_size))
+                    continue
+                except OSError as exc:
+                    log.warning("cannot clone the FUSE channel (%s); workers share one", exc)
+                    self.clone = False
+            channels.append(Channel(self.fd, self.buffer_size, owned=False))
+        for i, ch in enumerate(channels):
+            w = Worker(ch)
+            w.thread = threading.Thread(target=self._run, args=(w,), daemon=True,
+                                        name=f"fuse-worker-{i}")
+            self.workers.append(w)
+        self._running = len(self.workers)
+        for w in self.workers:
+            w.thread.start()  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        """Ask the workers to end after their current request."""
+        self.ended.set()
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the workers to end; True if all did."""
+        deadline = time.monotonic() + timeout
+        for w in self.workers:
+            if w.thread is not None:
+                w.thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(w.thread is not None and w.thread.is_alive() for w in self.workers)
+
+    def close(self) -> None:
+        """Close the cloned channels of workers that have ended."""
+        for w in self.workers:
+            if w.thread is None or not w.thread.is_alive():
+                w.channel.close()
+
+    def notify_store(self, nodeid: int, offset: int, data: bytes | memoryview) -> None:
+        """Put file data into the kernel's page cache (see `Channel.notify_store`)."""
+        self.workers[0].channel.notify_store(nodeid, offset, data)
+
+    # what the metrics read
+
+    def busy(self) -> int:
+        return sum(1 for w in self.workers if w.busy)
+
+    def op_counts(self) -> dict[str, int]:
+        """Requests read, by operation name."""
+        out: dict[str, int] = {}
+        for w in self.workers:
+            for op, n in enumerate(w.ops):
+                if n:
+                    name = s.OP_NAMES.get(op, "other")
+                    out[name] = out.get(name, 0) + n
+        return out
+
+    # the workers
+
+    def _run(self, w: Worker) -> None:
+        ch = w.channel
+        try:
+            while not self.ended.is_set():
+                n = ch.read()
+                if n == 0:
+                    break
+                w.busy = True
+                try:
+                    self._serve(ch, n, w)
+                finally:
+                    w.busy = False
+        except Exception:
+            log.exception("FUSE worker %s failed; the others serve on",
+                          threading.current_thread().name)
+        finally:
+            with self._lock:
+                self._running -= 1
+                if self._running == 0:
+                    self.ended.set()
+
+    def _serve(self, ch: Channel, n: int, w: Worker) -> None:
+        view = ch.view
+        if n < s.IN_HEADER.size:
+            log.warning("dropped a FUSE request of %d bytes (shorter than its header)", n)
+            if n >= s.OUT_HEADER.size:
+                ch.error(s.OUT_HEADER.unpack_from(view)[2], errno.EIO)
+            return
+        size, op, unique, nodeid, uid, _gid, _pid, _ext, _ = s.IN_HEADER.unpack_from(view)
+        w.ops[op if op < _OPCODES else 0] += 1
+        if size != n:
+            log.warning("FUSE request %d (%s) says %d bytes but %d were read; answering EIO",
+                        unique, s.OP_NAMES.get(op, op), size, n)
+            ch.error(unique, errno.EIO)
+            return
+        body = view[s.IN_HEADER.size:n]
+        if op == s.INIT:
+            self._init(ch, unique, body)
+        elif self.terms is None:
+            ch.error(unique, errno.EIO)
+        elif op == s.INTERRUPT:
+            self._interrupt(body)
+        elif op == s.DESTROY:
+            self.ended.set()
+            ch.reply(unique)
+        else:
+            timed = self.latency
+            start = time.perf_counter() if timed is not None else 0.0
+            self._inflight[unique] = ch
+            try:
+                self.dispatcher.call(op, ch, unique, nodeid, body, uid)
+            finally:
+                self._inflight.pop(unique, None)
+                if timed is not None:
+                    timed.observe(s.OP_NAMES.get(op, "other"), time.perf_counter() - start)
+
+    def _init(self, ch: Channel, unique: int, body: memoryview) -> None:
+        try:
+            terms, reply = negotiate(body)
+        except ProtocolError as exc:
+            log.error("%s; ending the session", exc)
+            ch.error(unique, errno.EPROTO)
+            self.ended.set()
+            return
+        self.terms = terms
+        log.info("FUSE %d.%d (kernel offers 7.%d): flags %#x, max_pages %d", terms.major,
+                 terms.minor, s.INIT_IN_OLD.unpack_from(body)[1], terms.flags, terms.max_pages)
+        ch.reply(unique, (reply,))
+
+    def _interrupt(self, body: memoryview) -> None:
+        target = s.INTERRUPT_IN.unpack_from(body)[0]
+        ch = self._inflight.get(target)
+        if ch is not None:
+            ch.error(target, errno.EINTR)
+
+
+# The buffer size before INIT: what `negotiate` will grant.
+_DEFAULT_TERMS = Negotiated(major=s.KERNEL_MAJOR, minor=s.KERNEL_MINOR, flags=0, offered=0,
+                            max_readahead=0, max_write=MAX_WRITE, max_pages=0,
+                            max_background=0, congestion_threshold=0)

@@ -1,0 +1,62 @@
+"""The session's workers on a real mount: a read that waits on a slow remote
+holds one worker, and reads of cached bytes keep being answered meanwhile by
+the others, each on the thread that took it."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.fuse
+
+DELAY = 1.0  # each remote request of the mount's source
+
+
+def test_a_slow_miss_does_not_hold_up_hits(tmp_path, tree, daemon, mounts):
+    config = tmp_path / "slow.toml"
+    config.write_text(f"[storage_options]\nlatency = {{delay = {DELAY}}}\n")
+    m = mounts(f"latency::file://{tree}", daemon.socket_path,
+               args=["--config", str(config)])
+    rel = os.path.join("dir0", "sub0", "file3.bin")  # a block and a byte: not read whole
+    hit = os.path.join(m.mountpoint, rel)
+    with open(os.path.join(tree, rel), "rb") as f:
+        want = f.read()
+    assert len(want) > 64 << 10
+    with open(hit, "rb") as f:  # a miss: cached from now on
+        assert f.read() == want
+    daemon.wait_idle()
+    os.stat(os.path.join(m.mountpoint, "big.bin"))  # looked up before the clock starts
+
+    done = threading.Event()
+
+    def miss() -> None:
+        fd = os.open(os.path.join(m.mountpoint, "big.bin"), os.O_RDONLY)
+        try:
+            for block in (17, 3, 11):  # a remote request each: DELAY each
+                os.pread(fd, 4096, block * (256 << 10))
+        finally:
+            os.close(fd)
+        done.set()
+
+    t = threading.Thread(target=miss, daemon=True)
+    t.start()
+    time.sleep(DELAY / 2)  # the miss is waiting on the remote now
+    fd = os.open(hit, os.O_RDONLY)
+    try:
+        slowest = 0.0
+        for i in range(20):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the read reaches fsclient
+            off = i * 7 * 4096 % (len(want) - 4096)  # not sequential: the chunk cache
+            start = time.monotonic()
+            assert os.pread(fd, 4096, off) == want[off:off + 4096]
+            slowest = max(slowest, time.monotonic() - start)
+        assert not done.is_set(), "the hits were answered only after the miss"
+        assert slowest < DELAY / 2, f"a hit waited {slowest:.2f}s behind the miss"
+    finally:
+        os.close(fd)
+        t.join(60)
+    stats = m.stats()["fsclient"]["ops"]
+    assert stats["read"] >= 20

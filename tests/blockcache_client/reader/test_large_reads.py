@@ -18,7 +18,7 @@ from blockcache_client.contract import blockfile
 from blockcache_client.contract.errors import IntegrityError
 from blockcache_client.reader import gcm
 from blockcache_client.reader.decrypt import ParallelDecrypt
-from tests.blockcache_client.conftest import wait_for
+from tests.support.waiting import wait_for
 
 BS = 1 << 20
 SIZE = 5 * BS + 12345   # five whole blocks and a short one

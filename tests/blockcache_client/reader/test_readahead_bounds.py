@@ -10,7 +10,7 @@ import time
 
 from blockcache_client import Volume
 from blockcache_client.reader import prefetch
-from tests.blockcache_client.conftest import wait_for
+from tests.support.waiting import wait_for
 
 BS = 1 << 20
 DELAY = 0.5               # every source request waits this long

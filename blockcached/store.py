@@ -238,7 +238,8 @@ class Store:
 
 # a fan-out leaf, reached to create, rename, unlink or utime in it
 _LEAF = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# read too: a copy from a fill area is checked in its tmp file (AreaSpan.write_to)
+_CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # what opening a dir path gives where a component is a symlink, a file, or missing
 _NOT_A_DIR = frozenset({errno.ELOOP, errno.ENOTDIR, errno.ENOENT})
 

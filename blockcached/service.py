@@ -34,7 +34,7 @@ _CONNECTION_OPS = frozenset({"put", "area"})
 REFUSAL_LOG_EVERY = 60.0  # seconds between log lines per (refusal kind, uid)
 # why a peer over its share was refused, and what the log line tells the operator
 _REFUSALS = {
-    "connections": "has max_connections_per_uid connections open",
+    "connections": "may not open another connection",
     "reply_bytes": "has max_reply_bytes_per_uid bytes of replies unread",
     "over_share": "holds its fill_queue_share of the fill queue",
     "too_many_volumes": "put a block of a new volume while max_volumes are cached",

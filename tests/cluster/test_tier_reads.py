@@ -8,10 +8,9 @@ import random
 import signal
 
 from blockcache_client.cluster.items import SLICE_LIMIT, split
-from blockcache_client.cluster.memcache import Memcache
 from blockcache_client.contract import blockfile
 from blockcache_client.volumekey import load_key_file
-from tests.support.tier import all_items, block_keys
+from tests.support.tier import RawMemcache, all_items, block_keys
 
 BS = 4 << 20
 
@@ -159,7 +158,7 @@ def test_two_hosts_copies_of_a_block_never_mix(cluster, key_file, tmp_path):
     plain = os.urandom(1 << 20)
     copy_a = split(key, blockfile.seal(key, plain, load_key_file(key_file), 64 << 10))
     copy_b = split(key, blockfile.seal(key, plain, load_key_file(key_file), 64 << 10))
-    raw = Memcache(("127.0.0.1", m.port), 2.0, 2.0)
+    raw = RawMemcache(m.port)
     try:
         # host A's fill is under way: its first item is in, the rest not yet
         assert raw.add(*copy_a[0])

@@ -74,7 +74,7 @@ def check_daemon(d: DaemonService) -> None:
     for p in (path, *path.parents):
         if p == d.cache_dir:
             break
-        assert stat.S_IMODE(p.stat().st_mode) == (0o644 if p == path else 0o755), p
+        assert stat.S_IMODE(p.stat().st_mode) == (0o644 if p == path else 0o711), p
     reader = subprocess.run(setpriv(OTHER_UID, OTHER_UID, [], ["cat", str(path)]),
                             capture_output=True, timeout=WAIT)
     assert reader.returncode == 0 and reader.stdout, reader.stderr

@@ -17,8 +17,8 @@ starts with empty caches; readers are spawned processes (`bench.worker`).
    them again from the host cache, `--repeat` times, each beside the
    machine's AES-256-GCM decrypt rate on 64 KiB chunks (Volume's) with one
    thread and with as many threads as cores, measured just before with
-   `cryptography` and with libcrypto (`reader.gcm`): the best is the limit
-   our decryption sets. The local copy read from the page cache is
+   `cryptography`, the library the reader decrypts with: the limit our
+   decryption sets. The local copy read from the page cache is
    printed beside.
 4. model loading (`bench.model_load`): a safetensors checkpoint of about
    `--model-mib` MiB loaded cold and warm from local disk, through the FUSE
@@ -120,13 +120,10 @@ def upload(remote: DirectRemote, local_root: str, args: argparse.Namespace) -> d
     return out
 
 
-def decrypt_rate(threads: int, engine: str = "cryptography", seconds: float = 0.4) -> float:
+def decrypt_rate(threads: int, seconds: float = 0.4) -> float:
     """Bytes/s a 1 MiB block of Volume's 64 KiB chunks decrypts into a reused
-    buffer, on `threads` threads at once: with `cryptography` (which holds
-    the GIL while it decrypts) or with libcrypto through `reader.gcm`
-    (which lets go of it)."""
+    buffer with `cryptography`, on `threads` threads at once."""
     from blockcache_client.contract import blockfile
-    from blockcache_client.reader import gcm
     vk = os.urandom(32)
     blob = memoryview(bytearray(blockfile.seal("k", os.urandom(MIB), vk)))
     cipher = blockfile.BlockCipher.from_head(blob[:blockfile.HEADER_SIZE], "k", vk,
@@ -141,10 +138,7 @@ def decrypt_rate(threads: int, engine: str = "cryptography", seconds: float = 0.
         start.wait()
         n = 0
         while time.perf_counter() < stop_at[0]:
-            if engine == "libcrypto":
-                gcm.open_into(cipher, 0, body, out)
-            else:
-                cipher.read_range_into(0, body, out)
+            cipher.read_range_into(0, body, out)
             n += 1
         done[i] = n
 
@@ -160,17 +154,10 @@ def decrypt_rate(threads: int, engine: str = "cryptography", seconds: float = 0.
 
 
 def machine_decrypt(cores: int) -> dict:
-    """The decrypt rates of one measurement: each engine on 1 thread and on
-    `cores`; `parallel` is the best of them (the limit a reader may reach)."""
-    from blockcache_client.reader import gcm
-    engines = ["cryptography"] + (["libcrypto"] if gcm.available() else [])
-    out = {"case": "decrypt", "threads": cores}
-    for engine in engines:
-        out[f"{engine}_1"] = decrypt_rate(1, engine)
-        out[f"{engine}_{cores}"] = decrypt_rate(cores, engine)
-    out["one_thread"] = max(out[f"{e}_1"] for e in engines)
-    out["parallel"] = max(out[f"{e}_{cores}"] for e in engines)
-    return out
+    """The decrypt rates of one measurement: on 1 thread and on `cores`
+    (`parallel`, the limit a reader may reach)."""
+    return {"case": "decrypt", "threads": cores,
+            "one_thread": decrypt_rate(1), "parallel": decrypt_rate(cores)}
 
 
 def _epoch(workers: Workers, cmd: str, arg, label: str, rows: list, **extra) -> dict:

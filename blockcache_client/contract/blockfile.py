@@ -184,13 +184,12 @@ class BlockCipher:
     """The per-block AEAD state: derived once, used for each chunk touched.
     Read-only after construction (threads share one)."""
 
-    __slots__ = ("plaintext_len", "chunk_size", "subkey", "_aead", "_aad", "_last", "_header")
+    __slots__ = ("plaintext_len", "chunk_size", "_aead", "_aad", "_last", "_header")
 
     def __init__(self, header: BlockHeader, key: str, volume_key: bytes):
         _check_volume_key(volume_key)
         made = BlockCipher.from_head(header.pack(), key, volume_key, key_id(volume_key))
         self.plaintext_len, self.chunk_size = made.plaintext_len, made.chunk_size
-        self.subkey = made.subkey
         self._aead, self._aad, self._last = made._aead, made._aad, made._last
         self._header = header
 
@@ -216,23 +215,12 @@ class BlockCipher:
         cipher._header = None
         cipher.plaintext_len = length
         cipher.chunk_size = chunk
-        # kept for a decryptor other than `cryptography`'s (reader.gcm)
-        cipher.subkey = hkdf_sha256(volume_key, salt, _HKDF_INFO)
-        cipher._aead = AESGCM(cipher.subkey)
+        cipher._aead = AESGCM(hkdf_sha256(volume_key, salt, _HKDF_INFO))
         # a valid header packs back to exactly these bytes (the reserved
         # fields are zero), so they are the aad's header part as they are
         cipher._aad = head + key.encode()
         cipher._last = (length - 1) // chunk if length > chunk else 0
         return cipher
-
-    @property
-    def aad(self) -> bytes:
-        """Every chunk's associated data: the header bytes and the block key."""
-        return self._aad
-
-    def nonce(self, index: int) -> bytes:
-        """Chunk `index`'s nonce."""
-        return _NONCE.pack(index, index == self._last)
 
     @property
     def header(self) -> BlockHeader:

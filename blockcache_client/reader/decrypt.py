@@ -5,13 +5,13 @@ AES-GCM: one 1 MiB read is sixteen 64 KiB chunks, each independent. Reads of
 at least `PARALLEL_MIN` bytes are cut at chunk boundaries into one slice per
 thread; the caller's thread opens the first slice while pool threads open
 the rest, each straight into its part of the destination (the caller's
-buffer, or the reused plaintext scratch), through `gcm` (libcrypto without
-the GIL). Nothing is allocated per chunk, and no memory is held beyond the
-read's own ciphertext buffer, so the memory budget is untouched.
+buffer, or the reused plaintext scratch), with `cryptography`'s
+`decrypt_into`, which lets go of the GIL while it decrypts a chunk. Nothing
+is allocated per chunk, and no memory is held beyond the read's own
+ciphertext buffer, so the memory budget is untouched.
 
-Smaller reads, chunks cut by the read's ends, a read-only destination, one
-core, or no libcrypto: `BlockCipher.read_range_into` on the caller's thread,
-as before. If any slice fails authentication, the whole destination is
+Smaller reads, a read-only destination or one core: the whole read on the
+caller's thread. If any slice fails authentication, the whole destination is
 zeroed before IntegrityError is raised (no unauthenticated byte stays).
 The pool is per process (a forked child builds its own) and idle threads
 cost nothing; `close` stops it.
@@ -24,7 +24,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ..contract.blockfile import TAG_SIZE, BlockCipher, chunk_span
-from . import gcm
 
 PARALLEL_MIN = 256 << 10   # smaller reads: the hand-off would cost more than it saves
 MAX_THREADS = 32
@@ -44,7 +43,7 @@ class ParallelDecrypt:
 
     def __init__(self, threads: int | None = None):
         self.threads = default_threads() if threads is None else max(1, int(threads))
-        self.enabled = self.threads > 1 and gcm.available()
+        self.enabled = self.threads > 1
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self.parallel_reads = 0    # reads shared over threads (stats)
@@ -84,17 +83,17 @@ class ParallelDecrypt:
             hi = min(b, lo + per)
             p0 = lo * csize - offset
             p1 = min(hi * csize, cipher.plaintext_len) - offset
-            slices.append((lo, body[(lo - first) * step:(lo - first) * step + p1 - p0
-                                    + (hi - lo) * TAG_SIZE], out[p0:p1]))
+            slices.append((lo * csize, body[(lo - first) * step:(lo - first) * step + p1 - p0
+                                            + (hi - lo) * TAG_SIZE], out[p0:p1]))
         try:
-            futures = [self._workers().submit(gcm.open_into, cipher, *s) for s in slices[1:]]
+            futures = [self._workers().submit(cipher.read_range_into, *s) for s in slices[1:]]
         except RuntimeError:  # closing: no pool any more
             cipher.read_range_into(offset, body, out)
             return
         self.parallel_reads += 1
         errors: list[BaseException] = []
         try:
-            gcm.open_into(cipher, *slices[0])
+            cipher.read_range_into(*slices[0])
             if head:
                 cipher.read_range_into(offset, body[:step], out[:a * csize - offset])
             if tail:

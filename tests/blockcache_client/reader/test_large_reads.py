@@ -1,6 +1,6 @@
 """Large files read whole: the bytes equal the source's for every read size and offset
 pattern, cold and warm (where a read's chunks decrypt on several threads:
-reader.decrypt over reader.gcm), with a block evicted mid-read, and with the
+reader.decrypt), with a block evicted mid-read, and with the
 source changed mid-read (ESTALE, never bytes of two versions)."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from blockcache_client import Volume
 from blockcache_client.contract import blockfile
 from blockcache_client.contract.errors import IntegrityError
-from blockcache_client.reader import gcm
 from blockcache_client.reader.decrypt import ParallelDecrypt
 from tests.support.waiting import wait_for
 
@@ -25,9 +24,6 @@ SIZE = 5 * BS + 12345   # five whole blocks and a short one
 # whole-file passes; smaller reads come at random offsets (Hypothesis) and
 # in a short run across a block boundary
 PATTERNS = [65536, 100_000, 256 << 10, BS, BS + 1, 3 * BS]
-
-needs_libcrypto = pytest.mark.skipif(not gcm.available(), reason="no libcrypto to load")
-
 
 def _volume(source, key_file, daemon, **kw) -> Volume:
     vol = Volume("large", source.url, key_file, socket_path=daemon.socket_path, block_size=BS,
@@ -65,7 +61,6 @@ def _read_patterns(vol, data: bytes) -> None:
     at()
 
 
-@needs_libcrypto
 def test_every_pattern_cold_then_warm(local_source, key_file, daemon):
     data = random.Random(33).randbytes(SIZE)
     local_source.write("big.bin", data)
@@ -111,7 +106,6 @@ def test_source_changed_mid_read_is_estale(local_source, key_file, daemon):
         assert vol.read("big.bin", 0, SIZE) == new  # a fresh stat sees the new version
 
 
-@needs_libcrypto
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from([4 * BS, 4 * BS - 12345, 300_000]), st.data())
 def test_parallel_decrypt_equals_the_library(length, data):
@@ -125,7 +119,6 @@ def test_parallel_decrypt_equals_the_library(length, data):
     assert out == plain[offset:offset + size]
 
 
-@needs_libcrypto
 def test_a_forged_chunk_zeroes_the_whole_read():
     plain, blob = _sealed(4 * BS)
     step = blockfile.DEFAULT_CHUNK + blockfile.TAG_SIZE

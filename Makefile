@@ -13,6 +13,9 @@ EXTRAS  := s3,metrics,test,bench
 # memcached: the cluster tier's tests start their own servers on loopback ports.
 SYSPKGS := fuse3 libfuse3-dev pkg-config fio memcached
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# pytest-xdist workers, one per core; a test file stays on one worker (its
+# module fixtures built once). `make test TEST_WORKERS=0` runs in one process.
+TEST_WORKERS ?= auto
 
 .PHONY: setup sysdeps test demo bench clean install-systemd
 
@@ -40,7 +43,7 @@ test: $(STAMP)
 	@$(MAKE) --no-print-directory sysdeps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 demo: $(STAMP)
 	@$(MAKE) --no-print-directory sysdeps

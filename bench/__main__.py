@@ -77,8 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="do not read each system's cache files (or local copy) into the "
                         "page cache before its warm epochs")
     p.add_argument("--publish", action="store_true",
-                   help="write the run into docs/: the verdicts into benchmarks.md, every "
-                        "table into benchmarks-results.md, the JSON beside, plots into img/")
+                   help="write the run into docs/: its verdicts and every table into "
+                        "benchmarks-results.md, the JSON beside, plots into img/")
     p.add_argument("--from-json", metavar="FILE",
                    help="run nothing: rebuild tables and plots (and --publish) from a results file")
     args = p.parse_args(argv)

@@ -216,6 +216,63 @@ class VolumeReader(_FileAPIReader):
         self.volume.close()
 
 
+class CrtFile:
+    """One GET of a whole object through the CRT client, read as a file: the
+    client's stream of parts (8 MiB, many in flight), each `read` cut from
+    them as s3torchconnector's sequential reader does."""
+
+    def __init__(self, stream):
+        self._parts = iter(stream)
+        self._buf = memoryview(b"")
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            rest = [self._buf.tobytes(), *self._parts]
+            self._buf = memoryview(b"")
+            return b"".join(rest)
+        while not self._buf:
+            part = next(self._parts, None)
+            if part is None:
+                return b""
+            self._buf = memoryview(part)
+        got, self._buf = self._buf[:size], self._buf[size:]
+        return got.tobytes()
+
+    def __enter__(self) -> CrtFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._parts = iter(())
+
+
+class CrtReader(Reader):
+    """AWS's CRT-based S3 client (s3torchconnectorclient's `MountpointS3Client`,
+    what s3torchconnector and Mountpoint read with): no cache, every read a
+    GET (whole objects in ranged parts fetched in parallel)."""
+
+    def __init__(self, bucket: str, endpoint: str, region: str, key: str, secret: str):
+        # the CRT takes credentials from the environment (its default chain)
+        os.environ.update(AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret)
+        from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
+        self.bucket = bucket
+        self.client = MountpointS3Client(region, endpoint=endpoint, force_path_style=True)
+
+    def _open(self, path: str) -> CrtFile:
+        return CrtFile(self.client.get_object(self.bucket, path))
+
+    def read_range(self, path: str, offset: int, size: int) -> bytes:
+        return b"".join(self.client.get_object(self.bucket, path, offset, offset + size))
+
+    def stat(self, path: str) -> int:
+        return self.client.head_object(self.bucket, path).size
+
+    def listdir(self, path: str) -> int:
+        n = 0
+        for page in self.client.list_objects(self.bucket, path.rstrip("/") + "/", "/"):
+            n += len(page.object_info)
+        return n
+
+
 class FileAPIFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports modules stored under `root` through a reader's stat and read calls.
 
@@ -260,6 +317,8 @@ def make_reader(spec: dict) -> Reader:
         return FsspecReader(spec["protocol"], spec["options"], spec["prefix"])
     if kind == "volume":
         return VolumeReader(spec["args"])
+    if kind == "crt":
+        return CrtReader(**spec["args"])
     raise ValueError(f"unknown reader type {kind!r}")
 
 

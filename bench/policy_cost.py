@@ -44,11 +44,14 @@ MAX_RATIO = 1.10          # the policy's cost per op against plain LRU's
 MAX_BYTES_PER_ENTRY = 250
 
 
-def _key(i: int) -> str:
+def block_key(i: int) -> str:
+    """The i-th block key of the engine's synthetic index."""
     return f"imagenet_{1_000_000 + i // 16}_6869636e6f6c6f67_{(i % 16) << 20}"
 
 
-def _engine(tmp: str, entries: int, policy: str | None, full: bool) -> Cache:
+def engine(tmp: str, entries: int, policy: str | None, full: bool) -> Cache:
+    """The cache engine in-process with `entries` blocks indexed, room for more
+    (or `full`: at its high watermark), its dir jobs done at once."""
     values: dict = {"min_free_bytes": 0, "min_free_inodes": 0}
     if policy is not None:
         values["admission_policy"] = policy
@@ -58,7 +61,7 @@ def _engine(tmp: str, entries: int, policy: str | None, full: bool) -> Cache:
     cache.workers[0].submit = _done_at_once  # no disk work: the loop's share only
     cache.rebuilding[0] = False
     now = int(time.time())
-    cache.index.add_many(0, ((now, _key(i), BLOCK) for i in range(entries)))
+    cache.index.add_many(0, ((now, block_key(i), BLOCK) for i in range(entries)))
     if cache_policy(cache) is not None:
         cache_policy(cache).fit(entries)
     return cache
@@ -97,15 +100,15 @@ def chunk_ops(tmp: str, entries: int, policy: str | None,
     """One policy's engines (a dir with room, a full one) and, per op, a
     function timing one chunk of it (us of CPU per key). Every policy puts
     the same new keys in the same order."""
-    room = _engine(tmp, entries, policy, full=False)
-    full = _engine(tmp, entries, policy, full=True)
-    keys = [_key(i) for i in range(0, entries, max(1, entries // chunk))][:chunk]
+    room = engine(tmp, entries, policy, full=False)
+    full = engine(tmp, entries, policy, full=True)
+    keys = [block_key(i) for i in range(0, entries, max(1, entries // chunk))][:chunk]
     batches = [keys[i:i + 64] for i in range(0, len(keys) - 63, 64)]
     blob = b"\0" * BLOCK
     fresh = itertools.count(entries)
 
     def puts(cache: Cache) -> float:
-        new = [_key(next(fresh)) for _ in range(chunk)]
+        new = [block_key(next(fresh)) for _ in range(chunk)]
         return _cpu_per_key(lambda: [cache.put(k, blob) for k in new], chunk)
 
     return {
@@ -121,7 +124,7 @@ def chunk_ops(tmp: str, entries: int, policy: str | None,
 def index_bytes_per_entry(tmp: str, entries: int, policy: str | None) -> float:
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    cache = _engine(tmp, entries, policy, full=False)
+    cache = engine(tmp, entries, policy, full=False)
     used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
     del cache

@@ -68,6 +68,20 @@ def read_into_page_cache(dirs: list[str], chunk: int = 1 << 20) -> int:
     return total
 
 
+def drop_page_cache() -> bool:
+    """Drop the host page cache (so local and cached files come from disk);
+    False, with a warning, where this process may not."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError as exc:
+        log.warning("cannot drop the page cache (%s); cold epochs of local files may "
+                    "be served from memory", exc)
+        return False
+
+
 def disk_bytes(paths: list[str]) -> int:
     """Bytes allocated on disk under `paths` (st_blocks, so sparse files count true)."""
     total = 0
@@ -237,6 +251,31 @@ class S3fsDirect(System):
     def version(self) -> str:
         import s3fs
         return f"s3fs {s3fs.__version__}"
+
+
+class CrtSystem(System):
+    name, label = "crt", "AWS CRT client (s3torchconnectorclient)"
+    shares_cache = False
+
+    def unavailable(self) -> str | None:
+        try:
+            import s3torchconnectorclient  # noqa: F401
+        except ImportError as exc:
+            return f"s3torchconnectorclient is not installed (the bench extra): {exc}"
+        return None
+
+    def reader_spec(self, client: int = 0) -> dict:
+        r = self.ctx.remote
+        return {"type": "crt", "args": {"bucket": r.bucket, "endpoint": r.endpoint,
+                                        "region": REGION, "key": ACCESS_KEY,
+                                        "secret": SECRET_KEY}}
+
+    def settings(self) -> dict:
+        return {"client": "MountpointS3Client defaults: 8 MiB parts, 10 Gb/s target"}
+
+    def version(self) -> str:
+        from importlib.metadata import version
+        return f"s3torchconnectorclient {version('s3torchconnectorclient')}"
 
 
 class FsspecCache(System):
@@ -606,7 +645,7 @@ def all_systems() -> list[System]:
     """Every system, in the order they run and appear in tables."""
     return [LocalSystem(), PassthroughSystem(), FuseSystem(), RcloneSystem(), S3fsFuseSystem(),
             VolumeSystem(), FsspecCache("simplecache"), FsspecCache("blockcache"),
-            FsspecCache("filecache"), S3fsDirect()]
+            FsspecCache("filecache"), S3fsDirect(), CrtSystem()]
 
 
 REFERENCE = {"inproc": "volume", "mount": "fuse", "local": "fuse"}

@@ -48,6 +48,17 @@ def _run(reader, cmd: str, arg) -> dict:
             t0 = clock()
             nbytes += reader.read_seq(path)
             lat.append(clock() - t0)
+    elif cmd == "safetensors":
+        # a model loaded as a user would: the file's bytes, then its tensors
+        from safetensors.numpy import load
+        tensors = 0
+        for path in arg:
+            t0 = clock()
+            data = reader.read_file(path)
+            tensors += len(load(data))
+            nbytes += len(data)
+            lat.append(clock() - t0)
+        return {"lat": lat, "bytes": nbytes, "items": tensors}
     elif cmd == "ranges":
         for path, offset, size in arg:
             t0 = clock()

@@ -32,13 +32,12 @@ system reports hits and misses, and the bytes its cache dirs hold afterwards.
 from __future__ import annotations
 
 import logging
-import os
 import time
 import traceback
 from dataclasses import dataclass, field
 
 from . import datasets
-from .systems import Ctx, System, disk_bytes, proc_cpu, read_into_page_cache
+from .systems import Ctx, System, disk_bytes, drop_page_cache, proc_cpu, read_into_page_cache
 from .worker import Workers
 
 log = logging.getLogger(__name__)
@@ -51,7 +50,7 @@ WORKLOADS = {
     "shared": "5. several clients sharing one cache",
 }
 # Systems that cache nothing have no cache to share (workload 5).
-_NO_CACHE = {"s3fs", "local", "passthrough"}
+_NO_CACHE = {"s3fs", "crt", "local", "passthrough"}
 # Workload 5: files a client reads in one turn before the next client's turn
 # (a few ms warm: shorter than the CPU speed changes it evens out).
 SHARED_SLICE = 100
@@ -77,15 +76,7 @@ class Runner:
         """Before a cold epoch: so local and cached files come from disk, not memory."""
         if not self.drop_caches or self.dropped is False:
             return
-        try:
-            os.sync()
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("3\n")
-            self.dropped = True
-        except OSError as exc:
-            log.warning("cannot drop the page cache (%s); cold epochs of local files may "
-                        "be served from memory", exc)
-            self.dropped = False
+        self.dropped = drop_page_cache()
 
     def _warm_backing_files(self, system: System) -> None:
         """Before a warm epoch: the host page cache holds the system's cache

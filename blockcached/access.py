@@ -6,9 +6,12 @@ with a `[volumes.NAME]` table are for its `uids`/`gids`; a volume without
 one is open to every peer (`unlisted_volumes = "open"`, the single-tenant
 default) or for admins only ("admin"). Once any table exists or unlisted
 volumes are closed, access is "configured": listing every volume's keys
-then needs an admin too. `lookup`, `touch`, `ping`, `hello` and `stats`
-stay open to every peer the socket admits: they change no blocks, and
-block names are keyed hashes (`contract.blockkey`) that say nothing without the key.
+then needs an admin too, `lookup` answers a miss and `touch` does nothing
+for a key of a volume the peer may not use, and `stats` shows per-volume
+figures (`volumes`, `cluster.volumes`) only of the volumes it may use.
+`ping`, `hello` and the rest of `stats` stay open to every peer the socket
+admits. Without tables, block names are keyed hashes (`contract.blockkey`)
+that say nothing without the key, but volume names and counts are shown.
 """
 
 from __future__ import annotations

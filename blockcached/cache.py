@@ -23,7 +23,7 @@ from blockcache_client.contract.layout import CacheDir, Layout
 
 from .capacity import DirCapacity
 from .config import Config
-from .daemonarea import AreaSpan
+from .daemonarea import AreaSpan, SlotRewritten
 from .eviction import Eviction
 from .filler import DirWorker, FillQueue
 from .health import Health
@@ -62,7 +62,7 @@ class Cache(Rebuild, Eviction, Upkeep):
         self._checking: set[str] = set()  # keys whose file presence is being checked
         self.counters = dict(hits=0, misses=0, puts=0, put_bytes=0, writes=0, write_bytes=0,
                              write_errors=0, evictions=0, evicted_bytes=0, touches=0,
-                             touch_bytes=0)
+                             touch_bytes=0, slot_rewrites=0)
         self.put_reasons: dict[str, int] = {}
         # which blocks a full dir keeps; None = plain LRU (admit every block)
         self.policy = (Policy(self.index, self.counters, self._note_demoted)
@@ -251,6 +251,11 @@ class Cache(Rebuild, Eviction, Upkeep):
                 self._vol_reserved[vol] = left
             else:
                 self._vol_reserved.pop(vol, None)
+        if isinstance(exc, SlotRewritten):  # the putter's doing, not the disk's
+            self.counters["slot_rewrites"] += 1
+            log.warning("dropped the put of %s: %s (its reader rewrote the slot it named)",
+                        key, exc)
+            return
         if exc is not None:
             self.counters["write_errors"] += 1
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):

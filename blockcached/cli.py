@@ -27,7 +27,7 @@ _VALUE_FLAGS = (
     ("--socket-group", "NAME|GID", "Group of the socket [default: the daemon's]."),
     ("--unlisted-volumes", "open|admin",
      "Volumes with no access table: open to every peer, or admin only [default: open]."),
-    ("--max-connections-per-uid", "N", "Connections one peer uid may hold [default: 1024]."),
+    ("--max-connections-per-uid", "N", "Connections one peer uid may hold [default: 768]."),
     ("--max-reply-bytes-per-uid", "SIZE", "Unread reply bytes per peer uid [default: 64M]."),
     ("--fill-queue-share", "0.5", "Share of the fill queue one peer uid may hold [default: 0.5]."),
     ("--max-volumes", "N", "Distinct volumes indexed and counted at once [default: 4096]."),
@@ -40,6 +40,9 @@ _VALUE_FLAGS = (
     ("--max-entries", "N", "Most blocks indexed [default: no limit]."),
     ("--fill-queue-bytes", "SIZE", "Blocks waiting to be written, in bytes [default: 256M]."),
     ("--io-timeout", "DURATION", "A cache dir slower than this is taken out [default: 5s]."),
+    ("--frame-timeout", "DURATION", "A connection whose request has not arrived whole this long "
+                                    "after it connected or began sending is closed "
+                                    "[default: 30s]."),
     ("--log-level", "LEVEL", "debug, info, warning or error [default: info]."),
     ("--log-format", "text|json", "Log line format [default: text]."),
     ("--metrics-addr", "HOST:PORT", "Serve Prometheus metrics there [default: off]."),

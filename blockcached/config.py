@@ -59,8 +59,10 @@ class Config:
     # [volumes.NAME] tables; empty with unlisted_volumes "open" = today's open host
     volumes: dict[str, VolumeAccess] = field(default_factory=dict)
     unlisted_volumes: str = "open"  # volumes without a table: "open" to all, or "admin" only
-    # per peer uid (SO_PEERCRED); 0 = no limit
-    max_connections_per_uid: int = 1024
+    # per peer uid (SO_PEERCRED); 0 = no limit. Connections: four uids at
+    # the cap leave a fifth its whole share of what non-admins may hold
+    # (connlimits.MAX_CONNECTIONS less ADMIN_RESERVED: 3,840)
+    max_connections_per_uid: int = 768
     max_reply_bytes_per_uid: int = 64 << 20
     fill_queue_share: float = 0.5
     max_volumes: int = 4096  # distinct volume names indexed and counted at once
@@ -71,6 +73,7 @@ class Config:
     max_entries: int = 0  # 0 = no limit
     fill_queue_bytes: int = 256 << 20
     io_timeout: float = 5.0
+    frame_timeout: float = 30.0  # a request must arrive whole within this (server.py)
     log_level: str = "info"
     log_format: str = "text"
     metrics_addr: str | None = None  # HOST:PORT of the Prometheus endpoint; None = off
@@ -145,6 +148,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "max_entries": ("max_entries", convert.count),
     "fill_queue_bytes": ("fill_queue_bytes", convert.size),
     "io_timeout": ("io_timeout", convert.duration),
+    "frame_timeout": ("frame_timeout", convert.duration),
     "log_level": ("log_level", convert.choice("debug", "info", "warning", "error")),
     "log_format": ("log_format", convert.choice("text", "json")),
     "metrics_addr": ("metrics_addr", convert.address),

@@ -16,7 +16,17 @@ Invariants:
   never queued): until then the reader leaves it alone;
 - the memfd stays open while the area or any span of it lives (a write
   queued by a connection that has closed still reads its slot), and is
-  closed when the last of them goes.
+  closed when the last of them goes;
+- what reaches a block path is what was validated (DESIGN.md, invariant 1):
+  the put's header is checked from the slot on the loop, but the reader
+  could rewrite the slot before or while the worker copies it. So
+  `write_to` checks the copy, in the tmp file before its rename: its header
+  must be the one validated and its length the one declared, and the slot
+  must still hold that header once the copy is done (a rewrite finished
+  meanwhile shows there). Else `SlotRewritten`: the tmp file is removed and
+  the put dropped (counted, not a disk error). Chunks rewritten under an
+  unchanged header can still land mixed: a reader can put bad chunks by
+  value too, and readers authenticate every chunk.
 """
 
 from __future__ import annotations
@@ -27,10 +37,15 @@ import os
 import weakref
 
 from blockcache_client.contract import fillarea
+from blockcache_client.contract.blockfile import HEADER_SIZE
 from blockcache_client.contract.errors import ProtocolError
 from blockcache_client.contract.protocol import ErrorCode
 
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+class SlotRewritten(Exception):
+    """A slot changed between its put's checks and the end of its copy."""
 
 
 class DaemonArea:
@@ -79,29 +94,39 @@ class AreaSpan:
     """A block in a slot: what `Store.write` copies into its file, and who
     frees the slot once nothing reads it (`release`)."""
 
-    __slots__ = ("area", "slot", "offset", "size")
+    __slots__ = ("area", "slot", "offset", "size", "checked")
 
     def __init__(self, area: DaemonArea, slot: int, size: int):
         self.area = area  # keeps the memfd open until the write is done
         self.slot = slot
         self.offset = fillarea.slot_offset(slot, area.slot_bytes)
         self.size = size
+        self.checked = b""  # the header as `head` gave it for validation
 
     def __len__(self) -> int:
         return self.size
 
     def head(self, n: int) -> bytes:
-        """Its first `n` bytes (a copy: the reader may change the slot)."""
-        return os.pread(self.area.fd, min(n, self.size), self.offset)
+        """Its first `n` bytes (a copy: the reader may change the slot);
+        the header validated from them is what `write_to` holds the copy to."""
+        self.checked = os.pread(self.area.fd, min(n, self.size), self.offset)
+        return self.checked
 
     def write_to(self, fd: int) -> None:
-        """Copy it to the end of `fd`, in the kernel."""
+        """Copy it to `fd` (a new, readable file), in the kernel; then
+        SlotRewritten unless the copy has the header validated (`head`) and
+        the length declared, and the slot still has that header."""
         done = 0
         while done < self.size:
             n = os.sendfile(fd, self.area.fd, self.offset + done, self.size - done)
             if n == 0:  # cannot happen to a sealed area: never loop on it
                 raise OSError(f"fill area ended {self.size - done} bytes short")
             done += n
+        n = min(HEADER_SIZE, self.size)
+        if not self.checked or os.fstat(fd).st_size != self.size \
+                or os.pread(fd, n, 0) != self.checked[:n] \
+                or os.pread(self.area.fd, n, self.offset) != self.checked[:n]:
+            raise SlotRewritten(f"fill area slot {self.slot} changed while it was copied")
 
     def release(self) -> None:
         """Nothing here reads the slot any more: the reader may reuse it."""

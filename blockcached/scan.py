@@ -3,6 +3,8 @@ complete blocks this dir owns (kept, with their mtimes and sizes) and which
 are not (deleted). A big dir's fan-out is split over child processes, since
 the scan is CPU-bound Python; each child imports only this module.
 Runs on the dir's worker thread (see `filler`), never on the event loop.
+It also makes every fan-out dir `TREE_MODE`: a tree an older daemon left
+listable (0755) is closed at the first restart.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from blockcache_client.contract.blockkey import is_block_name
 
 log = logging.getLogger(__name__)
 
+# blocks/ and its fan-out dirs: traversable, not listable (readers compute
+# paths and never list, so a tenant cannot list another's block names)
+TREE_MODE = 0o711
 # The smallest valid block file: a header and one tag (an empty block).
 MIN_BLOCK_FILE = blockfile.HEADER_SIZE + blockfile.TAG_SIZE
 _HEX2 = frozenset(f"{i:02x}" for i in range(256))
@@ -174,7 +179,9 @@ def _scan_tops(tops: list[str], placement: Placement | None, me: int) -> ScanRes
         owner = layout.Layout([layout.CacheDir(p, w) for p, w in placement]).dir_index
     for top in tops:
         top_name = os.path.basename(top)
+        _tree_mode(top)
         for mid in _subdirs(top, links):
+            _tree_mode(mid.path)
             where = f"{top_name}/{mid.name}"
             with os.scandir(mid.path) as it:
                 for e in it:
@@ -199,6 +206,19 @@ def _scan_tops(tops: list[str], placement: Placement | None, me: int) -> ScanRes
 
 _MAX_FILE = blockfile.BlockHeader(b"\0" * 8, b"\0" * 16, blockfile.MAX_PLAINTEXT,
                                   blockfile.MIN_CHUNK).file_size
+
+
+def _tree_mode(path: str) -> None:
+    """Make a fan-out dir TREE_MODE, through a descriptor that follows no link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # gone, or not a dir: the scan's other checks deal with it
+    try:
+        if os.fstat(fd).st_mode & 0o777 != TREE_MODE:
+            os.fchmod(fd, TREE_MODE)
+    finally:
+        os.close(fd)
 
 
 def _subdirs(path: str, links: list[int] | None):

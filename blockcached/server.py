@@ -11,7 +11,10 @@ wait in its buffer. What keeps one client from hurting the others:
 
 - at most `FAIR_EVERY` frames are answered per turn of the event loop, then
   the connection yields (reading paused) and continues on the next turn;
-- a frame body must arrive within `FRAME_TIMEOUT` of its first byte;
+- a request must arrive whole within `frame_timeout` (30 s) of its first
+  byte, and a connection's first request within it of the connect: one
+  that sends nothing, or half a length prefix, is closed (once a request
+  was answered, an idle connection is a reader waiting: it stays);
 - bodies over `SMALL_FRAME` are read only within a global byte budget
   (`READ_BUDGET`): a connection that cannot get budget stops reading until
   another frame releases some, so many big puts at once cannot exhaust memory;
@@ -20,8 +23,10 @@ wait in its buffer. What keeps one client from hurting the others:
   fill out for long;
 - replies beyond `WRITE_HIGH_WATER` unsent bytes pause reading from that
   client until it reads them, so a client that never reads stalls only itself;
-- per peer uid (SO_PEERCRED): at most `max_connections_per_uid` connections
-  (more are refused at accept), and at most `max_reply_bytes_per_uid` bytes
+- connections: at most 4,096, the last 256 for admins, and
+  `max_connections_per_uid` per peer uid (`connlimits`; more are refused at
+  accept);
+- per peer uid (SO_PEERCRED): at most `max_reply_bytes_per_uid` bytes
   of replies unread over all of them (a request whose reply would pass it
   gets `busy`), so many connections that never read cannot pin memory;
 - a frame that cannot be parsed gets an error reply with id 0 and the
@@ -41,20 +46,19 @@ from blockcache_client.contract.protocol import ErrorCode
 
 from .buffers import ByteBudget, IdleTrimmedPool
 from .config import Config
+from .connlimits import ConnectionLimits
 from .daemonarea import DaemonArea
 from .service import Peer, Service
 from .unixsocket import bind_socket, peer_of
 
 log = logging.getLogger(__name__)
 
-FRAME_TIMEOUT = 30.0
 BUDGETED_TIMEOUT = 5.0        # a body holding READ_BUDGET bytes must arrive this fast
 SMALL_FRAME = 64 << 10        # bodies up to this size skip the byte budget
 READ_BUDGET = 128 << 20       # bytes of large frame bodies being read at once
 WRITE_HIGH_WATER = 1 << 20    # stop reading a client with this much unsent reply data
 FAIR_EVERY = 32
 READ_SIZE = 256 << 10         # bytes read from a socket at once
-MAX_CONNECTIONS = 4096
 SMALL_REPLY = 64 << 10        # replies up to this size skip the per-uid unread check
 
 
@@ -84,10 +88,12 @@ class Connection(asyncio.BufferedProtocol):
         self.budgeted = 0         # bytes of READ_BUDGET this connection holds
         self.waiting_budget = False
         self.timer: asyncio.TimerHandle | None = None
+        self.timer_budgeted = False  # `timer` is BUDGETED_TIMEOUT's
         self.paused_for: set[str] = set()
         self.scheduled = False
         self.closed = False
         self.area: DaemonArea | None = None  # set by the `area` op (daemonarea.py)
+        self.admin = False        # an admin peer (connlimits.ADMIN_RESERVED is theirs)
 
     # -- transport callbacks -------------------------------------------------
 
@@ -95,11 +101,6 @@ class Connection(asyncio.BufferedProtocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         svc = self.svc
-        if svc.connections >= MAX_CONNECTIONS:
-            log.warning("refusing a connection: %d already open", svc.connections)
-            self.closed = True
-            transport.abort()
-            return
         try:
             self.peer = peer_of(transport.get_extra_info("socket"))
         except OSError as exc:
@@ -107,20 +108,18 @@ class Connection(asyncio.BufferedProtocol):
             self.closed = True
             transport.abort()
             return
-        mine = self.server.by_uid.setdefault(self.peer.uid, set())
-        limit = self.server.cfg.max_connections_per_uid
-        if limit and len(mine) >= limit:
-            svc.refusals.note("connections", self.peer, f"{len(mine)} open")
-            if not mine:
-                del self.server.by_uid[self.peer.uid]
+        self.admin = svc.access.is_admin(self.peer)
+        refused = self.server.limits.admit(self, self.peer.uid, self.admin)
+        if refused is not None:
+            svc.refusals.note("connections", self.peer, refused)
             self.closed = True
             transport.abort()
             return
-        mine.add(self)
         svc.connections += 1
         svc.connections_total += 1
         self.server.connections.add(self)
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self._wait_body()  # its first request, within frame_timeout
 
     def connection_lost(self, exc: Exception | None) -> None:
         if (self.buf or self.frame is not None) and not self.closed:
@@ -128,11 +127,7 @@ class Connection(asyncio.BufferedProtocol):
         if self in self.server.connections:
             self.server.connections.discard(self)
             self.svc.connections -= 1
-            mine = self.server.by_uid.get(self.peer.uid)
-            if mine is not None:
-                mine.discard(self)
-                if not mine:
-                    del self.server.by_uid[self.peer.uid]
+            self.server.limits.release(self, self.peer.uid, self.admin)
         self.closed = True
         self._drop_frame_state()
         self.buf = bytearray()
@@ -160,6 +155,8 @@ class Connection(asyncio.BufferedProtocol):
             # the slow path.
             n = nbytes - 4
             if 0 < n <= SMALL_FRAME and int.from_bytes(data[:4], "big") == n:
+                if self.timer is not None:  # the first request's: it came
+                    self._drop_frame_state()
                 self._answer(data[4:])
                 return
             # The first read of a large frame (a put) with budget to spare:
@@ -195,6 +192,8 @@ class Connection(asyncio.BufferedProtocol):
                 return
             if not self.need:
                 if len(buf) < 4:
+                    if buf:  # half a length prefix must become a request too
+                        self._wait_body()
                     return
                 try:
                     n = protocol.frame_length(bytes(buf[:4]))
@@ -242,9 +241,13 @@ class Connection(asyncio.BufferedProtocol):
         return got
 
     def _wait_body(self) -> None:
-        if self.timer is None:
-            timeout = BUDGETED_TIMEOUT if self.budgeted else FRAME_TIMEOUT
-            self.timer = self.loop.call_later(timeout, self._frame_timeout)
+        if self.timer is not None:
+            if not self.budgeted or self.timer_budgeted:
+                return
+            self.timer.cancel()  # the body holds read budget now: it has less time
+        self.timer_budgeted = bool(self.budgeted)
+        timeout = BUDGETED_TIMEOUT if self.budgeted else self.server.cfg.frame_timeout
+        self.timer = self.loop.call_later(timeout, self._frame_timeout)
 
     def _answer(self, view: memoryview, views: bool = False) -> bool:
         """Decode one frame body, handle it and write the reply. Releases
@@ -252,7 +255,7 @@ class Connection(asyncio.BufferedProtocol):
         buffer). False if the frame could not be trusted (the connection is
         then closing)."""
         try:
-            body = protocol.decode_body(view, views)
+            body = protocol.decode_request(view, views)
             rid = protocol.request_id(body)
         except ProtocolError as exc:
             view.release()
@@ -311,7 +314,7 @@ class Connection(asyncio.BufferedProtocol):
         if not limit:
             return frame
         unread = sum(c.transport.get_write_buffer_size()  # type: ignore[union-attr]
-                     for c in self.server.by_uid.get(self.peer.uid, ()) if not c.closed)
+                     for c in self.server.limits.of_uid(self.peer.uid) if not c.closed)
         if not unread or unread + len(frame) <= limit:
             return frame
         self.svc.refusals.note("reply_bytes", self.peer, f"{unread} bytes unread")
@@ -374,8 +377,9 @@ class Connection(asyncio.BufferedProtocol):
     def _frame_timeout(self) -> None:
         self.timer = None
         self.svc.count_error(ErrorCode.BAD_FRAME)
-        log.info("closing a connection (pid %d): frame not complete within %ss",
-                 self.peer.pid, BUDGETED_TIMEOUT if self.budgeted else FRAME_TIMEOUT)
+        log.info("closing a connection (uid %d, pid %d): request not complete within %ss",
+                 self.peer.uid, self.peer.pid,
+                 BUDGETED_TIMEOUT if self.budgeted else self.server.cfg.frame_timeout)
         self._close()
 
     def _fatal(self, exc: ProtocolError) -> None:
@@ -407,7 +411,8 @@ class Server:
         # read, as asyncio's own default
         self.read_buffer = memoryview(bytearray(READ_SIZE))
         self.connections: set[Connection] = set()
-        self.by_uid: dict[int, set[Connection]] = {}  # open connections per peer uid
+        self.limits: ConnectionLimits[Connection] = ConnectionLimits(
+            cfg.max_connections_per_uid)
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:

@@ -34,7 +34,7 @@ _CONNECTION_OPS = frozenset({"put", "area"})
 REFUSAL_LOG_EVERY = 60.0  # seconds between log lines per (refusal kind, uid)
 # why a peer over its share was refused, and what the log line tells the operator
 _REFUSALS = {
-    "connections": "has max_connections_per_uid connections open",
+    "connections": "may not open another connection",
     "reply_bytes": "has max_reply_bytes_per_uid bytes of replies unread",
     "over_share": "holds its fill_queue_share of the fill queue",
     "too_many_volumes": "put a block of a new volume while max_volumes are cached",
@@ -167,7 +167,31 @@ class Service:
 
     def lookup(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         keys = _parsed(key_list(body), self.cache.index.__contains__)
-        return {"paths": self.cache.lookup(keys)}
+        usable = self._usable(peer)
+        if usable is None:
+            return {"paths": self.cache.lookup(keys)}
+        # another tenant's key is a miss: its block's existence is not ours to tell
+        mine = [k for k in keys if usable(k)]
+        found = dict(zip(mine, self.cache.lookup(mine)))
+        return {"paths": [found.get(k) for k in keys]}
+
+    def _usable(self, peer: Peer) -> Callable[[str], bool] | None:
+        """Whether `peer` may use each (parsed) key's volume, asked once per
+        volume; None when it may use every volume (no access tables, or an
+        admin): the common case costs nothing per key."""
+        access = self.access
+        if not access.configured or access.is_admin(peer):
+            return None
+        volumes: dict[str, bool] = {}
+
+        def usable(key: str) -> bool:
+            vol = key[:key.index("_")]
+            ok = volumes.get(vol)
+            if ok is None:
+                ok = volumes[vol] = access.may_use(peer, vol)
+            return ok
+
+        return usable
 
     def put(self, body: dict[str, Any], peer: Peer, conn: Any = None) -> dict[str, Any]:
         key = arg(body, "key", str)
@@ -222,6 +246,9 @@ class Service:
     def touch(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         keys = _parsed(key_list(body), self.cache.index.__contains__)
         self._cluster_report(body, peer)
+        usable = self._usable(peer)
+        if usable is not None:  # another tenant's blocks keep their recency
+            keys = [k for k in keys if usable(k)]
         return {"touched": self.cache.touch(keys), "layout_epoch": self.cache.epoch}
 
     def evict(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -277,6 +304,11 @@ class Service:
         s["uptime"] = round(time.time() - self.started, 3)
         s["cluster"] = self.cluster.stats()
         s["fill_areas"] = dict(self.fill_areas)
+        if self.access.configured and not self.access.is_admin(peer):
+            # per-volume figures of the volumes the peer may use only
+            for part in (s, s["cluster"]):
+                part["volumes"] = {v: figures for v, figures in part["volumes"].items()
+                                   if self.access.may_use(peer, v)}
         return s
 
 

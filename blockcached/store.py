@@ -2,8 +2,11 @@
 that dir's worker thread (see `filler`), never on the event loop.
 
     <dir>/blockcached.lock      flock held by the running daemon
-    <dir>/blocks/<xx>/<yy>/<key>  complete block files, 0644 (readers in pods)
-    <dir>/tmp/<pid>.<n>         in-flight writes
+    <dir>/blocks/<xx>/<yy>/<key>  complete block files, 0644 (readers in pods);
+                                `blocks/` and the fan-out dirs 0711: readers
+                                compute paths and never list, so a tenant
+                                cannot list another's block names
+    <dir>/tmp/<pid>.<n>         in-flight writes (tmp/ 0700)
 
 A block is written to tmp/ and renamed to its final name, so a crash of the
 daemon at any point leaves either no file or the complete file under the key;
@@ -28,12 +31,13 @@ from blockcache_client.common import safeopen
 from blockcache_client.contract import layout
 
 from .daemonarea import AreaSpan
-from .scan import Placement, ScanResult, scan_blocks
+from .scan import TREE_MODE, Placement, ScanResult, scan_blocks
 
 log = logging.getLogger(__name__)
 
 FILE_MODE = 0o644
-DIR_MODE = 0o755
+DIR_MODE = 0o755   # the cache dir itself (and parents made for it)
+TMP_MODE = 0o700   # tmp/: readers never look there (blocks/: scan.TREE_MODE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +70,18 @@ class Store:
         self._blocks_fd = self._tmp_fd = -1
 
     def prepare(self) -> None:
-        """Create the dir skeleton (0755) if missing, and (re)open `blocks/`
-        and `tmp/` (a fresh disk may have been mounted in the dir's place)."""
+        """Create the dir skeleton if missing, and (re)open `blocks/` and
+        `tmp/` (a fresh disk may have been mounted in the dir's place), in
+        their modes (a tree of an older daemon had 0755; the scan mends
+        the fan-out dirs)."""
         _makedir(self.path)
         root = safeopen.open_dir(self.path)
         try:
-            blocks, tmp = (_own_dir(root, name, self.path)
-                           for name in (layout.BLOCKS_DIR, layout.TMP_DIR))
+            blocks, tmp = (_own_dir(root, name, self.path, mode)
+                           for name, mode in ((layout.BLOCKS_DIR, TREE_MODE),
+                                              (layout.TMP_DIR, TMP_MODE)))
+            for fd, mode in ((blocks, TREE_MODE), (tmp, TMP_MODE)):
+                os.fchmod(fd, mode)
         finally:
             os.close(root)
         self.close()
@@ -104,9 +113,9 @@ class Store:
                 raise
             if not create:
                 raise FileNotFoundError(errno.ENOENT, "no fan-out dir", fan) from None
-        top = _own_dir(self._blocks_fd, fan[:2], self.blocks)
+        top = _own_dir(self._blocks_fd, fan[:2], self.blocks, TREE_MODE)
         try:
-            os.close(_own_dir(top, fan[3:], f"{self.blocks}/{fan[:2]}"))
+            os.close(_own_dir(top, fan[3:], f"{self.blocks}/{fan[:2]}", TREE_MODE))
         finally:
             os.close(top)
         return safeopen.open_beneath(self._blocks_fd, fan, _LEAF)
@@ -238,14 +247,15 @@ class Store:
 
 # a fan-out leaf, reached to create, rename, unlink or utime in it
 _LEAF = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# read too: a copy from a fill area is checked in its tmp file (AreaSpan.write_to)
+_CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # what opening a dir path gives where a component is a symlink, a file, or missing
 _NOT_A_DIR = frozenset({errno.ELOOP, errno.ENOTDIR, errno.ENOENT})
 
 
-def _own_dir(parent: int, name: str, where: str) -> int:
-    """A readable fd of the real dir `name` in `parent` (made 0755 if missing);
-    a symlink or anything else in its place is removed first, logged."""
+def _own_dir(parent: int, name: str, where: str, mode: int) -> int:
+    """A readable fd of the real dir `name` in `parent` (made in `mode` if
+    missing); a symlink or anything else in its place is removed first, logged."""
     for _ in range(3):
         try:
             return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -258,8 +268,8 @@ def _own_dir(parent: int, name: str, where: str) -> int:
             log.warning("%s/%s is not a directory (a symlink or a file); removing it", where, name)
             _unlink(name, parent)
         try:
-            os.mkdir(name, DIR_MODE, dir_fd=parent)
-            os.chmod(name, DIR_MODE, dir_fd=parent, follow_symlinks=False)
+            os.mkdir(name, mode, dir_fd=parent)
+            os.chmod(name, mode, dir_fd=parent, follow_symlinks=False)
         except FileExistsError:
             pass
     raise OSError(errno.ELOOP, "keeps being replaced by something that is not a directory",

@@ -17,15 +17,9 @@ import socket
 import subprocess
 import time
 
-from devtools.procs import stop_process
+from devtools.procs import free_port, stop_process
 
 START_TIMEOUT = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _state(pid: int) -> str:

@@ -30,12 +30,15 @@ class S3Server:
     """One moto S3 server subprocess with one bucket."""
 
     def __init__(self, bucket: str = BUCKET, port: int = 0,
-                 env: dict[str, str] | None = None, log_path: str | None = None):
+                 env: dict[str, str] | None = None, log_path: str | None = None,
+                 module: str = "moto.server"):
         """`port` 0 picks a free port at start; a fixed one lets a test bring a
         stopped server back where its clients expect it (its objects are gone:
         moto keeps them in memory). `env` is added to the server's
-        environment; `log_path` keeps its request log in that file."""
+        environment; `log_path` keeps its request log in that file; `module`
+        runs in place of moto.server with its arguments (a patched moto)."""
         self.bucket = bucket
+        self._module = module
         self._env = env or {}
         self._log_path = log_path
         self._fixed_port = port
@@ -69,7 +72,7 @@ class S3Server:
         # after a few hundred requests and stall the server
         self._log = open(self._log_path, "ab+") if self._log_path else tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", self._module, "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=self._log, env=env)
         deadline = time.monotonic() + START_TIMEOUT
         while True:

@@ -10,6 +10,15 @@ from blockcache_client.volumekey import generate_key_file
 from devtools.daemon import DaemonProcess
 
 
+def pytest_make_parametrize_id(config, val, argname):
+    """Test ids the same in every process that collects the suite (each
+    pytest-xdist worker does, and they must agree): bytes that are not text,
+    such as random ones, are named by their length."""
+    if isinstance(val, bytes) and not val.isascii():
+        return f"{len(val)}-binary-bytes"
+    return None
+
+
 @pytest.fixture
 def daemon(tmp_path):
     """A started `blockcached` on one 1G cache dir under tmp_path; always stopped."""

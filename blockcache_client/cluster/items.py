@@ -18,7 +18,9 @@ Every slice repeats the block header, so a range read needs only its own
 slices and authenticates them on their own: the chunks' AEAD binds the
 header, the key string and each chunk's index. The size every slice must have
 follows from the block length and chunk size the reader expects, so a
-truncated, extended or misplaced slice is refused before any decryption.
+truncated or extended slice is refused from its declared size, before any of
+it is read (`Landing.sizes`, checked by `Memcache.get_into`), and a
+misplaced one from its head, before any decryption.
 Only ciphertext is stored: a host without the volume key learns nothing.
 """
 
@@ -107,14 +109,17 @@ class Landing:
     per-slice buffers, no join. `buf` is the start of `room(size)`, kept as
     `room` (the caller may reuse buffers: that costs no zeroing, no page faults)."""
 
-    __slots__ = ("geo", "wanted", "names", "room", "buf", "received", "header", "_heads",
-                 "_where", "_odd")
+    __slots__ = ("geo", "wanted", "names", "sizes", "room", "buf", "received", "header",
+                 "_heads", "_where")
 
     def __init__(self, key: str, geo: Geometry, wanted: range,
                  room: Callable[[int], memoryview] = lambda n: memoryview(bytearray(n))):
         self.geo = geo
         self.wanted = wanted
         self.names = [item_key(key, i) for i in wanted]
+        # the size each item must have: the only one `place` is ever asked for
+        self.sizes = {name: SLICE_HEAD_SIZE + geo.body_len(i)
+                      for name, i in zip(self.names, wanted)}
         # item name -> (slice index, its head's offset in _heads, its body's in buf)
         self._where: dict[str, tuple[int, int, int]] = {}
         pos = HEADER_SIZE
@@ -124,21 +129,18 @@ class Landing:
         self.room = room(pos)
         self.buf = self.room[:pos]
         self._heads = bytearray(len(wanted) * SLICE_HEAD_SIZE)
-        self._odd: dict[int, int] = {}  # slices of the wrong size: index -> their size
         self.received = 0  # value bytes placed
         self.header: bytes | None = None  # the block header, once a slice is checked
 
     def place(self, name: str, size: int) -> list[memoryview]:
-        """Where item `name`'s `size` bytes go. A value of the wrong size goes
-        to a scratch buffer and is refused by `open` (it cannot be in place)."""
+        """Where item `name`'s `size` bytes go (its size in `sizes`: the
+        client refuses any other before asking)."""
         i, head, body = self._where[name]
+        if size != self.sizes[name]:  # our caller's bug: never a server's doing
+            raise ValueError(f"item {name} is {self.sizes[name]} bytes, not {size}")
         self.received += size
-        want = SLICE_HEAD_SIZE + self.geo.body_len(i)
-        if size != want:
-            self._odd[i] = size
-            return [memoryview(bytearray(size))]
         return [memoryview(self._heads)[head:head + SLICE_HEAD_SIZE],
-                self.buf[body:body + want - SLICE_HEAD_SIZE]]
+                self.buf[body:body + size - SLICE_HEAD_SIZE]]
 
     def open(self) -> tuple[bytes, memoryview]:
         """(block header bytes, the wanted slices' ciphertext) once each was
@@ -152,15 +154,11 @@ class Landing:
     def check(self, name: str) -> tuple[int, memoryview]:
         """(slice index, its chunks' ciphertext) of item `name` once it was
         placed whole, so it can be decrypted while later items arrive;
-        FormatError for a foreign, truncated, extended or misplaced slice,
-        or one of another copy than the slices checked before (an eviction
-        raced a fill). The first slice checked sets `header`."""
+        FormatError for a foreign or misplaced slice, or one of another copy
+        than the slices checked before (an eviction raced a fill). The first
+        slice checked sets `header`."""
         i, head_at, body = self._where[name]
         geo = self.geo
-        if i in self._odd:
-            raise FormatError(f"slice {i} is {self._odd[i]} bytes where "
-                              f"{SLICE_HEAD_SIZE + geo.body_len(i)} belong "
-                              f"(truncated or extended)")
         magic, got_index, count = _SLICE_HEAD.unpack_from(self._heads, head_at)
         if magic != MAGIC:
             raise FormatError(f"slice {i} is not a blockcache tier item (magic {magic!r})")

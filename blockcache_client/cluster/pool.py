@@ -5,9 +5,12 @@
   block live on one server, one multi-get reads them, and a server that
   leaves moves only its own share.
 - Failure costs a bounded time: each server has a connect timeout and a read
-  timeout in milliseconds; the read timeout bounds each wait for bytes (one
-  recv), not a whole value, so a value arriving slowly but steadily is not
-  cut off. A server that fails (refused, reset, timed out) is skipped for
+  timeout in milliseconds, and a request a deadline (the read timeout plus
+  its bytes at `memcache.MIN_RATE`), so a value trickling in is cut off.
+  A reply that is not what was asked for (a second value for a name, a
+  size other than the item's) fails the server before a byte is placed;
+  the caller hears of an item of the wrong size first, to delete it.
+  A server that fails (refused, reset, timed out) is skipped for
   `retry_after` seconds: its blocks are then placed on the next server in
   rendezvous order (a miss there, then a fill), and it is tried again after
   that. Every failure is counted (`cluster_errors`).
@@ -155,25 +158,32 @@ class Pool:
 
     # -- requests (never raise for a server's failure) ----------------------------
 
-    def get_into(self, blocks: dict[str, list[str]], place: Place, counters: Counters,
-                 landed: Callable[[str], None] | None = None) -> set[str]:
-        """Read the items of several blocks ({block key: item names}) where
-        `place` says, calling `landed` as each is in (`Memcache.get_into`):
-        one multi-get per server that holds some. The names read whole; a
-        failing server's are missing."""
-        by_server: dict[Server, list[str]] = {}
-        for block_key, names in blocks.items():
+    def get_into(self, blocks: dict[str, dict[str, int]], place: Place, counters: Counters,
+                 landed: Callable[[str], None] | None = None,
+                 bad: Callable[[str, Exception], None] | None = None) -> set[str]:
+        """Read the items of several blocks ({block key: {item name: its
+        size}}) where `place` says, calling `landed` as each is in
+        (`Memcache.get_into`): one multi-get per server that holds some. The
+        names read whole; a failing server's are missing. `bad(block key,
+        error)` hears of an item of the wrong size (poison stored there, or
+        a hostile server) before the server is skipped, so it can be deleted."""
+        by_server: dict[Server, dict[str, int]] = {}
+        owners: dict[str, str] = {}  # item name -> its block key
+        for block_key, sizes in blocks.items():
             server = self.owner(block_key)
             if server is not None:
-                by_server.setdefault(server, []).extend(names)
+                by_server.setdefault(server, {}).update(sizes)
+                owners.update(dict.fromkeys(sizes, block_key))
         found: set[str] = set()
-        for server, names in by_server.items():
+        for server, sizes in by_server.items():
             try:
-                found.update(server.client.get_into(names, place, landed))
+                found.update(server.client.get_into(sizes, place, landed))
             except Refused as exc:  # our request, not the server: no skipping
                 log.debug("memcached %s refused a get: %s", server.name, exc)
                 counters.add("cluster_errors")
             except ServerFailed as exc:
+                if exc.bad_item is not None and bad is not None:
+                    bad(owners[exc.bad_item], exc)
                 self.failed(server, exc, counters)
         return found
 

@@ -13,8 +13,8 @@ CLUSTER_COUNTERS = (
 VOLUME_COUNTERS = (
     "hits", "misses", "hit_bytes", "miss_bytes", "memory_hits", "backend_bytes",
     "backend_requests", "fills_sent", "fills_dropped", "integrity_failures",
-    "daemon_unavailable", "prefetches", "prefetches_dropped", "version_checks",
-    "chunk_hits", "evictions_refused",
+    "daemon_unavailable", "prefetches", "prefetches_dropped", "prefetches_cancelled",
+    "version_checks", "chunk_hits", "evictions_refused",
     *CLUSTER_COUNTERS,
 )
 PENDING_HITS = 256  # lock-free chunk hits counted before they are added up

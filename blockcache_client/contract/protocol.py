@@ -72,6 +72,16 @@ MAX_BATCH = 4096  # keys in one lookup / touch
 LIST_PAGE = 10_000  # most keys in one list reply (~1.3 MB); `after` pages on
 # bin values this large (a put's block) are sent and received without copies
 VIEW_MIN = 64 << 10
+# What the daemon decodes from anyone: a request is a map of scalars, at
+# most one array of MAX_BATCH keys and the `cluster` report (a map of a map),
+# so a request of more containers or longer ones is refused as it is decoded
+# (`wire.unpack`), and one over SHAPED_MAX (a lookup of MAX_BATCH of the
+# longest keys is 0.55 MiB) must be a flat map of scalars: a put.
+# Counting containers costs ~1 us a request, so frames up to COUNTED_FROM
+# (every small request) skip it: one can make at most 4 Ki objects anyway.
+REQUEST_MAX_CONTAINERS = 8
+COUNTED_FROM = 4 << 10
+SHAPED_MAX = 1 << 20
 DEFAULT_SOCKET = "/run/blockcache/blockcached.sock"
 SOCKET_ENV = "BLOCKCACHE_SOCKET"
 
@@ -143,6 +153,27 @@ def decode_body(data: bytes | memoryview, views: bool = False) -> dict[str, Any]
     body = wire.unpack_views(memoryview(data), MAX_FRAME, VIEW_MIN) if views else None
     if body is None:
         body = wire.unpack(data, MAX_FRAME)
+    if not isinstance(body, dict):
+        raise ProtocolError(ErrorCode.BAD_FRAME,
+                            f"frame body must be a msgpack map, not {type(body).__name__}")
+    return body
+
+
+def decode_request(data: bytes | memoryview, views: bool = False) -> dict[str, Any]:
+    """`decode_body` for a request from a peer the daemon need not trust: its
+    cost is bounded by its size (see `REQUEST_MAX_CONTAINERS`, `SHAPED_MAX`).
+    ProtocolError (BAD_FRAME) naming what is wrong."""
+    body = None
+    if views or len(data) > SHAPED_MAX:
+        body = wire.unpack_views(memoryview(data), MAX_FRAME, VIEW_MIN if views else MAX_FRAME)
+    if body is None:
+        if len(data) > SHAPED_MAX:
+            raise ProtocolError(ErrorCode.BAD_FRAME,
+                                f"a request of {len(data)} bytes must be a flat map of scalars "
+                                f"(a put); only those up to {SHAPED_MAX} bytes may hold arrays "
+                                f"or maps")
+        body = wire.unpack(data, MAX_FRAME, MAX_BATCH,
+                           REQUEST_MAX_CONTAINERS if len(data) > COUNTED_FROM else None)
     if not isinstance(body, dict):
         raise ProtocolError(ErrorCode.BAD_FRAME,
                             f"frame body must be a msgpack map, not {type(body).__name__}")

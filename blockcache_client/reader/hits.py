@@ -30,6 +30,7 @@ from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, chunk_span
 from ..contract.errors import FormatError, IntegrityError
 from ..daemonclient.link import DaemonLink
 from .ciphers import Ciphers
+from .decrypt import ParallelDecrypt
 from .handlehits import HandleBlocks
 from .memory import BlockMemory
 
@@ -100,7 +101,7 @@ class HitReader:
     """Reads blocks of one volume that this host already holds."""
 
     def __init__(self, name: str, chunk_size: int, mem: BlockMemory, link: DaemonLink,
-                 counters: Counters, ciphers: Ciphers):
+                 counters: Counters, ciphers: Ciphers, decrypt: ParallelDecrypt):
         self.name = name
         self.chunk_size = chunk_size
         self.mem = mem
@@ -110,6 +111,7 @@ class HitReader:
         self.scratch = Scratch()  # shared with the tier's reads (see _SCRATCH_KEPT)
         self.nowait = nowait.SUPPORTED  # cleared if the kernel or cache fs refuses it
         self.chunks = None  # a `chunkhits.ChunkedHits`: small partial reads keep chunks
+        self.decrypt = decrypt  # large reads' chunks on every core
 
     def read(self, key: str, blen: int, lo: int, hi: int, out: memoryview | None,
              nowait: bool = False, holder: HandleBlocks | None = None, keep: bool = False):
@@ -232,9 +234,9 @@ class HitReader:
                                   f"({len(body)} bytes where {stop - start} belong)")
             if out is None:
                 plain = scratch[plain_at:plain_at + n]
-                cipher.read_range_into(lo, body, plain)
+                self.decrypt.read_range_into(cipher, lo, body, plain)
                 return plain.tobytes()
-            cipher.read_range_into(lo, body, out[:n])
+            self.decrypt.read_range_into(cipher, lo, body, out[:n])
             return n
         except (FormatError, IntegrityError) as exc:
             if nowait:  # judged once, by the blocking read that follows

@@ -9,6 +9,10 @@ limit it starts over, and entries refill on demand. Only canonical paths are
 stored, so a path found here needs no `normalize`. With `meta_ttl` 0 nothing
 is stored at all: a FUSE mount keeps its metadata in its own per-prefix
 caches (`fsclient.metacache`) and asks for fresh answers, so it is held once.
+Concurrent identical listings are one request (`SingleFlight`): a cold
+directory stat-ed by many threads at once (`prefetch_ahead`'s first files)
+is listed once, and every caller gets that listing. A caller asking for a
+fresh one (`max_age` 0, or no cache) never joins a listing already running.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 
 from ..sources.backend import Backend
 from ..sources.fileinfo import FileInfo
+from .singleflight import SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,7 @@ class Metadata:
         self._dirs: dict[str, tuple[float, list[FileInfo], frozenset[str]]] = {}
         # backend stats per directory since its last listing, None = not listable
         self._dir_misses: dict[str, int | None] = {}
+        self._listings = SingleFlight()  # listings running now, by directory
 
     def _fresh(self, cache: dict, rel: str, max_age: float | None):
         """(the cached value if young enough else None, now)."""
@@ -141,6 +147,11 @@ class Metadata:
         hit, now = self._fresh(self._dirs, rel, max_age)
         if hit is not None:
             return hit
+        if max_age == 0 or not self._keeps:
+            return self._list_now(rel, now)
+        return self._listings.do(rel, lambda: self._list_now(rel, now))[0]
+
+    def _list_now(self, rel: str, now: float) -> list[FileInfo]:
         infos = self.backend.listdir(rel)
         if not self._keeps:
             return infos

@@ -16,6 +16,9 @@ MAX_OFFSET = 2**63 - 1
 # costs tens of ms whatever its size, so a sequential reader is served with
 # few large requests.
 COALESCE_BYTES = 32 << 20
+# ...and that window comes in parts of this size (Mountpoint's default part),
+# fetched in parallel: a reader waits for its first part only
+PART_BYTES = 8 << 20
 
 
 def check_block_size(name: str, block_size: object) -> int:
@@ -37,6 +40,11 @@ def window(block_size: int, memory_cache_bytes: int) -> int:
     read, the one fetched ahead) fit in the memory LRU; 1 = no coalescing."""
     return max(1, min(COALESCE_BYTES // block_size,
                       max(0, memory_cache_bytes) // (2 * block_size)))
+
+
+def part_blocks(block_size: int) -> int:
+    """Blocks one request of a sequential window brings (at least one)."""
+    return max(1, PART_BYTES // block_size)
 
 
 def check_range(path: str, offset: object, size: object) -> None:

@@ -1,9 +1,11 @@
 """Blocks fetched ahead of the reads that will want them, on a small pool.
 
-Consecutive missing blocks go in one request of up to a window of blocks,
-one job per window so windows arrive in parallel. Bounded: past
-`PENDING_LIMIT` queued jobs new ones are dropped and counted. Never blocks a
-reader, never raises for I/O: the real read reports errors.
+Consecutive missing blocks go in one request of up to a part of a window
+(`options.PART_BYTES`), one job per part so parts arrive in parallel. Bounded: past
+`PENDING_LIMIT` queued jobs new ones are dropped and counted. A sequential
+reader's job is dropped (counted) if its run was cancelled before it sends a
+request (`sequential.Stream.cancel`). Never blocks a reader, never raises
+for I/O: the real read reports errors.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from ..common.counters import Counters
 from ..sources.fileinfo import FileInfo
 from .fetch import Fetcher
 from .hits import HitReader
+from .options import part_blocks
+from .sequential import Stream
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,7 @@ class Prefetcher:
                  counters: Counters):
         self.block_size = block_size
         self.window = window
+        self.part = part_blocks(block_size)
         self._hits = hits
         self._fetcher = fetcher
         self.counters = counters
@@ -39,7 +44,7 @@ class Prefetcher:
 
     def windows(self, rel: str, info: FileInfo, prefix: str, offset: int, length: int) -> None:
         """Fetch the blocks of [offset, offset+length) in the background, one
-        job per window."""
+        job per part of each window."""
         bs = self.block_size
         end = min(info.size, offset + length)
         step = self.window * bs
@@ -49,20 +54,33 @@ class Prefetcher:
                 return
             boff += step
 
-    def ahead(self, rel: str, info: FileInfo, prefix: str, start: int, end: int) -> bool:
-        """`run` in the background; False if dropped."""
-        return self.submit(self.run, rel, info, prefix, start, end)
+    def ahead(self, rel: str, info: FileInfo, prefix: str, start: int, end: int,
+              stream: Stream | None = None) -> bool:
+        """`run` in the background, a job per part (`options.PART_BYTES`) so
+        parts arrive in parallel; dropped once `stream` is cancelled. False
+        if a part was dropped."""
+        epoch = stream.epoch if stream is not None else 0
+        step = self.part * self.block_size
+        for part in range(start, end, step):
+            if not self.submit(self.run, rel, info, prefix, part, min(end, part + step), stream,
+                               epoch):
+                return False
+        return True
 
-    def run(self, rel: str, info: FileInfo, prefix: str, start: int, end: int) -> None:
+    def run(self, rel: str, info: FileInfo, prefix: str, start: int, end: int,
+            stream: Stream | None = None, epoch: int = 0) -> None:
         """Fetch the blocks of [start, end) (block-aligned `start`) that are
         neither in memory, cached nor being fetched: each run of consecutive
-        missing ones with one request."""
+        missing ones with one request; none once `stream` has a new epoch."""
         bs = self.block_size
         boff = start
         mem = self._hits.mem
         try:
             while boff < end:
                 key = prefix + format(boff, "016x")
+                if stream is not None and stream.epoch != epoch:
+                    self.counters.add("prefetches_cancelled")
+                    return
                 if (mem.get(key) is None and not self._fetcher.busy(key)
                         and not self._hits.is_cached(key)):
                     self._fetcher.fetch(rel, info, key, boff, -(-(end - boff) // bs))

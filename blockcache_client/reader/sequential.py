@@ -7,10 +7,16 @@ at offset 0, or starts at most the slack (an eighth of a block, at most
 `SEQ_SLACK`) after where the run's reads ended: at once for large reads,
 from the third small read of the run (two steps forward). A read starting
 at most the slack before that end is a late request of the run: it neither
-counts nor breaks it. Its miss brings a window of blocks nobody has yet, and
-half way through a window the next one is fetched in the background. A read
+counts nor breaks it. Its miss brings a window of blocks nobody has yet: the
+read waits for the window's first part (`options.PART_BYTES`), the other
+parts come in parallel in the background; half way through a window the
+next one is fetched in the background, in parts too (`prefetch`). A read
 spanning several blocks brings its own blocks with one request; any other
 read (random 4 KiB) brings its block only.
+
+A reader that closes its file or seeks away `cancel`s the run: its
+background fetches not yet sent are dropped (`prefetch`), so a reader that
+stops mid-file leaves no more than the requests already in flight.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..sources.fileinfo import FileInfo
+from .options import part_blocks
 
 SEQ_START = 256 << 10     # a read this large at offset 0 (or continuing one) is sequential
 # "continues the previous read": starts this close to its end (the reader
@@ -32,13 +39,19 @@ class Stream:
     read ended, how many reads in a row continued the one before, whether the
     current read is sequential, and the first block no request covers yet."""
 
-    __slots__ = ("next_off", "streak", "streaming", "issued")
+    __slots__ = ("next_off", "streak", "streaming", "issued", "epoch")
 
     def __init__(self) -> None:
         self.next_off = -1
         self.streak = 0
         self.streaming = False
         self.issued = 0
+        self.epoch = 0  # one more at each cancel: fetches planned before it are dropped
+
+    def cancel(self) -> None:
+        """End the run: what it planned and did not send is dropped."""
+        self.epoch += 1
+        self.next_off, self.streak, self.streaming, self.issued = -1, 0, False, 0
 
     def advance(self, offset: int, end: int, slack: int) -> bool:
         """Note a read of [offset, end): True if it belongs to the run. One
@@ -63,13 +76,14 @@ class SequentialReads:
     """Stream detection and window planning for one volume in one process.
 
     `has_block(key)`: the block is in memory or on the cache disk.
-    `fetch_ahead(rel, info, prefix, start, end)`: fetch [start, end) in the
-    background."""
+    `fetch_ahead(rel, info, prefix, start, end, stream)`: fetch [start, end)
+    in the background unless `stream` is cancelled first."""
 
     def __init__(self, block_size: int, window: int, has_block: Callable[[str], bool],
-                 fetch_ahead: Callable[[str, FileInfo, str, int, int], object]):
+                 fetch_ahead: Callable[[str, FileInfo, str, int, int, Stream], object]):
         self.block_size = block_size
         self.window = window
+        self.part = part_blocks(block_size)
         self._slack = min(SEQ_SLACK, block_size // 8)
         self._has_block = has_block
         self._fetch_ahead = fetch_ahead
@@ -95,6 +109,12 @@ class SequentialReads:
             st.issued = offset // self.block_size  # a new run: nothing fetched for it yet
         return st if st.streaming or multi else None
 
+    def cancel(self, prefix: str) -> None:
+        """Stop the read-ahead of one file version (its reader closed or sought)."""
+        st = self._streams.get(prefix)
+        if st is not None:
+            st.cancel()
+
     def plan(self, st: Stream, rel: str, info: FileInfo, prefix: str, b: int,
              last: int) -> int:
         """How many blocks from block `b` one request may fetch if `b` is a
@@ -109,16 +129,21 @@ class SequentialReads:
         if b >= st.issued:
             st.issued = min(nblocks, b + win)
             if not self._has_block(prefix + format(b * bs, "016x")):
-                return st.issued - b  # the miss brings the window
+                first = min(self.part, st.issued - b)  # the miss waits for one part
+                if st.issued > b + first:  # and the window's other parts come meanwhile
+                    self._fetch_ahead(rel, info, prefix, (b + first) * bs,
+                                      min(info.size, st.issued * bs), st)
+                return first
             if st.issued > b + 1:  # a hit: the rest of the window in the background
                 self._fetch_ahead(rel, info, prefix, (b + 1) * bs,
-                                  min(info.size, st.issued * bs))
+                                  min(info.size, st.issued * bs), st)
             return 1
         if st.issued < nblocks and st.issued - b <= win // 2:
             start = st.issued
             st.issued = min(nblocks, start + win)
-            self._fetch_ahead(rel, info, prefix, start * bs, min(info.size, st.issued * bs))
+            self._fetch_ahead(rel, info, prefix, start * bs, min(info.size, st.issued * bs),
+                              st)
         # a miss here (the background job is still queued, or the block was
-        # evicted) brings the rest of its window; blocks that job already
+        # evicted) brings the rest of its part; blocks that job already
         # claimed stop the run, so nothing is fetched twice
-        return min(win, st.issued - b)
+        return min(self.part, st.issued - b)

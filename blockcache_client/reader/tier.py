@@ -20,6 +20,9 @@
   shape and size first). A forged, foreign, truncated or misplaced item is
   counted (`cluster_bad`), the block's items are deleted from the tier, and
   the read goes to the remote: never served.
+- No exception leaves a tier read: a server's failure is handled by the
+  pool, anything else is logged and counted (`cluster_errors`), and the
+  remote answers.
 
 The tier is on while the daemon's `hello` names a pool (`DaemonLink.cluster`).
 """
@@ -85,17 +88,22 @@ class TierReads:
         chunk = self._chunk
         geo = Geometry(blen, chunk)
         first, end = chunk_span(blen, chunk, lo, hi - lo)
-        landing = Landing(key, geo, geo.slices(first, end), self._landings.take)
         try:
-            return self._read_landing(pool, key, landing, lo, hi, first, end, out)
-        finally:
-            self._landings.give(landing.room)
+            landing = Landing(key, geo, geo.slices(first, end), self._landings.take)
+            try:
+                return self._read_landing(pool, key, landing, lo, hi, first, end, out)
+            finally:
+                self._landings.give(landing.room)
+        except Exception as exc:  # the remote answers instead
+            self._broken(key, exc)
+            return None
 
     def _read_landing(self, pool: Pool, key: str, landing: Landing, lo: int, hi: int,
                       first: int, end: int, out: memoryview | None):
         """`read_range` once its slices' places are chosen."""
         geo, chunk = landing.geo, self._chunk
-        got = pool.get_into({key: landing.names}, landing.place, self.counters)
+        got = pool.get_into({key: landing.sizes}, landing.place, self.counters,
+                            bad=lambda k, why: self._bad(pool, k, geo, why))
         if len(got) != len(landing.names):
             self.counters.add("cluster_misses")
             return None
@@ -127,12 +135,21 @@ class TierReads:
         wanted = [(k, blen) for k, blen in wanted if fits(k)]
         if pool is None or not wanted:
             return {}
+        try:
+            return self._blocks(pool, wanted)
+        except Exception as exc:  # the remote answers instead
+            self._broken(wanted[0][0], exc)
+            return {}
+
+    def _blocks(self, pool: Pool, wanted: list[tuple[str, int]]) -> dict[str, bytes]:
+        """`blocks` once the pool and the blocks to ask for are known."""
         arrivals = {k: self._whole(k, blen) for k, blen in wanted}
         by_name = {name: a for a in arrivals.values() for name in a.landing.names}
         try:
-            got = pool.get_into({k: a.landing.names for k, a in arrivals.items()},
+            got = pool.get_into({k: a.landing.sizes for k, a in arrivals.items()},
                                 lambda name, size: by_name[name].landing.place(name, size),
-                                self.counters, lambda name: by_name[name].landed(name))
+                                self.counters, lambda name: by_name[name].landed(name),
+                                lambda k, why: self._bad(pool, k, arrivals[k].landing.geo, why))
             found = {}
             for k, a in arrivals.items():
                 if not got.issuperset(a.landing.names):
@@ -181,6 +198,13 @@ class TierReads:
         else:
             return False
         return True
+
+    def _broken(self, key: str, exc: Exception) -> None:
+        """Whatever went wrong in a tier read (a server's reply no check
+        foresaw, a bug of ours) is a miss, counted: never the reader's error."""
+        self.counters.add("cluster_errors")
+        log.warning("cluster tier read of block %s failed (%s: %s); reading the remote",
+                    key, type(exc).__name__, exc, exc_info=True)
 
     def _bad(self, pool: Pool, key: str, geo: Geometry, why: object) -> None:
         """Count an item that is not an authentic slice of this block and

@@ -64,6 +64,7 @@ from . import options
 from .blockfds import BlockFiles
 from .chunkhits import ChunkCache, ChunkedHits
 from .ciphers import Ciphers
+from .decrypt import ParallelDecrypt
 from .fetch import Fetcher
 from .fills import Sealer
 from .handlehits import HandleBlocks
@@ -110,9 +111,8 @@ class Volume:
         self.block_size = options.check_block_size(name, block_size)
         self.meta_ttl = float(meta_ttl)
         self._volume_key = load_key_file(key_file)
-        # block names derive from the key too: equal on every host with it,
-        # opaque to others, and a same-named volume under another key is
-        # another namespace (its blocks are misses here, not failures)
+        # block names derive from the key too: equal on every host with it, opaque to
+        # others; a same-named volume under another key is another namespace
         self.names = KeyNamer(self._volume_key)
         self._chunk_size = options.chunk_size(block_size)
         self.socket_path = socket_path or protocol.default_socket()
@@ -153,7 +153,7 @@ class Volume:
         # a Volume dropped without close() must not leave its threads reconnecting forever
         weakref.finalize(self, self._link.close, 0.2)
         self._hits = HitReader(self.name, self._chunk_size, self._mem, self._link,
-                               self.counters, ciphers)
+                               self.counters, ciphers, ParallelDecrypt())
         self._hits.chunks = ChunkedHits(self._hits, chunks, self._files) if chunks.enabled else None
         self._tier = TierReads(self._chunk_size, self._link, self.counters, ciphers,
                                self._hits.scratch)
@@ -180,6 +180,7 @@ class Volume:
         self._closed = True
         if self._pid == os.getpid():
             self._prefetcher.shutdown()
+            self._hits.decrypt.close()
             self._files.close_all()
             self._link.close()
             self.backend.close()
@@ -253,11 +254,9 @@ class Volume:
         return rel, info
 
     def read(self, path: str, offset: int, size: int, info: FileInfo | None = None) -> bytes:
-        """Up to `size` bytes at `offset` (fewer only at end of file).
-
-        `info` pins the version (FUSE passes what it got at open); without it
-        the cached metadata is used.
-        """
+        """Up to `size` bytes at `offset` (fewer only at end of file). `info`
+        pins the version (FUSE passes what it got at open); without it the
+        cached metadata is used."""
         self._proc()
         options.check_range(path, offset, size)
         rel, info = self._resolve(path, info)
@@ -383,8 +382,8 @@ class Volume:
     def prefetch(self, path: str, offset: int, length: int, info: FileInfo | None = None) -> None:
         """Fetch the blocks of [offset, offset+length) into the cache in the
         background (readahead): consecutive missing blocks in one request of
-        up to `_window` blocks, one job per window so windows arrive in
-        parallel. Never blocks on the backend, never raises for I/O."""
+        up to a part (`options.PART_BYTES`), one job per part so parts arrive
+        in parallel. Never blocks on the backend, never raises for I/O."""
         self._proc()
         options.check_range(path, offset, length)
         rel = normalize(path)
@@ -446,5 +445,6 @@ class Volume:
         out["layout_epoch"] = self._link.layout_epoch
         out["fill_queue_bytes"] = self._link.pending_fill_bytes()
         out["memory_bytes"] = self._mem.used  # blocks and chunks: at most memory_cache_bytes
-        out.update(chunk_bytes=self._mem.chunk_bytes, open_block_files=len(self._files))
+        out.update(chunk_bytes=self._mem.chunk_bytes, open_block_files=len(self._files),
+                   **self._hits.decrypt.stats())
         return out

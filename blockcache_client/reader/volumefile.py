@@ -4,6 +4,8 @@ Pinned to the FileInfo seen at open, so every read of one open file comes
 from one version (a rewrite mid-read gives ESTALE, never a mix of versions).
 Behaves like an unbuffered `io.RawIOBase` file, which is what PIL.Image.open,
 numpy.load and tarfile need; wrap it in `io.BufferedReader` for many tiny reads.
+Closing it, or seeking elsewhere, cancels the read-ahead of its file
+(`sequential`): a reader that stops mid-file leaves no fetches queued.
 """
 
 from __future__ import annotations
@@ -30,8 +32,14 @@ class VolumeFile(io.RawIOBase):
         self._blocks = HandleBlocks(volume, path, info)
 
     def close(self) -> None:
+        if not self.closed:
+            self._cancel_ahead()
         self._blocks.close(self._volume._files)
         super().close()
+
+    def _cancel_ahead(self) -> None:
+        vol = self._volume
+        vol._sequential.cancel(vol._key_prefix(self.name, self.info.version))
 
     def readable(self) -> bool:
         return True
@@ -55,6 +63,8 @@ class VolumeFile(io.RawIOBase):
             raise ValueError(f"seek {self.name}: invalid whence {whence}")
         if pos < 0:
             raise OSError(22, f"seek {self.name}: negative position {pos}")
+        if pos != self._pos:
+            self._cancel_ahead()
         self._pos = pos
         return pos
 

@@ -18,8 +18,8 @@ def test_it_prints_each_op_with_its_ratio_and_verdict(capsys):
 def test_a_put_is_timed_through_its_write(tmp_path):
     """A put's dir job counts as done at once: the block is indexed, with
     the policy's count, before `put` returns."""
-    engine = policy_cost._engine(str(tmp_path), 100, "tinylfu", full=False)
-    key = policy_cost._key(100)
+    engine = policy_cost.engine(str(tmp_path), 100, "tinylfu", full=False)
+    key = policy_cost.block_key(100)
     assert engine.put(key, b"\0" * policy_cost.BLOCK) == (True, "queued")
     assert key in engine.index and not engine.fill.pending
     assert engine.index.count_of(key) == 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 import uuid
 
 import pytest
@@ -79,15 +78,3 @@ def source(request, tmp_path):
 @pytest.fixture
 def local_source(tmp_path):
     return LocalSource(tmp_path / "src")
-
-
-def wait_for(cond, timeout: float = 10.0, what: str = "condition"):
-    """Poll until cond() is truthy; fail the test with `what` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.02)

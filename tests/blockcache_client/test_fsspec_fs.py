@@ -9,7 +9,7 @@ import pytest
 
 from blockcache_client.fsspec_fs import BlockcachedFileSystem
 from devtools.latencyfs import LatencyFileSystem
-from tests.blockcache_client.conftest import wait_for
+from tests.support.waiting import wait_for
 
 
 def test_protocols_come_from_entry_points():

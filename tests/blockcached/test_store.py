@@ -24,8 +24,10 @@ def test_write_is_complete_0644_and_leaves_no_temp(tmp_path):
     assert p == os.path.join(s.path, layout.block_relpath(k))
     assert open(p, "rb").read() == data
     assert os.stat(p).st_mode & 0o777 == 0o644
-    for d in (os.path.dirname(p), os.path.dirname(os.path.dirname(p)), s.blocks, s.tmp):
-        assert os.stat(d).st_mode & 0o777 == 0o755
+    # traversable, not listable: readers compute paths, tenants list nothing
+    for d in (os.path.dirname(p), os.path.dirname(os.path.dirname(p)), s.blocks):
+        assert os.stat(d).st_mode & 0o777 == 0o711
+    assert os.stat(s.tmp).st_mode & 0o777 == 0o700
     assert os.listdir(s.tmp) == []
 
 
@@ -48,7 +50,7 @@ def test_write_remakes_fanout_dirs_removed_behind_its_back(tmp_path):
     for kk, data in blobs.items():
         p = s.block_path(kk)
         assert open(p, "rb").read() == data
-        assert os.stat(os.path.dirname(p)).st_mode & 0o777 == 0o755
+        assert os.stat(os.path.dirname(p)).st_mode & 0o777 == 0o711
     assert os.listdir(s.tmp) == []
 
 

@@ -137,7 +137,7 @@ def test_a_dns_name_is_resolved_again_every_dns_refresh(monkeypatch):
             counters = Counters()
             assert pool.offer_fill("k", [("bc1:k:0", b"v")], counters) and pool.wait_fills(5)
             got = bytearray(1)
-            assert pool.get_into({"k": ["bc1:k:0"]}, lambda name, size: [memoryview(got)],
+            assert pool.get_into({"k": {"bc1:k:0": 1}}, lambda name, size: [memoryview(got)],
                                  counters) == {"bc1:k:0"}
             assert got == b"v"
         finally:

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools.memcached import free_port
+from devtools.procs import free_port
 from tests.fsclient.mounting import FsclientMount
 from tests.operations.conftest import run_cli
 

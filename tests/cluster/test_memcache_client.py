@@ -34,7 +34,7 @@ def test_a_value_for_a_key_not_asked_for_fails_the_server():
     placed = []
     try:
         with pytest.raises(ServerFailed, match="not asked for"):
-            client.get_into(["bc1:mine:0"], lambda k, n: placed.append(k) or [])
+            client.get_into({"bc1:mine:0": 3}, lambda k, n: placed.append(k) or [])
         assert placed == []
     finally:
         client.close()
@@ -49,7 +49,7 @@ def test_a_timeout_says_so_and_a_refusal_does_not():
     client = Memcache(address, 1.0, 0.1)
     try:
         with pytest.raises(ServerFailed) as timed_out:
-            client.get_many(["k"])
+            client.get_into({"k": 3}, lambda k, n: [])
         assert timed_out.value.timed_out
         assert not client.answers(0.1)
     finally:
@@ -57,5 +57,5 @@ def test_a_timeout_says_so_and_a_refusal_does_not():
         listener.close()
     gone = Memcache(address, 1.0, 0.1)  # nothing listens there now
     with pytest.raises(ServerFailed) as refused:
-        gone.get_many(["k"])
+        gone.get_into({"k": 3}, lambda k, n: [])
     assert not refused.value.timed_out

@@ -8,25 +8,16 @@ import threading
 import time
 
 from blockcache_client.cluster.items import item_key, split
-from blockcache_client.cluster.memcache import Memcache
 from blockcache_client.cluster.pool import REVIVALS
 from blockcache_client.contract import blockfile
 from blockcache_client.volumekey import generate_key_file, load_key_file
-from tests.cluster.test_tier_reads import all_items, block_keys
+from tests.support.remote_files import random_files
+from tests.support.tier import RawMemcache, all_items, block_keys
 
 # a read's worst case with a failing server: one connect or read timeout
 # (the fixture's 100 ms) per server it tries, plus the remote; generous for
 # a shared 2-core machine, and far below an unbounded hang
 READ_BOUND = 5.0
-
-
-def _files(root, n: int, size: int) -> dict[str, bytes]:
-    files = {}
-    for i in range(n):
-        data = os.urandom(size)
-        (root / f"f{i:03d}.bin").write_bytes(data)
-        files[f"f{i:03d}.bin"] = data
-    return files
 
 
 def _epoch(volume, files) -> float:
@@ -49,25 +40,10 @@ def _filled(cluster, root, key_file, files, nservers: int = 1):
     return servers, block_keys(v1, files)
 
 
-class _Raw(Memcache):
-    """The server as anyone on the network may use it: set and get any item."""
-
-    def set(self, name: str, value: bytes) -> None:
-        self.delete_many([name])
-        assert self.add(name, value)
-
-    def get(self, name: str) -> bytes | None:
-        return self.get_many([name]).get(name)
-
-
-def _raw(m) -> _Raw:
-    return _Raw(("127.0.0.1", m.port), 2.0, 2.0)
-
-
 def test_a_server_killed_mid_epoch(cluster, key_file, tmp_path):
     root = tmp_path / "remote"
     root.mkdir()
-    files = _files(root, 24, 300_000)
+    files = random_files(root, 24, 300_000)
     servers, _ = _filled(cluster, root, key_file, files, 3)
 
     v2 = cluster.volume(cluster.host(), str(root), key_file)
@@ -87,7 +63,7 @@ def test_a_server_killed_mid_epoch(cluster, key_file, tmp_path):
 def test_a_stalled_server_costs_a_bounded_delay_and_is_retried(cluster, key_file, tmp_path):
     root = tmp_path / "remote"
     root.mkdir()
-    files = _files(root, 16, 200_000)
+    files = random_files(root, 16, 200_000)
     servers, _ = _filled(cluster, root, key_file, files, 2)
 
     servers[1].stall()  # SIGSTOP: the kernel accepts connections, nothing answers
@@ -110,6 +86,8 @@ def test_a_stalled_server_costs_a_bounded_delay_and_is_retried(cluster, key_file
 
 
 def test_poisoned_items_are_never_served_and_are_removed(cluster, key_file, tmp_path):
+    """Items of the right size and the wrong content (one of the wrong size
+    fails its server: the next test)."""
     root = tmp_path / "remote"
     root.mkdir()
     files = {"a.bin": os.urandom(300_000), "b.bin": os.urandom(300_000),
@@ -120,14 +98,14 @@ def test_poisoned_items_are_never_served_and_are_removed(cluster, key_file, tmp_
     by_len = sorted(keys.items(), key=lambda kv: kv[1])
     ka, kb, kd = [k for k, blen in by_len if blen == 300_000]
     (kc, _), = [(k, b) for k, b in by_len if b == 2 << 20]
-    raw = _raw(server)
+    raw = RawMemcache(server.port)
     try:
         good = all_items([server], keys)
         tampered = bytearray(good[item_key(kd, 0)])
         tampered[5000] ^= 1
         poison = {item_key(ka, 0): os.urandom(len(good[item_key(ka, 0)])),  # random bytes
                   item_key(kb, 0): good[item_key(kd, 0)],           # another block's item
-                  item_key(kc, 1): good[item_key(kc, 1)][:-100],    # a truncated slice
+                  item_key(kc, 1): good[item_key(kc, 2)],           # a slice misplaced
                   item_key(kd, 0): bytes(tampered)}                 # one bit flipped
         for name, value in poison.items():
             raw.set(name, value)
@@ -135,7 +113,7 @@ def test_poisoned_items_are_never_served_and_are_removed(cluster, key_file, tmp_
         v2 = cluster.volume(cluster.host(), str(root), key_file)
         _epoch(v2, files)  # every byte as the remote has it
         s = v2.stats()
-        assert s["cluster_bad"] == 4 and s["cluster_hits"] == 0
+        assert s["cluster_bad"] == 4 and s["cluster_hits"] == 0 and s["cluster_errors"] == 0
         assert s["backend_bytes"] == sum(map(len, files.values()))
         assert v2.wait_fills(10)
         # removed, and stored anew by the remote read's fill: a third host
@@ -151,14 +129,18 @@ def test_poisoned_items_are_never_served_and_are_removed(cluster, key_file, tmp_
         raw.close()
 
 
-def test_a_bad_slice_found_by_a_range_read_is_removed(cluster, key_file, tmp_path):
+def test_a_slice_of_the_wrong_size_fails_its_server_and_is_removed(cluster, key_file,
+                                                                    tmp_path):
+    """Its size is refused from the `VALUE` line, before a byte of it is
+    read: the server's reply cannot be trusted (skipped for `retry_after`),
+    and the block's items are deleted, so it does not fail the server again."""
     root = tmp_path / "remote"
     root.mkdir()
     files = {"big.bin": os.urandom(4 << 20)}
     (root / "big.bin").write_bytes(files["big.bin"])
     (server,), keys = _filled(cluster, root, key_file, files)
     (key,) = keys
-    raw = _raw(server)
+    raw = RawMemcache(server.port)
     try:
         good = raw.get(item_key(key, 2))
         raw.set(item_key(key, 2), good[:len(good) // 2])  # truncated
@@ -166,9 +148,14 @@ def test_a_bad_slice_found_by_a_range_read_is_removed(cluster, key_file, tmp_pat
         off = 2 * 7 * (64 << 10) + 777  # inside slice 2
         assert v2.read("big.bin", off, 4096) == files["big.bin"][off:off + 4096]
         s = v2.stats()
-        assert s["cluster_bad"] == 1 and s["backend_bytes"] == 4 << 20
-        # the block's items were deleted, then stored anew by the remote read's fill
-        assert v2.wait_fills(10)
+        assert s["cluster_bad"] == 1 and s["cluster_errors"] == 1
+        assert s["backend_bytes"] == 4 << 20
+        assert all(raw.get(item_key(key, i)) is None for i in range(10))  # deleted
+        # after retry_after (1 s here), a read stores the block anew
+        time.sleep(1.2)
+        v3 = cluster.volume(cluster.host(), str(root), key_file)
+        assert v3.read("big.bin", off, 4096) == files["big.bin"][off:off + 4096]
+        assert v3.wait_fills(10)
         assert len(raw.get(item_key(key, 2))) == len(good)
     finally:
         raw.close()
@@ -177,7 +164,7 @@ def test_a_bad_slice_found_by_a_range_read_is_removed(cluster, key_file, tmp_pat
 def test_a_full_tier_only_misses(cluster, key_file, tmp_path):
     root = tmp_path / "remote"
     root.mkdir()
-    files = _files(root, 40, 1 << 20)  # 40 MiB through a tier of a few MiB
+    files = random_files(root, 40, 1 << 20)  # 40 MiB through a tier of a few MiB
     servers = cluster.memcached(1, memory_mb=8)
     # a server busy evicting on a shared test machine may answer slowly: this
     # test is about evictions, not timeouts
@@ -210,7 +197,7 @@ def test_another_key_learns_nothing_and_forged_items_are_refused(cluster, key_fi
     assert s["cluster_hits"] == 0 and s["cluster_bad"] == 0 and s["cluster_misses"] == 1
 
     # an item sealed under another key at this block's name: refused, removed
-    raw = _raw(server)
+    raw = RawMemcache(server.port)
     try:
         forged = split(key, blockfile.seal(key, os.urandom(300_000), load_key_file(str(other)),
                                            64 << 10))
@@ -232,7 +219,7 @@ def test_a_server_that_was_only_slow_is_used_again_at_once(cluster, key_file, tm
     root = tmp_path / "remote"
     root.mkdir()
     size = 200_000
-    files = _files(root, 12, size)
+    files = random_files(root, 12, size)
     (server,), _ = _filled(cluster, root, key_file, files)
     # a read timeout well above a loaded machine's delays, well under the stall
     v2 = cluster.volume(cluster.host(retry_after="30s", timeout="200ms"), str(root), key_file)

@@ -7,36 +7,12 @@ import os
 import random
 import signal
 
-from blockcache_client.cluster.items import SLICE_LIMIT, Geometry, item_key, split
-from blockcache_client.cluster.memcache import Memcache
+from blockcache_client.cluster.items import SLICE_LIMIT, split
 from blockcache_client.contract import blockfile
 from blockcache_client.volumekey import load_key_file
+from tests.support.tier import RawMemcache, all_items, block_keys
 
 BS = 4 << 20
-
-
-def block_keys(volume, files) -> dict[str, int]:
-    """{block key: block length} of every block of `files` in `volume`."""
-    out = {}
-    for rel in files:
-        info = volume.stat(rel)
-        for off, length, _ in volume.block_map(rel, info):
-            out[volume._key_prefix(rel, info.version) + format(off, "016x")] = length
-    return out
-
-
-def all_items(servers, keys: dict[str, int]) -> dict[str, bytes]:
-    """Every tier item of these blocks that any of the servers holds."""
-    names = [item_key(k, i) for k, blen in keys.items()
-             for i in range(Geometry(blen, 64 << 10).count)]
-    out = {}
-    for m in servers:
-        raw = Memcache(("127.0.0.1", m.port), 2.0, 2.0)
-        try:
-            out.update(raw.get_many(names))
-        finally:
-            raw.close()
-    return out
 
 
 def _remote_files(tmp_path, n: int, size: int):
@@ -182,7 +158,7 @@ def test_two_hosts_copies_of_a_block_never_mix(cluster, key_file, tmp_path):
     plain = os.urandom(1 << 20)
     copy_a = split(key, blockfile.seal(key, plain, load_key_file(key_file), 64 << 10))
     copy_b = split(key, blockfile.seal(key, plain, load_key_file(key_file), 64 << 10))
-    raw = Memcache(("127.0.0.1", m.port), 2.0, 2.0)
+    raw = RawMemcache(m.port)
     try:
         # host A's fill is under way: its first item is in, the rest not yet
         assert raw.add(*copy_a[0])

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.deploy.paths import DAEMONSET, EXAMPLE
-from tests.deploy.render import named, one, render
+from tests.support.deploy.paths import DAEMONSET, EXAMPLE
+from tests.support.deploy.render import named, one, render
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import tomllib
 
 import pytest
 
-from tests.deploy.paths import DAEMONSET, REPO
-from tests.deploy.render import containers, named, pod_spec, render
+from tests.support.deploy.paths import DAEMONSET, REPO
+from tests.support.deploy.render import containers, named, pod_spec, render
 
 CONTAINERFILE = DAEMONSET / "Containerfile"
 IGNORE = DAEMONSET / "Containerfile.dockerignore"

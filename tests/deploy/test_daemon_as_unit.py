@@ -15,15 +15,14 @@ import signal
 import stat
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.deploy import unit_runner
-from tests.deploy.package_install import bin_dir
-from tests.deploy.unit_runner import SERVICE_GID, WAIT, DaemonService, setpriv
-from tests.deploy.units import install
+from tests.support.deploy import unit_runner
+from tests.support.deploy.package_install import bin_dir
+from tests.support.deploy.unit_runner import SERVICE_GID, WAIT, DaemonService, put_block, setpriv
+from tests.support.deploy.units import install
 
 pytest.importorskip("blockcached", reason="the daemon package blockcached is not installed")
 pytestmark = [
@@ -75,7 +74,7 @@ def check_daemon(d: DaemonService) -> None:
     for p in (path, *path.parents):
         if p == d.cache_dir:
             break
-        assert stat.S_IMODE(p.stat().st_mode) == (0o644 if p == path else 0o755), p
+        assert stat.S_IMODE(p.stat().st_mode) == (0o644 if p == path else 0o711), p
     reader = subprocess.run(setpriv(OTHER_UID, OTHER_UID, [], ["cat", str(path)]),
                             capture_output=True, timeout=WAIT)
     assert reader.returncode == 0 and reader.stdout, reader.stderr
@@ -99,20 +98,3 @@ def ping_through_read_only_bind(run_dir) -> subprocess.CompletedProcess:
                               capture_output=True, text=True, timeout=WAIT)
 
 
-def put_block(socket_path: str) -> str:
-    """Put one sealed block as a client would; its cached path once written."""
-    from blockcache_client.contract import blockfile
-    from blockcache_client.daemonclient.client import Client
-
-    key = "imagenet_42_000000000000000000000000000000ab_0000000000000000"
-    blob = blockfile.seal(key, os.urandom(100_000), os.urandom(32))
-    deadline = time.monotonic() + WAIT
-    with Client(socket_path) as c:
-        while time.monotonic() < deadline:
-            # Puts are refused until the startup scan of the dir is done.
-            c.put(key, blob)
-            paths = c.lookup([key])
-            if paths and paths[0]:
-                return paths[0]
-            time.sleep(0.1)
-    raise AssertionError(f"the daemon did not cache {key} within {WAIT}s")

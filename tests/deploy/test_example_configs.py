@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from tests.deploy.daemon_config import load_daemon_config
-from tests.deploy.paths import DAEMONSET, EXAMPLE, SYSTEMD
+from tests.support.deploy.daemon_config import load_daemon_config
+from tests.support.deploy.paths import DAEMONSET, EXAMPLE, SYSTEMD
 
 DAEMON_CONFIGS = [SYSTEMD / "blockcached.toml.example", DAEMONSET / "blockcached.toml"]
 VOLUME_CONFIGS = [SYSTEMD / "volume.toml.example", EXAMPLE / "volume.toml"]

@@ -20,77 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy import unit_runner
-from tests.deploy.package_install import bin_dir
-from tests.deploy.unit_runner import SERVICE_GID, WAIT, is_mounted, setpriv
-from tests.deploy.units import Installed, exec_start, install, value
+from tests.support.deploy import unit_runner
+from tests.support.deploy.fsclient_unit import INSTANCE, mount_process, unit_argv, volume_config
+from tests.support.deploy.unit_runner import SERVICE_GID, WAIT, is_mounted, setpriv
+from tests.support.deploy.units import install, value
 
 pytest.importorskip("blockcached", reason="the daemon package blockcached is not installed")
 pytest.importorskip("fsclient.mount", reason="fsclient is not installed")
 pytestmark = unit_runner.fuse_marks()
 
-INSTANCE = "imagenet"
 READER_UID = 4242     # a training job's user, reading through allow_other
-
-
-def volume_config(inst: Installed, root: Path, socket_path: str) -> tuple[Path, Path, dict]:
-    """The installed example volume config, pointed at a local source under `root`."""
-    source = root / "source"
-    files = {f"train/{i:03d}.jpg": os.urandom(150_000 + i) for i in range(3)}
-    for name, data in files.items():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        (source / name).write_bytes(data)
-    mnt = root / "mnt" / INSTANCE
-    mnt.mkdir(parents=True)
-    keys = root / "etc/blockcache/keys"
-    keys.mkdir(parents=True, mode=0o700, exist_ok=True)
-    subprocess.run([str(bin_dir() / "fsclient"), "keygen", str(keys / f"{INSTANCE}.key")],
-                   check=True, capture_output=True, timeout=WAIT)
-    text = (inst.etc / "volumes/volume.toml.example").read_text()
-    lines = []
-    for line in text.splitlines():
-        key = line.split("=", 1)[0].strip()
-        if key == "source":
-            line = f'source = "{source}"'
-        elif key == "mountpoint":
-            line = f'mountpoint = "{mnt}"'
-        elif key == "key_file":
-            line = f'key_file = "{keys / INSTANCE}.key"'
-        elif key == "socket":
-            line = f'socket = "{socket_path}"'
-        elif key == "allow_other":
-            line = "allow_other = true"
-        elif line.startswith("[storage_options]") or key == "endpoint_url":
-            continue            # a local source takes no S3 endpoint
-        lines.append(line)
-    conf = root / f"etc/blockcache/volumes/{INSTANCE}.toml"
-    conf.parent.mkdir(parents=True, exist_ok=True)
-    conf.write_text("\n".join(lines) + "\n")
-    return mnt, root / "log", files
-
-
-def unit_argv(inst: Installed, root: Path) -> list[str]:
-    """ExecStart= of fsclient@INSTANCE.service with /etc and /var/log under `root`."""
-    unit = inst.unit("fsclient@.service")
-    pre = value(unit, "ExecStartPre").split()
-    assert pre[:2] == ["/bin/mkdir", "-p"] and pre[2] == "/var/log/blockcache"
-    return [a.replace("%i", INSTANCE).replace("/etc/blockcache/", f"{root}/etc/blockcache/")
-            .replace("/var/log/blockcache/", f"{root}/log/") for a in exec_start(unit)]
-
-
-def mount_process(mnt: Path) -> int | None:
-    """Pid of the fsclient process serving `mnt` (what systemd guesses as MainPID)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"--foreground" in cmd and any(str(mnt.parent.parent).encode() in c for c in cmd):
-            return int(entry.name)
-    return None
-
 
 
 def test_fsclient_started_like_the_unit_mounts_fills_and_unmounts():

@@ -8,42 +8,29 @@ block files at the paths the daemon reports), the key from a Secret.
 from __future__ import annotations
 
 import posixpath
-import shlex
 import tomllib
 
 import pytest
 
-from tests.deploy.daemon_config import load_daemon_config
-from tests.deploy.k8s_models import round_trip
-from tests.deploy.paths import DAEMONSET, EXAMPLE
-from tests.deploy.render import (
+from tests.support.deploy.daemon_config import load_daemon_config
+from tests.support.deploy.k8s_models import round_trip
+from tests.support.deploy.paths import DAEMONSET, EXAMPLE
+from tests.support.deploy.render import (
+    config_path_arg,
+    configmap_for,
+    container,
     containers,
+    daemon_config,
     kubectl,
+    mount,
     one,
     pod_spec,
     render,
     render_without_kubectl,
+    volume,
 )
 
 GPU_TAINT = "nvidia.com/gpu"
-
-
-def configmap_for(objs: list[dict], pod: dict, volume_name: str) -> dict:
-    """The rendered ConfigMap that a pod's configMap volume points at."""
-    name = volume(pod, volume_name)["configMap"]["name"]
-    return next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name)
-
-
-def volume(pod: dict, name: str) -> dict:
-    return next(v for v in pod_spec(pod)["volumes"] if v["name"] == name)
-
-
-def container(obj: dict, name: str) -> dict:
-    return next(c for c in containers(obj) if c["name"] == name)
-
-
-def mount(c: dict, volume_name: str) -> dict:
-    return next(m for m in c.get("volumeMounts", []) if m["name"] == volume_name)
 
 
 def mounts_of_hostpath(obj: dict, host_path: str) -> list[tuple[dict, dict]]:
@@ -56,20 +43,6 @@ def mounts_of_hostpath(obj: dict, host_path: str) -> list[tuple[dict, dict]]:
 
 def env(c: dict, name: str) -> str:
     return next(e["value"] for e in c.get("env", []) if e["name"] == name)
-
-
-def config_path_arg(c: dict) -> str:
-    words = shlex.split(" ".join(c["command"]))
-    return words[words.index("--config") + 1]
-
-
-def daemon_config(daemon_objs, ds) -> dict:
-    cm = configmap_for(daemon_objs, ds, "config")
-    daemon = container(ds, "blockcached")
-    path = config_path_arg(daemon)
-    m = mount(daemon, "config")
-    assert posixpath.dirname(path) == m["mountPath"], "--config is not in the ConfigMap mount"
-    return tomllib.loads(cm["data"][posixpath.basename(path)])
 
 
 def volume_config(example_objs, job) -> dict:

@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from tests.deploy import unit_runner
-from tests.deploy.package_install import bin_dir
-from tests.deploy.paths import REPO
+from tests.support.deploy import unit_runner
+from tests.support.deploy.package_install import bin_dir
+from tests.support.deploy.paths import REPO
 
 pytest.importorskip("blockcached", reason="the daemon package blockcached is not installed")
 pytest.importorskip("fsclient.mount", reason="fsclient is not installed")
@@ -33,7 +33,7 @@ def node():
     with unit_runner.scratch_root() as root:
         # Its own process group: on a hang, every pod process goes with it.
         p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", sys.executable,
-                              "-m", "tests.deploy.node_scenario", str(root),
+                              "-m", "tests.support.deploy.node_scenario", str(root),
                               str(bin_dir())],
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, start_new_session=True)

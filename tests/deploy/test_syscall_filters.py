@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy import unit_runner
-from tests.deploy.package_install import bin_dir
-from tests.deploy.test_daemon_as_unit import put_block
-from tests.deploy.unit_runner import WAIT
-from tests.deploy.units import install, values
+from tests.support.deploy import unit_runner
+from tests.support.deploy.fsclient_unit import mount_process, unit_argv, volume_config
+from tests.support.deploy.package_install import bin_dir
+from tests.support.deploy.unit_runner import WAIT, put_block
+from tests.support.deploy.units import install, values
 
 pytest.importorskip("blockcached", reason="the daemon package blockcached is not installed")
 pytestmark = [
@@ -133,8 +133,6 @@ def test_allowed_by_follows_systemds_order():
 
 
 def test_fsclient_makes_no_call_its_unit_denies():
-    from tests.deploy.test_fsclient_as_unit import mount_process, unit_argv, volume_config
-
     if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
         pytest.skip("needs /dev/fuse and fusermount3")
     with unit_runner.scratch_root() as root:

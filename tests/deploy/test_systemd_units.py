@@ -15,9 +15,9 @@ import tomllib
 
 import pytest
 
-from tests.deploy.package_install import bin_dir
-from tests.deploy.paths import SYSTEMD
-from tests.deploy.units import exec_start, install, parse_unit, value, values
+from tests.support.deploy.package_install import bin_dir
+from tests.support.deploy.paths import SYSTEMD
+from tests.support.deploy.units import exec_start, install, parse_unit, value, values
 
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed")

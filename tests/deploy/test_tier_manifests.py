@@ -16,9 +16,16 @@ import tomllib
 
 import pytest
 
-from tests.deploy.netpol import Peer, admits, selects
-from tests.deploy.render import one, pod_spec
-from tests.deploy.test_manifests import configmap_for, container, daemon_config, mount, volume
+from tests.support.deploy.netpol import Peer, admits, selects
+from tests.support.deploy.render import (
+    configmap_for,
+    container,
+    daemon_config,
+    mount,
+    one,
+    pod_spec,
+    volume,
+)
 
 PORT = 11211
 

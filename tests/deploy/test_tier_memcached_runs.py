@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.paths import DAEMONSET
-from tests.deploy.render import named, render
-from tests.deploy.unit_runner import scratch_root, setpriv
+from devtools.procs import free_port
+from tests.support.deploy.paths import DAEMONSET
+from tests.support.deploy.render import named, render
+from tests.support.deploy.unit_runner import scratch_root, setpriv
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("memcached") is None,
@@ -37,12 +38,6 @@ WAIT = 15.0
 def memcached_container() -> dict:
     pod = named(render(DAEMONSET), "DaemonSet", "blockcache-memcached")["spec"]["template"]
     return next(c for c in pod["spec"]["containers"] if c["name"] == "memcached")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

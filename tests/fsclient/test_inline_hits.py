@@ -15,6 +15,7 @@ import pytest
 from bench.systems import read_into_page_cache
 from blockcache_client.common import nowait
 from fsclient.mount import KERNEL_READAHEAD_KB
+from tests.support.pagecache import drop_tree_pages
 
 pytestmark = pytest.mark.fuse
 
@@ -37,21 +38,6 @@ def _read(mount, rels) -> dict[str, str]:
         with open(os.path.join(mount.mountpoint, rel), "rb") as f:
             out[rel] = hashlib.sha256(f.read()).hexdigest()
     return out
-
-
-def _drop_cache_pages(cache_dirs) -> int:
-    n = 0
-    for top in cache_dirs:
-        for dirpath, _, files in os.walk(top):
-            for name in files:
-                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-                try:
-                    os.fdatasync(fd)  # dirty pages would stay
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                    n += 1
-                finally:
-                    os.close(fd)
-    return n
 
 
 @pytest.mark.skipif(not nowait.SUPPORTED, reason="needs openat2 and RWF_NOWAIT")
@@ -79,7 +65,7 @@ def test_fresh_mount_reads_warm_small_files_inline(tree, daemon, mounts):
     daemon.wait_stats(quiet, timeout=20)
 
     # the cache files' pages are on disk only: read by read requests, same bytes
-    assert _drop_cache_pages(daemon.cache_dirs) >= len(want)
+    assert drop_tree_pages(daemon.cache_dirs) >= len(want)
     second = mounts(tree, daemon.socket_path, name="second")
     assert _read(second, want) == want
     s = second.stats()

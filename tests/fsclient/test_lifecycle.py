@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.fsclient.mounting import force_unmount, fsclient, is_mounted
-from tests.fsclient.test_mount import snapshot
+from tests.support.trees import snapshot
 
 pytestmark = pytest.mark.fuse
 

@@ -14,27 +14,9 @@ import time
 import pytest
 
 from tests.fsclient.mounting import env
+from tests.support.trees import snapshot
 
 pytestmark = pytest.mark.fuse
-
-
-def snapshot(root) -> dict:
-    """relative path (bytes) -> ('d',) | ('l', target) | ('f', size, sha256)."""
-    root = os.fsencode(root)
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, root)
-            if os.path.islink(full):
-                out[rel] = ("l", os.readlink(full))
-            elif os.path.isdir(full):
-                out[rel] = ("d",)
-            else:
-                with open(full, "rb") as f:
-                    data = f.read()
-                out[rel] = ("f", len(data), hashlib.sha256(data).hexdigest())
-    return out
 
 
 def test_tree_and_bytes_equal_the_source(tree, daemon, mounts):

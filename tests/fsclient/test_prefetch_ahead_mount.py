@@ -9,8 +9,8 @@ import random
 import pytest
 
 from blockcache_client import Volume, prefetch_ahead
-from tests.blockcache_client.conftest import wait_for
 from tests.fsclient.conftest import BLOCK
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.fuse
 

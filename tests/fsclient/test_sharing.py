@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.fsclient.test_mount import snapshot
+from tests.support.trees import snapshot
 
 pytestmark = pytest.mark.fuse
 

@@ -17,24 +17,14 @@ import pytest
 
 from blockcache_client import cli
 from blockcache_client.contract import blockfile, layout, protocol, wire
-from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
 from blockcache_client.contract.protocol import ErrorCode
 from blockcache_client.daemonclient.client import Client
 from blockcached.buffers import FRAME_CLASS
 from blockcached.server import BUDGETED_TIMEOUT, READ_SIZE, SMALL_FRAME
 from devtools.daemon import DaemonProcess
+from tests.support.blocks import VOLUME_KEY, make_block, make_key
 from tests.support.pipeline import pipeline
-
-VOLUME_KEY = bytes(range(32))
-
-
-def make_key(vol: str = "vol", inode: int = 1, offset: int = 0, extent: int = 0xabc) -> str:
-    return str(BlockKey(vol, inode, extent, offset))
-
-
-def make_block(key: str, size: int = 4096) -> bytes:
-    return blockfile.seal(key, os.urandom(size), VOLUME_KEY)
 
 
 def test_put_lookup_touch_stats(daemon):

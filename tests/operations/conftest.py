@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -66,13 +64,3 @@ def warmup_args(source, key_file, daemon, *extra: str) -> list[str]:
             "--socket", daemon.socket_path, "--block-size", str(BLOCK), *extra]
 
 
-def logged_port(read_log, pattern: str = r"serving metrics on http://[^:]+:(\d+)/metrics",
-                timeout: float = 20.0) -> int:
-    """The port a process logged it serves metrics on (it binds port 0)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = re.search(pattern, read_log())
-        if m:
-            return int(m.group(1))
-        time.sleep(0.05)
-    raise AssertionError(f"no metrics address in the log:\n{read_log()}")

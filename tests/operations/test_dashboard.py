@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.daemon import DaemonProcess
 from tests.fsclient.mounting import REPO, FsclientMount
-from tests.operations.conftest import BLOCK, VOLUME, logged_port
+from tests.operations.conftest import BLOCK, VOLUME
+from tests.support.metrics import logged_port
 
 DASHBOARD = Path(REPO) / "daemonset" / "grafana-dashboard.json"
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),

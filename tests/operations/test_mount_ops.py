@@ -5,30 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fsclient.mounting import FsclientMount
-from tests.operations.conftest import BLOCK, VOLUME, blocks_of, logged_port, run_cli
+from tests.operations.conftest import BLOCK, VOLUME, blocks_of, run_cli
+from tests.support.metrics import logged_port, scrape, value
 
 pytestmark = pytest.mark.fuse
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    """{(sample name, sorted label items): value} from a /metrics endpoint."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(samples: dict, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 from blockcache_client.contract import blockfile
 from blockcache_client.volumekey import generate_key_file
 from devtools.daemon import DaemonProcess
-from tests.blockcache_client.conftest import wait_for as wait_until  # noqa: F401  (re-exported)
+from tests.support.waiting import wait_for as wait_until  # noqa: F401  (re-exported)
 
 BS = 64 << 10  # the smallest block size fsclient accepts: many blocks from little data
 
@@ -198,7 +198,3 @@ def fill(vol, daemon: DaemonProcess, files: dict[str, bytes]):
     return Layout.from_wire(daemon.client().hello()["layout"])
 
 
-def block_key(vol, rel: str, boff: int = 0) -> str:
-    """The cache key of the block at `boff` of `rel`'s current version."""
-    info = vol.stat(rel)
-    return vol._key_prefix(info.path, info.version) + format(boff, "016x")

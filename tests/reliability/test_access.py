@@ -32,13 +32,13 @@ from tests.reliability.conftest import (
     BS,
     ChildError,
     as_nobody,
-    block_key,
     cache_files,
     needs_root,
     record,
     wait_until,
     write_dataset,
 )
+from tests.support.volumes import block_key
 
 pytestmark = needs_root
 

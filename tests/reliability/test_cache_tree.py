@@ -30,7 +30,6 @@ from tests.blockcached.engine import key as make_key
 from tests.fsclient.mounting import FsclientMount
 from tests.reliability.conftest import (
     BS,
-    block_key,
     connected_volume,
     fill,
     needs_fuse,
@@ -39,6 +38,7 @@ from tests.reliability.conftest import (
     wait_until,
     write_dataset,
 )
+from tests.support.volumes import block_key
 
 pytestmark = needs_root
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import resource
+import signal
 import socket
 import threading
 import time
@@ -18,6 +20,8 @@ from blockcache_client.contract import blockfile, layout, protocol
 from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.errors import DaemonError, DaemonUnavailable
 from blockcache_client.daemonclient.client import Client
+from blockcached.config import Config
+from blockcached.connlimits import ADMIN_RESERVED, MAX_CONNECTIONS
 from devtools.daemon import DaemonProcess
 from tests.reliability.conftest import as_nobody, needs_fuse, needs_root, record
 from tests.support.faultyfs import FaultyMount
@@ -220,4 +224,121 @@ def test_fill_queue_share_per_uid(tmp_path, shared_dir):
                other_uid="queued")
     finally:
         fm.stop()  # releases hung operations first
+        d.stop()
+
+
+_PING = protocol.encode_frame({"id": 1, "op": "ping"})
+
+
+def _answered(s: socket.socket) -> bool:
+    """Whether a ping on `s` is answered (a refused connection is closed)."""
+    try:
+        s.sendall(_PING)
+        head = s.recv(4)
+        return len(head) == 4 and len(s.recv(protocol.frame_length(head))) > 0
+    except OSError:
+        return False
+
+
+class Hog:
+    """A child as `uid` (in the socket's group) holding as many connections
+    as the daemon grants it, up to `most`, each answered a ping, until closed."""
+
+    def __init__(self, path: str, uid: int, most: int = 2000):
+        r, w = os.pipe()
+        self._release_r, self._release = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # child: never returns into pytest
+            try:
+                os.close(r)
+                os.close(self._release)
+                resource.setrlimit(resource.RLIMIT_NOFILE, (most + 64, most + 64))
+                os.setgroups([])
+                os.setgid(_socket_group())
+                os.setuid(uid)
+                held = []
+                while len(held) < most:
+                    s = socket.socket(socket.AF_UNIX)
+                    s.settimeout(10)
+                    try:
+                        s.connect(path)
+                    except OSError:
+                        break
+                    if not _answered(s):
+                        s.close()
+                        break
+                    held.append(s)
+                os.write(w, str(len(held)).encode())
+                os.close(w)
+                os.read(self._release_r, 1)  # until the parent closes its end
+            finally:
+                os._exit(0)
+        os.close(w)
+        os.close(self._release_r)
+        with os.fdopen(r, "rb") as f:
+            self.held = int(f.read() or 0)
+
+    def close(self) -> None:
+        os.close(self._release)
+        os.kill(self.pid, signal.SIGKILL)  # later hogs hold copies of `_release` too
+        os.waitpid(self.pid, 0)
+
+
+@needs_root
+def test_four_uids_at_their_cap_leave_root_and_a_fifth_uid_room(tmp_path, shared_dir):
+    """With the defaults: each uid holds max_connections_per_uid, and the
+    last ADMIN_RESERVED of the daemon's connections are for admins only.
+    Before: 1,024 per uid, so four uids took all 4,096 and refused root."""
+    d = DaemonProcess(tmp_path, cache_dirs=[(os.path.join(shared_dir, "cache"), "64M")],
+                      extra_args=["--socket-group", str(_socket_group())])
+    d.socket_path = os.path.join(shared_dir, "bc.sock")
+    d.start()
+    hogs: list[Hog] = []
+    try:
+        cap = Config.__dataclass_fields__["max_connections_per_uid"].default
+        for uid in range(60001, 60005):
+            hogs.append(Hog(d.socket_path, uid))
+        assert [h.held for h in hogs] == [cap] * 4
+        # a fifth uid gets its whole share, and fills what non-admins may hold
+        hogs.append(Hog(d.socket_path, 60005))
+        assert hogs[-1].held == cap
+        sixth = Hog(d.socket_path, 60006)
+        hogs.append(sixth)
+        assert sixth.held == MAX_CONNECTIONS - ADMIN_RESERVED - 5 * cap
+        # root, an admin, still connects
+        t = time.monotonic()
+        with Client(d.socket_path, timeout=10) as c:
+            assert c.ping()["ok"]
+            s = c.stats()
+        record("connections_four_uids", per_uid=cap, uids=len(hogs),
+               held=sum(h.held for h in hogs), root_ping_s=round(time.monotonic() - t, 3))
+        assert s["refused"]["connections"] >= 6
+    finally:
+        for h in hogs:
+            h.close()
+        d.stop()
+
+
+@needs_root
+def test_a_connection_that_sends_nothing_or_half_a_prefix_is_closed(tmp_path):
+    d = DaemonProcess(tmp_path, extra_args=["--frame-timeout", "1s"])
+    d.start()
+    socks = {name: socket.socket(socket.AF_UNIX) for name in ("silent", "half", "answered")}
+    try:
+        for s in socks.values():
+            s.settimeout(10)
+            s.connect(d.socket_path)
+        socks["half"].sendall(_PING[:2])
+        assert _answered(socks["answered"])  # a request completed: idle is fine
+        t = time.monotonic()
+        assert socks["silent"].recv(1) == b""  # closed by the daemon
+        assert socks["half"].recv(1) == b""
+        took = time.monotonic() - t
+        record("connections_never_finishing", frame_timeout_s=1, closed_after_s=round(took, 2))
+        assert 0.5 < took < 5, took
+        time.sleep(0.5)
+        assert _answered(socks["answered"])
+    finally:
+        for s in socks.values():
+            s.close()
         d.stop()

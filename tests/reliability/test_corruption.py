@@ -17,13 +17,13 @@ from blockcache_client.contract.errors import IntegrityError
 from blockcache_client.volumekey import load_key_file
 from tests.reliability.conftest import (
     BS,
-    block_key,
     connected_volume,
     fill,
     record,
     wait_until,
     write_dataset,
 )
+from tests.support.volumes import block_key
 
 
 def _authentic(key: str, path: str, vk: bytes) -> bool:

@@ -17,7 +17,6 @@ from blockcache_client import Volume
 from devtools.daemon import DaemonProcess
 from tests.reliability.conftest import (
     BS,
-    block_key,
     connected_volume,
     fill,
     needs_fuse,
@@ -26,6 +25,7 @@ from tests.reliability.conftest import (
     write_dataset,
 )
 from tests.support.faultyfs import FaultyMount
+from tests.support.volumes import block_key
 
 pytestmark = needs_fuse
 

@@ -47,7 +47,10 @@ def daemon(tmp_path_factory):
     """One daemon for the module, started with a low soft open-files limit it
     must raise by itself; its peak RSS is recorded at the end."""
     tmp = tmp_path_factory.mktemp("hostile")
-    d = DaemonProcess(tmp, cache_dirs=[(tmp / "root" / "cache", "64M")], nofile_soft=256)
+    # no per-uid connection cap: the burst below is one uid's 1,000 connections
+    # (the caps are test_client_limits.py's)
+    d = DaemonProcess(tmp, cache_dirs=[(tmp / "root" / "cache", "64M")], nofile_soft=256,
+                      extra_args=["--max-connections-per-uid", "0"])
     d.start()
     try:
         yield d
@@ -329,6 +332,81 @@ def test_client_waits_in_a_full_accept_backlog(tmp_path):
         for s in queued:
             s.close()
         listener.close()
+
+
+def _ping_of_empty_arrays(size: int, width: int | None) -> bytes:
+    """A framed ping of `size` bytes whose extra field holds empty arrays:
+    one array of them all (`width` None), or arrays of `width` each."""
+    head = b"\x83" + msgpack.packb({"id": 1, "op": "ping"})[1:] + b"\xa1x"
+    if width is None:
+        n = size - len(head) - 5
+        body = head + b"\xdd" + n.to_bytes(4, "big") + b"\x90" * n
+    else:
+        inner = b"\xdc" + width.to_bytes(2, "big") + b"\x90" * width
+        k = (size - len(head) - 3) // len(inner)
+        body = head + b"\xdc" + k.to_bytes(2, "big") + inner * k
+    return struct.pack(">I", len(body)) + body
+
+
+NESTED_GROWTH_BOUND_MIB = 64  # the frame's own buffer (17 MiB) and slack; it was 1.3 GB
+NESTED_CPU_BOUND_S = 1.0      # the daemon's CPU for all three frames; it was ~10 s each
+# the bystander's worst ping: under 0.04 s on a quiet machine (100 ms is the
+# aim); a shared 2-core machine under load adds scheduling delays of its own
+NESTED_PING_BOUND_S = 0.5
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("size, width", [(MAX_FRAME, None), (1 << 20, 4095)],
+                         ids=["17 MiB, one array", "1 MiB, arrays of 4,095"])
+def test_a_frame_of_millions_of_empty_arrays_costs_others_nothing(tmp_path, size, width):
+    """Decoded whole, the 17 MiB frame held the daemon 10 s and took 1.3 GB;
+    refused as it is decoded, a bystander's pings stay prompt meanwhile."""
+    hostile = _ping_of_empty_arrays(size, width)
+    with DaemonProcess(tmp_path) as d:
+        base = peak_rss_kib(d.proc.pid)
+        cpu = _cpu_seconds(d.proc.pid)
+        stop = threading.Event()
+        pings: list[float] = []
+
+        def bystander():
+            with Client(d.socket_path, timeout=PROMPT) as c:
+                while not stop.is_set():
+                    t = time.monotonic()
+                    assert c.ping()["ok"]
+                    pings.append(time.monotonic() - t)
+                    time.sleep(0.005)
+
+        t = threading.Thread(target=bystander)
+        t.start()
+        try:
+            time.sleep(0.1)
+            for _ in range(3):
+                s = connect(d.socket_path)
+                try:
+                    s.sendall(hostile)
+                    reply = read_reply(s)
+                    assert reply is not None and reply["id"] == 0
+                    assert reply["code"] == ErrorCode.BAD_FRAME, reply
+                finally:
+                    s.close()
+            time.sleep(0.1)
+        finally:
+            stop.set()
+            t.join()
+        grew = (peak_rss_kib(d.proc.pid) - base) / 1024
+        cpu = _cpu_seconds(d.proc.pid) - cpu
+    record("nested_frame", frame_mib=round(size / 2**20, 1), bystander_pings=len(pings),
+           worst_ping_s=round(max(pings), 4), daemon_rss_growth_mib=round(grew, 1),
+           daemon_cpu_s=round(cpu, 3))
+    assert len(pings) > 10 and max(pings) < NESTED_PING_BOUND_S, max(pings)
+    assert grew < NESTED_GROWTH_BOUND_MIB, grew
+    assert cpu < NESTED_CPU_BOUND_S, cpu
 
 
 def test_one_byte_a_second_client_does_not_hold_others(daemon):

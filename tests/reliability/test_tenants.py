@@ -8,7 +8,7 @@ import grp
 import os
 import pwd
 
-from blockcache_client.contract import blockfile
+from blockcache_client.contract import blockfile, layout
 from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.errors import DaemonError
 from blockcache_client.daemonclient.client import Client
@@ -98,6 +98,57 @@ def test_cross_tenant_list_and_evict_refused(tmp_path, shared_dir):
         s = c.stats()
         assert s["errors"]["permission_denied"] >= 6
         record("cross_tenant_bypass", attempts=6, refused=6, victim_blocks_left=len(keys))
+    finally:
+        d.stop()
+
+
+def _look_around(path: str, cache: str, victim_key: str, own_key: str) -> dict:
+    """What a tenant can learn of another's blocks without its key."""
+    out: dict = {}
+    victim = os.path.join(cache, layout.block_relpath(victim_key))
+    leaf = os.path.dirname(victim)
+    for name, where in (("list blocks", os.path.dirname(os.path.dirname(leaf))),
+                        ("list fan-out", os.path.dirname(leaf)), ("list leaf", leaf)):
+        try:
+            out[name] = len(os.listdir(where))
+        except PermissionError:
+            out[name] = "denied"
+    out["stat by name"] = os.stat(victim).st_size > 0  # a reader computes paths
+    with Client(path, timeout=5) as c:
+        s = c.stats()
+        out["stats volumes"] = sorted(s["volumes"])
+        out["stats cluster volumes"] = sorted(s["cluster"]["volumes"])
+        out["lookup"] = [p is not None for p in c.lookup([victim_key, own_key])]
+        out["touch"] = c.touch([victim_key])["touched"]
+    return out
+
+
+def test_a_tenant_cannot_list_the_tree_or_see_another_volume(tmp_path, shared_dir):
+    nobody = pwd.getpwnam("nobody").pw_uid
+    d = _start(tmp_path, shared_dir, "--volume-access", "victim=uid:0",
+               "--volume-access", f"mine=uid:{nobody}")
+    try:
+        victim_key = _fill(d, "victim")[0]
+        # a tree an older daemon left listable (0755) is mended at start
+        d.stop()
+        for top, _dirs, _ in os.walk(os.path.join(d.cache_dirs[0], "blocks")):
+            os.chmod(top, 0o755)
+        d.start()
+        own_key = str(BlockKey("mine", 1, 1, 0))
+        assert d.client().put(own_key, blockfile.seal(own_key, b"y", bytes(32)))[0]
+        d.wait_idle()
+        d.client().ping(cluster={"volume": "victim", "counters": {"cluster_hits": 1}})
+        before = d.client().stats()["volumes"]["victim"]["touches"]
+        got = as_nobody(_look_around, d.socket_path, d.cache_dirs[0], victim_key, own_key,
+                        gid=_socket_group())
+        assert got == {"list blocks": "denied", "list fan-out": "denied",
+                       "list leaf": "denied", "stat by name": True,
+                       "stats volumes": ["mine"], "stats cluster volumes": [],
+                       "lookup": [False, True], "touch": 0}, got
+        s = d.client().stats()  # root, an admin, sees every volume
+        assert sorted(s["volumes"]) == ["mine", "victim"]
+        assert sorted(s["cluster"]["volumes"]) == ["victim"]
+        assert s["volumes"]["victim"]["touches"] == before
     finally:
         d.stop()
 

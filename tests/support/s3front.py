@@ -40,7 +40,7 @@ class S3Front:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 if self.command == "GET":
-                    fault = front._next_fault(self.path, self.headers.get("User-Agent", ""),
+                    fault = front.next_fault(self.path, self.headers.get("User-Agent", ""),
                                               self.headers.get("Authorization", ""))
                     if fault is not None:
                         status, headers = fault
@@ -85,7 +85,7 @@ class S3Front:
         with self._lock:
             self._faults.extend([(status, dict(headers or {}))] * times)
 
-    def _next_fault(self, path: str, agent: str, auth: str):
+    def next_fault(self, path: str, agent: str, auth: str):
         # "AWS4-HMAC-SHA256 Credential=KEY/DATE/REGION/s3/aws4_request, ..."
         scope = auth.partition("Credential=")[2].split(",")[0].split("/")
         with self._lock:

@@ -105,3 +105,46 @@ def test_reply_shapes():
     assert protocol.ok(3, paths=[None]) == {"id": 3, "ok": True, "paths": [None]}
     assert protocol.error(4, ErrorCode.UNKNOWN_OP, "no") == \
         {"id": 4, "ok": False, "code": "unknown_op", "message": "no"}
+
+
+def _ping_holding(value: bytes) -> bytes:
+    """A ping whose extra field `x` is the msgpack `value` given."""
+    return b"\x83" + msgpack.packb({"id": 1, "op": "ping"})[1:] + b"\xa1x" + value
+
+
+def _arrays_of_empty_arrays(size: int) -> bytes:
+    """About `size` bytes of arrays of 4,095 empty arrays each: within the
+    length cap, one byte of msgpack and a Python object of ~80 each."""
+    inner = b"\xdc" + (4095).to_bytes(2, "big") + b"\x90" * 4095
+    k = size // len(inner)
+    return b"\xdc" + k.to_bytes(2, "big") + inner * k
+
+
+@pytest.mark.parametrize("frame", [
+    _ping_holding(b"\xdd" + (MAX_FRAME - 40).to_bytes(4, "big") + b"\x90" * (MAX_FRAME - 40)),
+    _ping_holding(_arrays_of_empty_arrays(protocol.SHAPED_MAX - 100)),
+    _ping_holding(_arrays_of_empty_arrays(60_000)),
+], ids=["17 MiB of empty arrays", "1 MiB nested", "60 KB nested"])
+def test_a_request_of_many_containers_is_refused_as_it_is_decoded(frame):
+    """Decoded as msgpack would, each frame costs seconds and 80x its size
+    (17 MiB: 1.3 GB); refused, it costs nothing."""
+    for views in (False, True):
+        with pytest.raises(ProtocolError) as bad:
+            protocol.decode_request(memoryview(frame), views)
+        assert bad.value.code == ErrorCode.BAD_FRAME
+
+
+def test_every_request_shape_still_decodes():
+    longest = "v" * 63 + "_" + "9" * 19 + "_" + "a" * 32 + "_" + "0" * 16
+    lookup = msgpack.packb({"id": 1, "op": "lookup", "keys": [longest] * MAX_BATCH})
+    assert 500_000 < len(lookup) < protocol.SHAPED_MAX
+    assert protocol.decode_request(lookup, True)["keys"] == [longest] * MAX_BATCH
+    touch = msgpack.packb({"id": 2, "op": "touch", "keys": [longest] * MAX_BATCH,
+                           "cluster": {"volume": "v", "counters": {"cluster_hits": 3}}})
+    assert protocol.decode_request(touch)["cluster"]["counters"] == {"cluster_hits": 3}
+    block = bytes(MAX_FRAME - 200)
+    put = wire.pack({"id": 3, "op": "put", "key": longest, "data": block})
+    assert protocol.decode_request(memoryview(put), True)["data"] == block
+    with pytest.raises(ProtocolError, match="longer|exceeds|4096"):
+        protocol.decode_request(msgpack.packb({"id": 4, "op": "lookup",
+                                               "keys": ["k"] * (MAX_BATCH + 1)}))

@@ -20,7 +20,7 @@ from blockcache_client.contract.protocol import ErrorCode
 from blockcache_client.daemonclient.fillqueue import CALL_TIMEOUT, COLLECT_AFTER, INLINE_FILL_MAX
 from blockcache_client.daemonclient.link import DaemonLink
 from devtools.daemon import DaemonProcess
-from tests.blockcache_client.conftest import wait_for
+from tests.support.waiting import wait_for
 
 VOLUME_KEY = bytes(32)
 

@@ -5,57 +5,23 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blockcache_client import Volume
-from tests.blockcache_client.conftest import wait_for
+from tests.support.chunkvolumes import (
+    BS,
+    CHUNK,
+    cli_evict,
+    filled,
+    same_version_rewrite,
+    settle,
+    volume,
+)
+from tests.support.waiting import wait_for
 
-BS = 1 << 20        # 16 chunks of 64 KiB a block
-CHUNK = 64 << 10
 SIZE = 3 * BS + 12345  # three whole blocks and a short last one
-
-
-def volume(source, key_file, daemon, **kw):
-    kw.setdefault("block_size", BS)
-    return Volume("vol", source.url, key_file, socket_path=daemon.socket_path, **kw,
-                  **source.options)
-
-
-def settle(vol, daemon):
-    assert vol.wait_fills(20)
-    daemon.wait_idle()
-
-
-def filled(source, key_file, daemon, path, data):
-    """`path` written with `data` and cached by another reader (whole-file
-    reads keep no chunks), so the reader under test finds it on the disk."""
-    source.write(path, data)
-    with volume(source, key_file, daemon) as filler:
-        wait_for(lambda: filler.stats()["daemon_connected"], what="the daemon")
-        assert filler.read(path, 0, len(data)) == data
-        settle(filler, daemon)
-
-
-def cli_evict(daemon, vol, path):
-    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "blockcache-cli"),
-                          "--socket", daemon.socket_path, "evict", "--inode", vol.name,
-                          str(vol.inode(path))], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-
-
-def same_version_rewrite(source, path, data):
-    """Rewrite a local file with the same size and mtime: the same version
-    (the documented limit), so only the block file tells old from new."""
-    full = os.path.join(source.root, path)
-    st_ = os.stat(full)
-    with open(full, "r+b") as f:
-        f.write(data)
-    os.utime(full, ns=(st_.st_atime_ns, st_.st_mtime_ns))
 
 
 EDGES = sorted({0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 4096, BS - CHUNK, BS - 1, BS,

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from tests.blockcache_client.reader.test_volume import BS, settle, volume, wait_connected
+from tests.support.volumes import BS, settle, volume, wait_connected
 
 NBLOCKS = 13
 WINDOW = 4  # blocks per request with memory_cache_bytes = 8 blocks (half the LRU)

@@ -8,8 +8,7 @@ import random
 
 import pytest
 
-from tests.blockcache_client.conftest import wait_for
-from tests.blockcache_client.reader.test_chunk_cache import (
+from tests.support.chunkvolumes import (
     BS,
     CHUNK,
     cli_evict,
@@ -18,6 +17,7 @@ from tests.blockcache_client.reader.test_chunk_cache import (
     settle,
     volume,
 )
+from tests.support.waiting import wait_for
 
 
 def full_path_refused(vol, monkeypatch):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.blockcache_client.conftest import wait_for
-from tests.blockcache_client.reader.test_volume import volume
+from tests.support.volumes import volume
+from tests.support.waiting import wait_for
 
 
 def stat_calls(vol) -> list[str]:

@@ -19,7 +19,7 @@ import pytest
 import devtools.latencyfs  # noqa: F401  (registers latency::)
 from blockcache_client import Volume, prefetch_ahead
 from blockcache_client.reader import hostfill
-from tests.blockcache_client.conftest import wait_for
+from tests.support.waiting import wait_for
 
 BS = 64 << 10
 DELAY = 0.01

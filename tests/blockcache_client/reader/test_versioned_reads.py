@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from tests.blockcache_client.reader.test_volume import BS, settle, volume, wait_connected
+from tests.support.volumes import BS, settle, volume, wait_connected
 
 NBLOCKS = 4
 

@@ -8,10 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blockcache_client import Volume
-from tests.blockcache_client.conftest import wait_for
-
-BS = 64 << 10  # small blocks: multi-block files stay small and fast
+from tests.support.volumes import BS, settle, volume, wait_connected
+from tests.support.waiting import wait_for
 
 
 def make_files(source, seed=0):
@@ -25,22 +23,6 @@ def make_files(source, seed=0):
     for rel, data in files.items():
         source.write(rel, data)
     return files
-
-
-def volume(source, key_file, daemon=None, **kw):
-    kw.setdefault("block_size", BS)
-    sock = daemon.socket_path if daemon is not None else kw.pop("socket_path", "/nonexistent.sock")
-    return Volume("vol", source.url, key_file, socket_path=sock, **kw, **source.options)
-
-
-def wait_connected(vol):
-    wait_for(lambda: vol.stats()["daemon_connected"], what="the volume to reach the daemon")
-
-
-def settle(vol, daemon):
-    """Wait until every fill this volume queued is written by the daemon."""
-    assert vol.wait_fills(10)
-    daemon.wait_idle()
 
 
 def random_reads(vol, files):

@@ -11,46 +11,19 @@ import random
 import pytest
 
 from blockcache_client import Volume
-from blockcache_client.contract.blockfile import HEADER_SIZE, unseal
+from blockcache_client.contract.blockfile import unseal
 from blockcache_client.contract.errors import ConfigError, IntegrityError
-from blockcache_client.contract.layout import Layout
 from blockcache_client.volumekey import generate_key_file, load_key_file
-from tests.blockcache_client.conftest import wait_for
-from tests.blockcache_client.reader.test_volume import BS, settle, volume, wait_connected
-
-
-def cached_block_path(vol, daemon, rel, boff=0):
-    info = vol.stat(rel)
-    key = vol._key_prefix(info.path, info.version) + format(boff, "016x")
-    layout = Layout.from_wire(daemon.client().hello()["layout"])
-    return key, layout.path(key)
-
-
-def fill(vol, daemon, rel, data):
-    wait_connected(vol)
-    assert vol.read(rel, 0, len(data)) == data
-    settle(vol, daemon)
-
-
-def damage_block(path: str, where: str) -> None:
-    """Corrupt a cached block file in place, as a bad disk would: a flipped bit
-    in its `header` (the salt: wrong subkey), `body` or `tag`, or the file
-    `truncate`d or `extend`ed."""
-    blob = bytearray(open(path, "rb").read())
-    if where == "header":
-        blob[20] ^= 0x01
-    elif where == "body":
-        blob[HEADER_SIZE + 100] ^= 0x40
-    elif where == "tag":
-        blob[-3] ^= 0x80
-    elif where == "truncate":
-        blob = blob[:-100]
-    elif where == "extend":
-        blob += b"\0" * 16
-    else:
-        raise ValueError(f"damage_block: unknown place {where!r}")
-    with open(path, "r+b" if where != "truncate" else "wb") as f:
-        f.write(blob)
+from tests.support.volumes import (
+    BS,
+    cached_block_path,
+    damage_block,
+    fill,
+    settle,
+    volume,
+    wait_connected,
+)
+from tests.support.waiting import wait_for
 
 
 def _read_via(vol, how, rel, size):

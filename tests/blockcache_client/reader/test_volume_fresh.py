@@ -10,8 +10,7 @@ from blockcache_client.contract.blockfile import HEADER_SIZE
 from blockcache_client.contract.blockkey import BlockKey, KeyNamer
 from blockcache_client.reader import ciphers as hits_mod
 from blockcache_client.volumekey import load_key_file
-from tests.blockcache_client.reader.test_volume import BS, settle, volume, wait_connected
-from tests.blockcache_client.reader.test_volume_faults import cached_block_path
+from tests.support.volumes import BS, cached_block_path, settle, volume, wait_connected
 
 
 def test_key_prefix_is_the_canonical_block_key(local_source, key_file, daemon):

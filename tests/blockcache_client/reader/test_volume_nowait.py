@@ -4,26 +4,15 @@ blocks) to the blocking read."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 
 from blockcache_client.common import nowait
-from tests.blockcache_client.reader.test_volume import BS, volume
-from tests.blockcache_client.reader.test_volume_faults import cached_block_path, damage_block, fill
+from tests.support.pagecache import drop_pages
+from tests.support.volumes import BS, cached_block_path, damage_block, fill, volume
 
 pytestmark = pytest.mark.skipif(not nowait.SUPPORTED, reason="needs openat2 and RWF_NOWAIT")
-
-
-def _drop_pages(path: str) -> None:
-    """Evict a file's pages from the page cache, as memory pressure would."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)  # the daemon does not fsync blocks, and dirty pages would stay
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _counts(vol) -> tuple:
@@ -66,7 +55,7 @@ def test_uncached_block_or_pages_on_disk_defer_to_the_blocking_read(local_source
         fill(vol, daemon, "u.bin", data)
         _, path = cached_block_path(vol, daemon, "u.bin")
         # cached, but its pages are not in memory: reading them would wait on the disk
-        _drop_pages(path)
+        drop_pages(path)
         before = _counts(vol)
         assert vol.readinto_nowait("u.bin", 0, buf, info=info) is None
         assert _counts(vol) == before

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from blockcache_client import Volume
-from tests.blockcache_client.reader.test_volume import BS, settle, volume, wait_connected
+from tests.support.volumes import BS, settle, volume, wait_connected
 
 
 def _read_all(vol: Volume, names: list[str]) -> tuple[dict[str, str], dict]:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.units import Installed, exec_start, value
+from tests.support.deploy.units import Installed, exec_start, value
 
 SERVICE_UID = SERVICE_GID = 65534     # stands in for User=blockcache (nobody)
 WATCHDOG_USEC = 1_000_000             # 1 s (the unit says 30 s) so pings come quickly
@@ -234,3 +234,22 @@ def start_daemon(inst: Installed, root: Path, wrap: tuple[str, ...] = (),
                                 cwd="/", umask=int(value(unit, "UMask"), 8))
     return DaemonService(proc, notify, run_dir, cache_dir, str(run_dir / "blockcached.sock"),
                          log_path)
+
+
+def put_block(socket_path: str) -> str:
+    """Put one sealed block as a client would; its cached path once written."""
+    from blockcache_client.contract import blockfile
+    from blockcache_client.daemonclient.client import Client
+
+    key = "imagenet_42_000000000000000000000000000000ab_0000000000000000"
+    blob = blockfile.seal(key, os.urandom(100_000), os.urandom(32))
+    deadline = time.monotonic() + WAIT
+    with Client(socket_path) as c:
+        while time.monotonic() < deadline:
+            # Puts are refused until the startup scan of the dir is done.
+            c.put(key, blob)
+            paths = c.lookup([key])
+            if paths and paths[0]:
+                return paths[0]
+            time.sleep(0.1)
+    raise AssertionError(f"the daemon did not cache {key} within {WAIT}s")

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SYSTEMD = REPO / "systemd"
 DAEMONSET = REPO / "daemonset"
 EXAMPLE = DAEMONSET / "example"

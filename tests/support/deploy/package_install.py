@@ -29,8 +29,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 # A module, not its names: unit_runner imports this module (through units).
-from tests.deploy import unit_runner
-from tests.deploy.paths import REPO
+from tests.support.deploy import unit_runner
+from tests.support.deploy.paths import REPO
 
 DIST = "blockcache"
 EXTRAS = ("fuse", "s3", "metrics")     # what daemonset/Containerfile installs

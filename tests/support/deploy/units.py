@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # A module, not its names: package_install imports unit_runner, which imports this.
-from tests.deploy import package_install
-from tests.deploy.paths import REPO
+from tests.support.deploy import package_install
+from tests.support.deploy.paths import REPO
 
 UNITDIR = "usr/local/lib/systemd/system"
 ETC = "etc/blockcache"

@@ -1,6 +1,6 @@
 """One simulated GPU node: the DaemonSet's pod, then the example training pod.
 
-    unshare --mount --propagation private python -m tests.deploy.node_scenario ROOT BIN
+    unshare --mount --propagation private python -m tests.support.deploy.node_scenario ROOT BIN
 
 Runs inside a mount namespace of its own (the node's), so the pods' mounts
 (shared pod volumes, each container's namespace, FUSE) never reach the host
@@ -24,10 +24,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.deploy.paths import DAEMONSET, EXAMPLE
-from tests.deploy.podsim import Pod
-from tests.deploy.render import named, one, pod_spec, render
-from tests.deploy.unit_runner import is_mounted
+from tests.support.deploy.paths import DAEMONSET, EXAMPLE
+from tests.support.deploy.podsim import Pod
+from tests.support.deploy.render import named, one, pod_spec, render
+from tests.support.deploy.unit_runner import is_mounted
 
 WAIT = 30.0
 FILES = {f"train/{i:03d}.jpg": 120_000 + i for i in range(4)}   # name -> size

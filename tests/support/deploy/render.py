@@ -10,8 +10,11 @@ are left as written, which is what kustomize rewrites them from.
 from __future__ import annotations
 
 import functools
+import posixpath
+import shlex
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -91,3 +94,35 @@ def named(objs: list[dict], kind: str, name: str) -> dict:
     found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
     assert len(found) == 1, f"expected one {kind} {name}, got {len(found)}"
     return found[0]
+
+
+def configmap_for(objs: list[dict], pod: dict, volume_name: str) -> dict:
+    """The rendered ConfigMap that a pod's configMap volume points at."""
+    name = volume(pod, volume_name)["configMap"]["name"]
+    return next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name)
+
+
+def volume(pod: dict, name: str) -> dict:
+    return next(v for v in pod_spec(pod)["volumes"] if v["name"] == name)
+
+
+def container(obj: dict, name: str) -> dict:
+    return next(c for c in containers(obj) if c["name"] == name)
+
+
+def mount(c: dict, volume_name: str) -> dict:
+    return next(m for m in c.get("volumeMounts", []) if m["name"] == volume_name)
+
+
+def config_path_arg(c: dict) -> str:
+    words = shlex.split(" ".join(c["command"]))
+    return words[words.index("--config") + 1]
+
+
+def daemon_config(daemon_objs, ds) -> dict:
+    cm = configmap_for(daemon_objs, ds, "config")
+    daemon = container(ds, "blockcached")
+    path = config_path_arg(daemon)
+    m = mount(daemon, "config")
+    assert posixpath.dirname(path) == m["mountPath"], "--config is not in the ConfigMap mount"
+    return tomllib.loads(cm["data"][posixpath.basename(path)])

@@ -30,7 +30,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.deploy.unit_runner import setpriv
+from tests.support.deploy.unit_runner import setpriv
 
 IMAGE_UID = 10001        # the Containerfile's USER, for containers that set no runAsUser
 
@@ -185,4 +185,3 @@ class Pod:
     def probe(self, name: str, kind: str) -> subprocess.CompletedProcess:
         """Run a container's exec probe once."""
         return self.run(name, self.container(name)[kind]["exec"]["command"])
-

@@ -1,0 +1,365 @@
+"""`python -m bench.large_files`: large files and cold reads against AWS's CRT client, one run.
+
+    python -m bench.large_files                      # the defaults below (~5 min on 2 cores)
+    python -m bench.large_files --model-mib 0        # without the model-loading workload
+    BENCH_PROFILE=/tmp/prof python -m bench.large_files --model-mib 0   # + cProfile per command
+
+One moto S3 server on 127.0.0.1 for every system, no delay added, its
+ranged GETs copying only their range (`bench.moto_ranges`); each system
+starts with empty caches; readers are spawned processes (`bench.worker`).
+
+1. cold small files: `--small-files` files of `--small-kib` KiB read whole,
+   in order, by one reader: `Volume`, the CRT client, s3fs; `--rounds`
+   times, each round in the other order, a system's best round counting.
+2. cold large files: `--large-files` files of `--large-mib` MiB read front to
+   back in 1 MiB reads, by the same systems.
+3. warm large files through `Volume`: a new `Volume` (a new process) reads
+   them again from the host cache, `--repeat` times, each beside the
+   machine's AES-256-GCM decrypt rate on 64 KiB chunks (Volume's) with one
+   thread and with as many threads as cores, measured just before with
+   `cryptography`, the library the reader decrypts with: the limit our
+   decryption sets. The local copy read from the page cache is
+   printed beside.
+4. model loading (`bench.model_load`): a safetensors checkpoint of about
+   `--model-mib` MiB loaded cold and warm from local disk, through the FUSE
+   mount and `Volume`, and by the CRT client fetching the object.
+
+Prints every figure and the ratios; writes them to
+`<out>/<date>-large-files.json`. Exit status 0 when every target is met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import sys
+import threading
+import time
+
+from devtools.s3server import S3Server
+
+from . import PROJECT_ROOT, model_load
+from .datasets import MIB, expected_bytes
+from .remote import ACCESS_KEY, REGION, SECRET_KEY
+from .systems import (
+    CrtSystem,
+    Ctx,
+    FuseSystem,
+    LocalSystem,
+    S3fsDirect,
+    System,
+    VolumeSystem,
+    drop_page_cache,
+    read_into_page_cache,
+)
+from .worker import Workers
+
+log = logging.getLogger("bench.large_files")
+
+COLD_SYSTEMS = ("volume", "crt", "s3fs")
+MODEL_SYSTEMS = ("local", "fuse", "volume", "crt")
+# the issue's targets: name, (numerator, denominator) row keys, wanted ratio
+TARGETS = [
+    ("warm 1 MiB sequential via Volume >= 0.8x parallel decrypt", "warm_vs_decrypt", 0.8),
+    ("cold small files: Volume >= 1.0x crt", "small_vs_crt", 1.0),
+    ("cold large files: Volume >= 1.0x crt", "large_vs_crt", 1.0),
+]
+
+
+class DirectRemote:
+    """The one S3 server every system reads, as `systems.Ctx` wants a remote."""
+
+    def __init__(self, workdir: str):
+        self.bucket = "bench"
+        self.moto = S3Server(self.bucket, module="bench.moto_ranges",
+                             env={"PYTHONPATH": PROJECT_ROOT,
+                                  "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(4 << 30)},
+                             log_path=os.path.join(workdir, "moto.log"))
+
+    @property
+    def endpoint(self) -> str:
+        return self.moto.endpoint_url
+
+    def storage_options(self, direct: bool = False) -> dict:
+        return {"key": ACCESS_KEY, "secret": SECRET_KEY, "endpoint_url": self.endpoint,
+                "client_kwargs": {"region_name": REGION}}
+
+    def __enter__(self) -> DirectRemote:
+        self.moto.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.moto.stop()
+
+
+def upload(remote: DirectRemote, local_root: str, args: argparse.Namespace) -> dict:
+    """Put the data on the remote and in the local copy; returns the paths of each set."""
+    import s3fs
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **remote.storage_options())
+    sets = {"small": [(f"small/f{i:05d}.bin", args.small_kib << 10)
+                      for i in range(args.small_files)],
+            "large": [(f"large/shard-{i}.bin", args.large_mib * MIB)
+                      for i in range(args.large_files)]}
+    for items in sets.values():
+        for path, size in items:
+            local = os.path.join(local_root, path)
+            if not os.path.exists(local) or os.path.getsize(local) != size:
+                os.makedirs(os.path.dirname(local), exist_ok=True)
+                with open(local, "wb") as f:
+                    f.write(expected_bytes(path, size))
+            fs.put_file(local, f"{remote.bucket}/{path}")
+    out = {name: [p for p, _ in items] for name, items in sets.items()}
+    if args.model_mib:
+        local = os.path.join(local_root, model_load.MODEL_PATH)
+        out["tensors"] = model_load.make(local, args.model_mib * MIB)
+        fs.put_file(local, f"{remote.bucket}/{model_load.MODEL_PATH}")
+        out["model_bytes"] = os.path.getsize(local)
+    return out
+
+
+def decrypt_rate(threads: int, seconds: float = 0.4) -> float:
+    """Bytes/s a 1 MiB block of Volume's 64 KiB chunks decrypts into a reused
+    buffer with `cryptography`, on `threads` threads at once."""
+    from blockcache_client.contract import blockfile
+    vk = os.urandom(32)
+    blob = memoryview(bytearray(blockfile.seal("k", os.urandom(MIB), vk)))
+    cipher = blockfile.BlockCipher.from_head(blob[:blockfile.HEADER_SIZE], "k", vk,
+                                             blockfile.key_id(vk))
+    body = blob[blockfile.HEADER_SIZE:]
+    done = [0] * threads
+    start = threading.Barrier(threads + 1)
+    stop_at = [0.0]
+
+    def work(i: int) -> None:
+        out = memoryview(bytearray(MIB))
+        start.wait()
+        n = 0
+        while time.perf_counter() < stop_at[0]:
+            cipher.read_range_into(0, body, out)
+            n += 1
+        done[i] = n
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    t0 = time.perf_counter()
+    stop_at[0] = t0 + seconds
+    start.wait()
+    for t in pool:
+        t.join()
+    return sum(done) * MIB / (time.perf_counter() - t0)
+
+
+def machine_decrypt(cores: int) -> dict:
+    """The decrypt rates of one measurement: on 1 thread and on `cores`
+    (`parallel`, the limit a reader may reach)."""
+    return {"case": "decrypt", "threads": cores,
+            "one_thread": decrypt_rate(1), "parallel": decrypt_rate(cores)}
+
+
+def _epoch(workers: Workers, cmd: str, arg, label: str, rows: list, **extra) -> dict:
+    wall, [answer] = workers.run_all(cmd, arg)
+    row = {"case": label, "seconds": wall, "bytes": answer["bytes"], "items": answer["items"],
+           "mb_per_s": answer["bytes"] / wall / 1e6, "items_per_s": answer["items"] / wall,
+           "cpu_s": answer["cpu"], **extra}
+    rows.append(row)
+    log.info("%-34s %8.1f MB/s %9.1f items/s  %.2f s", label, row["mb_per_s"],
+             row["items_per_s"], wall)
+    return row
+
+
+def _settle(system: System, workers: Workers) -> None:
+    workers.run_all("settle", None)
+    system.settle()
+
+
+def cold_and_warm(ctx: Ctx, system: System, data: dict, args, rows: list) -> None:
+    """Workloads 1-3 on one system."""
+    system.start(ctx, "files")
+    try:
+        with Workers(system.reader_spec(), 1) as w:
+            _epoch(w, "files", data["small"], f"cold small files {system.name}", rows,
+                   system=system.name, phase="cold", set="small")
+            _epoch(w, "seq", data["large"], f"cold large files {system.name}", rows,
+                   system=system.name, phase="cold", set="large")
+            if system.name == "volume":
+                _settle(system, w)
+        if system.name != "volume":
+            return
+        cores = os.cpu_count() or 1
+        for rep in range(args.repeat):
+            rates = dict(machine_decrypt(cores), rep=rep)
+            rows.append(rates)
+            many = rates["parallel"]
+            log.info("decrypt 64 KiB chunks: %s", ", ".join(
+                f"{k} {v / 1e9:.2f} GB/s" for k, v in rates.items() if k[-1].isdigit()))
+            read_into_page_cache(system.cache_dirs())
+            with Workers(system.reader_spec(), 1) as w:  # a new Volume
+                _epoch(w, "seq", data["large"], "warm large files volume", rows,
+                       system="volume", phase="warm", set="large", rep=rep,
+                       decrypt=many)
+    finally:
+        system.stop()
+    local = LocalSystem()
+    local.start(ctx, "files")
+    try:
+        read_into_page_cache([os.path.join(ctx.local_root, "large")])
+        with Workers(local.reader_spec(), 1) as w:
+            _epoch(w, "seq", data["large"], "page cache large files local", rows,
+                   system="local", phase="warm", set="large")
+    finally:
+        local.stop()
+
+
+def model(ctx: Ctx, system: System, rows: list) -> None:
+    """Workload 4 on one system: a cold load, then a warm one (a new reader
+    for `Volume`: its memory LRU is far smaller than the model)."""
+    system.start(ctx, "model")
+    try:
+        drop_page_cache()
+        with Workers(system.reader_spec(), 1) as w:
+            _epoch(w, "safetensors", [model_load.MODEL_PATH], f"model cold {system.name}", rows,
+                   system=system.name, phase="cold", set="model")
+            if system.name in ("volume", "fuse"):
+                _settle(system, w)
+            if system.name != "volume":
+                _epoch(w, "safetensors", [model_load.MODEL_PATH], f"model warm {system.name}",
+                       rows, system=system.name, phase="warm", set="model")
+                return
+        read_into_page_cache(system.cache_dirs())
+        with Workers(system.reader_spec(), 1) as w:
+            _epoch(w, "safetensors", [model_load.MODEL_PATH], "model warm volume", rows,
+                   system="volume", phase="warm", set="model")
+    finally:
+        system.stop()
+
+
+def _best(rows: list, key: str, **match) -> float | None:
+    got = [r[key] for r in rows if all(r.get(k) == v for k, v in match.items())]
+    return max(got) if got else None
+
+
+def ratios(rows: list) -> dict:
+    """The figures the targets and the model table compare."""
+    def ratio(a, b):
+        return a / b if a and b else None
+    out = {}
+    warm = [r for r in rows if r["case"] == "warm large files volume"]
+    # each warm read against the decrypt rate measured just before it
+    out["warm_vs_decrypt"] = max((r["bytes"] / r["seconds"] / r["decrypt"] for r in warm),
+                                 default=None)
+    for s in ("small", "large"):
+        rate = "items_per_s" if s == "small" else "mb_per_s"
+        out[f"{s}_vs_crt"] = ratio(_best(rows, rate, system="volume", phase="cold", set=s),
+                                   _best(rows, rate, system="crt", phase="cold", set=s))
+    local = _best(rows, "mb_per_s", system="local", phase="warm", set="model")
+    for r in rows:
+        if r.get("set") == "model":
+            out[f"model {r['phase']} {r['system']} vs local warm"] = ratio(r["mb_per_s"], local)
+    for phase in ("cold", "warm"):
+        for s in ("volume", "fuse"):
+            out[f"model {phase} {s} vs crt"] = ratio(
+                _best(rows, "mb_per_s", system=s, phase=phase, set="model"),
+                _best(rows, "mb_per_s", system="crt", set="model"))
+    return out
+
+
+def report(rows: list, figures: dict) -> str:
+    lines = [f"{'case':36} {'GB/s':>7} {'items/s':>9} {'s':>7} {'CPU s':>6}"]
+    for r in rows:
+        if r["case"] == "decrypt":
+            for k, v in r.items():
+                if k[-1].isdigit():
+                    engine, threads = k.rsplit("_", 1)
+                    lines.append(f"{f'decrypt {engine}, {threads} thread(s)':36} {v / 1e9:7.3f}")
+            continue
+        lines.append(f"{r['case']:36} {r['mb_per_s'] / 1e3:7.3f} {r['items_per_s']:9.1f} "
+                     f"{r['seconds']:7.2f} {r['cpu_s']:6.2f}")
+    lines.append("")
+    for name, v in figures.items():
+        lines.append(f"{name:44} {'-' if v is None else f'{v:.2f}x'}")
+    lines.append("")
+    for name, key, want in TARGETS:
+        v = figures.get(key)
+        verdict = "----" if v is None else "MET " if v >= want else "MISS"
+        lines.append(f"{verdict} {name}: {'not measured' if v is None else f'{v:.2f}x'}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.large_files",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--small-files", type=int, default=300)
+    p.add_argument("--small-kib", type=int, default=110)
+    p.add_argument("--large-files", type=int, default=2)
+    p.add_argument("--large-mib", type=int, default=192)
+    p.add_argument("--model-mib", type=int, default=1024,
+                   help="the checkpoint's size (0: no model-loading workload)")
+    p.add_argument("--repeat", type=int, default=2,
+                   help="warm Volume epochs per round (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds of the cold workloads, each in the other order; every "
+                        "figure takes a system's best round (default %(default)s)")
+    p.add_argument("--systems", default=",".join(COLD_SYSTEMS),
+                   help="systems of the cold workloads (default %(default)s)")
+    p.add_argument("--workdir", default="/tmp/blockcache-large-files")
+    p.add_argument("--out", default=os.path.join(PROJECT_ROOT, "bench", "results"))
+    args = p.parse_args(argv)
+    args.systems = [s for s in args.systems.split(",") if s]
+    for s in args.systems:
+        if s not in COLD_SYSTEMS:
+            p.error(f"unknown system {s!r}; choose from {', '.join(COLD_SYSTEMS)}")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    rows: list[dict] = []
+    os.makedirs(args.workdir, exist_ok=True)
+    local_root = os.path.join(args.workdir, "local")
+    makers = {"volume": VolumeSystem, "crt": CrtSystem, "s3fs": S3fsDirect, "fuse": FuseSystem,
+              "local": LocalSystem}
+    with DirectRemote(args.workdir) as remote:
+        data = upload(remote, local_root, args)
+        ctx = Ctx(remote, local_root, args.workdir, None)
+        os.sync()  # the local copy's writeback must not fall on the first system's epochs
+        for r in range(args.rounds):  # alternate the order: no system always goes first
+            for name in args.systems if r % 2 == 0 else reversed(args.systems):
+                cold_and_warm(ctx, makers[name](), data, args, rows)
+        if args.model_mib:
+            for name in MODEL_SYSTEMS:
+                system = makers[name]()
+                why = system.unavailable()
+                if why:
+                    log.warning("model loading: skipping %s: %s", name, why)
+                    continue
+                model(ctx, system, rows)
+    return {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "args": {k: v for k, v in vars(args).items()}, "cpus": os.cpu_count(),
+            "load_avg": os.getloadavg(), "data": {k: v for k, v in data.items()
+                                                  if not isinstance(v, list)},
+            "rows": rows, "figures": ratios(rows)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
+    args = parse_args(argv)
+    result = run(args)
+    print(report(result["rows"], result["figures"]))
+    print(f"load average {result['load_avg'][0]:.2f} (1 min), {result['cpus']} CPUs")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+                        + "-large-files.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"results: {path}")
+    figures = result["figures"]
+    return 0 if all((figures.get(k) or 0) >= want for _, k, want in TARGETS) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""`bench.large_files` runs whole at a small size: every system reads the exact bytes
+asked for, the model loads with every tensor, and the figures it prints are computed."""
+
+import math
+
+from bench import large_files, model_load
+from bench.datasets import MIB
+
+
+def test_large_files_small_run(tmp_path):
+    args = large_files.parse_args([
+        "--small-files", "5", "--small-kib", "16", "--large-files", "1", "--large-mib", "8",
+        "--model-mib", "4", "--repeat", "1", "--rounds", "1", "--workdir", str(tmp_path / "work"),
+        "--out", str(tmp_path / "out")])
+    result = large_files.run(args)
+    rows = {r["case"]: r for r in result["rows"]}
+    for s in large_files.COLD_SYSTEMS:
+        assert rows[f"cold small files {s}"]["bytes"] == 5 * 16 << 10
+        assert rows[f"cold small files {s}"]["items"] == 5
+        assert rows[f"cold large files {s}"]["bytes"] == 8 * MIB
+    assert rows["warm large files volume"]["bytes"] == 8 * MIB
+    assert rows["decrypt"]["parallel"] > 0 and rows["decrypt"]["one_thread"] > 0
+    tensors = len(model_load.layout(4 * MIB))
+    assert result["data"]["tensors"] == tensors
+    for s in large_files.MODEL_SYSTEMS:
+        for phase in ("cold", "warm"):
+            row = rows[f"model {phase} {s}"]
+            assert (row["bytes"], row["items"]) == (result["data"]["model_bytes"], tensors)
+    figures = result["figures"]
+    for _, key, _ in large_files.TARGETS:
+        assert figures[key] > 0
+    text = large_files.report(result["rows"], figures)
+    for name, _, _ in large_files.TARGETS:
+        assert name in text
+
+
+def test_model_layout_scales_with_size():
+    """Many tensors at any size; about the size asked for."""
+    small, big = model_load.layout(4 * MIB), model_load.layout(1024 * MIB)
+    assert len(small) >= 8 and len(big) >= 300
+    total = sum(2 * math.prod(shape) for _, shape in big)
+    assert 0.9 * 1024 * MIB <= total <= 1.1 * 1024 * MIB

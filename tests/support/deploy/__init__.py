@@ -1,0 +1,1 @@
+"""Helpers for the deployment tests: rendering manifests, installing and running the units."""

@@ -1,0 +1,71 @@
+"""Evict files' pages from the kernel's page cache, as memory pressure would,
+and make sure they are gone.
+
+POSIX_FADV_DONTNEED is advice: a page that is locked or under I/O at that
+moment (another process reading it, a writeback) stays. A test that needs the
+next read to reach the disk checks with mincore(2), and asks again until the
+pages are gone. (A probe by RWF_NOWAIT read would not do: a read that misses
+starts readahead, and brings the pages back.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import time
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def resident_pages(fd: int) -> int:
+    """How many of the file's pages are in memory: mincore on a mapping of it,
+    which faults nothing in."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return 0
+    addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr == _MAP_FAILED:
+        raise OSError(ctypes.get_errno(), "mmap")
+    try:
+        vec = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
+        if _libc.mincore(addr, size, vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore")
+        return sum(b & 1 for b in vec.raw)
+    finally:
+        _libc.munmap(addr, size)
+
+
+def drop_pages(path: str, timeout: float = 5.0) -> None:
+    """Evict `path`'s pages; AssertionError if the kernel keeps any of them for
+    `timeout` seconds."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)  # dirty pages would stay: the daemon does not fsync blocks
+        deadline = time.monotonic() + timeout
+        while True:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if resident_pages(fd) == 0:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the kernel keeps {path}'s pages in memory")
+            time.sleep(0.01)
+    finally:
+        os.close(fd)
+
+
+def drop_tree_pages(dirs) -> int:
+    """Evict the pages of every file under `dirs`; the number of files."""
+    n = 0
+    for top in dirs:
+        for dirpath, _, files in os.walk(top):
+            for name in files:
+                drop_pages(os.path.join(dirpath, name))
+                n += 1
+    return n

@@ -134,7 +134,8 @@ def restart(mountpoint: str) -> None:
 @click.argument("mountpoint", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(mountpoint: str, as_json: bool) -> None:
-    """The keeper's and the server's pids and the restarts of a mount."""
+    """The keeper's and the server's pids, the restarts, and the node ids and
+    open handles the server recovered from the servers before it."""
     import json
 
     from . import keeping
@@ -144,11 +145,14 @@ def status(mountpoint: str, as_json: bool) -> None:
     except BlockcacheError as exc:
         fail(str(exc))
     answer.pop("ok", None)
+    answer.update(keeping.recovered(mountpoint))
     if as_json:
         click.echo(json.dumps(answer))
     else:
         click.echo(f"{answer['mountpoint']}: keeper {answer['keeper']}, server "
-                   f"{answer['server']}, {answer['restarts']} restarts")
+                   f"{answer['server']}, {answer['restarts']} restarts, "
+                   f"{answer.get('nodes_recovered', '?')} nodes and "
+                   f"{answer.get('handles_recovered', '?')} handles recovered")
 
 
 @main.command()

@@ -60,6 +60,7 @@ class BlockcacheFS:
         self.xattrs = Xattrs(volume, cfg, self.uid, self.mount_stats)
         self.dir_handles: dict[int, tuple[FileInfo, ...]] = {}
         self._dir_fh = HandleNumbers()  # numbers that name the snapshot (see handleids)
+        self.dirs_adopted = 0  # directory handles opened before this server, listed again
         # requests per operation and workers busy: the session's, once it runs
         self.op_counts: Callable[[], dict[str, int]] = dict
         self.eio_log = EioLog()
@@ -73,6 +74,8 @@ class BlockcacheFS:
         return {**self.meta.stats(), "inodes": len(self.nodes), "open_files": len(files),
                 "prefetches": files.prefetches, "inline_loads": files.inline_loads,
                 "kept_opens": files.kept_opens, "stored_opens": files.stored_opens,
+                "nodes_recovered": self.nodes.recovered,
+                "handles_recovered": files.adopted + self.dirs_adopted,
                 "ops": self.op_counts()}
 
     def path_of_request(self, op: str, args: tuple) -> str:
@@ -202,6 +205,8 @@ class BlockcacheFS:
         entries = self.lookups.listing(self.nodes.path(inode)).entries
         if tag_of(fh) != listing_tag(entries):
             raise FuseError(errno.ESTALE)
+        if fh not in self.dir_handles:
+            self.dirs_adopted += 1
         return self.dir_handles.setdefault(fh, entries)
 
     def releasedir(self, fh: int) -> None:

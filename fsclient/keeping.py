@@ -9,7 +9,9 @@ now) takes the connection over without unmounting.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -19,6 +21,7 @@ from .mount import Readiness
 from .mountpoint import MountError
 from .session import keeper as keeping
 from .session.fdstore import FdStore, listened
+from .xattrs import XATTR_STATS
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +101,15 @@ def restart(path: str, timeout: float = RESTART_TIMEOUT) -> dict[str, Any]:
 def status(path: str) -> dict[str, Any]:
     """The keeper's and the server's pids and the restarts of the mount on `path`."""
     return _ask(path, "status", 10.0)
+
+
+def recovered(path: str) -> dict[str, int]:
+    """What the serving server took over from the ones before it: node ids found
+    in the saved state and open handles made again (from the root's
+    `user.blockcache.stats`); empty if the mount does not answer."""
+    try:
+        raw = os.getxattr(mp.absolute(path), XATTR_STATS.decode())
+        stats = json.loads(raw)["fsclient"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {k: stats[k] for k in ("nodes_recovered", "handles_recovered") if k in stats}

@@ -4,6 +4,7 @@ the server is killed with SIGKILL, restarted live, or the keeper itself killed."
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +36,15 @@ def test_server_killed_20_times_fails_no_read(tree, daemon, mounts, tmp_path):
     assert tally["ok"] > 100, tally
     assert keeping.status(m.mountpoint)["restarts"] == 20
     assert "requests resent" in m.log()
+    # `fsclient status`: the last server found the reader's nodes in the saved
+    # state and made its held file's handle again
+    res = subprocess.run([sys.executable, "-m", "fsclient.cli", "status", "--json",
+                          m.mountpoint], capture_output=True, text=True, timeout=60,
+                         env=env(), cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    status = json.loads(res.stdout)
+    assert status["restarts"] == 20, status
+    assert status["nodes_recovered"] > 0 and status["handles_recovered"] > 0, status
 
 
 def test_restart_under_load_fails_no_read(tree, daemon, mounts, tmp_path):

@@ -54,11 +54,16 @@ def test_uncached_block_or_pages_on_disk_defer_to_the_blocking_read(local_source
         assert _counts(vol) == before
         fill(vol, daemon, "u.bin", data)
         _, path = cached_block_path(vol, daemon, "u.bin")
-        # cached, but its pages are not in memory: reading them would wait on the disk
-        drop_pages(path)
+        # cached, but its pages are not in memory: reading them would wait on the
+        # disk. (The kernel starts reading them and answers EAGAIN, unless that
+        # read has completed by then, as a fast disk's may: so a few tries.)
         before = _counts(vol)
-        assert vol.readinto_nowait("u.bin", 0, buf, info=info) is None
-        assert _counts(vol) == before
+        answers = []
+        for _ in range(5):
+            drop_pages(path)
+            answers.append(vol.readinto_nowait("u.bin", 0, buf, info=info))
+        assert None in answers, answers
+        assert _counts(vol)[1:] == before[1:]  # nothing missed, judged or fetched
         # the blocking read serves it (and brings its pages in); then nowait can
         assert vol.readinto("u.bin", 0, buf, info=info) == len(data) and bytes(buf) == data
         buf[:] = bytes(len(buf))

@@ -170,8 +170,7 @@ def sidecar_restart(pod: Pod, procs: dict[str, subprocess.Popen], root: Path) ->
                          stderr=subprocess.PIPE, text=True, cwd="/")
     try:
         first = p.stdout.readline()           # the first pass, through the first mount
-        procs["sidecar"].kill()
-        procs["sidecar"].wait()
+        pod.kill(procs["sidecar"])  # the whole container: fsclient's keeper and server
         procs["sidecar"] = pod.start("fsclient", root / "fsclient-restarted.log")
         if not wait_until(lambda: pod.probe("fsclient", "startupProbe").returncode == 0):
             return [None, first, "the restarted sidecar's startup probe never passed"]

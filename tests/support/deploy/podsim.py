@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,8 +180,20 @@ class Pod:
         """Start a long-running container; its output goes to `log`."""
         c = self.container(name)
         with open(log, "wb") as f:
+            # a process group of its own: `kill` ends the container whole
             return subprocess.Popen(self.argv(c, c["command"]), env=self.env(c),
-                                    stdout=f, stderr=subprocess.STDOUT, cwd="/")
+                                    stdout=f, stderr=subprocess.STDOUT, cwd="/",
+                                    start_new_session=True)
+
+    @staticmethod
+    def kill(proc: subprocess.Popen) -> None:
+        """Kill a started container as the kubelet does: every process in it
+        (SIGKILL to its process group), not only the first."""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
 
     def probe(self, name: str, kind: str) -> subprocess.CompletedProcess:
         """Run a container's exec probe once."""

@@ -47,6 +47,9 @@ COUNTERS = {
     "prefetches": ("blockcache_client_prefetches_total", "Blocks fetched ahead of readers"),
     "prefetches_dropped": ("blockcache_client_prefetches_dropped_total",
                            "Readahead jobs dropped (too many queued)"),
+    "prefetches_cancelled": ("blockcache_client_prefetches_cancelled_total",
+                             "Readahead jobs cancelled before they ran (the reader closed "
+                             "or seeked away)"),
     "version_checks": ("blockcache_client_version_checks_total", "Extra stats confirming a "
                        "multi-block file did not change during a block read"),
     "chunk_hits": ("blockcache_client_chunk_hits_total", "Hits served from decrypted chunks "
@@ -129,6 +132,15 @@ class MountCollector(Collector):
                  self.session.busy())):
             fam = GaugeMetricFamily(name, doc, labels=["volume"])
             fam.add_metric(v, value)
+            yield fam
+        mount = self.fs.mount_stats()
+        for name, doc, key in (
+                ("blockcache_fuse_nodes_recovered_total", "Inodes the kernel held that this "
+                 "server took over from the one before it", "nodes_recovered"),
+                ("blockcache_fuse_handles_recovered_total", "Open file and directory handles "
+                 "this server took over from the one before it", "handles_recovered")):
+            fam = CounterMetricFamily(name, doc, labels=["volume"])
+            fam.add_metric(v, mount[key])
             yield fam
         const = {"volume": self.name}
         yield self.backend.latency.family(

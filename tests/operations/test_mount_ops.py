@@ -8,6 +8,8 @@ import subprocess
 
 import pytest
 
+from blockcache_client.common.counters import VOLUME_COUNTERS
+from fsclient.metrics import COUNTERS
 from tests.fsclient.mounting import FsclientMount
 from tests.operations.conftest import BLOCK, VOLUME, blocks_of, run_cli
 from tests.support.metrics import logged_port, scrape, value
@@ -33,6 +35,12 @@ def test_mount_metrics_parse_and_move_with_reads(mount, tree, daemon):
     port = logged_port(mount.log)
     before = scrape(port)
     assert value(before, "blockcache_client_misses_total", volume=VOLUME) == 0
+    # every counter the reader keeps is exported, and a first server recovered nothing
+    assert {name for name, _ in COUNTERS.values()} <= {k[0] for k in before}
+    assert set(VOLUME_COUNTERS) <= set(COUNTERS)
+    for name in ("blockcache_fuse_nodes_recovered_total",
+                 "blockcache_fuse_handles_recovered_total"):
+        assert before[(name, (("volume", VOLUME),))] == 0
 
     unread = "dir2/f6.bin"  # listed with its dir, removed at the source before its read
     read = {p: s for p, s in files.items() if p != unread}

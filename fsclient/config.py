@@ -120,7 +120,7 @@ class MountConfig:
         """The mount options (`session.mount.mount` turns them into mount(2) flags and
         FUSE options, or hands them to fusermount3)."""
         opts = {"ro", "default_permissions", "noatime", f"fsname=blockcache:{self.volume}",
-                "subtype=blockcache"}
+                "subtype=blockcache"}  # the mount table's type: mountpoint.FSTYPE
         if self.allow_other:
             opts.add("allow_other")
         opts.update(self.options)

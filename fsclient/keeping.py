@@ -70,6 +70,9 @@ def run(cfg: MountConfig, argv: list[str], ready_fd: int | None) -> int:
         k.adopt(*kept)
     else:
         try:
+            # no keeper holds `path`: a mount there is its dead keeper's, and
+            # its server ends it once it notices
+            mp.await_orphan(path, readiness.warn)
             mp.prepare(path, readiness.warn)
         except MountError as exc:
             control.close()

@@ -21,6 +21,7 @@ import shutil
 import stat
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,9 @@ from blockcache_client.contract.errors import BlockcacheError
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT = 10.0
+# How long a server whose keeper died may take to notice and end its mount.
+ORPHAN_WAIT = 10.0
+FSTYPE = "fuse.blockcache"  # what fsclient's mounts show in the mount table
 # Errors a FUSE mount point answers once its connection is gone.
 DEAD_MOUNT_ERRNOS = {errno.ENOTCONN, errno.ECONNABORTED}
 
@@ -139,6 +143,32 @@ def unmount(path: str, lazy: bool = False) -> None:
             hint = (f"; close the files open under it (see `fuser -vm {path}`), or detach "
                     f"it now with `fsclient umount --lazy {path}`")
         raise MountError(f"cannot unmount {path}: {why}{hint}")
+
+
+def await_orphan(path: str, warn: Callable[[str], None] | None = None,
+                 timeout: float = ORPHAN_WAIT) -> None:
+    """Wait for an fsclient mount on `path` (made `absolute`) whose keeper is gone
+    to go dead. Its server still answers until it sees the keeper gone, and then
+    ends the connection; the caller knows no keeper holds `path`. Returns at
+    once for no fsclient mount, a dead one, or one stuck (`prepare` reports it)."""
+    entry = find_mount(path)
+    if entry is None or entry.fstype != FSTYPE:
+        return
+    deadline = time.monotonic() + timeout
+    warned = False
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            probe(path, timeout=max(left, 0.1), call=os.statvfs)
+        except (OSError, MountError):  # dead now, or stuck
+            return
+        if left <= 0:
+            return
+        if not warned:
+            (warn or log.warning)(f"{path} is mounted but its keeper is gone; waiting up to "
+                                  f"{timeout:g}s for its server to end the mount")
+            warned = True
+        time.sleep(0.05)
 
 
 def prepare(path: str, warn: Callable[[str], None] | None = None) -> str:

@@ -3,6 +3,7 @@ reader (devtools.mountreader) in its own process."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -45,3 +46,34 @@ def kill_server(mountpoint: str) -> int:
     pid = serving(mountpoint)
     os.kill(pid, signal.SIGKILL)
     return pid
+
+
+_SYS_PIDFD_GETFD = 438  # x86_64 and aarch64 alike
+_LISTENING = 0x10000  # /proc/net/unix Flags: __SO_ACCEPTCON
+
+
+def copy_connected_sockets(pid: int) -> list[int]:
+    """Copies (pidfd_getfd) of the connected unix sockets `pid` holds, such as a
+    keeper's link to its server: while they are open, the server sees no EOF
+    when that process dies. Listening sockets are left alone."""
+    listening = set()
+    with open("/proc/net/unix") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            if int(fields[3], 16) & _LISTENING:
+                listening.add(fields[6])
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    copies = []
+    try:
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+            if target.startswith("socket:[") and target[8:-1] not in listening:
+                fd = libc.syscall(_SYS_PIDFD_GETFD, pidfd, int(name), 0)
+                if fd < 0:
+                    raise OSError(ctypes.get_errno(), f"pidfd_getfd of {pid}'s fd {name}")
+                copies.append(fd)
+    finally:
+        os.close(pidfd)
+    return copies

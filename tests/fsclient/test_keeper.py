@@ -8,12 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from fsclient import keeping
-from tests.fsclient.keepers import Reader, kill_server, serving
+from tests.fsclient.keepers import Reader, copy_connected_sockets, kill_server, serving
 from tests.fsclient.mounting import REPO, env
 
 pytestmark = pytest.mark.fuse
@@ -79,3 +80,39 @@ def test_mount_on_a_live_mount_restarts_its_server(tree, key_file, daemon, mount
     assert "restarted" in res.stderr
     assert serving(m.mountpoint) != before
     assert sorted(os.listdir(m.mountpoint)) == sorted(os.listdir(tree))
+
+
+def test_mount_waits_for_the_server_of_a_dead_keeper(tree, key_file, daemon, mounts):
+    """The keeper killed alone: its server answers until it notices, then ends
+    the mount. A new `fsclient mount` in that window waits for the mount to go
+    dead and recovers it, instead of calling the mount point busy."""
+    m = mounts(tree, daemon.socket_path)
+    orphan = keeping.status(m.mountpoint)["server"]
+    # hold the window open: with copies of the keeper's link, its server does
+    # not see the keeper gone until the copies close
+    links = copy_connected_sockets(m.proc.pid)
+    try:
+        m.proc.kill()
+        m.proc.wait(10)
+        done: list[subprocess.CompletedProcess] = []
+        again = threading.Thread(target=lambda: done.append(subprocess.run(
+            [sys.executable, "-m", "fsclient.cli", "mount", str(tree), m.mountpoint,
+             "--volume", "testvol", "--key-file", str(key_file), "--socket",
+             daemon.socket_path], capture_output=True, text=True, timeout=120, env=env(),
+            cwd=REPO)))
+        again.start()
+        time.sleep(1.5)  # the new mount meets the orphan's mount, live
+        assert os.path.exists(f"/proc/{orphan}")
+    finally:
+        for fd in links:
+            os.close(fd)
+    again.join(130)
+    res = done[0]
+    assert res.returncode == 0, res.stderr
+    assert "keeper is gone" in res.stderr and "dead FUSE mount" in res.stderr, res.stderr
+    try:
+        assert sorted(os.listdir(m.mountpoint)) == sorted(os.listdir(tree))
+        assert serving(m.mountpoint) != orphan
+    finally:
+        subprocess.run([sys.executable, "-m", "fsclient.cli", "umount", m.mountpoint],
+                       capture_output=True, timeout=60, env=env(), cwd=REPO)

@@ -16,7 +16,16 @@ import re
 
 import pytest
 
-from tests.support.deploy.render import container, containers, mount, named, one, pod_spec, volume
+from tests.support.deploy.render import (
+    container,
+    containers,
+    daemon_config,
+    mount,
+    named,
+    one,
+    pod_spec,
+    volume,
+)
 
 DRIVER = "csi.blockcache.io"
 KUBELET_DIR = "/var/lib/kubelet"
@@ -97,6 +106,21 @@ def test_plugin_runs_the_agreed_command(csi_node, plugin):
     # the plugin's state is on the host, so a restarted plugin finds its mounts
     state = flags["--state-dir"]
     assert host_path_of(csi_node, plugin, state) == "/var/lib/blockcache-csi"
+
+
+def test_fuse_servers_may_connect_to_the_daemon_but_are_no_admins(daemon_objs, ds, plugin):
+    """By the socket's mode and group in blockcached.toml: a server that
+    cannot connect would read everything from remote storage, uncached."""
+    cfg = daemon_config(daemon_objs, ds)
+    daemon = container(ds, "blockcached")["securityContext"]
+    mode = int(cfg["socket_mode"], 8)
+    group = int(cfg.get("socket_group") or daemon["runAsGroup"])   # "": the daemon's gid
+    flags = args(plugin)
+    uid, gid = int(flags["--server-uid"]), int(flags["--server-gid"])
+    assert (uid == daemon["runAsUser"] and mode & 0o600 == 0o600
+            or gid == group and mode & 0o060 == 0o060
+            or mode & 0o006 == 0o006), f"uid {uid} gid {gid} cannot use a {mode:o} socket"
+    assert uid not in cfg.get("admin_uids", [0]) and gid not in cfg.get("admin_gids", [])
 
 
 def test_registrar_registers_the_plugins_socket(csi_node, plugin, registrar):

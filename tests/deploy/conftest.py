@@ -1,11 +1,12 @@
 """The rendered manifests, shared by the manifest tests: the daemon's
-kustomization (both DaemonSets) and the example training Job's."""
+kustomization (blockcached, the CSI node plugin, the tier) and the three
+examples (the driver's inline volume, its static PV, the sidecar recipe)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support.deploy.paths import DAEMONSET, EXAMPLE
+from tests.support.deploy.paths import DAEMONSET, EXAMPLE, EXAMPLE_SIDECAR, EXAMPLE_STATIC
 from tests.support.deploy.render import named, one, render
 
 
@@ -20,8 +21,23 @@ def example_objs():
 
 
 @pytest.fixture(scope="module")
+def static_objs():
+    return render(EXAMPLE_STATIC)
+
+
+@pytest.fixture(scope="module")
+def sidecar_objs():
+    return render(EXAMPLE_SIDECAR)
+
+
+@pytest.fixture(scope="module")
 def ds(daemon_objs):
     return named(daemon_objs, "DaemonSet", "blockcached")
+
+
+@pytest.fixture(scope="module")
+def csi_node(daemon_objs):
+    return named(daemon_objs, "DaemonSet", "blockcache-csi-node")
 
 
 @pytest.fixture(scope="module")
@@ -31,4 +47,16 @@ def memcached(daemon_objs):
 
 @pytest.fixture(scope="module")
 def job(example_objs):
+    """The training Job on an inline CSI volume (daemonset/example/)."""
     return one(example_objs, "Job")
+
+
+@pytest.fixture(scope="module")
+def static_job(static_objs):
+    return one(static_objs, "Job")
+
+
+@pytest.fixture(scope="module")
+def sidecar_job(sidecar_objs):
+    """The training Job with the privileged fsclient sidecar (example-sidecar/)."""
+    return one(sidecar_objs, "Job")

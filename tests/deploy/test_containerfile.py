@@ -12,11 +12,12 @@ import tomllib
 
 import pytest
 
-from tests.support.deploy.paths import DAEMONSET, REPO
+from tests.support.deploy.paths import DAEMONSET, EXAMPLES, REPO
 from tests.support.deploy.render import containers, named, pod_spec, render
 
 CONTAINERFILE = DAEMONSET / "Containerfile"
 IGNORE = DAEMONSET / "Containerfile.dockerignore"
+CSI_PLUGIN = "blockcache-csi"
 
 
 @pytest.fixture(scope="module")
@@ -79,16 +80,40 @@ def test_runs_as_the_daemonsets_non_root_user(lines):
     assert chown["command"][1] == f"{uid}:{gid or uid}"
 
 
-def test_commands_the_manifests_run_are_the_projects_scripts(pyproject):
-    scripts = set(pyproject["project"]["scripts"])
-    for directory in (DAEMONSET, DAEMONSET / "example"):
+def commands_the_manifests_run() -> dict[str, set[str]]:
+    """Our programs each container runs, by container name (probes too)."""
+    out: dict[str, set[str]] = {}
+    for directory in (DAEMONSET, *EXAMPLES):
         for obj in render(directory):
             for c in containers(obj):
                 words = " ".join(c.get("command", [])).split()
                 for probe in ("readinessProbe", "livenessProbe"):
                     words += c.get(probe, {}).get("exec", {}).get("command", [])[:1]
-                ours = {w for w in words if w.startswith(("blockcache", "fsclient"))}
-                assert ours <= scripts, f"{c['name']} runs {ours - scripts}, not in the image"
+                out.setdefault(c["name"], set()).update(
+                    w for w in words if w.startswith(("blockcache", "fsclient")))
+    return out
+
+
+def test_commands_the_manifests_run_are_the_projects_scripts(pyproject):
+    scripts = set(pyproject["project"]["scripts"])
+    for name, ours in commands_the_manifests_run().items():
+        ours -= {CSI_PLUGIN}                  # its own test, below
+        assert ours <= scripts, f"{name} runs {ours - scripts}, not in the image"
+
+
+def test_the_image_has_the_csi_plugin_and_its_grpc_runtime(lines, pyproject):
+    """The CSI node plugin (csi-node.yaml) runs from this image too."""
+    assert {CSI_PLUGIN} in commands_the_manifests_run().values()
+    pytest.importorskip("blockcache_csi", reason="the CSI plugin's package blockcache_csi "
+                                                 "is not in this tree")
+    assert CSI_PLUGIN in pyproject["project"]["scripts"]
+    wheel = next(line for line in lines if "pip wheel" in line)
+    extras = re.search(r"\[([a-z0-9_,]+)\]", wheel).group(1).split(",")
+    installed = list(pyproject["project"]["dependencies"])
+    for extra in extras:
+        installed += pyproject["project"]["optional-dependencies"][extra]
+    assert any(re.match(r"grpcio\b(?!-)", dep) for dep in installed), \
+        "grpcio is neither a dependency nor in an extra the image installs"
 
 
 def test_the_image_has_the_memcached_the_tier_runs(lines):

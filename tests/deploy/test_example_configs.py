@@ -1,7 +1,7 @@
 """Every shipped config loads in the real config loaders, and is documented.
 
 Configs: the bare-metal examples (systemd/), the DaemonSet's ConfigMap source
-and the example pod's volume (daemonset/). The loaders reject unknown keys, so
+and the sidecar recipe's volume (daemonset/). The loaders reject unknown keys, so
 a key the code does not know fails here, not on a host.
 """
 
@@ -12,10 +12,10 @@ import re
 import pytest
 
 from tests.support.deploy.daemon_config import load_daemon_config
-from tests.support.deploy.paths import DAEMONSET, EXAMPLE, SYSTEMD
+from tests.support.deploy.paths import DAEMONSET, EXAMPLE_SIDECAR, SYSTEMD
 
 DAEMON_CONFIGS = [SYSTEMD / "blockcached.toml.example", DAEMONSET / "blockcached.toml"]
-VOLUME_CONFIGS = [SYSTEMD / "volume.toml.example", EXAMPLE / "volume.toml"]
+VOLUME_CONFIGS = [SYSTEMD / "volume.toml.example", EXAMPLE_SIDECAR / "volume.toml"]
 _ASSIGNMENT = re.compile(r"^\s*#?\s*([A-Za-z_][A-Za-z0-9_]*|\"[^\"]+\")\s*=")
 _TABLE = re.compile(r"^\s*#?\s*\[\[?([A-Za-z_]+)\]\]?\s*$")
 

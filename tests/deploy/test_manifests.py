@@ -1,8 +1,10 @@
 """The Kubernetes manifests render, parse into client models, and agree.
 
-The DaemonSet, its ConfigMap and the example training pod are three views of
-one node: the same socket, the same cache dir at the same path (readers open
-block files at the paths the daemon reports), the key from a Secret.
+The daemon's DaemonSet, its ConfigMap, the CSI plugin's DaemonSet and the
+sidecar recipe's training pod are views of one node: the same socket, the
+same cache dir at the same path (readers open block files at the paths the
+daemon reports), the key from a Secret. The CSI driver's own manifests and
+the examples on it: test_csi_manifests.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 
 from tests.support.deploy.daemon_config import load_daemon_config
 from tests.support.deploy.k8s_models import round_trip
-from tests.support.deploy.paths import DAEMONSET, EXAMPLE
+from tests.support.deploy.paths import DAEMONSET, EXAMPLES
 from tests.support.deploy.render import (
     config_path_arg,
     configmap_for,
@@ -23,6 +25,7 @@ from tests.support.deploy.render import (
     daemon_config,
     kubectl,
     mount,
+    named,
     one,
     pod_spec,
     render,
@@ -31,6 +34,7 @@ from tests.support.deploy.render import (
 )
 
 GPU_TAINT = "nvidia.com/gpu"
+ALL = [DAEMONSET, *EXAMPLES]
 
 
 def mounts_of_hostpath(obj: dict, host_path: str) -> list[tuple[dict, dict]]:
@@ -45,15 +49,15 @@ def env(c: dict, name: str) -> str:
     return next(e["value"] for e in c.get("env", []) if e["name"] == name)
 
 
-def volume_config(example_objs, job) -> dict:
-    cm = configmap_for(example_objs, job, "volume-config")
-    sidecar = container(job, "fsclient")
+def volume_config(sidecar_objs, sidecar_job) -> dict:
+    cm = configmap_for(sidecar_objs, sidecar_job, "volume-config")
+    sidecar = container(sidecar_job, "fsclient")
     path = config_path_arg(sidecar)
     assert posixpath.dirname(path) == mount(sidecar, "volume-config")["mountPath"]
     return tomllib.loads(cm["data"][posixpath.basename(path)])
 
 
-@pytest.mark.parametrize("directory", [DAEMONSET, EXAMPLE], ids=["daemonset", "example"])
+@pytest.mark.parametrize("directory", ALL, ids=lambda d: d.name)
 def test_every_object_parses_into_client_models_unchanged(directory):
     objs = render(directory)
     assert objs
@@ -65,29 +69,32 @@ def test_every_object_parses_into_client_models_unchanged(directory):
 
 def test_daemonset_kinds(daemon_objs):
     kinds = sorted(o["kind"] for o in daemon_objs)
-    assert kinds == ["ConfigMap", "DaemonSet", "DaemonSet", "Namespace", "NetworkPolicy",
-                     "PriorityClass", "Service", "ServiceAccount"]
+    assert kinds == ["CSIDriver", "ConfigMap", "DaemonSet", "DaemonSet", "DaemonSet", "Namespace",
+                     "NetworkPolicy", "PriorityClass", "Service", "ServiceAccount",
+                     "ServiceAccount"]
     ns = one(daemon_objs, "Namespace")["metadata"]["name"]
     for o in daemon_objs:
-        if o["kind"] not in ("Namespace", "PriorityClass"):
+        if o["kind"] not in ("Namespace", "PriorityClass", "CSIDriver"):
             assert o["metadata"]["namespace"] == ns
 
 
-def test_socket_path_agrees_everywhere(daemon_objs, example_objs, ds, job):
+def test_socket_path_agrees_everywhere(daemon_objs, sidecar_objs, ds, csi_node, sidecar_job):
     sock = daemon_config(daemon_objs, ds)["socket"]
-    daemon, sidecar = container(ds, "blockcached"), container(job, "fsclient")
+    daemon, sidecar = container(ds, "blockcached"), container(sidecar_job, "fsclient")
+    plugin = container(csi_node, "blockcache-csi")
     assert env(daemon, "BLOCKCACHE_SOCKET") == sock      # what the probes use
     assert env(sidecar, "BLOCKCACHE_SOCKET") == sock
-    assert volume_config(example_objs, job)["socket"] == sock
+    assert env(plugin, "BLOCKCACHE_SOCKET") == sock      # its FUSE servers connect there
+    assert volume_config(sidecar_objs, sidecar_job)["socket"] == sock
     sock_dir = posixpath.dirname(sock)
     host_dirs = set()
-    for obj, c in ((ds, daemon), (job, sidecar)):
+    for obj, c in ((ds, daemon), (sidecar_job, sidecar), (csi_node, plugin)):
         m = next(m for m in c["volumeMounts"] if m["mountPath"] == sock_dir)
         host_dirs.add(volume(obj, m["name"])["hostPath"]["path"])
     assert host_dirs == {sock_dir}, "daemon and pods must share the host's socket dir"
 
 
-def test_cache_dirs_agree_and_pods_mount_them_read_only(daemon_objs, ds, job):
+def test_cache_dirs_agree_and_pods_mount_them_read_only(daemon_objs, ds, csi_node, sidecar_job):
     daemon = container(ds, "blockcached")
     cache_dirs = [d["path"] for d in daemon_config(daemon_objs, ds)["cache_dirs"]]
     assert cache_dirs
@@ -95,26 +102,28 @@ def test_cache_dirs_agree_and_pods_mount_them_read_only(daemon_objs, ds, job):
         m = next(m for m in daemon["volumeMounts"] if m["mountPath"] == path)
         assert not m.get("readOnly"), "the daemon writes its cache dir"
         host = volume(ds, m["name"])["hostPath"]["path"]
-        pod_mounts = mounts_of_hostpath(job, host)
-        assert pod_mounts, f"the example pod does not mount the cache dir {host}"
-        for c, pm in pod_mounts:
-            # Same container path as the daemon's: readers open block files
-            # at the paths the daemon reports in `hello`.
-            assert pm["mountPath"] == path, c["name"]
-            assert pm.get("readOnly") is True, f"{c['name']} mounts the cache dir writable"
-        assert "fsclient" in {c["name"] for c, _ in pod_mounts}
+        for reader, name in ((sidecar_job, "fsclient"), (csi_node, "blockcache-csi")):
+            pod_mounts = mounts_of_hostpath(reader, host)
+            assert pod_mounts, f"{name}'s pod does not mount the cache dir {host}"
+            for c, pm in pod_mounts:
+                # Same container path as the daemon's: readers open block
+                # files at the paths the daemon reports in `hello`.
+                assert pm["mountPath"] == path, c["name"]
+                assert pm.get("readOnly") is True, f"{c['name']} mounts the cache dir writable"
+            assert name in {c["name"] for c, _ in pod_mounts}
 
 
-def test_volume_key_comes_from_a_secret_by_reference(example_objs, daemon_objs, job):
-    assert not [o for o in example_objs + daemon_objs if o["kind"] == "Secret"], \
-        "a Secret with key material is in the manifests"
-    key_vol = volume(job, "volume-key")
+def test_volume_key_comes_from_a_secret_by_reference(sidecar_objs, sidecar_job):
+    for directory in ALL:
+        assert not [o for o in render(directory) if o["kind"] == "Secret"], \
+            f"a Secret with key material is in {directory.name}"
+    key_vol = volume(sidecar_job, "volume-key")
     assert key_vol["secret"]["secretName"]
     assert key_vol["secret"]["defaultMode"] == 0o400
-    m = mount(container(job, "fsclient"), "volume-key")
+    m = mount(container(sidecar_job, "fsclient"), "volume-key")
     assert m.get("readOnly") is True
     paths = {posixpath.join(m["mountPath"], i["path"]) for i in key_vol["secret"]["items"]}
-    assert volume_config(example_objs, job)["key_file"] in paths
+    assert volume_config(sidecar_objs, sidecar_job)["key_file"] in paths
 
 
 def test_daemon_has_requests_and_no_memory_limit(ds):
@@ -123,11 +132,12 @@ def test_daemon_has_requests_and_no_memory_limit(ds):
     assert "memory" not in res.get("limits", {})
 
 
-def test_pods_land_on_gpu_nodes(ds, job):
-    for obj in (ds, job):
+def test_pods_land_on_gpu_nodes(ds, csi_node, job, static_job, sidecar_job):
+    for obj in (ds, csi_node, job, static_job, sidecar_job):
         tolerations = pod_spec(obj)["tolerations"]
         assert any(t["key"] == GPU_TAINT and t["operator"] == "Exists" for t in tolerations)
-    assert pod_spec(ds)["nodeSelector"] == pod_spec(job)["nodeSelector"]
+        # where the daemon runs, and (for CSI volumes) the plugin
+        assert pod_spec(obj)["nodeSelector"] == pod_spec(ds)["nodeSelector"]
 
 
 def test_daemonset_rollout_probes_priority(daemon_objs, ds):
@@ -136,7 +146,7 @@ def test_daemonset_rollout_probes_priority(daemon_objs, ds):
     assert strategy["rollingUpdate"]["maxUnavailable"] == 1
     spec = pod_spec(ds)
     assert spec["priorityClassName"] == one(daemon_objs, "PriorityClass")["metadata"]["name"]
-    assert spec["serviceAccountName"] == one(daemon_objs, "ServiceAccount")["metadata"]["name"]
+    assert named(daemon_objs, "ServiceAccount", spec["serviceAccountName"])
     assert spec["terminationGracePeriodSeconds"] >= 10
     daemon = container(ds, "blockcached")
     for probe in ("readinessProbe", "livenessProbe"):
@@ -145,7 +155,8 @@ def test_daemonset_rollout_probes_priority(daemon_objs, ds):
     assert sc["runAsNonRoot"] is True and sc["capabilities"]["drop"] == ["ALL"]
 
 
-def test_example_pod_fuse_sidecar_and_propagation(example_objs, job):
+def test_sidecar_recipe_fuse_sidecar_and_propagation(sidecar_objs, sidecar_job):
+    job = sidecar_job
     spec = pod_spec(job)
     sidecar, trainer = container(job, "fsclient"), container(job, "trainer")
     assert sidecar in spec["initContainers"] and sidecar["restartPolicy"] == "Always"
@@ -154,7 +165,7 @@ def test_example_pod_fuse_sidecar_and_propagation(example_objs, job):
     assert shared["mountPropagation"] == "Bidirectional"
     t = mount(trainer, "datasets")
     assert t["mountPropagation"] == "HostToContainer" and t["mountPath"] == shared["mountPath"]
-    mountpoint = volume_config(example_objs, job)["mountpoint"]
+    mountpoint = volume_config(sidecar_objs, job)["mountpoint"]
     assert mountpoint.startswith(shared["mountPath"] + "/")
     for probe in ("startupProbe", "livenessProbe"):
         check = " ".join(sidecar[probe]["exec"]["command"])
@@ -165,10 +176,10 @@ def test_example_pod_fuse_sidecar_and_propagation(example_objs, job):
     assert not trainer.get("securityContext", {}).get("privileged")
     assert trainer["securityContext"]["runAsNonRoot"] is True
     # The trainer runs as another uid than the root-run fsclient.
-    assert volume_config(example_objs, job)["allow_other"] is True
+    assert volume_config(sidecar_objs, job)["allow_other"] is True
 
 
-@pytest.mark.parametrize("directory", [DAEMONSET, EXAMPLE], ids=["daemonset", "example"])
+@pytest.mark.parametrize("directory", ALL, ids=lambda d: d.name)
 def test_fallback_renderer_matches_kubectl(directory):
     """Where kubectl is missing the tests render with PyYAML; it must agree."""
     if not kubectl():
@@ -189,7 +200,8 @@ def test_fallback_renderer_matches_kubectl(directory):
     assert sorted(hashed, key=key) == sorted(plain, key=key)
 
 
-def test_rendered_configs_load_in_the_real_loaders(daemon_objs, example_objs, ds, job, tmp_path):
+def test_rendered_configs_load_in_the_real_loaders(daemon_objs, sidecar_objs, ds, sidecar_job,
+                                                   tmp_path):
     """The ConfigMaps as applied: only keys the daemon and fsclient know."""
     vconfig = pytest.importorskip("fsclient.config", reason="fsclient is not installed")
     daemon_toml = configmap_for(daemon_objs, ds, "config")["data"]["blockcached.toml"]
@@ -197,13 +209,14 @@ def test_rendered_configs_load_in_the_real_loaders(daemon_objs, example_objs, ds
     cfg = load_daemon_config(str(tmp_path / "d.toml"))
     assert [d.path for d in cfg.cache_dirs] == [
         d["path"] for d in tomllib.loads(daemon_toml)["cache_dirs"]]
-    volume_toml = configmap_for(example_objs, job, "volume-config")["data"]["volume.toml"]
+    volume_toml = configmap_for(sidecar_objs, sidecar_job,
+                                "volume-config")["data"]["volume.toml"]
     (tmp_path / "v.toml").write_text(volume_toml)
     vcfg = vconfig.build_config(vconfig.load_toml(str(tmp_path / "v.toml")))
     assert vcfg.socket == cfg.socket
 
 
-@pytest.mark.parametrize("directory", [DAEMONSET, EXAMPLE], ids=["daemonset", "example"])
+@pytest.mark.parametrize("directory", ALL, ids=lambda d: d.name)
 def test_every_image_has_a_pinned_tag(directory):
     """An untagged image means :latest, which changes under a running fleet."""
     for obj in render(directory):
@@ -244,7 +257,7 @@ def enum_fields(node, parent: str = ""):
             yield from enum_fields(item, parent)
 
 
-@pytest.mark.parametrize("directory", [DAEMONSET, EXAMPLE], ids=["daemonset", "example"])
+@pytest.mark.parametrize("directory", ALL, ids=lambda d: d.name)
 def test_enumerated_fields_hold_valid_values(directory):
     checked = 0
     for obj in render(directory):
@@ -256,11 +269,12 @@ def test_enumerated_fields_hold_valid_values(directory):
     assert checked
 
 
-def test_metrics_ports_agree(daemon_objs, example_objs, ds, job):
+def test_metrics_ports_agree(daemon_objs, sidecar_objs, ds, sidecar_job):
     """With metrics_addr set, its port is the container's `metrics` port and the
     scrape annotation's; without it, nothing claims a metrics port."""
     for obj, c, cfg in ((ds, container(ds, "blockcached"), daemon_config(daemon_objs, ds)),
-                        (job, container(job, "fsclient"), volume_config(example_objs, job))):
+                        (sidecar_job, container(sidecar_job, "fsclient"),
+                         volume_config(sidecar_objs, sidecar_job))):
         ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
         annotations = obj["spec"]["template"]["metadata"].get("annotations", {})
         if "metrics_addr" not in cfg:

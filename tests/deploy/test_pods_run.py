@@ -1,4 +1,4 @@
-"""The DaemonSet's pod and the example training pod, run together on one
+"""The DaemonSet's pod and the sidecar recipe's training pod, run together on one
 simulated node (node_scenario, podsim): the manifests' commands,
 securityContexts, env, probes, ConfigMaps, Secret, read-only mounts and
 mount propagation work with the real daemon and fsclient.

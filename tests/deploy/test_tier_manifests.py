@@ -73,12 +73,13 @@ def test_memcached_runs_beside_every_daemon(ds, memcached):
     assert mc["securityContext"]["capabilities"]["drop"] == ["ALL"]
 
 
-def test_service_is_headless_and_selects_only_memcached(service, memcached, ds, job):
+def test_service_is_headless_and_selects_only_memcached(service, memcached, ds, csi_node,
+                                                        sidecar_job):
     spec = service["spec"]
     assert spec["clusterIP"] == "None"             # DNS answers every pod IP
     assert spec.get("publishNotReadyAddresses", False) is False
     assert selects({"matchLabels": spec["selector"]}, pod_labels(memcached))
-    for other in (ds, job):
+    for other in (ds, csi_node, sidecar_job):
         assert not selects({"matchLabels": spec["selector"]}, pod_labels(other))
     (port,) = spec["ports"]
     ports = {p["name"]: p["containerPort"] for p in container(memcached, "memcached")["ports"]}
@@ -94,18 +95,26 @@ def test_daemon_config_names_the_service(daemon_objs, ds, service):
     assert re.fullmatch(r"\d+s", cluster["dns_refresh"])
 
 
-def test_networkpolicy_admits_only_blockcache_pods(policy, memcached, ds, job, daemon_objs):
+def test_networkpolicy_admits_only_blockcache_pods(policy, memcached, ds, csi_node, job,
+                                                  sidecar_job, daemon_objs):
     target = pod_labels(memcached)
     ns = one(daemon_objs, "Namespace")["metadata"]["name"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert admits(policy, pod_labels(ds), Peer(namespace=ns), PORT) is None  # daemons untouched
     tier_ns = {"blockcache.io/tier-access": "true"}
     daemon = Peer(pod_labels(ds), ns)
-    reader = Peer(pod_labels(job), "ml-team", tier_ns)
+    # the CSI plugin's FUSE servers read for the pods that mount through it
+    plugin = Peer(pod_labels(csi_node), ns)
+    # the sidecar recipe's training pod reads itself
+    reader = Peer(pod_labels(sidecar_job), "ml-team", tier_ns)
     assert admits(policy, target, daemon, PORT)
+    assert admits(policy, target, plugin, PORT)
     assert admits(policy, target, reader, PORT)
     refused = {
-        "a reader in a namespace without tier access": Peer(pod_labels(job), "ml-team"),
+        "a reader in a namespace without tier access": Peer(pod_labels(sidecar_job), "ml-team"),
+        # a pod on the driver's volume reads nothing itself
+        "a training pod on a CSI volume": Peer(pod_labels(job), "ml-training", tier_ns),
+        "a plugin-labelled pod of another namespace": Peer(pod_labels(csi_node), "ml-team"),
         "an unlabelled pod in a tier namespace": Peer({"app": "web"}, "ml-team", tier_ns),
         "an unlabelled pod in the daemon's namespace": Peer({"app": "web"}, ns),
         "a daemon-labelled pod of another namespace": Peer(pod_labels(ds), "ml-team"),
@@ -152,7 +161,8 @@ def tls_files(text: str, mount_path: str) -> set[str]:
     return {posixpath.basename(p) for p in re.findall(rf"{re.escape(mount_path)}/([\w.]+)", text)}
 
 
-def test_tls_is_optional_and_mounted_at_one_path(memcached, ds, job, daemon_objs):
+def test_tls_is_optional_and_mounted_at_one_path(memcached, ds, csi_node, sidecar_job,
+                                                 daemon_objs):
     c = container(memcached, "memcached")
     vol = volume(memcached, "tls")["secret"]
     assert vol["optional"] is True                    # no Secret: plain TCP
@@ -162,7 +172,8 @@ def test_tls_is_optional_and_mounted_at_one_path(memcached, ds, job, daemon_objs
     assert tls_files(script(c), path) == {"tls.crt", "tls.key", "ca.crt"}
     # the daemon and the readers: the same Secret, optional, read-only, at one path
     paths = set()
-    for workload, name in ((ds, "blockcached"), (job, "fsclient")):
+    for workload, name in ((ds, "blockcached"), (csi_node, "blockcache-csi"),
+                           (sidecar_job, "fsclient")):
         secret = volume(workload, "memcached-tls")["secret"]
         assert secret["secretName"] == vol["secretName"] and secret["optional"] is True
         m = mount(container(workload, name), "memcached-tls")

@@ -1,4 +1,4 @@
-"""One simulated GPU node: the DaemonSet's pod, then the example training pod.
+"""One simulated GPU node: the DaemonSet's pod, then the sidecar recipe's training pod.
 
     unshare --mount --propagation private python -m tests.support.deploy.node_scenario ROOT BIN
 
@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.support.deploy.paths import DAEMONSET, EXAMPLE
+from tests.support.deploy.paths import DAEMONSET, EXAMPLE_SIDECAR
 from tests.support.deploy.podsim import Pod
 from tests.support.deploy.render import named, one, pod_spec, render
 from tests.support.deploy.unit_runner import is_mounted
@@ -89,14 +89,14 @@ def run(root: Path, bin_dir: Path) -> dict[str, Any]:
     from blockcache_client.daemonclient.client import Client
 
     obs: dict[str, Any] = {"expected_bytes": sum(FILES.values())}
-    daemon_objs, example_objs = render(DAEMONSET), render(EXAMPLE)
-    ds, job = named(daemon_objs, "DaemonSet", "blockcached"), one(example_objs, "Job")
+    daemon_objs, sidecar_objs = render(DAEMONSET), render(EXAMPLE_SIDECAR)
+    ds, job = named(daemon_objs, "DaemonSet", "blockcached"), one(sidecar_objs, "Job")
     source = root / "bucket"
     for name, size in FILES.items():
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         (source / name).write_bytes(os.urandom(size))
     configmaps = {o["metadata"]["name"]: {k: local(v, source) for k, v in o["data"].items()}
-                  for o in daemon_objs + example_objs if o["kind"] == "ConfigMap"}
+                  for o in daemon_objs + sidecar_objs if o["kind"] == "ConfigMap"}
     key_volume = next(v for v in pod_spec(job)["volumes"] if v["name"] == "volume-key")
     secrets = {key_volume["secret"]["secretName"]:
                {key_volume["secret"]["items"][0]["key"]: volume_key()}}

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 _SUPPORTED = {"apiVersion", "kind", "namespace", "resources", "configMapGenerator", "images"}
-_CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
+_CLUSTER_SCOPED = {"Namespace", "PriorityClass", "CSIDriver", "PersistentVolume"}
 
 
 def kubectl() -> str | None:

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -82,7 +81,8 @@ def test_mount_on_a_live_mount_restarts_its_server(tree, key_file, daemon, mount
     assert sorted(os.listdir(m.mountpoint)) == sorted(os.listdir(tree))
 
 
-def test_mount_waits_for_the_server_of_a_dead_keeper(tree, key_file, daemon, mounts):
+def test_mount_waits_for_the_server_of_a_dead_keeper(tree, key_file, daemon, mounts,
+                                                    tmp_path):
     """The keeper killed alone: its server answers until it notices, then ends
     the mount. A new `fsclient mount` in that window waits for the mount to go
     dead and recovers it, instead of calling the mount point busy."""
@@ -91,25 +91,30 @@ def test_mount_waits_for_the_server_of_a_dead_keeper(tree, key_file, daemon, mou
     # hold the window open: with copies of the keeper's link, its server does
     # not see the keeper gone until the copies close
     links = copy_connected_sockets(m.proc.pid)
+    errors = tmp_path / "again.err"
     try:
         m.proc.kill()
         m.proc.wait(10)
-        done: list[subprocess.CompletedProcess] = []
-        again = threading.Thread(target=lambda: done.append(subprocess.run(
-            [sys.executable, "-m", "fsclient.cli", "mount", str(tree), m.mountpoint,
-             "--volume", "testvol", "--key-file", str(key_file), "--socket",
-             daemon.socket_path], capture_output=True, text=True, timeout=120, env=env(),
-            cwd=REPO)))
-        again.start()
-        time.sleep(1.5)  # the new mount meets the orphan's mount, live
+        with open(errors, "wb") as err:
+            again = subprocess.Popen(
+                [sys.executable, "-m", "fsclient.cli", "mount", str(tree), m.mountpoint,
+                 "--volume", "testvol", "--key-file", str(key_file), "--socket",
+                 daemon.socket_path], stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                env=env(), cwd=REPO)
+        # the new mount meets the orphan's mount, live, and waits for it
+        deadline = time.monotonic() + 60
+        while "keeper is gone" not in errors.read_text() and time.monotonic() < deadline:
+            assert again.poll() is None, errors.read_text()
+            time.sleep(0.05)
         assert os.path.exists(f"/proc/{orphan}")
     finally:
         for fd in links:
             os.close(fd)
-    again.join(130)
-    res = done[0]
-    assert res.returncode == 0, res.stderr
-    assert "keeper is gone" in res.stderr and "dead FUSE mount" in res.stderr, res.stderr
+    try:
+        assert again.wait(120) == 0, errors.read_text()
+    finally:
+        again.kill() if again.poll() is None else None
+    assert "dead FUSE mount" in errors.read_text(), errors.read_text()
     try:
         assert sorted(os.listdir(m.mountpoint)) == sorted(os.listdir(tree))
         assert serving(m.mountpoint) != orphan

@@ -304,10 +304,9 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
 
 def _ready(session: Any, fs: Any, mountpoint: str, readiness: Readiness,
            root_fd: int = -1) -> int | None:
-    """Report READY once a stat of the mount point (of its root's descriptor,
-    when the keeper gave one), made by another thread, was answered by the
-    session through the kernel (end to end, not just "mounted"); the mount's
-    device number, or None (ERROR reported) if it never was."""
+    """Report READY once a stat of the mount point (its root's descriptor if
+    given), made by another thread, was answered by the session through the
+    kernel (end to end); the mount's device number, or None (ERROR reported)."""
     box: list = []
 
     def probe() -> None:

@@ -6,7 +6,7 @@ PYTHON  ?= python3
 VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-EXTRAS  := s3,metrics,test,bench
+EXTRAS  := s3,metrics,test,bench,proto
 # fuse3: fusermount3 (fsclient mounts through it when not root). The rest is
 # for development only: libfuse3-dev + pkg-config build pyfuse3 (the bench
 # extra's passthrough floor) when no wheel fits; fio is a bench workload;
@@ -17,7 +17,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # module fixtures built once). `make test TEST_WORKERS=0` runs in one process.
 TEST_WORKERS ?= auto
 
-.PHONY: setup sysdeps test demo bench clean install-systemd
+.PHONY: setup sysdeps test demo bench proto clean install-systemd
 
 setup: $(STAMP)
 
@@ -51,6 +51,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# blockcache-csi's gRPC stubs from its .proto (committed: users need no grpcio-tools)
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. blockcache_csi/proto/csi.proto
 
 # Bare metal (docs/deploy.md): units, example configs and the blockcache user.
 # BINDIR is where the blockcached/fsclient scripts are (a venv's bin/). Never

@@ -73,6 +73,12 @@ def main(ctx: click.Context, log_level: str, log_format: str) -> None:
               help="As `fsclient --log-level`, given after `mount`.")
 @click.option("--log-format", "mount_log_format", type=click.Choice(FORMATS),
               help="As `fsclient --log-format`, given after `mount`.")
+@click.option("--server-user", metavar="UID:GID",
+              help="Run the server (not the keeper, which mounts) as UID:GID, with no "
+                   "capabilities [default: as the keeper].")
+@click.option("--server-group", "server_groups", multiple=True, type=int, metavar="GID",
+              help="A supplementary group of the server (repeatable), e.g. the group of "
+                   "blockcached's socket.")
 @click.option("--ready-fd", type=int, hidden=True)
 @click.option("--serve-fd", type=int, hidden=True)
 @click.pass_context
@@ -81,7 +87,8 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
           block_size: str | None, meta_ttl: str | None, dir_ttl: tuple[str, ...],
           readahead_blocks: int | None, options: tuple[str, ...], foreground: bool,
           log_file: str | None, metrics_addr: str | None, mount_log_level: str | None,
-          mount_log_format: str | None, ready_fd: int | None, serve_fd: int | None) -> None:
+          mount_log_format: str | None, server_user: str | None,
+          server_groups: tuple[int, ...], ready_fd: int | None, serve_fd: int | None) -> None:
     """Mount SOURCE (a local path or fsspec URL) on MOUNTPOINT, read-only.
 
     Returns once the mount answers; with --foreground, serves until unmounted
@@ -101,7 +108,8 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
             file_data, volume=volume, source=source, mountpoint=mountpoint, key_file=key_file,
             socket=socket, block_size=block_size, meta_ttl=meta_ttl,
             readahead_blocks=readahead_blocks, metrics_addr=metrics_addr,
-            dir_ttl=[parse_dir_ttl_flag(d) for d in dir_ttl], options=options)
+            dir_ttl=[parse_dir_ttl_flag(d) for d in dir_ttl], options=options,
+            server_user=server_user, server_groups=list(server_groups) or None)
     except BlockcacheError as exc:
         fail(str(exc))
     if serve_fd is not None:

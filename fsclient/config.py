@@ -16,6 +16,8 @@ error, never ignored, so a typo cannot silently change caching behaviour.
     readahead_blocks = 2
     options = []               # extra FUSE mount options (-o)
     metrics_addr = "127.0.0.1:9102"   # Prometheus endpoint of this mount (default: off)
+    server_user = "65534:65534"       # root mounts, the server runs as UID:GID (default: as is)
+    server_groups = [10001]           # its supplementary groups (blockcached's socket group)
     [dir_ttl]                  # per directory prefix, longest match wins
     "code/" = 0
     [storage_options]          # passed to fsspec as they are
@@ -41,6 +43,7 @@ from blockcache_client.contract.blockkey import check_volume_name
 from blockcache_client.contract.errors import ConfigError, InvalidKey
 
 from .session.mount import check_options as check_mount_options
+from .session.privileges import Credentials
 
 DEFAULT_BLOCK_SIZE = 4 << 20
 DEFAULT_META_TTL = 60.0
@@ -111,6 +114,8 @@ class MountConfig:
     meta_cache_entries: int = 200_000
     threads: int = 32  # FUSE worker threads (each answers the requests it reads)
     metrics_addr: str | None = None  # HOST:PORT of this mount's Prometheus endpoint
+    # The server's uid, gid and groups, capabilities dropped (the keeper, root, mounts)
+    server_user: Credentials | None = None
 
     @property
     def meta_ttl(self) -> float:
@@ -131,7 +136,7 @@ class MountConfig:
 _KEYS = {"volume", "source", "mountpoint", "key_file", "socket", "block_size", "meta_ttl",
          "allow_other", "readahead_blocks", "options", "dir_ttl", "storage_options",
          "memory_cache_bytes", "fill_queue_bytes", "meta_cache_entries", "threads",
-         "metrics_addr"}
+         "metrics_addr", "server_user", "server_groups"}
 # Old spellings, still read (with a warning naming the new key).
 _RENAMED = {"memory_cache": "memory_cache_bytes", "fill_queue": "fill_queue_bytes"}
 
@@ -243,4 +248,21 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         meta_cache_entries=_int(data, "meta_cache_entries", 200_000, 100, 100_000_000),
         threads=_int(data, "threads", 32, 1, 512),
         metrics_addr=convert.address(data.get("metrics_addr"), "metrics_addr"),
+        server_user=_server_user(data),
     )
+
+
+def _server_user(data: dict[str, Any]) -> Credentials | None:
+    user, groups = data.get("server_user"), data.get("server_groups") or ()
+    if not isinstance(groups, list | tuple):
+        raise ConfigError("server_groups must be a list of gids, e.g. [10001]")
+    if user is None:
+        if groups:
+            raise ConfigError("server_groups needs server_user (UID:GID) too")
+        return None
+    try:
+        return Credentials.parse(convert.string(user, "server_user"),
+                                 tuple(convert.count(g, "server_groups", 0, 2**32 - 2)
+                                       for g in groups))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

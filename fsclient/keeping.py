@@ -63,7 +63,8 @@ def run(cfg: MountConfig, argv: list[str], ready_fd: int | None) -> int:
     store = FdStore.from_env()
     kept = listened() if store is not None else None
     k = keeping.Keeper(path, cfg.fuse_options(), cfg.threads,
-                       lambda fd, ready: server_command(argv, fd, ready), store)
+                       lambda fd, ready: server_command(argv, fd, ready), store,
+                       run_as=cfg.server_user)
     if kept is not None:  # systemd kept the live connection across the unit's restart
         log.info("taking over %s from systemd's fd store (%d FUSE descriptors)", path,
                  len(kept[0]))

@@ -271,7 +271,8 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
         log.info("took over %s (restart %d): %d saved nodes, %s", mountpoint, conn.restarts,
                  len(fs.nodes.saved.paths), "requests resent" if resent else "no resend")
     link.watch(on_handover, on_keeper_lost)
-    dev = _ready(session, fs, mountpoint, readiness)
+    dev = _ready(session, fs, mountpoint, readiness, conn.root_fd)
+    conn.close_root()  # it would keep the mount busy
     if dev is not None:
         link.serving()
     try:
@@ -301,15 +302,16 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
     return 0 if dev is not None else 1
 
 
-def _ready(session: Any, fs: Any, mountpoint: str, readiness: Readiness) -> int | None:
-    """Report READY once a stat of the mount point, made by another thread, was
-    answered by the session through the kernel (end to end, not just "mounted");
-    the mount's device number, or None (ERROR reported) if it never was."""
+def _ready(session: Any, fs: Any, mountpoint: str, readiness: Readiness,
+           root_fd: int = -1) -> int | None:
+    """Report READY once a stat of the mount point (its root's descriptor if
+    given), made by another thread, was answered by the session through the
+    kernel (end to end); the mount's device number, or None (ERROR reported)."""
     box: list = []
 
     def probe() -> None:
         try:
-            box.append(os.stat(mountpoint))
+            box.append(os.stat(root_fd if root_fd >= 0 else mountpoint))
         except OSError as exc:
             box.append(exc)
 

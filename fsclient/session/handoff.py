@@ -2,8 +2,10 @@
 message per send, descriptors by SCM_RIGHTS). Every message is JSON:
 
     server -> keeper  {"op": "connect"}     the volume is open: hand me the connection
-    keeper -> server  {"fresh": bool, "restarts": n, "keeper": pid, "stored": bool}
-                      + the saved-state memfd, then one /dev/fuse descriptor per worker
+    keeper -> server  {"fresh": bool, "restarts": n, "keeper": pid, "stored": bool,
+                       "root": bool}
+                      + the saved-state memfd, the mount root's O_PATH descriptor
+                      (if "root"), then one /dev/fuse descriptor per worker
                       or {"error": "..."} and no descriptors (the mount failed)
     server -> keeper  {"op": "serving"}     the mount answers (first start: READY sent)
     keeper -> server  {"op": "handover"}    stop taking requests, finish, exit 0 (upgrade)
@@ -68,9 +70,18 @@ class Connection:
         # every process of it signalled) hands over instead of unmounting
         self.stored = bool(message.get("stored", False))
         self.saved_fd = fds[0]
-        self.fuse_fds = fds[1:]
+        # the mount's root (O_PATH) for the readiness probe, which needs no path
+        # search then; closed after it (it keeps the mount busy): `close_root`
+        self.root_fd = fds[1] if message.get("root") else -1
+        self.fuse_fds = fds[2:] if message.get("root") else fds[1:]
+
+    def close_root(self) -> None:
+        if self.root_fd >= 0:
+            os.close(self.root_fd)
+            self.root_fd = -1
 
     def close(self) -> None:
+        self.close_root()
         for fd in [self.saved_fd, *self.fuse_fds]:
             os.close(fd)
 
@@ -88,7 +99,7 @@ class KeeperLink:
         message, fds = receive(self.sock)
         if message is None:
             raise ConnectionError("the keeper is gone")
-        if "error" in message or len(fds) < 2:
+        if "error" in message or len(fds) < 2 + bool(message.get("root")):
             for fd in fds:
                 os.close(fd)
             raise OSError(message.get("error", "the keeper sent no FUSE descriptor"))

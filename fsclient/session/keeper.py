@@ -36,12 +36,14 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from . import handoff, saved
 from . import mount as fusemount
 from .channel import Channel
 from .fdstore import FdStore
+from .privileges import Credentials, drop
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,7 @@ class Keeper:
 
     def __init__(self, mountpoint: str, options: list[str], channels: int,
                  command: Callable[[int, int | None], list[str]],
-                 store: FdStore | None = None):
+                 store: FdStore | None = None, run_as: Credentials | None = None):
         self.mountpoint = mountpoint
         self.options = options
         self.channels = max(1, channels)
@@ -72,6 +74,7 @@ class Keeper:
         self.command = command
         self.fds: list[int] = []  # the mount's descriptor, then its clones
         self.saved_fd = -1
+        self.run_as = run_as  # the server's uid and groups, capabilities dropped
         self.restarts = 0
         self.server: Server | None = None
         self.successor: Server | None = None  # a restart's new server, until it takes over
@@ -107,6 +110,19 @@ class Keeper:
                 log.warning("cannot keep the FUSE connection in systemd's fd store (%s): "
                             "a restart of the unit will remount", exc)
 
+    def _open_root(self) -> list[int]:
+        """[an O_PATH descriptor of the mount's root], for the server's readiness
+        probe: it needs no search permission on the mount point's parents (a
+        server `run_as` another uid may have none). Opening it asks nothing of
+        the FUSE server; it is held only until handed over, as it keeps the
+        mount busy."""
+        try:
+            return [os.open(self.mountpoint, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+        except OSError as exc:
+            log.warning("cannot open the root of %s (%s); the server probes it by path",
+                        self.mountpoint, exc)
+            return []
+
     def close(self) -> None:
         for fd in [*self.fds, self.saved_fd]:
             if fd >= 0:
@@ -120,10 +136,13 @@ class Keeper:
     def _spawn(self, ready_fd: int | None = None) -> Server:
         ours, theirs = handoff.pair()
         extra = (ready_fd,) if ready_fd is not None else ()
+        unprivileged = {} if self.run_as is None else \
+            {"preexec_fn": partial(drop, self.run_as), "cwd": "/"}
         try:
             proc = subprocess.Popen(self.command(theirs.fileno(), ready_fd),
                                     stdin=subprocess.DEVNULL,
-                                    pass_fds=(theirs.fileno(), *extra), close_fds=True)
+                                    pass_fds=(theirs.fileno(), *extra), close_fds=True,
+                                    **unprivileged)
         finally:
             theirs.close()
         log.info("keeper %d: started server %d on %s", os.getpid(), proc.pid, self.mountpoint)
@@ -138,9 +157,15 @@ class Keeper:
             except (OSError, ValueError) as exc:
                 handoff.send(server.sock, {"error": str(exc)})
                 return
-        handoff.send(server.sock, {"fresh": fresh, "restarts": self.restarts,
-                                   "keeper": os.getpid(), "stored": self.store is not None},
-                     [self.saved_fd, *self.fds])
+        root = self._open_root()
+        try:
+            handoff.send(server.sock, {"fresh": fresh, "restarts": self.restarts,
+                                       "keeper": os.getpid(), "stored": self.store is not None,
+                                       "root": bool(root)},
+                         [self.saved_fd, *root, *self.fds])
+        finally:
+            for fd in root:
+                os.close(fd)
         server.connected = True
 
     def _on_message(self, server: Server) -> None:

@@ -154,3 +154,17 @@ def test_queue_and_memory_keys_are_spelled_as_the_daemon_and_volume_spell_them(t
     p.write_text('fill_queue = "32M"\nfill_queue_bytes = "64M"\n')
     with pytest.raises(ConfigError, match="'fill_queue' and 'fill_queue_bytes' are the same"):
         load_toml(str(p))
+
+
+def test_server_user_and_groups_are_numbers_and_never_root():
+    cfg = build_config(dict(BASE, server_user="65534:65534", server_groups=[10001, 10001]))
+    assert (cfg.server_user.uid, cfg.server_user.gid, cfg.server_user.groups) == \
+        (65534, 65534, (10001,))
+    assert build_config(BASE).server_user is None
+    for bad, words in (("nobody", "UID:GID"), ("0:0", "root"), ("65534", "UID:GID")):
+        with pytest.raises(ConfigError, match=words):
+            build_config(dict(BASE, server_user=bad))
+    with pytest.raises(ConfigError, match="needs server_user"):
+        build_config(dict(BASE, server_groups=[1]))
+    with pytest.raises(ConfigError, match="list of gids"):
+        build_config(dict(BASE, server_user="1:1", server_groups=5))

@@ -1,0 +1,93 @@
+"""`blockcache-csi`: the CSI node plugin of blockcache.
+
+    blockcache-csi --endpoint unix:///csi/csi.sock --node-id NODE
+                   [--state-dir /var/lib/blockcache-csi] [--server-uid 65534]
+                   [--server-gid 65534] [--socket PATH]
+
+Errors at start print one line (`blockcache-csi: error: ...`) and exit 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from blockcache_client.common.logsetup import FORMATS, LEVELS, setup_logging
+from blockcache_client.contract.errors import BlockcacheError
+
+from . import DRIVER_NAME, VERSION
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STATE_DIR = "/var/lib/blockcache-csi"
+NOBODY = 65534
+
+
+def _log_target() -> str | None:
+    """Where keepers and servers log: the plugin's own stderr (`kubectl logs`)."""
+    path = "/proc/self/fd/2"
+    try:
+        with open(path, "ab"):
+            return path
+    except OSError:
+        return None
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--endpoint", envvar="CSI_ENDPOINT", required=True, metavar="unix:///PATH",
+              help="The CSI socket the kubelet calls [env: CSI_ENDPOINT].")
+@click.option("--node-id", envvar="NODE_ID", required=True, metavar="NODE",
+              help="This node's name, returned by NodeGetInfo [env: NODE_ID].")
+@click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True,
+              type=click.Path(file_okay=False),
+              help="Host dir of the published targets and their volume keys; a restarted "
+                   "plugin finds its mounts there. Its parents must be searchable by the "
+                   "server uid.")
+@click.option("--server-uid", type=click.IntRange(1, 2**32 - 2), default=NOBODY,
+              show_default=True, help="The uid the FUSE servers run as (never root).")
+@click.option("--server-gid", type=click.IntRange(0, 2**32 - 2), default=NOBODY,
+              show_default=True, help="Their gid; they also join the group of "
+                                      "blockcached's socket.")
+@click.option("--socket", help="blockcached socket [default: $BLOCKCACHE_SOCKET or "
+                               "/run/blockcache/blockcached.sock].")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(LEVELS, case_sensitive=False))
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(FORMATS))
+@click.version_option(VERSION, prog_name="blockcache-csi")
+def main(endpoint: str, node_id: str, state_dir: str, server_uid: int, server_gid: int,
+         socket: str | None, log_level: str, log_format: str) -> None:
+    """Serve the CSI node plugin `csi.blockcache.io` on ENDPOINT.
+
+    NodePublishVolume mounts a blockcache volume (volume_context: source,
+    volume, and optionally blockSize, metaTTL, dirTTL, readaheadBlocks; the
+    Secret's "key": the volume key's 64 hex digits) read-only at the pod's
+    target path. The plugin (root) mounts; each volume's FUSE server runs as
+    --server-uid with no capabilities, kept by a keeper process that restarts
+    it if it dies and outlives the plugin. SIGTERM stops the plugin and
+    leaves the mounts; the next start adopts them.
+    """
+    from .mounts import Mounts
+    from .server import EndpointError, serve
+    from .state import StateDir
+
+    setup_logging(log_level, log_format)
+    if os.geteuid() != 0:
+        click.echo("blockcache-csi: error: the plugin mounts FUSE file systems and must run "
+                   "as root (a privileged container)", err=True)
+        sys.exit(1)
+    log.info("%s %s starting", DRIVER_NAME, VERSION)
+    state = StateDir(state_dir, server_uid, server_gid)
+    mounts = Mounts(state, server_uid, server_gid, socket, _log_target())
+    try:
+        code = serve(endpoint, mounts, node_id)
+    except (EndpointError, BlockcacheError, OSError) as exc:
+        click.echo(f"blockcache-csi: error: {exc}", err=True)
+        sys.exit(1)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""The CSI Node service: each call checked, then handed to `Mounts`; every
+refusal a gRPC status with a message naming the cause."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from .errors import CsiError, required
+from .mounts import Mounts
+from .proto import csi_pb2, csi_pb2_grpc
+from .volumes import parse_publish
+
+log = logging.getLogger(__name__)
+
+RPC = csi_pb2.NodeServiceCapability.RPC
+Unit = csi_pb2.VolumeUsage.Unit
+
+
+def answered(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn a `CsiError` into its status, anything else into INTERNAL naming it."""
+
+    @functools.wraps(method)
+    def call(self: Any, request: Any, context: Any) -> Any:
+        try:
+            return method(self, request, context)
+        except CsiError as exc:
+            log.warning("%s refused: %s", method.__name__, exc.message)
+            context.abort(exc.code, exc.message)
+        except Exception as exc:
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: "
+                                                    f"{type(exc).__name__}: {exc}")
+
+    return call
+
+
+class Node(csi_pb2_grpc.NodeServicer):
+    def __init__(self, mounts: Mounts, node_id: str):
+        self.mounts = mounts
+        self.node_id = node_id
+
+    @answered
+    def NodePublishVolume(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC names)
+        pub, key = parse_publish(request)
+        log.info("publish volume %s at %s", pub.volume_id, pub.target)
+        self.mounts.publish(pub, key)
+        return csi_pb2.NodePublishVolumeResponse()
+
+    @answered
+    def NodeUnpublishVolume(self, request: Any, context: Any) -> Any:  # noqa: N802
+        required(request, "volume_id", "target_path")
+        log.info("unpublish volume %s from %s", request.volume_id, request.target_path)
+        self.mounts.unpublish(request.volume_id, request.target_path)
+        return csi_pb2.NodeUnpublishVolumeResponse()
+
+    @answered
+    def NodeGetVolumeStats(self, request: Any, context: Any) -> Any:  # noqa: N802
+        required(request, "volume_id", "volume_path")
+        st = self.mounts.stats(request.volume_id, request.volume_path)
+        return csi_pb2.NodeGetVolumeStatsResponse(usage=[
+            csi_pb2.VolumeUsage(unit=Unit.BYTES, total=st.f_blocks * st.f_frsize,
+                                available=st.f_bavail * st.f_frsize,
+                                used=(st.f_blocks - st.f_bfree) * st.f_frsize),
+            csi_pb2.VolumeUsage(unit=Unit.INODES, total=st.f_files, available=st.f_favail,
+                                used=st.f_files - st.f_ffree),
+        ])
+
+    def NodeGetCapabilities(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return csi_pb2.NodeGetCapabilitiesResponse(capabilities=[
+            csi_pb2.NodeServiceCapability(rpc=RPC(type=RPC.GET_VOLUME_STATS))])
+
+    def NodeGetInfo(self, request: Any, context: Any) -> Any:  # noqa: N802
+        # no volume limit and no topology: any node with the plugin serves any volume
+        return csi_pb2.NodeGetInfoResponse(node_id=self.node_id)

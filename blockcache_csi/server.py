@@ -1,0 +1,92 @@
+"""The gRPC server on the kubelet's unix socket, and the plugin's life:
+adopt the mounts a previous plugin left, serve, and on SIGTERM stop serving
+while every mount goes on (its keeper outlives the plugin)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+
+from .identity import Identity
+from .mounts import Mounts
+from .node import Node
+from .proto import csi_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+WORKERS = 8  # the kubelet's calls at once (publishes of different targets run side by side)
+GRACE = 5.0  # seconds a call in progress gets once SIGTERM arrives
+REAP_INTERVAL = 1.0
+
+
+class EndpointError(ValueError):
+    """--endpoint is not a unix socket this plugin can listen on."""
+
+
+def socket_path(endpoint: str) -> str:
+    """The path of a `unix:///path` (or `unix:/path`, or a bare path) endpoint."""
+    if endpoint.startswith("unix://"):
+        path = endpoint[len("unix://"):]
+    elif endpoint.startswith("unix:"):
+        path = endpoint[len("unix:"):]
+    elif "://" in endpoint:
+        raise EndpointError(f"endpoint {endpoint!r}: only unix sockets are served; give "
+                            f"unix:///csi/csi.sock")
+    else:
+        path = endpoint
+    if not path.startswith("/"):
+        raise EndpointError(f"endpoint {endpoint!r}: the socket path must be absolute, e.g. "
+                            f"unix:///csi/csi.sock")
+    return path
+
+
+def _clear(path: str) -> None:
+    """Remove a socket a previous plugin left (never another kind of file)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise EndpointError(f"{path} exists and is not a socket; remove it or choose "
+                            f"another --endpoint")
+    os.unlink(path)
+
+
+def serve(endpoint: str, mounts: Mounts, node_id: str) -> int:
+    """Adopt, then serve until SIGTERM/SIGINT; the exit code."""
+    path = socket_path(endpoint)
+    mounts.state.prepare()
+    mounts.adopt()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    _clear(path)
+    server = grpc.server(ThreadPoolExecutor(WORKERS, thread_name_prefix="csi"))
+    csi_pb2_grpc.add_IdentityServicer_to_server(Identity(), server)
+    csi_pb2_grpc.add_NodeServicer_to_server(Node(mounts, node_id), server)
+    if server.add_insecure_port(f"unix:{path}") == 0:
+        raise EndpointError(f"cannot listen on {path}")
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("%s: stopping; the mounts stay, kept by their keepers",
+                 signal.Signals(signum).name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    server.start()
+    log.info("serving CSI on %s (node %s, state in %s)", path, node_id, mounts.state.path)
+    while not stop.wait(REAP_INTERVAL):
+        mounts.reap()
+    server.stop(GRACE).wait()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return 0

@@ -1,0 +1,118 @@
+"""The plugin's state on the host (`--state-dir`): what it has published, so
+that a restarted plugin finds its mounts, and the volume keys their servers read.
+
+    STATE_DIR/            0755 root
+      mounts/             0700 root
+        ID.json           a published target: `Publication.to_record()` + format
+      keys/               0700, owned by the server uid
+        ID.key            the volume key, 64 hex digits, 0400 server uid
+
+ID is a hash of the target path. A record is written before the keeper is
+started and removed after its mount is gone, so every mount the plugin made
+has a record (a crash in between leaves a record without a mount, which the
+next start mounts again or the kubelet's unpublish removes). Files are
+written to a temporary name and renamed, so a record is whole or absent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+
+from .volumes import Publication
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+
+
+def target_id(target: str) -> str:
+    return hashlib.sha256(os.fsencode(target)).hexdigest()[:32]
+
+
+class StateDir:
+    """Records and key files under one state dir."""
+
+    def __init__(self, path: str, server_uid: int, server_gid: int):
+        self.path = os.path.abspath(path)
+        self.mounts = os.path.join(self.path, "mounts")
+        self.keys = os.path.join(self.path, "keys")
+        self.uid, self.gid = server_uid, server_gid
+
+    def prepare(self) -> None:
+        """Make the dirs, with the owners and modes above (fixing them if changed)."""
+        os.makedirs(self.path, 0o755, exist_ok=True)
+        os.chmod(self.path, 0o755)
+        os.makedirs(self.mounts, 0o700, exist_ok=True)
+        os.chmod(self.mounts, 0o700)
+        os.makedirs(self.keys, 0o700, exist_ok=True)
+        os.chown(self.keys, self.uid, self.gid)
+        os.chmod(self.keys, 0o700)
+
+    def key_file(self, target: str) -> str:
+        return os.path.join(self.keys, target_id(target) + ".key")
+
+    def _record_file(self, target: str) -> str:
+        return os.path.join(self.mounts, target_id(target) + ".json")
+
+    @staticmethod
+    def _write(path: str, data: bytes, uid: int = 0, gid: int = 0) -> None:
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o400 if uid else 0o600)
+        try:
+            os.fchown(fd, uid, gid)
+            os.fchmod(fd, 0o400 if uid else 0o600)
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+    def save(self, pub: Publication, key: bytes) -> None:
+        """Record `pub` and its key (the key first: a record always has one)."""
+        self._write(self.key_file(pub.target), key.hex().encode() + b"\n", self.uid, self.gid)
+        record = {"format": FORMAT, **pub.to_record()}
+        self._write(self._record_file(pub.target), json.dumps(record).encode())
+
+    def load(self, target: str) -> Publication | None:
+        return self._read(self._record_file(target))
+
+    def key(self, target: str) -> bytes | None:
+        try:
+            with open(self.key_file(target), "rb") as f:
+                return bytes.fromhex(f.read().decode().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _read(self, path: str) -> Publication | None:
+        try:
+            with open(path, "rb") as f:
+                data = json.loads(f.read())
+            if data.get("format") != FORMAT:
+                raise ValueError(f"format {data.get('format')!r}, not {FORMAT}")
+            return Publication.from_record(data)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.error("ignoring the unreadable state record %s (%s); unpublish its target "
+                      "by hand if it is still mounted", path, exc)
+            return None
+
+    def remove(self, target: str) -> None:
+        """Forget `target`: its record, then its key."""
+        for path in (self._record_file(target), self.key_file(target)):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def records(self) -> Iterator[Publication]:
+        for name in sorted(os.listdir(self.mounts)):
+            if name.endswith(".json"):
+                pub = self._read(os.path.join(self.mounts, name))
+                if pub is not None:
+                    yield pub

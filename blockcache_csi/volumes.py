@@ -1,0 +1,199 @@
+"""What a NodePublishVolume asks for, checked: the volume_context, the volume
+key from the Secret, the capability, and the `fsclient mount` they make.
+
+Every refusal is INVALID_ARGUMENT naming the field and the fix; no message
+ever holds a secret's value.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from blockcache_client.common import convert
+from blockcache_client.contract.blockfile import KEY_SIZE
+from blockcache_client.contract.blockkey import check_volume_name
+from blockcache_client.contract.errors import BlockcacheError
+from fsclient.config import MountConfig, build_config, parse_dir_ttl_flag
+from fsclient.session.privileges import Credentials
+
+from .errors import invalid, required
+from .proto import csi_pb2
+
+# volume_context keys (the CSI spelling) -> how each is checked
+REQUIRED_KEYS = ("source", "volume")
+OPTIONAL_KEYS = ("blockSize", "metaTTL", "dirTTL", "readaheadBlocks")
+# keys the kubelet adds (podInfoOnMount, ephemeral): accepted, not used
+KUBELET_PREFIX = "csi.storage.k8s.io/"
+# mount flags a PV's mountOptions may carry: mount(2) flags fsclient passes on
+MOUNT_FLAGS = frozenset({"ro", "noexec", "noatime", "nodiratime", "relatime", "nosuid",
+                         "nodev"})
+FS_TYPES = frozenset({"", "fuse", "fuse.blockcache", "blockcache"})
+KEY_FIELD = 'secrets["key"]'
+KEY_FIX = ("the Secret named by nodePublishSecretRef must hold, under \"key\", the 64 hex "
+           "digits of a volume key file: make one with `fsclient keygen FILE`, then "
+           "`kubectl create secret generic NAME --from-file=key=FILE`")
+_HEX_KEY = re.compile(f"[0-9a-fA-F]{{{2 * KEY_SIZE}}}")
+# a random key has ~30 distinct byte values; fewer than this is a pattern
+_MIN_DISTINCT = 16
+Mode = csi_pb2.VolumeCapability.AccessMode.Mode
+
+
+@dataclass(frozen=True)
+class Publication:
+    """One volume at one target path, as asked and checked."""
+
+    volume_id: str
+    target: str
+    context: tuple[tuple[str, str], ...]  # the keys used, sorted
+    mount_flags: tuple[str, ...]
+    readonly: bool  # as asked; the mount is read-only either way
+
+    def get(self, key: str) -> str | None:
+        return dict(self.context).get(key)
+
+    def same_volume(self, other: Publication) -> bool:
+        """Whether `other` asks for what this one serves (a repeated publish)."""
+        return (self.volume_id, self.context, self.mount_flags) == \
+            (other.volume_id, other.context, other.mount_flags)
+
+    def to_record(self) -> dict[str, Any]:
+        return {"volume_id": self.volume_id, "target": self.target,
+                "context": dict(self.context), "mount_flags": list(self.mount_flags),
+                "readonly": self.readonly}
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> Publication:
+        return cls(str(data["volume_id"]), str(data["target"]),
+                   tuple(sorted((str(k), str(v)) for k, v in data["context"].items())),
+                   tuple(str(f) for f in data["mount_flags"]), bool(data["readonly"]))
+
+
+def parse_publish(request: Any) -> tuple[Publication, bytes]:
+    """The request checked: (its Publication, the volume key's 32 bytes)."""
+    required(request, "volume_id", "target_path")
+    volume_id, target = request.volume_id, request.target_path
+    if not target.startswith("/"):
+        raise invalid(f"target_path {target!r} must be an absolute path")
+    if request.staging_target_path:
+        raise invalid("staging_target_path is set, but this plugin does not stage volumes "
+                      "(it has no STAGE_UNSTAGE_VOLUME capability)")
+    if not request.HasField("volume_capability"):
+        raise invalid("volume_capability is missing: it is a required field of the request")
+    flags = check_capability(request.volume_capability)
+    context = check_context(dict(request.volume_context))
+    key = parse_key(dict(request.secrets))
+    return Publication(volume_id, target, context, flags, request.readonly), key
+
+
+def check_capability(cap: Any) -> tuple[str, ...]:
+    """The mount flags of a mount capability; block access and unknown modes
+    refused. Writer modes are served read-only (see docs/csi.md)."""
+    if cap.HasField("block"):
+        raise invalid("volume_capability asks for block access; blockcache volumes are "
+                      "file systems: use a mount (volumeMode: Filesystem)")
+    if cap.access_mode.mode == Mode.UNKNOWN:
+        raise invalid("volume_capability.access_mode is missing or UNKNOWN; give a mode, "
+                      "e.g. MULTI_NODE_READER_ONLY (ReadOnlyMany)")
+    if not cap.HasField("mount"):
+        raise invalid("volume_capability has no access type; give mount")
+    if cap.mount.fs_type not in FS_TYPES:
+        raise invalid(f"volume_capability.mount.fs_type {cap.mount.fs_type!r} is not "
+                      f"blockcache's; leave fsType empty")
+    if cap.mount.volume_mount_group:
+        raise invalid("volume_capability.mount.volume_mount_group is set, but this plugin has "
+                      "no VOLUME_MOUNT_GROUP capability: every file is readable by every uid")
+    for flag in cap.mount.mount_flags:
+        if flag not in MOUNT_FLAGS:
+            raise invalid(f"mount flag {flag!r} (mountOptions) is not supported; use only "
+                          f"{', '.join(sorted(MOUNT_FLAGS))}")
+    return tuple(dict.fromkeys(cap.mount.mount_flags))
+
+
+def check_context(context: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The volume_context's keys that matter, each checked; an unknown key refused."""
+    used: dict[str, str] = {}
+    for name, value in context.items():
+        if name.startswith(KUBELET_PREFIX):
+            continue
+        if name not in REQUIRED_KEYS and name not in OPTIONAL_KEYS:
+            raise invalid(f"volume_context key {name!r} is not known; the keys are "
+                          f"{', '.join(REQUIRED_KEYS + OPTIONAL_KEYS)}")
+        used[name] = value
+    for name in REQUIRED_KEYS:
+        if not used.get(name):
+            raise invalid(f"volume_context[{name!r}] is missing: set it in the volume's "
+                          f"volumeAttributes")
+    try:
+        check_volume_name(used["volume"])
+        if "blockSize" in used:
+            convert.size(used["blockSize"], 'volume_context["blockSize"]')
+        if "metaTTL" in used:
+            convert.duration(used["metaTTL"], 'volume_context["metaTTL"]', allow_zero=True)
+        if "readaheadBlocks" in used:
+            convert.count(used["readaheadBlocks"], 'volume_context["readaheadBlocks"]', 0, 64)
+        dir_ttls(used)
+    except BlockcacheError as exc:
+        raise invalid(f"volume_context: {exc}") from None
+    return tuple(sorted(used.items()))
+
+
+def dir_ttls(context: dict[str, str]) -> list[str]:
+    """`dirTTL` (PREFIX=SECONDS,...) as `--dir-ttl` values, each checked."""
+    items = [i.strip() for i in context.get("dirTTL", "").split(",") if i.strip()]
+    for item in items:
+        try:
+            parse_dir_ttl_flag(item)
+        except BlockcacheError as exc:
+            raise invalid(f'volume_context["dirTTL"]: {exc}; write PREFIX=SECONDS pairs '
+                          f'separated by commas, e.g. code/=0,data/=600') from None
+    return items
+
+
+def parse_key(secrets: dict[str, str]) -> bytes:
+    """The volume key in `secrets`; its value never appears in an error."""
+    text = secrets.get("key")
+    if text is None:
+        raise invalid(f"{KEY_FIELD} is missing: {KEY_FIX}")
+    text = text.strip()
+    if not _HEX_KEY.fullmatch(text):
+        raise invalid(f"{KEY_FIELD} is not a volume key ({len(text)} characters, not "
+                      f"{2 * KEY_SIZE} hex digits): {KEY_FIX}")
+    key = bytes.fromhex(text)
+    if len(set(key)) < _MIN_DISTINCT:
+        raise invalid(f"{KEY_FIELD} is a pattern, not a random key (only {len(set(key))} "
+                      f"distinct bytes): {KEY_FIX}")
+    return key
+
+
+def mount_command(pub: Publication, key_file: str, socket: str | None,
+                  server: Credentials) -> tuple[list[str], MountConfig]:
+    """The `fsclient mount` arguments that serve `pub`, and their config (checked
+    by fsclient itself, so the keeper will not refuse them)."""
+    ctx = dict(pub.context)
+    argv = ["mount", ctx["source"], pub.target, "--volume", ctx["volume"],
+            "--key-file", key_file, "-o", ",".join(["allow_other", *pub.mount_flags]),
+            "--server-user", f"{server.uid}:{server.gid}"]
+    for g in server.groups:
+        argv += ["--server-group", str(g)]
+    if socket:
+        argv += ["--socket", socket]
+    for key, flag in (("blockSize", "--block-size"), ("metaTTL", "--meta-ttl"),
+                      ("readaheadBlocks", "--readahead-blocks")):
+        if key in ctx:
+            argv += [flag, ctx[key]]
+    ttls = dir_ttls(ctx)
+    for item in ttls:
+        argv += ["--dir-ttl", item]
+    try:
+        cfg = build_config(
+            {}, volume=ctx["volume"], source=ctx["source"], mountpoint=pub.target,
+            key_file=key_file, socket=socket, block_size=ctx.get("blockSize"),
+            meta_ttl=ctx.get("metaTTL"), readahead_blocks=ctx.get("readaheadBlocks"),
+            dir_ttl=[parse_dir_ttl_flag(i) for i in ttls],
+            options=["allow_other", *pub.mount_flags],
+            server_user=f"{server.uid}:{server.gid}", server_groups=list(server.groups))
+    except BlockcacheError as exc:
+        raise invalid(f"volume_context: {exc}") from None
+    return argv, cfg

@@ -1,0 +1,222 @@
+"""Helpers for the CSI plugin's tests: a Python the unprivileged server can
+run, the plugin as a real process on a unix socket, a gRPC client, and a
+cleanup that leaves no mount or process behind.
+
+Everything the server (uid nobody) touches lives under one 0755 dir outside
+pytest's 0700 tree: the daemon's socket and cache, the source, the state dir.
+The targets sit under a 0750 root dir, as the kubelet's pod dirs do.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+
+import grpc
+
+from blockcache_csi.proto import csi_pb2, csi_pb2_grpc
+from fsclient import keeping
+from tests.support.waiting import wait_for
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NOBODY = pwd.getpwnam("nobody")
+START_TIMEOUT = 30.0
+CALL_TIMEOUT = 60.0
+Mode = csi_pb2.VolumeCapability.AccessMode.Mode
+
+
+def socket_group() -> int:
+    """A group that is neither root's nor nobody's, for blockcached's socket."""
+    return next(g.gr_gid for g in grp.getgrall() if g.gr_gid not in (0, NOBODY.pw_gid))
+
+
+def _nobody_can(paths: list[str]) -> bool:
+    """Whether uid nobody may read (and search or run) every one of `paths`,
+    asked of test(1) run as nobody (no fork of this threaded process)."""
+    for p in paths:
+        ok = subprocess.run(["test", "-r", p, "-a", "-x", p], user=NOBODY.pw_uid,
+                            group=NOBODY.pw_gid, extra_groups=[], timeout=30,
+                            capture_output=True)
+        if ok.returncode != 0:
+            return False
+    return True
+
+
+def server_python() -> tuple[str, dict[str, str]] | None:
+    """(interpreter, environment) with which uid nobody can run this checkout:
+    this one if nobody may run it (a container image), else the system's
+    Python of the same version with this venv's packages on PYTHONPATH (a
+    pyenv under /root is shut to other uids). None if there is none."""
+    site = sysconfig.get_paths()["purelib"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, site]))
+    env.pop("PYTHONHOME", None)
+    here = os.path.realpath(sys.executable)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    if _nobody_can([here, stdlib, REPO, site]):
+        return sys.executable, env
+    system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    if os.path.exists(system) and _nobody_can([system, REPO, site]):
+        return system, env
+    return None
+
+
+def own_processes(marker: str) -> list[int]:
+    """Pids whose command line holds `marker` (our unique tmp dir)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    out.append(int(name))
+        except OSError:
+            pass
+    return out
+
+
+def mounts_under(base: str) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split(" ")[4] for line in f]
+    return [p for p in points if p.startswith(base + "/")]
+
+
+def cleanup(base: str, spare: tuple[int, ...] = ()) -> None:
+    """Unmount everything under `base` and kill every process of ours there
+    but `spare`."""
+    for path in sorted(mounts_under(base), reverse=True):
+        subprocess.run(["umount", "-l", path], capture_output=True, timeout=30)
+    for pid in own_processes(base):
+        if pid in spare:
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def status_of(pid: int) -> dict[str, str]:
+    """/proc/PID/status as a dict."""
+    with open(f"/proc/{pid}/status") as f:
+        return {k: v.strip() for k, _, v in (line.partition(":") for line in f)}
+
+
+def keeper_status(target: str) -> dict:
+    return keeping.status(target)
+
+
+class Plugin:
+    """`python -m blockcache_csi` on a unix socket, and a client of it."""
+
+    def __init__(self, python: str, env: dict[str, str], base: str, state_dir: str,
+                 daemon_socket: str, log_path: str, node_id: str = "node-1",
+                 by_env: bool = False, name: str = "csi"):
+        self.python, self.env = python, env
+        self.socket = os.path.join(base, name, "csi.sock")
+        self.endpoint = f"unix://{self.socket}"
+        self.state_dir, self.daemon_socket = state_dir, daemon_socket
+        self.log_path, self.node_id, self.by_env = log_path, node_id, by_env
+        self.proc: subprocess.Popen | None = None
+        self.channel: grpc.Channel | None = None
+
+    def start(self) -> Plugin:
+        argv = [self.python, "-m", "blockcache_csi", "--state-dir", self.state_dir,
+                "--socket", self.daemon_socket]
+        env = dict(self.env)
+        if self.by_env:  # as the manifest passes them
+            env.update(CSI_ENDPOINT=self.endpoint, NODE_ID=self.node_id)
+        else:
+            argv += ["--endpoint", self.endpoint, "--node-id", self.node_id]
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         env=env, cwd=REPO, start_new_session=True)
+        finally:
+            log.close()
+        self.channel = grpc.insecure_channel(self.endpoint)
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=START_TIMEOUT)
+        except grpc.FutureTimeoutError:
+            raise RuntimeError(f"the plugin did not listen within {START_TIMEOUT:g}s:\n"
+                               f"{self.log()}") from None
+        return self
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-6000:]
+
+    @property
+    def identity(self) -> csi_pb2_grpc.IdentityStub:
+        return csi_pb2_grpc.IdentityStub(self.channel)
+
+    @property
+    def node(self) -> csi_pb2_grpc.NodeStub:
+        return csi_pb2_grpc.NodeStub(self.channel)
+
+    def publish(self, volume_id: str, target: str, context: dict[str, str],
+                key: str | None, mode: int = Mode.MULTI_NODE_READER_ONLY, **extra):
+        secrets = {} if key is None else {"key": key}
+        cap = extra.pop("volume_capability", csi_pb2.VolumeCapability(
+            mount=csi_pb2.VolumeCapability.MountVolume(),
+            access_mode=csi_pb2.VolumeCapability.AccessMode(mode=mode)))
+        request = csi_pb2.NodePublishVolumeRequest(
+            volume_id=volume_id, target_path=target, volume_capability=cap, readonly=True,
+            volume_context=context, secrets=secrets, **extra)
+        return self.node.NodePublishVolume(request, timeout=CALL_TIMEOUT)
+
+    def unpublish(self, volume_id: str, target: str):
+        return self.node.NodeUnpublishVolume(
+            csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=target),
+            timeout=CALL_TIMEOUT)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def wait_new_server(target: str, other_than: int, timeout: float = 30.0) -> int:
+    """The pid of a serving server of `target` other than `other_than`."""
+    box: list[int] = []
+
+    def serving() -> bool:
+        try:
+            st = keeping.status(target)
+        except Exception:
+            return False
+        if st["serving"] and st["server"] != other_than:
+            box.append(st["server"])
+            return True
+        return False
+
+    wait_for(serving, timeout, f"a new server on {target}")
+    return box[-1]
+
+
+def dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] == b"Z"
+    except OSError:
+        return True
+
+
+def wait_dead(pid: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not dead(pid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} still runs after {timeout:g}s")
+        time.sleep(0.05)

@@ -69,11 +69,12 @@ class World:
 def world():
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
         pytest.skip("needs root and /dev/fuse")
-    found = server_python()
-    if found is None:
-        pytest.skip("no Python that uid nobody may run with this checkout's packages")
     base = tempfile.mkdtemp(prefix="bc-csi-")
     os.chmod(base, 0o755)
+    found = server_python(base)
+    if found is None:
+        cleanup(base)
+        pytest.skip("no Python that uid nobody may run with this checkout's packages")
     w = World(base, *found)
     try:
         w.daemon.start()

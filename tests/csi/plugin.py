@@ -48,20 +48,30 @@ def _nobody_can(paths: list[str]) -> bool:
     return True
 
 
-def server_python() -> tuple[str, dict[str, str]] | None:
+def server_python(base: str) -> tuple[str, dict[str, str]] | None:
     """(interpreter, environment) with which uid nobody can run this checkout:
     this one if nobody may run it (a container image), else the system's
     Python of the same version with this venv's packages on PYTHONPATH (a
-    pyenv under /root is shut to other uids). None if there is none."""
-    site = sysconfig.get_paths()["purelib"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, site]))
-    env.pop("PYTHONHOME", None)
+    pyenv under /root is shut to other uids). A checkout nobody cannot reach
+    (a clone under 0700 /root, as CI's) is seen through a read-only bind
+    mount at `base`/repo, which `cleanup` removes. None if there is none."""
+    repo, site = REPO, sysconfig.get_paths()["purelib"]
     here = os.path.realpath(sys.executable)
     stdlib = sysconfig.get_paths()["stdlib"]
-    if _nobody_can([here, stdlib, REPO, site]):
-        return sys.executable, env
     system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
-    if os.path.exists(system) and _nobody_can([system, REPO, site]):
+    if not _nobody_can([repo]) and site.startswith(REPO + "/"):
+        repo = os.path.join(base, "repo")
+        os.mkdir(repo)
+        # read-only: nothing under `base` may ever delete the checkout
+        for cmd in (["mount", "--bind", REPO, repo],
+                    ["mount", "-o", "remount,bind,ro", repo]):
+            subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+        site = repo + site[len(REPO):]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, site]))
+    env.pop("PYTHONHOME", None)
+    if _nobody_can([here, stdlib, repo, site]):
+        return sys.executable, env
+    if os.path.exists(system) and _nobody_can([system, repo, site]):
         return system, env
     return None
 
@@ -136,7 +146,7 @@ class Plugin:
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         env=env, cwd=REPO, start_new_session=True)
+                                         env=env, cwd=self.base, start_new_session=True)
         finally:
             log.close()
         self.channel = grpc.insecure_channel(self.endpoint)

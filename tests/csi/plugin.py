@@ -127,7 +127,7 @@ class Plugin:
     def __init__(self, python: str, env: dict[str, str], base: str, state_dir: str,
                  daemon_socket: str, log_path: str, node_id: str = "node-1",
                  by_env: bool = False, name: str = "csi"):
-        self.python, self.env = python, env
+        self.python, self.env, self.base = python, env, base
         self.socket = os.path.join(base, name, "csi.sock")
         self.endpoint = f"unix://{self.socket}"
         self.state_dir, self.daemon_socket = state_dir, daemon_socket

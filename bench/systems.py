@@ -398,7 +398,7 @@ class VolumeSystem(System):
 
 # how our readers send S3 GETs (blockcache_client/s3direct.py), as the
 # environment the suite runs in says
-_S3_GETS = ("direct (signed, urllib3; default)" if s3direct.switched_on()
+_S3_GETS = ("direct (signed, plain sockets; default)" if s3direct.switched_on()
             else "through s3fs (BLOCKCACHE_S3_DIRECT=0)")
 
 

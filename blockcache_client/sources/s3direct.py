@@ -3,7 +3,7 @@
 A cold read of a small file is one GetObject. Through s3fs that GET costs
 about twice the CPU (aiobotocore's request pipeline on fsspec's event-loop
 thread, plus the hand-off to and from that thread) of one signed here with
-botocore's SigV4 and sent with urllib3. On a host whose cores also decode
+botocore's SigV4 and sent on a plain socket. On a host whose cores also decode
 and augment the samples, that CPU is what a cold epoch waits for.
 
 What it takes from the s3fs filesystem: its options only (key, secret,
@@ -13,9 +13,10 @@ things and never for a request: the credentials (botocore refreshes
 temporary ones as they near expiry), the signing region, and each bucket's
 URL (resolved once per bucket by presigning a probe key, so addressing
 style, region endpoints and custom endpoints follow botocore's own rules).
-Every GET is then one urllib3 request with Range (and If-Match for a
-versioned read), signed with SigV4 (`sigv4`: botocore's signature without
-botocore's per-request objects).
+Every GET is then one request with Range (and If-Match for a versioned
+read), signed with SigV4 (`sigv4`: botocore's signature without botocore's
+per-request objects) and sent on a kept-alive socket (`http1`: a third of
+urllib3's CPU per GET).
 
 It stays out of the way where s3fs does more than a plain GET: version-aware
 filesystems, requester-pays, extra request arguments (SSE-C keys), HTTP
@@ -35,10 +36,12 @@ import copy
 import errno
 import logging
 import os
+import ssl
 import threading
 import urllib.request
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
+from .http1 import Connections
 from .parts import read_parts
 from .sigv4 import SigV4
 
@@ -48,6 +51,7 @@ _PROBE_KEY = "blockcache-probe"
 USER_AGENT = "blockcache-s3direct"  # how S3 access logs tell these GETs apart
 # answers that say "asking again later may work"
 _TEMPORARY = frozenset({429, 500, 502, 503, 504})
+_ERROR_BODY = 64 << 10  # read off an error answer to keep its connection; longer: closed
 
 
 class Declined(Exception):
@@ -110,7 +114,6 @@ class DirectS3:
 
     def __init__(self, fs, timeout: float, pool_size: int):
         import botocore.session
-        import urllib3
         from botocore import UNSIGNED
         from botocore.config import Config
         from botocore.credentials import Credentials
@@ -151,34 +154,35 @@ class DirectS3:
         if verify is None:
             verify = session.get_config_variable("ca_bundle") or True
         if verify is False:
-            tls = {"cert_reqs": "CERT_NONE"}
+            tls = ssl.create_default_context()
+            tls.check_hostname = False
+            tls.verify_mode = ssl.CERT_NONE
         else:
             from botocore.httpsession import get_cert_path
-            tls = {"cert_reqs": "CERT_REQUIRED", "ca_certs": get_cert_path(verify)}
-        self._pool_args = dict(num_pools=16, maxsize=max(1, pool_size), **tls)
-        self._http = urllib3.PoolManager(**self._pool_args)
-        self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
-        self._timeout_error = urllib3.exceptions.TimeoutError
-        self._bases: dict[str, tuple[str, str]] = {}  # bucket: (URL of its keys, region)
+            tls = ssl.create_default_context(cafile=get_cert_path(verify))
+        self._pool_args = (timeout, pool_size, tls)
+        self._http = Connections(*self._pool_args)
+        # bucket: (scheme, host, port, Host header, path its keys follow, region)
+        self._bases: dict[str, tuple[str, str, int, str, str, str]] = {}
         self._lock = threading.Lock()
         self._signer = SigV4()  # botocore's signature, at a fraction of its CPU
 
     def for_child(self) -> DirectS3:
         """This reader for a forked child: the same botocore client and
         credentials (no sockets in them), its own connections."""
-        import urllib3
         child = copy.copy(self)
-        child._http = urllib3.PoolManager(**self._pool_args)
+        child._http = Connections(*self._pool_args)
         child._bases = dict(self._bases)
         child._lock = threading.Lock()
         return child
 
-    def _base(self, bucket: str, region: str | None = None) -> tuple[str, str]:
-        """(the URL a key of `bucket` is appended to, the region to sign for),
-        as botocore addresses the bucket from a client in `region` (the
-        client's own region until S3 names another)."""
+    def _base(self, bucket: str, region: str | None = None) -> tuple:
+        """(scheme, host, port, Host header, the path a key of `bucket` is
+        appended to, the region to sign for), as botocore addresses the
+        bucket from a client in `region` (the client's own region until S3
+        names another)."""
         found = self._bases.get(bucket)
-        if found is not None and (region is None or found[1] == region):
+        if found is not None and (region is None or found[5] == region):
             return found
         region = region or self._region
         with self._lock:
@@ -190,7 +194,12 @@ class DirectS3:
         path_end = url.split("?", 1)[0]
         if not path_end.endswith("/" + _PROBE_KEY):
             raise Declined(f"botocore addresses keys of {bucket} as {url!r}", True)
-        found = (path_end[:-len(_PROBE_KEY)], region)
+        parts = urlsplit(path_end[:-len(_PROBE_KEY)])
+        default = 443 if parts.scheme == "https" else 80
+        port = parts.port or default
+        host = parts.hostname or ""
+        found = (parts.scheme, host, port, host if port == default else f"{host}:{port}",
+                 parts.path, region)
         with self._lock:
             self._bases[bucket] = found
         return found
@@ -206,46 +215,44 @@ class DirectS3:
         headers = {"Range": f"bytes={start}-{end - 1}", "User-Agent": USER_AGENT}
         if if_match is not None:
             headers["If-Match"] = f'"{if_match}"'
-        base, region = self._base(bucket)
+        base = self._base(bucket)
         for _ in range(2):
-            url = base + path
+            scheme, host, port, netloc, prefix, region = base
+            target = prefix + path
             signed = headers
             if self._credentials is not None:
                 creds = self._credentials.get_frozen_credentials()
-                signed = self._signer.sign(url, headers, region, creds.access_key,
-                                           creds.secret_key, creds.token)
+                signed = self._signer.sign_path(netloc, target, headers, region,
+                                                creds.access_key, creds.secret_key, creds.token)
             try:
-                return self._send(url, signed, region, bucket, key, start, end, if_match,
-                                  piece)
+                resp = self._http.get(scheme, host, port, target, signed)
+                return self._answer(resp, region, bucket, key, start, end, if_match, piece)
             except _Moved as moved:  # the bucket is in another region: address it there
                 log.info("s3://%s is in %s, not %s: GETs go there", bucket, moved.region,
                          region)
-                base, region = self._base(bucket, moved.region)
-            except self._timeout_error as exc:  # the caller's retry loop knows this one
+                base = self._base(bucket, moved.region)
+            except TimeoutError as exc:  # the caller's retry loop knows this one
                 raise TimeoutError(errno.ETIMEDOUT, f"GET s3://{bucket}/{key}: {exc}") from None
         raise Declined(f"s3://{bucket} moved again after a redirect to {region}", True)
 
-    def _send(self, url: str, headers: dict, region: str, bucket: str, key: str, start: int,
-              end: int, if_match: str | None, piece: int) -> list[bytes] | None:
-        resp = self._http.urlopen("GET", url, headers=headers, retries=False, redirect=False,
-                                  preload_content=False, decode_content=False,
-                                  timeout=self._timeout)
-        body_read = False  # True once the whole body is off the connection
+    def _answer(self, resp, region: str, bucket: str, key: str, start: int, end: int,
+                if_match: str | None, piece: int) -> list[bytes] | None:
+        """The parts of a GET's answer, None for a 412, or the error it means."""
         try:
             status = resp.status
-            if status == 206 or (status == 200 and start == 0
-                                 and int(resp.headers.get("Content-Length", -1)) <= end):
+            if not resp.body_known and status in (200, 206):
+                raise Declined(f"an answer to a GET of s3://{bucket}/{key} without "
+                               f"Content-Length", False)
+            if status == 206 or (status == 200 and start == 0 and resp.length <= end - start):
                 if status == 206:
-                    first = (resp.headers.get("Content-Range") or "").partition("-")[0]
+                    first = (resp.headers.get("content-range") or "").partition("-")[0]
                     if first != f"bytes {start}":
                         raise Declined(f"a 206 for bytes={start}- came with Content-Range "
-                                       f"{resp.headers.get('Content-Range')!r}", True)
+                                       f"{resp.headers.get('content-range')!r}", True)
                 # a 200 is the whole object, no longer than asked
-                parts = _read_parts(resp, end - start, piece)
-                body_read = True
-                return parts
-            resp.drain_conn()  # an error's body is a short XML document
-            body_read = True
+                return _read_parts(resp, end - start, piece)
+            if 0 <= resp.length <= _ERROR_BODY:  # an error's body: a short XML document
+                resp.read(resp.length)
             if status == 412 and if_match is not None:
                 return None
             if status == 404:
@@ -263,16 +270,14 @@ class DirectS3:
             raise Declined(f"HTTP {status} for a GET of s3://{bucket}/{key}",
                            permanent=300 <= status < 400 or status == 400)
         finally:
-            if not body_read:  # part of a body is still on the connection
-                resp.close()
-            resp.release_conn()
+            resp.release()  # kept for the next GET only if its body was read whole
 
 
 def _read_parts(resp, want: int, piece: int) -> list[bytes]:
     """Up to `want` body bytes in `piece`-byte parts (fewer only where the
     body ends); Declined if the body holds more than `want`."""
-    parts = read_parts(lambda n, _pos: resp.read(n, decode_content=False), 0, want, piece)
-    if sum(map(len, parts)) == want and resp.read(1, decode_content=False):
-        raise Declined(f"the answer holds more than the {want} bytes asked for", True)
-    return parts
+    if resp.length > want:
+        raise Declined(f"the answer holds {resp.length} bytes, more than the {want} asked "
+                       f"for", True)
+    return read_parts(lambda n, _pos: resp.read(n), 0, want, piece)
 

@@ -52,6 +52,14 @@ class SigV4:
         host = parts.hostname or ""
         if parts.port is not None and parts.port != _DEFAULT_PORTS.get(parts.scheme):
             host = f"{host}:{parts.port}"
+        return self.sign_path(host, parts.path or "/", headers, region, access_key, secret,
+                              token, now)
+
+    def sign_path(self, host: str, path: str, headers: dict[str, str], region: str,
+                  access_key: str, secret: str, token: str | None = None,
+                  now: float | None = None) -> dict[str, str]:
+        """`sign` of a URL already split: `host` as the Host header has it
+        (with a port other than the scheme's), `path` as sent."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
         out = dict(headers)
         out["X-Amz-Date"] = stamp
@@ -62,7 +70,7 @@ class SigV4:
                   if k.lower() not in _UNSIGNED}
         signed["host"] = host
         names = sorted(signed)
-        canonical = "\n".join(["GET", parts.path or "/", "",
+        canonical = "\n".join(["GET", path, "",
                                *(f"{n}:{signed[n]}" for n in names), "",
                                ";".join(names), EMPTY_SHA256])
         scope = f"{stamp[:8]}/{region}/s3/aws4_request"

@@ -6,6 +6,7 @@ records what it saw, and answers chosen GETs with a chosen status instead.
         opts = dict(s3_server.storage_options, endpoint_url=front.url)
         ...
         front.gets                          # [(path, user agent), ...]
+        front.connections                   # TCP connections opened to it
 
 Lets tests see which client sent a GET and how a reader meets throttling,
 refusals and redirects, with the real server answering everything else.
@@ -25,6 +26,7 @@ class S3Front:
     def __init__(self, upstream: str):
         self.upstream = urlsplit(upstream)
         self.gets: list[tuple[str, str]] = []
+        self.connections = 0  # TCP connections clients opened to the front
         self.regions: list[str] = []  # the region each GET was signed for ("" unsigned)
         self._faults: list[tuple[int, dict]] = []
         self._lock = threading.Lock()
@@ -35,6 +37,11 @@ class S3Front:
 
             def log_message(self, *args):  # quiet
                 pass
+
+            def setup(self):
+                with front._lock:
+                    front.connections += 1
+                super().setup()
 
             def _any(self):
                 length = int(self.headers.get("Content-Length") or 0)

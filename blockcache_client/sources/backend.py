@@ -47,6 +47,7 @@ from .s3direct import Declined, DirectS3, direct_reader
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
+_KEYS_KEPT = 1 << 16  # S3 paths whose (bucket, key) split is kept
 DEFAULT_ATTEMPTS = 5
 _BACKOFF_BASE = 0.05
 _BACKOFF_CAP = 2.0
@@ -82,6 +83,7 @@ class Backend:
         self.observe: Callable[[str, float, BaseException | None], None] | None = None
         self._pid = -1
         self._direct: DirectS3 | None = None
+        self._keys: dict[str, tuple[str, str]] = {}  # path: (bucket, key), as s3fs splits it
         self._setup()
 
     def _setup(self) -> None:
@@ -303,7 +305,12 @@ class Backend:
         (s3direct.py), or through s3fs where the direct path declines."""
         direct = self._direct
         if direct is not None:
-            bucket, key, _ = self.fs.split_path(full)  # s3fs's rules (access point ARNs)
+            found = self._keys.get(full)
+            if found is None:  # s3fs's rules (access point ARNs), once per path
+                if len(self._keys) >= _KEYS_KEPT:
+                    self._keys = {}
+                found = self._keys[full] = self.fs.split_path(full)[:2]
+            bucket, key = found
             try:
                 return direct.get(bucket, key, start, end, version, piece)
             except Declined as exc:

@@ -16,7 +16,9 @@ style, region endpoints and custom endpoints follow botocore's own rules).
 Every GET is then one request with Range (and If-Match for a versioned
 read), signed with SigV4 (`sigv4`: botocore's signature without botocore's
 per-request objects) and sent on a kept-alive socket (`http1`: a third of
-urllib3's CPU per GET).
+urllib3's CPU per GET). awscrt's S3Client was measured against it on the
+same server and cost more CPU per GET of a small file (1.1 ms against
+0.7-0.8 ms with signing), handing its body over as new bytes per chunk.
 
 It stays out of the way where s3fs does more than a plain GET: version-aware
 filesystems, requester-pays, extra request arguments (SSE-C keys), HTTP

@@ -12,9 +12,14 @@ sees the evict before the new put and does not discard the put as a
 duplicate of the bad file.
 
 The fill connection's fill area is opened by the filler after its first
-`sealed` job (the tier is in use), and anew after each reconnect;
-`take_slot` hands out its slots only while it belongs to the connection
-open now. A daemon that refuses one is not asked again on that connection.
+`sealed` job (the tier is in use) or before its first `put` (a block from
+the source), and anew after each reconnect; `take_slot` hands out its slots
+only while it belongs to the connection open now. A daemon that refuses one
+is not asked again on that connection. The filler seals a `put`'s block
+straight into a free slot and puts it by reference: the daemon copies the
+slot into the block file in the kernel (`sendfile`), where a block by value
+cost a copy through the socket on each side and the daemon's frame buffer;
+with no slot free (every one in flight) it goes by value.
 
 A small fill (up to `INLINE_FILL_MAX`) offered while the queue is empty, the
 filler idle and the fill connection open is sealed and sent on the reader's
@@ -42,6 +47,7 @@ import collections
 import logging
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from ..common.counters import Counters
 from ..contract.errors import DaemonError, DaemonUnavailable
@@ -64,12 +70,21 @@ INLINE_FILL_MAX = 256 << 10
 COLLECT_AFTER = 64
 
 
+class Seal(Protocol):
+    """Seals a block for the daemon (`reader.fills.Sealer`)."""
+
+    def __call__(self, key: str, plaintext: bytes | memoryview,
+                 into: memoryview | None = None) -> bytes | memoryview: ...
+
+    def file_size(self, length: int) -> int: ...
+
+
 class FillQueue:
     """The fills of one volume in one process, and the filler thread that
     sends them (started by `_start_filler`; stopped by the link's close)."""
 
     def __init__(self, socket_path: str, counters: Counters,
-                 seal: Callable[[str, bytes], bytes | memoryview], fill_queue_bytes: int,
+                 seal: Seal, fill_queue_bytes: int,
                  daemon_up: Callable[[], bool], daemon_uid: int | None = None,
                  area_slot_bytes: int = 0):
         self.socket_path = socket_path
@@ -245,6 +260,11 @@ class FillQueue:
                 self._filler_client.connection_id
             self._put(key, data.view, inline=False, sealed=True, slot=data if ours else None)
             return
+        if op == "put":
+            slot = self._sealed_in_slot(key, data)
+            if slot is not None:
+                self._put(key, slot.view, inline=False, sealed=True, slot=slot)
+                return
         if op != "evict":
             self._put(key, data, inline=False, sealed=op == "sealed")
             if op == "sealed":
@@ -294,6 +314,25 @@ class FillQueue:
             except DaemonUnavailable as exc:
                 log.debug("rest of put %s not delivered: %s", key, exc)
         self._count_lost()
+
+    def _sealed_in_slot(self, key: str, plaintext) -> Slot | None:
+        """`plaintext` sealed into a free slot of the fill area (opened first
+        if this connection has none), and handed to `on_sealed`; None where
+        there is no area or no free slot (the caller holds `_busy`)."""
+        if not self._area_slot_bytes:
+            return None
+        self._open_area()
+        slot = self.take_slot(self._seal.file_size(len(plaintext)))
+        if slot is None:
+            return None
+        try:
+            blob = self._seal(key, plaintext, slot.view)
+            if self.on_sealed is not None:
+                self.on_sealed(key, blob)
+        except BaseException:
+            slot.give()
+            raise
+        return slot
 
     def _open_area(self) -> None:
         """Open a fill area on the fill connection (the caller holds `_busy`),

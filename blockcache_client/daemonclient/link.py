@@ -24,7 +24,6 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Callable
 
 from ..common.counters import CLUSTER_COUNTERS, Counters
 from ..contract.cluster import ClusterConfig
@@ -32,7 +31,7 @@ from ..contract.errors import BlockcacheError, DaemonError, DaemonUnavailable, U
 from ..contract.layout import Layout
 from ..contract.protocol import MAX_BATCH, ErrorCode
 from .client import Client
-from .fillqueue import CALL_TIMEOUT, FillQueue
+from .fillqueue import CALL_TIMEOUT, FillQueue, Seal
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ class DaemonLink(FillQueue):
     """Background connection of one volume in one process to the daemon."""
 
     def __init__(self, socket_path: str, counters: Counters,
-                 seal: Callable[[str, bytes], bytes | memoryview],
+                 seal: Seal,
                  fill_queue_bytes: int, touch_interval: float = 0.5, touch_batch: int = 1024,
                  client_name: str = "blockcache_client", daemon_uid: int | None = None,
                  volume: str | None = None, area_slot_bytes: int = 0):

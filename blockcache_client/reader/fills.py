@@ -33,11 +33,18 @@ class Sealer:
         self._buf = bytearray()
         self._chunks = chunks  # told each block's header, to cache chunks under it
 
-    def __call__(self, key: str, plaintext: bytes) -> memoryview:
-        """The block file's bytes: valid until the next call."""
+    def file_size(self, length: int) -> int:
+        """Bytes of the block file of a `length`-byte block."""
+        return blockfile.file_size(length, self._chunk_size)
+
+    def __call__(self, key: str, plaintext: bytes, into: memoryview | None = None
+                 ) -> memoryview:
+        """The block file's bytes: in `into` (`file_size` bytes: a fill
+        area's slot), else in the reused buffer, valid until the next call."""
         blob, cipher = blockfile.seal_into(key, plaintext, self._volume_key, self._chunk_size,
-                                           self._buf)
-        self._buf = blob.obj  # the larger one, if it had to grow
+                                           self._buf if into is None else into)
+        if into is None:
+            self._buf = blob.obj  # the larger one, if it had to grow
         head = blob[:HEADER_SIZE].tobytes()
         self._ciphers.keep((key, head), cipher)
         if self._chunks is not None:

@@ -31,9 +31,14 @@ class SealRecorder:
     def __init__(self):
         self.threads: dict[str, str] = {}
 
-    def __call__(self, key: str, plaintext: bytes) -> bytes:
+    def __call__(self, key: str, plaintext: bytes, into: memoryview | None = None):
         self.threads[key] = threading.current_thread().name
-        return blockfile.seal(key, plaintext, VOLUME_KEY)
+        if into is None:
+            return blockfile.seal(key, plaintext, VOLUME_KEY)
+        return blockfile.seal_into(key, plaintext, VOLUME_KEY, buf=into)[0]
+
+    def file_size(self, length: int) -> int:
+        return blockfile.file_size(length, blockfile.DEFAULT_CHUNK)
 
 
 def _key(i: int) -> str:
@@ -245,5 +250,30 @@ def test_opening_a_fill_area_holds_the_filler_one_timeout_on_a_stopped_daemon(da
                                sealed=True)
         assert link.wait_idle(10)
         wait_for(lambda: link.take_slot(4096) is not None, what="a fill area")
+    finally:
+        link.close()
+
+
+def test_blocks_from_the_source_are_sealed_into_the_fill_area(daemon):
+    """The filler seals a put's block straight into a slot of the fill area
+    and puts it by reference (the first put opens the connection, the next
+    the area); the daemon's files are those blocks, and a block that fits no
+    slot still goes by value."""
+    size = 1 << 20
+    link = _link(daemon, SealRecorder(), area_slot_bytes=blockfile.file_size(
+        size, blockfile.DEFAULT_CHUNK))
+    try:
+        blocks = {_key(400 + i): os.urandom(size - i) for i in range(6)}
+        too_big = _key(499), os.urandom(size + blockfile.DEFAULT_CHUNK)
+        for key, data in [*blocks.items(), too_big]:
+            assert link.offer_fill(key, data)
+            assert link.wait_idle(10)
+        daemon.wait_idle()
+        assert daemon.client().stats()["fill_areas"]["puts"] >= len(blocks) - 1
+        assert link._counters.snapshot()["fills_sent"] == len(blocks) + 1
+        for key, data in [*blocks.items(), too_big]:
+            (path,) = daemon.client().lookup([key])
+            with open(path, "rb") as f:
+                assert blockfile.unseal(key, f.read(), VOLUME_KEY) == data
     finally:
         link.close()

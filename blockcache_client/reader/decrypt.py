@@ -2,11 +2,14 @@
 
 A warm sequential reader (a checkpoint load, a shard stream) is bound by
 AES-GCM: one 1 MiB read is sixteen 64 KiB chunks, each independent. Reads of
-at least `PARALLEL_MIN` bytes are cut at chunk boundaries into one slice per
-thread; the caller's thread opens the first slice while pool threads open
-the rest, each straight into its part of the destination (the caller's
-buffer, or the reused plaintext scratch), with `cryptography`'s
-`decrypt_into`, which lets go of the GIL while it decrypts a chunk. Nothing
+at least `PARALLEL_MIN` bytes are cut at chunk boundaries into units of
+`UNIT_CHUNKS` chunks, taken in turn by the caller's thread and by pool
+threads, each opened straight into its part of the destination (the
+caller's buffer, or the reused plaintext scratch) with `cryptography`'s
+`decrypt_into`, which lets go of the GIL while it decrypts a chunk. The
+caller never waits for a pool thread that has not started yet: it takes
+the units that thread would have, and its job is withdrawn (on a busy host
+a pool thread's wake-up can take longer than the whole read). Nothing
 is allocated per chunk, and no memory is held beyond the read's own
 ciphertext buffer, so the memory budget is untouched.
 
@@ -26,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..contract.blockfile import TAG_SIZE, BlockCipher, chunk_span
 
 PARALLEL_MIN = 256 << 10   # smaller reads: the hand-off would cost more than it saves
+UNIT_CHUNKS = 4            # chunks a thread takes at a time (256 KiB of 64 KiB chunks)
 MAX_THREADS = 32
 
 
@@ -76,24 +80,28 @@ class ParallelDecrypt:
         if b - a < 2:
             cipher.read_range_into(offset, body, out)
             return
-        k = min(self.threads, b - a)
-        per = -(-(b - a) // k)
-        slices = []
-        for lo in range(a, b, per):
-            hi = min(b, lo + per)
+        k = min(self.threads, -(-(b - a) // UNIT_CHUNKS))
+        units = []
+        for lo in range(a, b, UNIT_CHUNKS):
+            hi = min(b, lo + UNIT_CHUNKS)
             p0 = lo * csize - offset
             p1 = min(hi * csize, cipher.plaintext_len) - offset
-            slices.append((lo * csize, body[(lo - first) * step:(lo - first) * step + p1 - p0
-                                            + (hi - lo) * TAG_SIZE], out[p0:p1]))
+            units.append((lo * csize, body[(lo - first) * step:(lo - first) * step + p1 - p0
+                                           + (hi - lo) * TAG_SIZE], out[p0:p1]))
+        turns = iter(units)  # next() on it is atomic under the GIL: each unit opened once
+
+        def take_turns() -> None:
+            for unit in turns:
+                cipher.read_range_into(*unit)
         try:
-            futures = [self._workers().submit(cipher.read_range_into, *s) for s in slices[1:]]
+            futures = [self._workers().submit(take_turns) for _ in range(k - 1)]
         except RuntimeError:  # closing: no pool any more
             cipher.read_range_into(offset, body, out)
             return
         self.parallel_reads += 1
         errors: list[BaseException] = []
         try:
-            cipher.read_range_into(*slices[0])
+            take_turns()
             if head:
                 cipher.read_range_into(offset, body[:step], out[:a * csize - offset])
             if tail:
@@ -101,7 +109,9 @@ class ParallelDecrypt:
                 cipher.read_range_into(b * csize, body[(b - first) * step:], out[t0:])
         except BaseException as exc:  # noqa: BLE001 - raised below, once the pool is done
             errors.append(exc)
-        for f in futures:  # every slice ends before `out` is given back
+        for f in futures:  # every unit ends before `out` is given back
+            if f.cancel():  # not started: its units were taken here
+                continue
             try:
                 f.result()
             except BaseException as exc:  # noqa: BLE001

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -117,6 +118,30 @@ def test_parallel_decrypt_equals_the_library(length, data):
     out = memoryview(bytearray(size))
     _PD.read_range_into(cipher, offset, body, out)
     assert out == plain[offset:offset + size]
+
+
+def test_a_read_never_waits_for_a_pool_thread_that_has_not_started():
+    """With the pool's one thread held elsewhere, the caller opens every unit
+    itself and returns; the withdrawn job never runs later."""
+    plain, blob = _sealed(4 * BS)
+    pd = ParallelDecrypt(2)
+    held = threading.Event()
+    try:
+        pd._workers().submit(held.wait, 30)  # the pool's only thread: busy
+        cipher, body = _span(blob, 4 * BS, BS // 2, 2 * BS)
+        out = memoryview(bytearray(2 * BS))
+        done = threading.Thread(target=pd.read_range_into, args=(cipher, BS // 2, body, out))
+        done.start()
+        done.join(10)
+        assert not done.is_alive() and out == plain[BS // 2:BS // 2 + 2 * BS]
+        assert pd.stats()["parallel_decrypt_reads"] == 1
+        out[:] = bytes(2 * BS)
+        held.set()
+        pd.close()  # the pool drains: a withdrawn job would write `out` again
+        assert out == bytes(2 * BS)
+    finally:
+        held.set()
+        pd.close()
 
 
 def test_a_forged_chunk_zeroes_the_whole_read():

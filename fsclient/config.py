@@ -112,7 +112,7 @@ class MountConfig:
     fill_queue_bytes: int = 256 << 20
     # Bounds of the in-process metadata caches (entries, LRU).
     meta_cache_entries: int = 200_000
-    threads: int = 32  # FUSE worker threads (each answers the requests it reads)
+    threads: int = 4  # FUSE worker threads (each answers the requests it reads; waits move off)
     metrics_addr: str | None = None  # HOST:PORT of this mount's Prometheus endpoint
     # The server's uid, gid and groups, capabilities dropped (the keeper, root, mounts)
     server_user: Credentials | None = None
@@ -246,7 +246,7 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         fill_queue_bytes=convert.size(data.get("fill_queue_bytes", 256 << 20),
                                       "fill_queue_bytes"),
         meta_cache_entries=_int(data, "meta_cache_entries", 200_000, 100, 100_000_000),
-        threads=_int(data, "threads", 32, 1, 512),
+        threads=_int(data, "threads", 4, 1, 512),
         metrics_addr=convert.address(data.get("metrics_addr"), "metrics_addr"),
         server_user=_server_user(data),
     )

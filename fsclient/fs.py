@@ -19,6 +19,7 @@ state. Every handler runs on the worker thread that read its request.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -63,10 +64,17 @@ class BlockcacheFS:
         self.dirs_adopted = 0  # directory handles opened before this server, listed again
         # requests per operation and workers busy: the session's, once it runs
         self.op_counts: Callable[[], dict[str, int]] = dict
+        self.handoffs: Callable[[], int] = int  # waits handed off with their thread
         self.eio_log = EioLog()
+        self.blocking: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def close(self) -> None:
         self.lookups.close()
+
+    def set_blocking(self, blocking: Callable[[], contextlib.AbstractContextManager]) -> None:
+        """Wrap every wait (the source, a listing, a cache miss, a disk read)
+        in `blocking`: the session's, which hands the worker's channel on."""
+        self.blocking = self.lookups.blocking = self.open_files.blocking = blocking
 
     def mount_stats(self) -> dict:
         """This mount's own counters (`user.blockcache.stats`, under "fsclient")."""
@@ -76,7 +84,7 @@ class BlockcacheFS:
                 "kept_opens": files.kept_opens, "stored_opens": files.stored_opens,
                 "nodes_recovered": self.nodes.recovered,
                 "handles_recovered": files.adopted + self.dirs_adopted,
-                "ops": self.op_counts()}
+                "ops": self.op_counts(), "waits_handed_off": self.handoffs()}
 
     def path_of_request(self, op: str, args: tuple) -> str:
         """The path a failed request was about, for its log line."""
@@ -164,7 +172,9 @@ class BlockcacheFS:
 
     @fuse_op()
     def readlink(self, inode: int) -> bytes:
-        return os.fsencode(self.volume.readlink(self.nodes.path(inode)))
+        path = self.nodes.path(inode)
+        with self.blocking():
+            return os.fsencode(self.volume.readlink(path))
 
     @fuse_op()
     def access(self, inode: int, mask: int) -> None:

@@ -21,12 +21,15 @@ reads of different handles run side by side.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import threading
 from collections.abc import Callable
 
 from blockcache_client import Volume
+from blockcache_client.reader.chunks import CHUNKED_READ_MAX
+from blockcache_client.reader.options import chunk_size
 from blockcache_client.reader.sequential import SEQ_SLACK, Stream
 from blockcache_client.reader.volumefile import VolumeFile
 from blockcache_client.sources.fileinfo import FileInfo
@@ -43,6 +46,13 @@ log = logging.getLogger(__name__)
 # costs less than the several 128 KiB pieces the kernel asks for. A miss
 # fetches the whole block anyway, so this never costs an extra remote request.
 WHOLE_FILE_MAX = 1 << 20
+# A read this large continuing the last one is sequential at once (the
+# kernel's readahead asks for 128 KiB and more); smaller ones from the third
+# in a row.
+SEQ_READ_MIN = 128 << 10
+# How long a read waits for another read of its handle before the wait is
+# handed off with its thread (see `_locked`): longer than a block's decrypt.
+LOCK_WAIT = 0.01
 # Bytes of whole blocks buffered for sequential readers, over all handles.
 BUFFER_BYTES_MAX = 128 << 20
 
@@ -51,7 +61,7 @@ class Handle:
     """An open file: the pinned FileInfo, its read state and the lock its reads take."""
 
     __slots__ = ("path", "info", "node", "inode", "stream", "prefetched_until",
-                 "data", "blocks", "file", "lock", "waits")
+                 "data", "blocks", "file", "lock", "waits", "warm")
 
     def __init__(self, path: str, info: FileInfo, inode: int, node: Node):
         self.path = path
@@ -67,6 +77,9 @@ class Handle:
         # block: most handles are small files and never need one)
         self.blocks: dict[int, memoryview] | None = None
         self.file: VolumeFile | None = None  # random reads: the reader's chunk cache
+        # indexes of blocks a read found cached: random reads of them need no
+        # wait (see `_read_chunked`)
+        self.warm: set[int] = set()
         self.stream = Stream()  # the read pattern: sequential from the second read in a row
         self.prefetched_until = 0
         self.lock = threading.Lock()
@@ -90,6 +103,9 @@ class OpenFiles:
         # puts small files' bytes in the kernel's page cache at open (`_store`):
         # the session's notify_store, set once a FUSE session exists
         self.store: Callable[[int, int, memoryview], None] | None = None
+        # wraps a read that may wait (a miss, a disk read): the session's
+        # `blocking`, which hands the worker's channel to another thread
+        self.blocking: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         self.whole_file_max = min(WHOLE_FILE_MAX, cfg.block_size)
         # a small file put in the kernel's page cache at its open is read into
         # its thread's spare buffer: the kernel copies its bytes before the
@@ -97,6 +113,8 @@ class OpenFiles:
         self._spares = threading.local()
         self.buffered_blocks = 0
         self.max_buffered_blocks = max(2, BUFFER_BYTES_MAX // cfg.block_size)
+        # the unit blocks are sealed in: a random read decrypts whole chunks
+        self.chunk = chunk_size(cfg.block_size)
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -183,11 +201,7 @@ class OpenFiles:
         its block in the memory LRU, or its cache file's path and pages in the
         kernel's caches (`readinto_nowait`). None otherwise: an open then
         answers at once and the first read waits for the read."""
-        try:
-            n = self.volume.readinto_nowait(path, 0, buf, info=info)
-        except Exception as exc:  # the blocking read reports real errors
-            log.debug("no-wait read of %s: %s", path, exc)
-            return None
+        n = self._nowait(path, 0, buf, info)
         if n is None:
             return None
         self._count("inline_loads")
@@ -234,32 +248,86 @@ class OpenFiles:
         size = min(size, avail)
         data = h.data
         if data is None and h.info.size <= self.whole_file_max:
-            with h.lock:  # concurrent reads of it wait for the one whole-file read
+            with self._locked(h):  # concurrent reads of it wait for the one whole-file read
                 data = h.data
                 if data is None:
                     buf = bytearray(h.info.size)
                     # (a kept open whose pages the kernel lost: first the same try)
                     data = None if h.waits else self._load_nowait(h.path, h.info, buf)
                     if data is None:
-                        data = self._load(h.path, 0, h.info.size, h.info, buf)
+                        with self.blocking():
+                            data = self._load(h.path, 0, h.info.size, h.info, buf)
                     h.data = data
         if data is not None:
             return data[off:off + size]
-        with h.lock:
+        with self._locked(h):
             sequential = self._follow(h, off, size)
             if (h.blocks is not None and (off - off % self.cfg.block_size) in h.blocks) or (
                     sequential and self.buffered_blocks < self.max_buffered_blocks):
                 return self._read_blocks(h, off, size)
             return self._read_chunked(h, off, size)
 
+    @contextlib.contextmanager
+    def _locked(self, h: Handle):
+        """`h.lock`. Another read of the handle holds it for a block's decrypt
+        (a few ms at most: the kernel's readahead sends reads of one file at
+        once), or for a miss: past LOCK_WAIT the wait counts as one
+        (`blocking`)."""
+        if not h.lock.acquire(timeout=LOCK_WAIT):
+            with self.blocking():
+                h.lock.acquire()
+        try:
+            yield
+        finally:
+            h.lock.release()
+
     def _read_chunked(self, h: Handle, off: int, size: int) -> memoryview:
-        """[off, off+size) through the reader's chunk cache (under `h.lock`)."""
+        """[off, off+size) through the reader's chunk cache (under `h.lock`),
+        as a view of the whole chunks around it.
+
+        The read decrypts those chunks anyway; asking for all of them makes
+        the chunk cache keep them as one run (`chunks.spans`), where a small
+        read would keep only its own pages, which the kernel's page cache
+        already holds (it asks for a page once). A later read of another
+        page of the chunk is then a lookup, and the answer is a slice of the
+        kept run, never a copy."""
         f = h.file
         if f is None:
             f = h.file = VolumeFile(self.volume, h.path, h.info)
-        buf = bytearray(size)
-        f.seek(off)
-        return memoryview(buf)[:f.readinto(buf)]
+        c = self.chunk
+        lo = off - off % c
+        hi = min(h.info.size, off + size + -(off + size) % c)
+        if hi - lo > CHUNKED_READ_MAX:  # a large read: just its range
+            lo, hi = off, off + size
+        bs = self.cfg.block_size
+        block = lo // bs
+        if block not in h.warm:
+            # The handle's first read of this block: is it cached, its pages
+            # in memory? The no-wait read (of the block's first chunk: it
+            # reads from a block's start only) says so; else it is a wait.
+            boff = block * bs
+            first = bytearray(min(c, h.info.size - boff))
+            if self._nowait(h.path, boff, first, h.info) is not None:
+                h.warm.add(block)
+                if hi <= boff + c:
+                    return memoryview(first)[off - boff:off - boff + size]
+            else:
+                with self.blocking():
+                    f.seek(lo)
+                    data = memoryview(f.read(hi - lo))
+                h.warm.add(block)
+                return data[off - lo:off - lo + size]
+        f.seek(lo)
+        data = memoryview(f.read(hi - lo))
+        return data[off - lo:off - lo + size]
+
+    def _nowait(self, path: str, off: int, buf: bytearray, info: FileInfo) -> int | None:
+        """`Volume.readinto_nowait` of [off, off+len(buf)); None if it would wait."""
+        try:
+            return self.volume.readinto_nowait(path, off, buf, info=info)
+        except Exception as exc:  # the blocking read reports real errors
+            log.debug("no-wait read of %s: %s", path, exc)
+            return None
 
     def _read_blocks(self, h: Handle, off: int, size: int) -> bytes | memoryview:
         """Serve [off, off+size) from whole blocks read into the handle (under `h.lock`)."""
@@ -272,7 +340,14 @@ class OpenFiles:
             boff = off - off % bs
             data = blocks.get(boff)
             if data is None:
-                data = self._load(h.path, boff, min(bs, h.info.size - boff), h.info)
+                blen = min(bs, h.info.size - boff)
+                buf = bytearray(blen)
+                n = self._nowait(h.path, boff, buf, h.info)
+                if n is not None:
+                    data = memoryview(buf)[:n]
+                else:
+                    with self.blocking():
+                        data = self._load(h.path, boff, blen, h.info, buf)
                 blocks[boff] = data
                 added = 1
                 if len(blocks) > 2:
@@ -290,8 +365,14 @@ class OpenFiles:
 
     def _follow(self, h: Handle, off: int, size: int) -> bool:
         """Track the handle's read pattern; True if this read continues a
-        sequential run. Sequential runs also prefetch the next blocks."""
-        if not h.stream.advance(off, off + size, SEQ_SLACK):
+        sequential run: a large read (the kernel's readahead) right after the
+        last one, or the third small read in a row stepping forward. Two
+        small reads near each other are no run: random 4 KiB reads meet by
+        chance, and a run reads whole blocks. Sequential runs also prefetch
+        the next blocks."""
+        stream = h.stream
+        if not stream.advance(off, off + size, SEQ_SLACK) or (
+                size < SEQ_READ_MIN and stream.streak < 2):
             h.prefetched_until = 0
             return False
         if self.cfg.readahead_blocks:

@@ -11,10 +11,12 @@ Called on the worker threads; listings run on their own small pool.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 
@@ -50,6 +52,9 @@ class Lookups:
         # dirs listed in the background within their TTL: never listed again
         # sooner, even when the listing was too large to keep or failed
         self._listed = TtlLru(4096)
+        # wraps what waits on the source: the session's `blocking`, which
+        # hands the worker's channel to another thread meanwhile
+        self.blocking: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def cached(self, path: str) -> FileInfo | None:
         """`path`'s FileInfo from the metadata cache, or None if not cached;
@@ -69,7 +74,11 @@ class Lookups:
 
     def from_source(self, path: str) -> FileInfo:
         """`stat` for a path not in the metadata cache: from its directory's
-        listing if one is in flight, else from the source."""
+        listing if one is in flight, else from the source (a wait)."""
+        with self.blocking():
+            return self._from_source(path)
+
+    def _from_source(self, path: str) -> FileInfo:
         if path:
             parent = parent_of(path)
             running = self._tasks.get(parent)
@@ -118,15 +127,16 @@ class Lookups:
         started recently enough (`ls dir` right after its lookup lists it
         once, not twice), or a new one."""
         listing = self.meta.listing(path)
-        running = self._tasks.get(path) if listing is None else None
-        if running is not None and time.monotonic() <= running[1]:
-            try:
-                listing = running[0].result()
-            except Exception:  # (logged by _listing_done): list it here
-                listing = None
-        if listing is None:
-            listing = self.list(path)
-        return listing
+        if listing is not None:
+            return listing
+        with self.blocking():
+            running = self._tasks.get(path)
+            if running is not None and time.monotonic() <= running[1]:
+                try:
+                    listing = running[0].result()
+                except Exception:  # (logged by _listing_done): list it here
+                    listing = None
+            return listing if listing is not None else self.list(path)
 
     def list(self, path: str) -> DirListing:
         entries = self.volume.listdir(path, max_age=0)

@@ -128,7 +128,7 @@ class MountCollector(Collector):
                 ("blockcache_fuse_open_files", "Open file handles", len(self.fs.open_files)),
                 ("blockcache_fuse_inodes", "Inodes the kernel holds", len(self.fs.nodes)),
                 ("blockcache_fuse_workers", "FUSE worker threads", len(self.session.workers)),
-                ("blockcache_fuse_workers_busy", "FUSE worker threads serving a request now",
+                ("blockcache_fuse_workers_busy", "FUSE requests being served now (waits included)",
                  self.session.busy())):
             fam = GaugeMetricFamily(name, doc, labels=["volume"])
             fam.add_metric(v, value)

@@ -147,7 +147,9 @@ class Dispatcher:
     def _open(self, ch: Channel, unique: int, nodeid: int, body: memoryview, uid: int) -> None:
         flags = s.OPEN_IN.unpack_from(body)[0]
         fh, keep = self.ops.open(nodeid, flags)
-        if not ch.reply(unique, (s.OPEN_OUT.pack(fh, s.FOPEN_KEEP_CACHE if keep else 0, 0),)):
+        # nothing is written, so nothing to flush: a close costs no request
+        flags = s.FOPEN_NOFLUSH | (s.FOPEN_KEEP_CACHE if keep else 0)
+        if not ch.reply(unique, (s.OPEN_OUT.pack(fh, flags, 0),)):
             self.ops.release(fh)  # interrupted and answered: the kernel never saw fh
 
     def _read(self, ch: Channel, unique: int, nodeid: int, body: memoryview, uid: int) -> None:

@@ -76,6 +76,7 @@ INIT_EXT = 1 << 30  # flags2 is valid
 # fuse_open_out.open_flags
 FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1
+FOPEN_NOFLUSH = 1 << 5  # 7.35: no FLUSH at close (older kernels ignore it and send one)
 
 # enum fuse_notify_code
 NOTIFY_STORE = 4

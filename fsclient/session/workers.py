@@ -2,14 +2,19 @@
 answering each one on the thread that read it.
 
 A hit is read and decrypted on the worker that took its request: no hand-off, no
-event loop. A remote miss holds its worker for the fetch, so the pool is sized
-(`workers`, the mount's `threads`) for misses in flight beside the hits; idle
-workers cost a blocked read each. Every worker but the first reads a clone of the
-mount's descriptor (FUSE_DEV_IOC_CLONE), so the kernel wakes one reader per
-request.
+event loop. The workers are few (the mount's `threads`, a few per core): every
+runnable thread beyond the cores only takes turns at the GIL, each turn a
+context switch. A handler about to wait (a remote request, a disk read, a
+listing) calls `blocking()`: its thread hands its channel to a new thread and
+goes on with that one request alone, then ends; so a remote miss never holds a
+worker, and hits go on being answered meanwhile. At most MAX_WAITING requests
+wait that way at once; past that a wait holds its worker, as it would with no
+hand-off. Every worker but the first reads a clone of the mount's descriptor
+(FUSE_DEV_IOC_CLONE), so the kernel wakes one reader per request.
 
 Counted per worker (no shared counter on the request path), summed when read:
-requests per opcode, and whether the worker is busy now.
+requests per opcode, and whether the worker is busy now (a request handed off
+with its thread counts as busy until it is answered).
 
 Interrupts: the kernel asks to interrupt a request it is waiting for (a reader got
 a signal). A handler on a thread cannot be stopped, so the interrupted request is
@@ -25,15 +30,19 @@ What must hold:
   neither ends the session.
 - The session ends when the connection does (unmount: reads return ENODEV), on
   DESTROY, or on `stop`.
+- Each channel has one reader thread at a time: a thread that handed its channel
+  on never reads it again. Channels are closed only when no handed-off request
+  is still to be answered on them (a closed number could be reused by any file).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import structs as s
@@ -44,6 +53,9 @@ from .requests import Dispatcher, Operations
 log = logging.getLogger(__name__)
 
 _OPCODES = 64  # per-opcode counters; larger opcodes count under 0
+# Requests waiting (a remote fetch, a listing) on threads of their own at once,
+# at most; past that a wait holds its worker.
+MAX_WAITING = 64
 
 
 class Worker:
@@ -78,7 +90,10 @@ class Session:
         # (the keeper's saved state keeps them for a successor)
         self.on_init: Callable[[Negotiated], None] | None = None
         self._inflight: dict[int, Channel] = {}  # unique -> channel, for INTERRUPT
-        self._running = 0
+        self._running = 0  # threads reading a channel, or answering a request handed off
+        self._waiting = 0  # requests handed off with their thread (`blocking`), not answered
+        self.handoffs = 0  # requests handed off so far
+        self._local = threading.local()  # .worker: the Worker whose channel this thread reads
         self._draining = False  # handing over: a request read now is left to the successor
         self._lock = threading.Lock()
 
@@ -123,7 +138,10 @@ class Session:
         return not any(w.thread is not None and w.thread.is_alive() for w in self.workers)
 
     def close(self) -> None:
-        """Close the cloned channels of workers that have ended."""
+        """Close the cloned channels of workers that have ended (none while a
+        request handed off may still be answered on one)."""
+        if self._waiting:
+            return  # left to the process's exit
         for w in self.workers:
             if w.thread is None or not w.thread.is_alive():
                 w.channel.close()
@@ -159,7 +177,28 @@ class Session:
     # what the metrics read
 
     def busy(self) -> int:
-        return sum(1 for w in self.workers if w.busy)
+        return sum(1 for w in self.workers if w.busy) + self._waiting
+
+    @contextlib.contextmanager
+    def blocking(self) -> Iterator[None]:
+        """Around a wait in a handler (a remote request, a disk read): the
+        worker's channel goes on being read by a new thread, and this thread
+        ends once its request is answered. Anywhere else (not a worker, a
+        thread already handed off, MAX_WAITING reached, the session ending)
+        nothing changes."""
+        w = getattr(self._local, "worker", None)
+        if w is not None and not self.ended.is_set():
+            with self._lock:
+                if self._waiting < MAX_WAITING:
+                    self._waiting += 1
+                    self.handoffs += 1
+                    self._running += 1
+                    self._local.worker = None  # (the request now counts in _waiting)
+                    w.busy = False
+                    w.thread = threading.Thread(target=self._run, args=(w,), daemon=True,
+                                                name=w.thread.name if w.thread else None)
+                    w.thread.start()
+        yield
 
     def op_counts(self) -> dict[str, int]:
         """Requests read, by operation name."""
@@ -175,6 +214,8 @@ class Session:
 
     def _run(self, w: Worker) -> None:
         ch = w.channel
+        local = self._local
+        local.worker = w
         try:
             while not self.ended.is_set():
                 n = ch.read()
@@ -187,7 +228,13 @@ class Session:
                 try:
                     self._serve(ch, n, w)
                 finally:
-                    w.busy = False
+                    if local.worker is w:
+                        w.busy = False
+                    else:  # handed its channel on while waiting: answered, and done
+                        with self._lock:
+                            self._waiting -= 1
+                if local.worker is not w:
+                    break
         except Exception:
             log.exception("FUSE worker %s failed; the others serve on",
                           threading.current_thread().name)

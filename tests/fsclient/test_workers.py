@@ -15,9 +15,12 @@ pytestmark = pytest.mark.fuse
 DELAY = 1.0  # each remote request of the mount's source
 
 
-def test_a_slow_miss_does_not_hold_up_hits(tmp_path, tree, daemon, mounts):
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_slow_miss_does_not_hold_up_hits(tmp_path, tree, daemon, mounts, threads):
+    # one worker: the miss's wait hands its channel to a new thread, or the
+    # hits would wait for it
     config = tmp_path / "slow.toml"
-    config.write_text(f"[storage_options]\nlatency = {{delay = {DELAY}}}\n")
+    config.write_text(f"threads = {threads}\n[storage_options]\nlatency = {{delay = {DELAY}}}\n")
     m = mounts(f"latency::file://{tree}", daemon.socket_path,
                args=["--config", str(config)])
     rel = os.path.join("dir0", "sub0", "file3.bin")  # a block and a byte: not read whole

@@ -1,0 +1,38 @@
+"""Random reads through the mount: the chunk cache keeps the whole chunk a
+small read decrypted, and small reads that happen to fall near each other
+start no sequential run (which would read whole blocks and fetch ahead)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .conftest import BLOCK
+
+pytestmark = pytest.mark.fuse
+
+CHUNK = 64 << 10  # blocks of BLOCK bytes are sealed in 64 KiB chunks
+
+
+def test_small_random_reads_share_their_chunk_and_start_no_run(tree, daemon, mounts):
+    m = mounts(f"file://{tree}", daemon.socket_path)
+    path = os.path.join(m.mountpoint, "big.bin")
+    want = (tree / "big.bin").read_bytes()
+    with open(path, "rb") as f:  # every block into the cache
+        assert f.read() == want
+    daemon.wait_idle()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        before = m.stats()
+        base = 2 * BLOCK + 3 * CHUNK  # a chunk that is not its block's first
+        for page in (5, 9, 2):  # three pages of it, forward, forward, back
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the read reaches fsclient
+            off = base + page * 4096
+            assert os.pread(fd, 4096, off) == want[off:off + 4096]
+        after = m.stats()
+    finally:
+        os.close(fd)
+    # the first read decrypted the chunk and kept it whole: the others found it
+    assert after["chunk_hits"] - before["chunk_hits"] >= 2
+    assert after["fsclient"]["prefetches"] == before["fsclient"]["prefetches"]

@@ -25,6 +25,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from blockcache_client import Volume
 from blockcache_client.sources.fileinfo import FileInfo
@@ -71,10 +72,13 @@ class BlockcacheFS:
     def close(self) -> None:
         self.lookups.close()
 
-    def set_blocking(self, blocking: Callable[[], contextlib.AbstractContextManager]) -> None:
-        """Wrap every wait (the source, a listing, a cache miss, a disk read)
-        in `blocking`: the session's, which hands the worker's channel on."""
-        self.blocking = self.lookups.blocking = self.open_files.blocking = blocking
+    def attach(self, session: Any) -> None:
+        """Count the session's requests in the stats, and wrap every wait
+        (the source, a listing, a cache miss, a disk read) in its `blocking`,
+        which hands the worker's channel on."""
+        self.op_counts = session.op_counts
+        self.handoffs = lambda: session.handoffs
+        self.blocking = self.lookups.blocking = self.open_files.blocking = session.blocking
 
     def mount_stats(self) -> dict:
         """This mount's own counters (`user.blockcache.stats`, under "fsclient")."""

@@ -189,9 +189,7 @@ def run(cfg: MountConfig, readiness: Readiness, link: KeeperLink) -> int:
         fs.nodes.saved = state
         session = Session(fs, cfg.threads, terms=None if conn.fresh else state.terms)
         session.on_init = state.save_terms
-        fs.op_counts = session.op_counts
-        fs.set_blocking(session.blocking)
-        fs.handoffs = lambda: session.handoffs
+        fs.attach(session)
         if cfg.metrics_addr:
             from . import metrics as fsmetrics
             try:

@@ -182,7 +182,7 @@ def test_reads_forgets_and_interrupts(kernel):
     assert answer(sock)[:2] == (stuck, 0)
     u = send(sock, s.RELEASE, s.RELEASE_IN.pack(7, 0, 0, 0), nodeid=2)
     assert answer(sock)[:2] == (u, 0) and ops.release_calls == [7]
-    assert ops.forgotten == [(2, 3), (5, 1), (6, 2)]
+    assert sorted(ops.forgotten) == [(2, 3), (5, 1), (6, 2)]  # (workers race)
     u = send(sock, s.DESTROY)
     assert answer(sock)[:2] == (u, 0)
     assert session.ended.wait(TIMEOUT)

@@ -48,7 +48,8 @@ def socket_path(endpoint: str) -> str:
 
 
 def _clear(path: str) -> None:
-    """Remove a socket a previous plugin left (never another kind of file)."""
+    """Remove a socket a previous plugin left, or another plugin still serves
+    on during a surge update (never another kind of file)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -81,12 +82,23 @@ def serve(endpoint: str, mounts: Mounts, node_id: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     server.start()
+    ours = os.stat(path)
     log.info("serving CSI on %s (node %s, state in %s)", path, node_id, mounts.state.path)
     while not stop.wait(REAP_INTERVAL):
         mounts.reap()
     server.stop(GRACE).wait()
+    _remove_if_ours(path, ours)
+    return 0
+
+
+def _remove_if_ours(path: str, ours: os.stat_result) -> None:
+    """Unlink the socket unless a newer plugin has put its own there (a surge
+    update: the new pod listens before the old one stops)."""
     try:
-        os.unlink(path)
+        st = os.lstat(path)
+        if (st.st_dev, st.st_ino) == (ours.st_dev, ours.st_ino):
+            os.unlink(path)
+        else:
+            log.info("%s is another plugin's socket now; left as it is", path)
     except FileNotFoundError:
         pass
-    return 0

@@ -145,6 +145,9 @@ def test_registrar_registers_the_plugins_socket(csi_node, plugin, registrar):
     probe = registrar["livenessProbe"]["exec"]["command"]
     assert "--mode=kubelet-registration-probe" in probe
     assert f"--kubelet-registration-path={host_sock}" in probe
+    # which notes the registration in that path's dir: writable, though its root is not
+    assert mount(registrar, "registration-probe")["mountPath"] == posixpath.dirname(host_sock)
+    assert "emptyDir" in volume(csi_node, "registration-probe")
 
 
 def test_propagation_bidirectional_on_the_plugin_only(daemon_objs, csi_node, plugin):

@@ -271,6 +271,8 @@ class Mounts:
                 passing.close()
         except CsiError as exc:
             child, why = None, exc.message
+        except OSError as exc:  # no descriptor left to pass them on, say
+            child, why = None, str(exc)
         finally:
             surrendered.close()  # the new keeper has its own copies, or none is needed
         if child is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import stat
 import threading
@@ -73,7 +74,7 @@ def serve(endpoint: str, mounts: Mounts, node_id: str, ready_file: str | None = 
     # bound at a name of our own, then renamed over `path` at once (no moment
     # without a socket there); gRPC unlinks the name it bound when it stops,
     # which by then names nothing, so a successor's socket at `path` stays
-    bound = f"{path}.{os.getpid()}"
+    bound = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"  # pids repeat across pods
     if _replaceable(bound):
         os.unlink(bound)
     server = grpc.server(ThreadPoolExecutor(WORKERS, thread_name_prefix="csi"))

@@ -2,7 +2,7 @@
 
     blockcache-csi --endpoint unix:///csi/csi.sock --node-id NODE
                    [--state-dir /var/lib/blockcache-csi] [--server-uid 65534]
-                   [--server-gid 65534] [--socket PATH]
+                   [--server-gid 65534] [--socket PATH] [--ready-file PATH]
 
 Errors at start print one line (`blockcache-csi: error: ...`) and exit 1.
 """
@@ -53,12 +53,17 @@ def _log_target() -> str | None:
                                       "blockcached's socket.")
 @click.option("--socket", help="blockcached socket [default: $BLOCKCACHE_SOCKET or "
                                "/run/blockcache/blockcached.sock].")
+@click.option("--ready-file", type=click.Path(dir_okay=False),
+              help="Written once every mount found at start is taken over and the socket "
+                   "serves, removed at stop: a readiness probe's `test -e` (a surge update "
+                   "deletes the old pod only then).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(LEVELS, case_sensitive=False))
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(FORMATS))
 @click.version_option(VERSION, prog_name="blockcache-csi")
 def main(endpoint: str, node_id: str, state_dir: str, server_uid: int, server_gid: int,
-         socket: str | None, log_level: str, log_format: str) -> None:
+         socket: str | None, ready_file: str | None, log_level: str,
+         log_format: str) -> None:
     """Serve the CSI node plugin `csi.blockcache.io` on ENDPOINT.
 
     NodePublishVolume mounts a blockcache volume (volume_context: source,
@@ -67,7 +72,8 @@ def main(endpoint: str, node_id: str, state_dir: str, server_uid: int, server_gi
     target path. The plugin (root) mounts; each volume's FUSE server runs as
     --server-uid with no capabilities, kept by a keeper process that restarts
     it if it dies and outlives the plugin. SIGTERM stops the plugin and
-    leaves the mounts; the next start adopts them.
+    leaves the mounts; the next start (or a new plugin beside this one) takes
+    them over.
     """
     from .mounts import Mounts
     from .server import EndpointError, serve
@@ -82,7 +88,7 @@ def main(endpoint: str, node_id: str, state_dir: str, server_uid: int, server_gi
     state = StateDir(state_dir, server_uid, server_gid)
     mounts = Mounts(state, server_uid, server_gid, socket, _log_target())
     try:
-        code = serve(endpoint, mounts, node_id)
+        code = serve(endpoint, mounts, node_id, ready_file)
     except (EndpointError, BlockcacheError, OSError) as exc:
         click.echo(f"blockcache-csi: error: {exc}", err=True)
         sys.exit(1)

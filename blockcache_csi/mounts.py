@@ -1,13 +1,15 @@
-"""The mounts the plugin keeps: publish, unpublish, find again after a restart.
+"""The mounts the plugin keeps: publish, unpublish, take over at a start.
 
 Each published target is one `fsclient mount` keeper (root: it opens
 /dev/fuse and mounts) whose FUSE server runs as the server uid with no
 capabilities (`fsclient.session.privileges`). The keeper restarts a server
-that dies, with no failed read; it runs in its own session, so it outlives a
-restart of the plugin, which finds it again by its control socket
-(`fsclient.keeping.status`). A target whose keeper is gone gets a new one
-(fsclient recovers the dead mount point first). One lock per target
-serializes the calls on it.
+that dies, with no failed read; it runs in its own session, so it outlives
+the plugin's process. A plugin that starts takes every live mount over: the
+keeper there surrenders its connection (`fsclient.session.control`) to a new
+keeper this plugin starts, so that no mount depends on a container that an
+upgrade replaces. A target whose keeper is gone gets a new one (fsclient
+recovers the dead mount point first). One lock per target serializes the
+calls on it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from blockcache_client.contract import protocol
 from fsclient import keeping
 from fsclient import mount as fsmount
 from fsclient import mountpoint as mp
+from fsclient.session import control
+from fsclient.session.fdstore import hand_on
 from fsclient.session.mount import unmount_lazy
 from fsclient.session.privileges import Credentials
 
@@ -38,6 +42,7 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT = 10.0  # a keeper's time to end once its mount is gone
 ADOPT_WORKERS = 4
+SURRENDER_TIMEOUT = 30.0  # a live keeper's time to answer `surrender`
 
 
 def _alive(pid: int) -> bool:
@@ -218,8 +223,8 @@ class Mounts:
     # after a restart
 
     def adopt(self) -> None:
-        """Find every recorded mount again: a live keeper is left as it is, a
-        mount without one gets a new one."""
+        """Take every recorded mount over: a live keeper surrenders it to a new
+        keeper of ours; a mount without one gets a new one."""
         with ThreadPoolExecutor(ADOPT_WORKERS, thread_name_prefix="adopt") as pool:
             list(pool.map(self._adopt, self.state.records()))
 
@@ -227,8 +232,9 @@ class Mounts:
         with self._lock(pub.target):
             keeper = self._keeper(pub.target)
             if keeper is not None:
-                log.info("adopted %s: volume %s, keeper %d", pub.target, pub.volume_id, keeper)
-                return
+                self._take_over(pub, keeper)
+                if self._kept(pub.target):
+                    return
             if mp.find_mount(pub.target) is None and not os.path.lexists(pub.target):
                 log.info("forgetting %s: its target path is gone", pub.target)
                 self.state.remove(pub.target)
@@ -244,6 +250,38 @@ class Mounts:
                 self._start(pub, key, remove_on_failure=False)
             except CsiError as exc:
                 log.error("%s", exc.message)
+
+    def _take_over(self, pub: Publication, keeper: int) -> None:
+        """Have `keeper` surrender `pub`'s live mount to a new keeper of ours; if
+        that fails before the new one acks, the old one serves on."""
+        try:
+            surrendered = control.surrender(pub.target, SURRENDER_TIMEOUT)
+        except (OSError, ValueError) as exc:
+            log.warning("%s stays with keeper %d, which did not surrender it: %s", pub.target,
+                        keeper, exc)
+            return
+        try:
+            argv, cfg = mount_command(pub, self.state.key_file(pub.target), self.socket,
+                                      self.credentials())
+            passing = hand_on(surrendered.named())
+            try:
+                child, why = fsmount.spawn(argv, cfg, self.log_file, detach=True,
+                                           passed=passing)
+            finally:
+                passing.close()
+        except CsiError as exc:
+            child, why = None, exc.message
+        except OSError as exc:  # no descriptor left to pass them on, say
+            child, why = None, str(exc)
+        finally:
+            surrendered.close()  # the new keeper has its own copies, or none is needed
+        if child is None:
+            log.error("taking %s over from keeper %d failed: %s", pub.target, keeper, why)
+            return
+        with self._guard:
+            self._children[child.pid] = child
+        log.info("took %s over from keeper %d: volume %s, keeper %d", pub.target, keeper,
+                 pub.volume_id, child.pid)
 
     def reap(self) -> None:
         """Collect keepers that ended (and, as PID 1, any orphan)."""

@@ -1,11 +1,14 @@
-"""The gRPC server on the kubelet's unix socket, and the plugin's life:
-adopt the mounts a previous plugin left, serve, and on SIGTERM stop serving
-while every mount goes on (its keeper outlives the plugin)."""
+"""The gRPC server on the kubelet's unix socket, and the plugin's life: take
+over the mounts a previous plugin left, serve (and say so in the ready file,
+the pod's readiness), and on SIGTERM stop serving while every mount goes on
+(its keeper outlives the plugin)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import secrets
 import signal
 import stat
 import threading
@@ -47,29 +50,37 @@ def socket_path(endpoint: str) -> str:
     return path
 
 
-def _clear(path: str) -> None:
-    """Remove a socket a previous plugin left (never another kind of file)."""
+def _replaceable(path: str) -> bool:
+    """Whether a socket is at `path` (a previous plugin's, or one another plugin
+    still serves on during a surge update); EndpointError if another kind of
+    file is, which is never replaced."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return
+        return False
     if not stat.S_ISSOCK(st.st_mode):
         raise EndpointError(f"{path} exists and is not a socket; remove it or choose "
                             f"another --endpoint")
-    os.unlink(path)
+    return True
 
 
-def serve(endpoint: str, mounts: Mounts, node_id: str) -> int:
-    """Adopt, then serve until SIGTERM/SIGINT; the exit code."""
+def serve(endpoint: str, mounts: Mounts, node_id: str, ready_file: str | None = None) -> int:
+    """Take over, then serve until SIGTERM/SIGINT; the exit code."""
     path = socket_path(endpoint)
     mounts.state.prepare()
     mounts.adopt()
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    _clear(path)
+    _replaceable(path)
+    # bound at a name of our own, then renamed over `path` at once (no moment
+    # without a socket there); gRPC unlinks the name it bound when it stops,
+    # which by then names nothing, so a successor's socket at `path` stays
+    bound = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"  # pids repeat across pods
+    if _replaceable(bound):
+        os.unlink(bound)
     server = grpc.server(ThreadPoolExecutor(WORKERS, thread_name_prefix="csi"))
     csi_pb2_grpc.add_IdentityServicer_to_server(Identity(), server)
     csi_pb2_grpc.add_NodeServicer_to_server(Node(mounts, node_id), server)
-    if server.add_insecure_port(f"unix:{path}") == 0:
+    if server.add_insecure_port(f"unix:{bound}") == 0:
         raise EndpointError(f"cannot listen on {path}")
     stop = threading.Event()
 
@@ -81,12 +92,31 @@ def serve(endpoint: str, mounts: Mounts, node_id: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     server.start()
+    _replaceable(path)
+    os.rename(bound, path)
+    ours = os.stat(path)
+    if ready_file:  # every mount is ours now: the old pod may go (a surge update)
+        with open(ready_file, "w") as f:
+            f.write(f"{os.getpid()}\n")
     log.info("serving CSI on %s (node %s, state in %s)", path, node_id, mounts.state.path)
     while not stop.wait(REAP_INTERVAL):
         mounts.reap()
     server.stop(GRACE).wait()
+    _remove_if_ours(path, ours)
+    if ready_file:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(ready_file)
+    return 0
+
+
+def _remove_if_ours(path: str, ours: os.stat_result) -> None:
+    """Unlink the socket unless a newer plugin has put its own there (a surge
+    update: the new pod listens before the old one stops)."""
     try:
-        os.unlink(path)
+        st = os.lstat(path)
+        if (st.st_dev, st.st_ino) == (ours.st_dev, ours.st_ino):
+            os.unlink(path)
+        else:
+            log.info("%s is another plugin's socket now; left as it is", path)
     except FileNotFoundError:
         pass
-    return 0

@@ -5,6 +5,10 @@ which opens the volume and serves, `mount.run`) on the connection it holds.
 On a mount point whose keeper is alive, `fsclient mount` and `fsclient restart`
 ask that keeper for a live restart instead: a new server (the code installed
 now) takes the connection over without unmounting.
+
+A keeper started with a live connection passed from fd 3 on (LISTEN_FDS,
+`fdstore.listened`: systemd's fd store, or a parent that was surrendered the
+connection, `fdstore.hand_on`) adopts it instead of mounting.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from .config import MountConfig
 from .mount import Readiness
 from .mountpoint import MountError
 from .session import keeper as keeping
+from .session.control import ask, listen
 from .session.fdstore import FdStore, listened
 from .xattrs import XATTR_STATS
 
@@ -49,7 +54,14 @@ def run(cfg: MountConfig, argv: list[str], ready_fd: int | None) -> int:
     """Be the keeper of `cfg`'s mount; the exit code."""
     readiness = Readiness(ready_fd)
     path = mp.absolute(cfg.mountpoint)
-    control = keeping.listen(path)
+    kept = listened()
+    control = listen(path)
+    if control is None and kept is not None:
+        for fd in [*kept.fuse_fds, kept.saved_fd, kept.predecessor]:
+            if fd >= 0:
+                os.close(fd)
+        readiness.error(f"cannot take {path} over: another keeper holds its control socket")
+        return 1
     if control is None:  # a live keeper holds this mount point: restart its server
         try:
             answer = restart(path)
@@ -61,13 +73,13 @@ def run(cfg: MountConfig, argv: list[str], ready_fd: int | None) -> int:
         readiness.ready()
         return 0
     store = FdStore.from_env()
-    kept = listened() if store is not None else None
     k = keeping.Keeper(path, cfg.fuse_options(), cfg.threads,
                        lambda fd, ready: server_command(argv, fd, ready), store,
                        run_as=cfg.server_user)
-    if kept is not None:  # systemd kept the live connection across the unit's restart
-        log.info("taking over %s from systemd's fd store (%d FUSE descriptors)", path,
-                 len(kept[0]))
+    if kept is not None:  # systemd kept it across the unit's restart, or a keeper surrendered it
+        log.info("taking over %s from %s (%d FUSE descriptors)", path,
+                 "the keeper before" if kept.predecessor >= 0 else "systemd's fd store",
+                 len(kept.fuse_fds))
         k.adopt(*kept)
     else:
         try:
@@ -85,7 +97,7 @@ def run(cfg: MountConfig, argv: list[str], ready_fd: int | None) -> int:
 def _ask(path: str, op: str, timeout: float) -> dict[str, Any]:
     path = mp.absolute(path)
     try:
-        answer = keeping.ask(path, op, timeout)
+        answer = ask(path, op, timeout)
     except (ConnectionRefusedError, FileNotFoundError):
         raise MountError(f"no fsclient keeper serves {path}; is it mounted by "
                          f"`fsclient mount`?") from None

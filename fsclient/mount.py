@@ -43,7 +43,7 @@ from blockcache_client.volumekey import load_key_file
 from . import mountpoint as mp
 from .config import MountConfig
 from .mountpoint import MountError
-from .session.fdstore import pass_on
+from .session.fdstore import Passing, pass_on
 from .session.handoff import HANDED_OVER, Connection, KeeperLink
 from .session.saved import SavedState, SavedStateError
 
@@ -343,23 +343,23 @@ def abort_connection(dev: int) -> bool:
 
 
 def spawn(argv: list[str], cfg: MountConfig, log_file: str | None,
-          ready_timeout: float = READY_TIMEOUT,
-          detach: bool = True) -> tuple[subprocess.Popen | None, str | None]:
+          ready_timeout: float = READY_TIMEOUT, detach: bool = True,
+          passed: Passing | None = None) -> tuple[subprocess.Popen | None, str | None]:
     """Start `fsclient <argv> --foreground` as a child and wait for readiness.
 
     Returns (child, None) once it is READY, or (None, reason) after making
-    sure the failed child is gone and left nothing mounted. `detach` puts the
-    child in its own session (a terminal's Ctrl-C does not reach it).
+    sure the failed child is gone and left nothing mounted. `detach`: the child
+    in its own session (Ctrl-C misses it); `passed`: a connection for it to keep.
     """
     # Never touch a mount that was there before: only one our child made.
     premounted = mp.is_mounted(cfg.mountpoint)
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "fsclient.cli", *argv, "--foreground", "--ready-fd", str(w)]
     out = open(log_file, "ab") if log_file else open(os.devnull, "wb")
-    env, kept = pass_on()  # the connection systemd kept is for the keeper (Type=forking)
+    passing = passed or pass_on()  # a kept connection is for the keeper (Type=forking)
     try:
-        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
-                                 pass_fds=(w, *kept), start_new_session=detach, close_fds=True)
+        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                 env=passing.env, start_new_session=detach, **passing.popen(w))
     finally:
         os.close(w)
         out.close()

@@ -7,8 +7,9 @@
 - `requests`: each request decoded, handed to the file system (`Operations`), answered.
 - `workers`: the `Session`: threads that each answer the requests they read.
 - `keeper`: the process that holds the connection and restarts its server;
-  `handoff` (keeper and server, descriptors by SCM_RIGHTS), `saved` (the memfd
-  record of INIT terms and node paths), `fdstore` (systemd's fd store).
+  `control` (its control socket: restart, status, surrender), `handoff`
+  (keeper and server, descriptors by SCM_RIGHTS), `saved` (the memfd record of
+  INIT terms and node paths), `fdstore` (systemd's fd store, LISTEN_FDS).
 """
 
 from .negotiate import Negotiated

@@ -16,18 +16,25 @@ The protocol (sd_notify(3), sd_listen_fds(3)):
   it starts (`pass_on`).
 
 Names used: FUSE_NAME for each /dev/fuse descriptor (the mount's, then its
-clones, in order) and SAVED_NAME for the saved-state memfd.
+clones, in order) and SAVED_NAME for the saved-state memfd. A process that is
+not systemd uses the same protocol to hand a keeper the connection another
+keeper surrendered (`hand_on`), adding PREDECESSOR_NAME: the control
+connection to that keeper, which the new keeper acks and then waits on.
 """
 
 from __future__ import annotations
 
 import array
+import fcntl
 import os
 import socket
 from collections.abc import MutableMapping, Sequence
+from functools import partial
+from typing import Any, NamedTuple
 
 FUSE_NAME = "fuse"
 SAVED_NAME = "saved"
+PREDECESSOR_NAME = "predecessor"
 LISTEN_FDS_START = 3
 # Set by a process that passes systemd's descriptors on to its child (the
 # keeper): the child then takes LISTEN_PID as its parent's.
@@ -59,9 +66,48 @@ class FdStore:
         self.notify(f"FDSTORE=1\nFDNAME={SAVED_NAME}\nFDPOLL=0", [saved_fd])
 
 
-def listened(env: MutableMapping[str, str] = os.environ) -> tuple[list[int], int] | None:
-    """(the /dev/fuse descriptors, the saved-state memfd) systemd passed this
-    process, or None when it passed none (a first start). The LISTEN_*
+class Kept(NamedTuple):
+    """A live connection passed to this process."""
+    fuse_fds: list[int]
+    saved_fd: int
+    predecessor: int = -1  # the surrendering keeper's control connection, if any
+
+
+class Passing:
+    """How a child gets descriptors from fd 3 on (`subprocess.Popen`'s env and
+    descriptor arguments, `popen`), and `close` our copies after."""
+
+    def __init__(self, env: dict[str, str] | None, keep: tuple[int, ...] = (),
+                 high: tuple[int, ...] = ()):
+        self.env = env
+        self.keep = keep  # passed at their numbers (pass_on)
+        self.high = high  # dup'd high, placed at 3.. in the child (hand_on)
+
+    def popen(self, *also: int) -> dict[str, Any]:
+        """Popen's fd arguments, with `also` passed at their numbers too."""
+        if not self.high:
+            return {"pass_fds": (*also, *self.keep), "close_fds": True}
+        # pass_fds would have the child close what the placing dup2s make, so
+        # nothing is closed here: every descriptor but these is close-on-exec
+        return {"preexec_fn": partial(_place, self.high, also), "close_fds": False}
+
+    def close(self) -> None:
+        for fd in self.high:
+            os.close(fd)
+        self.high = ()
+
+
+def _place(high: tuple[int, ...], also: tuple[int, ...]) -> None:
+    """In the child, between fork and exec: only dup2 and fcntl."""
+    for i, fd in enumerate(high):
+        os.dup2(fd, LISTEN_FDS_START + i)
+    for fd in also:
+        os.set_inheritable(fd, True)
+
+
+def listened(env: MutableMapping[str, str] = os.environ) -> Kept | None:
+    """The connection systemd (or a parent, `hand_on`) passed this process, or
+    None when none was passed (a first start). The LISTEN_*
     variables are removed, so no child takes them for its own; descriptors
     not named here are closed."""
     try:
@@ -74,32 +120,42 @@ def listened(env: MutableMapping[str, str] = os.environ) -> tuple[list[int], int
     passed_on = env.pop(PASSED_ON, "") == "1"
     if pid != (os.getppid() if passed_on else os.getpid()) or count <= 0:
         return None
-    fuse: list[int] = []
-    saved: list[int] = []
+    found: dict[str, list[int]] = {FUSE_NAME: [], SAVED_NAME: [], PREDECESSOR_NAME: []}
     for i in range(count):
         fd = LISTEN_FDS_START + i
         os.set_inheritable(fd, False)
         name = names[i] if i < len(names) else ""
-        (fuse if name == FUSE_NAME else saved if name == SAVED_NAME else []).append(fd)
-        if name not in (FUSE_NAME, SAVED_NAME):
+        if name in found:
+            found[name].append(fd)
+        else:
             os.close(fd)
-    if not fuse or len(saved) != 1:
-        for fd in fuse + saved:
+    fuse, saved, predecessor = found[FUSE_NAME], found[SAVED_NAME], found[PREDECESSOR_NAME]
+    if not fuse or len(saved) != 1 or len(predecessor) > 1:
+        for fd in fuse + saved + predecessor:
             os.close(fd)
         return None
-    return fuse, saved[0]
+    return Kept(fuse, saved[0], predecessor[0] if predecessor else -1)
 
 
-def pass_on(env: MutableMapping[str, str] = os.environ) -> tuple[dict[str, str] | None,
-                                                                tuple[int, ...]]:
-    """For `fsclient mount` under Type=forking, which starts the keeper: (the
-    child's environment, the descriptors to keep open at their numbers) when
-    systemd passed this process descriptors; (None, ()) otherwise."""
+def pass_on(env: MutableMapping[str, str] = os.environ) -> Passing:
+    """For `fsclient mount` under Type=forking, which starts the keeper: the
+    descriptors systemd passed this process, kept at their numbers; nothing
+    (env None: the child inherits ours) when it passed none."""
     if env.get("LISTEN_PID") != str(os.getpid()):
-        return None, ()
+        return Passing(None, ())
     try:
         count = int(env.get("LISTEN_FDS", "0"))
     except ValueError:
-        return None, ()
-    return ({**env, PASSED_ON: "1"},
-            tuple(range(LISTEN_FDS_START, LISTEN_FDS_START + count)))
+        return Passing(None, ())
+    return Passing({**env, PASSED_ON: "1"},
+                   tuple(range(LISTEN_FDS_START, LISTEN_FDS_START + count)))
+
+
+def hand_on(named: Sequence[tuple[str, int]],
+            env: MutableMapping[str, str] = os.environ) -> Passing:
+    """Pass (name, fd) pairs to a child as systemd would, from fd 3 on: dup'd
+    high first (>= 256), so placing one clobbers no other, nor `also`."""
+    high = tuple(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 256) for _, fd in named)
+    return Passing({**env, "LISTEN_PID": str(os.getpid()), "LISTEN_FDS": str(len(high)),
+                    "LISTEN_FDNAMES": ":".join(name for name, _ in named), PASSED_ON: "1"},
+                   high=high)

@@ -21,6 +21,13 @@ starts servers, hands them the descriptors (`handoff`), and waits.
   SIGTERM makes the server hand over and exit, and the unit's next start
   takes the mount over from LISTEN_FDS (`adopt`); the mount ends with
   `fsclient umount`.
+- `surrender` (asked by the plugin that replaces this keeper's, say): the
+  asker gets the connection (`handoff.send`), passes it to a new keeper it
+  starts (`adopt`, with this control connection as `predecessor`); that keeper
+  acks once its server has its volume open, then this one hands its server
+  over as on a stop under systemd and exits, leaving the mount; the new keeper
+  connects its server when this control connection ends. Before the ack, the
+  asker going away changes nothing: this keeper serves on.
 - If the keeper dies, its server sees the socket close and ends the connection
   (the mount answers ENOTCONN, as a killed server did before keepers); the next
   `fsclient mount` there recovers the mount point.
@@ -42,6 +49,7 @@ from typing import Any
 from . import handoff, saved
 from . import mount as fusemount
 from .channel import Channel
+from .control import listen
 from .fdstore import FdStore
 from .privileges import Credentials, drop
 
@@ -85,11 +93,19 @@ class Keeper:
         self.store = store  # systemd's fd store, which keeps the connection across starts
         self.keeping = False  # SIGTERM under systemd: hand over, leave the mount in the store
         self.ready_sent = False
+        self.predecessor: socket.socket | None = None  # the surrendering keeper's connection
+        self.pending: Server | None = None  # our server, waiting for the predecessor to go
+        self.acked = False
+        self.asker: socket.socket | None = None  # `surrender`'s asker, until its ack
+        self.left_to: socket.socket | None = None  # held until exit: its end tells the taker
 
-    def adopt(self, fuse_fds: list[int], saved_fd: int) -> None:
-        """Take over a live connection that systemd kept (the unit restarted)."""
+    def adopt(self, fuse_fds: list[int], saved_fd: int, predecessor: int = -1) -> None:
+        """Take over a live connection that systemd kept (the unit restarted), or
+        that the keeper at the other end of `predecessor` surrendered."""
         self.fds, self.saved_fd = fuse_fds, saved_fd
         self.served = True  # a server served it: restart servers, never unmount
+        if predecessor >= 0:
+            self.predecessor = socket.socket(fileno=predecessor)
 
     # descriptors
 
@@ -128,8 +144,9 @@ class Keeper:
             if fd >= 0:
                 os.close(fd)
         self.fds, self.saved_fd = [], -1
-        if self.control is not None:
-            self.control.close()
+        for sock in (self.control, self.predecessor, self.asker, self.left_to):
+            if sock is not None:
+                sock.close()
 
     # servers
 
@@ -178,6 +195,10 @@ class Keeper:
         if op == "connect":
             if server is self.successor:
                 self._hand_over()
+            elif self.keeping:  # surrendered: the connection is the new keeper's now
+                server.proc.kill()
+            elif self.predecessor is not None:
+                self._await_predecessor(server)
             else:
                 self._connect(server)
         elif op == "serving":
@@ -191,6 +212,73 @@ class Keeper:
                     handoff.send(w, {"ok": True, **self.status()})
                     w.close()
                 self.waiters = []
+
+    def _await_predecessor(self, server: Server) -> None:
+        """Our server has its volume open: ack, and connect it once the keeper
+        that surrendered the connection (and so its server) has gone."""
+        self.pending = server
+        if not self.acked:
+            self.acked = True
+            try:
+                handoff.send(self.predecessor, {"op": "ack"})  # type: ignore[arg-type]
+            except OSError:
+                pass  # it is gone already: its end shows at once
+
+    def _on_predecessor(self) -> None:
+        assert self.predecessor is not None
+        message, fds = handoff.receive(self.predecessor)
+        for fd in fds:
+            os.close(fd)
+        if message is not None:
+            return
+        log.info("keeper %d: the keeper before has left %s; taking it over", os.getpid(),
+                 self.mountpoint)
+        self.predecessor.close()
+        self.predecessor, pending, self.pending = None, self.pending, None
+        if pending is not None and pending is self.server and pending.proc.poll() is None:
+            self._connect(pending)
+
+    def surrender(self, asker: socket.socket) -> None:
+        """Send `asker` the connection; hand the server over once it acks."""
+        server = self.server
+        if not self.fds or server is None or not server.serving or self.terminate or \
+                self.successor is not None or self.asker is not None or \
+                self.predecessor is not None:
+            handoff.send(asker, {"error": "the mount is not serving steadily now; try again"})
+            asker.close()
+            return
+        handoff.send(asker, {"ok": True, **self.status(), "fuse": len(self.fds)},
+                     [*self.fds, self.saved_fd])
+        # the taker binds the control socket; we bind it again if the asker leaves
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+        self.asker = asker
+
+    def _on_asker(self) -> None:
+        assert self.asker is not None
+        message, fds = handoff.receive(self.asker)
+        for fd in fds:
+            os.close(fd)
+        if message is None:
+            log.warning("keeper %d: the asker of surrender left before its ack; %s is kept "
+                        "here as before", os.getpid(), self.mountpoint)
+            self.asker.close()
+            self.asker = None
+            self.control = listen(self.mountpoint)
+            if self.control is None:
+                log.warning("cannot listen on the control socket of %s again", self.mountpoint)
+        elif message.get("op") == "ack":
+            log.info("keeper %d: surrendered %s; the server hands over", os.getpid(),
+                     self.mountpoint)
+            self.left_to, self.asker = self.asker, None
+            self.terminate = self.keeping = True
+            for s in (self.server, self.successor):
+                if s is not None and s.proc.poll() is None:
+                    if s.connected:
+                        handoff.send(s.sock, {"op": "handover"})
+                    else:
+                        s.proc.kill()
 
     def _hand_over(self) -> None:
         """The successor has its volume open: stop the old server, then connect it."""
@@ -268,14 +356,18 @@ class Keeper:
         while True:
             socks: dict[Any, Any] = {s.sock: s for s in (self.server, self.successor)
                                      if s is not None}
-            if self.control is not None:
-                socks[self.control] = None
+            for sock, handler in ((self.control, self._on_control),
+                                  (self.predecessor, self._on_predecessor),
+                                  (self.asker, self._on_asker)):
+                if sock is not None:
+                    socks[sock] = handler
             ready, _, _ = select.select(list(socks), [], [], 0.1)
             for sock in ready:
-                if sock is self.control:
-                    self._on_control()
+                target = socks[sock]
+                if isinstance(target, Server):
+                    self._on_message(target)
                 else:
-                    self._on_message(socks[sock])
+                    target()
             if self.successor is not None and self.successor.proc.poll() is not None:
                 log.warning("the new server %d exited with %s before taking over; the old "
                             "one serves on", self.successor.proc.pid,
@@ -309,7 +401,8 @@ class Keeper:
         """The server is gone for good: unmount if it could not (it never served,
         or died under SIGTERM), and end: 0 if the mount ended as asked."""
         if self.keeping or code == handoff.HANDED_OVER:
-            log.info("keeper %d: %s stays mounted, kept by systemd", os.getpid(), self.mountpoint)
+            log.info("keeper %d: %s stays mounted, kept by systemd or the keeper it was "
+                     "surrendered to", os.getpid(), self.mountpoint)
             return 0
         if self.fds and code != 0:
             try:
@@ -335,6 +428,8 @@ class Keeper:
         op = (message or {}).get("op")
         if op == "restart":
             self.restart(conn)
+        elif op == "surrender":
+            self.surrender(conn)
         elif op == "status":
             handoff.send(conn, {"ok": True, **self.status()})
             conn.close()
@@ -345,35 +440,3 @@ class Keeper:
 
 def _describe(code: int) -> str:
     return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-
-
-def control_address(mountpoint: str) -> str:
-    """The keeper's control socket: abstract (no file to leave behind), named
-    by the absolute mount point."""
-    return "\0fsclient-keeper:" + mountpoint
-
-
-def listen(mountpoint: str) -> socket.socket | None:
-    """The control socket, or None if another keeper holds this mount point's."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    try:
-        sock.bind(control_address(mountpoint))
-    except OSError:
-        sock.close()
-        return None
-    sock.listen(8)
-    return sock
-
-
-def ask(mountpoint: str, op: str, timeout: float) -> dict[str, Any]:
-    """Send `op` to the keeper of `mountpoint`; its answer. OSError if none listens."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-        sock.settimeout(timeout)
-        sock.connect(control_address(mountpoint))
-        handoff.send(sock, {"op": op})
-        message, fds = handoff.receive(sock)
-        for fd in fds:
-            os.close(fd)
-    if message is None:
-        raise ConnectionError(f"the keeper of {mountpoint} closed the connection; see its log")
-    return message

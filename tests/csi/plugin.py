@@ -126,18 +126,19 @@ class Plugin:
 
     def __init__(self, python: str, env: dict[str, str], base: str, state_dir: str,
                  daemon_socket: str, log_path: str, node_id: str = "node-1",
-                 by_env: bool = False, name: str = "csi"):
+                 by_env: bool = False, name: str = "csi", args: tuple[str, ...] = ()):
         self.python, self.env, self.base = python, env, base
         self.socket = os.path.join(base, name, "csi.sock")
         self.endpoint = f"unix://{self.socket}"
         self.state_dir, self.daemon_socket = state_dir, daemon_socket
         self.log_path, self.node_id, self.by_env = log_path, node_id, by_env
+        self.args = args
         self.proc: subprocess.Popen | None = None
         self.channel: grpc.Channel | None = None
 
     def start(self) -> Plugin:
         argv = [self.python, "-m", "blockcache_csi", "--state-dir", self.state_dir,
-                "--socket", self.daemon_socket]
+                "--socket", self.daemon_socket, *self.args]
         env = dict(self.env)
         if self.by_env:  # as the manifest passes them
             env.update(CSI_ENDPOINT=self.endpoint, NODE_ID=self.node_id)

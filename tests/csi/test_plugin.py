@@ -5,7 +5,7 @@ Publish makes a FUSE mount at the target with the source's bytes, served by
 a non-root server with no capabilities; the Node cases csi-sanity checks
 (idempotency, ALREADY_EXISTS, required fields, unpublish of what is not
 mounted); a killed server fails no read; a restarted plugin keeps its mounts
-and their servers, and mounts again a target left without one.
+(its new keepers take them over), and mounts again a target left without one.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_help_names_every_option():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
     for option in ("--endpoint", "--node-id", "--state-dir", "--server-uid", "--server-gid",
-                   "--socket", "CSI_ENDPOINT", "NODE_ID"):
+                   "--socket", "--ready-file", "CSI_ENDPOINT", "NODE_ID"):
         assert option in out.stdout
 
 
@@ -237,8 +237,9 @@ def test_a_restarted_plugin_keeps_its_mounts_and_mounts_again_those_without_a_se
 
         second = world.plugin(state="state-restart", name="restart", by_env=True).start()
         try:
-            after = keeper_status(kept)
-            assert (after["keeper"], after["server"]) == (before["keeper"], before["server"])
+            after = keeper_status(kept)  # taken over: a keeper of the new plugin's
+            assert after["keeper"] != before["keeper"] and after["server"] != before["server"]
+            assert status_of(after["keeper"])["PPid"] == str(second.proc.pid)
             assert snapshot(orphan) == snapshot(world.source)
             renewed = keeper_status(orphan)
             assert renewed["keeper"] != dying["keeper"]

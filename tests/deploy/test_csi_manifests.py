@@ -141,10 +141,13 @@ def test_registrar_registers_the_plugins_socket(csi_node, plugin, registrar):
     assert reg["mountPath"] == "/registration"
     assert volume(csi_node, "registration-dir")["hostPath"]["path"] == \
         f"{KUBELET_DIR}/plugins_registry"
-    # its health endpoint is the port its liveness probe asks
-    port = next(p for p in registrar["ports"] if p["name"] == "healthz")
-    assert flags["--http-endpoint"] == f":{port['containerPort']}"
-    assert registrar["livenessProbe"]["httpGet"]["port"] == "healthz"
+    # its liveness probe asks the registrar binary about the same registration
+    probe = registrar["livenessProbe"]["exec"]["command"]
+    assert "--mode=kubelet-registration-probe" in probe
+    assert f"--kubelet-registration-path={host_sock}" in probe
+    # which notes the registration in that path's dir: writable, though its root is not
+    assert mount(registrar, "registration-probe")["mountPath"] == posixpath.dirname(host_sock)
+    assert "emptyDir" in volume(csi_node, "registration-probe")
 
 
 def test_propagation_bidirectional_on_the_plugin_only(daemon_objs, csi_node, plugin):
@@ -166,9 +169,28 @@ def test_plugin_mounts_fuse_as_root(csi_node, plugin):
     # the image runs as the daemon's uid; mounting takes root
     assert plugin["securityContext"]["runAsUser"] == 0
     assert "memory" not in plugin["resources"].get("limits", {})
-    # restarting the plugin would end every mount on the node
+    # restarting the plugin's container would end every mount on the node
     assert "livenessProbe" not in plugin
-    assert csi_node["spec"]["updateStrategy"]["type"] == "OnDelete"
+
+
+def test_an_upgrade_starts_the_new_plugin_before_the_old_one_goes(csi_node):
+    """A new plugin pod takes the mounts over from the old pod's keepers, so it
+    must run beside the old one (surge, never 0 available) and reach their
+    abstract control sockets (the host's network namespace)."""
+    strategy = csi_node["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    spec = csi_node["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    # the old pod goes once the new one is ready: ready only after the takeover
+    plugin = next(c for c in spec["containers"] if c["name"] == "blockcache-csi")
+    ready_file = plugin["command"][plugin["command"].index("--ready-file") + 1]
+    assert plugin["readinessProbe"]["exec"]["command"] == ["test", "-e", ready_file]
+    # on the host's network a port would keep the surge pod from starting
+    ports = [p for c in spec["containers"] for p in c.get("ports", [])]
+    assert ports == [] and not any("--http-endpoint" in " ".join(c.get("args", []))
+                                   for c in spec["containers"])
 
 
 def test_no_api_access_and_no_rbac(daemon_objs, csi_node):

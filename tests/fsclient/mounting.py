@@ -18,6 +18,7 @@ from pathlib import Path
 
 from devtools.procs import stop_process
 from fsclient import keeping
+from fsclient.session.fdstore import Passing
 
 REPO = str(Path(__file__).resolve().parents[2])
 READY_TIMEOUT = 60.0
@@ -51,7 +52,8 @@ class FsclientMount:
     """One `fsclient mount --foreground` subprocess on `mountpoint`."""
 
     def __init__(self, source: str, mountpoint: str, key_file: str, socket: str | None,
-                 volume: str = "testvol", args: Sequence[str] = (), log_path: str | None = None):
+                 volume: str = "testvol", args: Sequence[str] = (), log_path: str | None = None,
+                 own_session: bool = False):
         self.source = str(source)
         self.mountpoint = str(mountpoint)
         self.key_file = str(key_file)
@@ -61,6 +63,7 @@ class FsclientMount:
         self.log_path = log_path or f"{self.mountpoint}.fsclient.log"
         self.proc: subprocess.Popen | None = None
         self.warnings: list[str] = []
+        self.own_session = own_session  # a process group of its own, to kill as one
 
     def argv(self) -> list[str]:
         a = [sys.executable, "-m", "fsclient.cli", "--log-level", "debug", "mount",
@@ -76,14 +79,18 @@ class FsclientMount:
         except FileNotFoundError:
             return ""
 
-    def start(self) -> FsclientMount:
-        """Mount; raise RuntimeError with the reason and the log if not ready."""
+    def start(self, passed: Passing | None = None) -> FsclientMount:
+        """Mount (or keep the connection `passed`, `fdstore.hand_on`); raise
+        RuntimeError with the reason and the log if not ready."""
         os.makedirs(self.mountpoint, exist_ok=True)
         r, w = os.pipe()
+        passing = passed or Passing(env())
         with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(self.argv() + ["--ready-fd", str(w)], pass_fds=(w,),
+            self.proc = subprocess.Popen(self.argv() + ["--ready-fd", str(w)],
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                         env=env(), cwd=REPO)
+                                         env=passing.env, cwd=REPO,
+                                         start_new_session=self.own_session,
+                                         **passing.popen(w))
         os.close(w)
         try:
             status = self._wait_ready(r)

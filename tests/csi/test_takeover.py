@@ -1,0 +1,111 @@
+"""An upgrade of the plugin's pod: a new plugin (same state dir, its own
+socket and process group) takes every live mount over at its start, so the
+old plugin's whole container can then be killed, keepers and servers with it,
+while a reader reading through the mount fails no read and reads no wrong
+byte. And two plugins on one socket (a surge): the one that stops first
+leaves the other's socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import suppress
+
+import grpc
+import pytest
+
+from blockcache_csi.proto import csi_pb2, csi_pb2_grpc
+from tests.csi.plugin import REPO, keeper_status, mounts_under, status_of, wait_dead
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:  # between the unlink and the bind
+        return None
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_new_plugin_takes_the_mounts_over_and_the_old_one_may_die(world, tmp_path):
+    ready = os.path.join(world.base, "takeover-new.ready")
+    old = world.plugin(state="state-takeover", name="takeover-old").start()
+    new = world.plugin(state="state-takeover", name="takeover-new", args=("--ready-file", ready))
+    target = world.target()
+    stop = str(tmp_path / "reader.stop")
+    reader = None
+    try:
+        old.publish("vol-t", target, world.context("takeover"), world.key)
+        before = keeper_status(target)
+        reader = subprocess.Popen([sys.executable, "-m", "devtools.mountreader", target,
+                                   world.source, stop, "--cwd", "dir0"], cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_for(lambda: os.readlink(f"/proc/{reader.pid}/cwd") == os.path.join(target, "dir0"),
+                 30, "the reader to start")
+        time.sleep(0.5)
+        assert not os.path.exists(ready)
+        new.start()  # it listens, and is ready, once it has taken every mount over
+        after = keeper_status(target)
+        assert open(ready).read() == f"{new.proc.pid}\n"
+        assert after["keeper"] != before["keeper"]
+        assert status_of(after["keeper"])["PPid"] == str(new.proc.pid)
+        assert status_of(after["server"])["Uid"].split()[0] == "65534"
+        # the old pod's container stops: every process in it, kill -9 at once
+        # (its keeper and server have left already, so there may be none)
+        with suppress(ProcessLookupError):
+            os.killpg(old.proc.pid, signal.SIGKILL)
+        _kill([old.proc.pid, before["keeper"], before["server"]])
+        for pid in (old.proc.pid, before["keeper"], before["server"]):
+            wait_dead(pid)
+        time.sleep(1.0)
+        open(stop, "w").close()
+        out, err = reader.communicate(timeout=60)
+        assert reader.returncode == 0, err.decode()
+        tally = json.loads(out)
+        assert tally["ok"] > 0 and tally["failed"] == {} and tally["wrong"] == 0, tally
+        assert keeper_status(target)["keeper"] == after["keeper"]
+        new.unpublish("vol-t", target)
+        assert target not in mounts_under(os.path.dirname(target))
+        new.stop()
+        assert not os.path.exists(ready)
+    finally:
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+            reader.wait(10)
+        new.stop()
+        old.stop()
+        print(old.log(), new.log())  # shown when the test failed
+
+
+def test_a_plugin_that_stops_leaves_its_successors_socket(world):
+    """A surge update: the new plugin replaces the socket file while the old
+    one serves; the old one, stopping, must not unlink the new one's."""
+    first = world.plugin(state="state-surge", name="surge-first").start()
+    second = world.plugin(state="state-surge", name="surge-second")
+    second.socket, second.endpoint = first.socket, first.endpoint
+    try:
+        replaced = os.stat(first.socket).st_ino
+        second.start()  # (its client may reach the first one's socket yet)
+        wait_for(lambda: _inode(second.socket) not in (None, replaced), 30,
+                 "the second plugin's socket")
+        first.stop()
+        assert os.path.exists(second.socket), first.log()
+        with grpc.insecure_channel(second.endpoint) as channel:  # a new connection
+            probe = csi_pb2_grpc.IdentityStub(channel).Probe(csi_pb2.ProbeRequest(), timeout=30)
+        assert probe.ready.value
+        second.stop()
+        assert not os.path.exists(second.socket)  # its own: removed
+    finally:
+        second.stop()
+        first.stop()

@@ -54,7 +54,8 @@ bench: $(STAMP)
 
 # blockcache-csi's gRPC stubs from its .proto (committed: users need no grpcio-tools)
 proto: $(STAMP)
-	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. blockcache_csi/proto/csi.proto
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
+		blockcache_csi/proto/csi.proto blockcache_csi/proto/registration.proto
 
 # Bare metal (docs/deploy.md): units, example configs and the blockcache user.
 # BINDIR is where the blockcached/fsclient scripts are (a venv's bin/). Never

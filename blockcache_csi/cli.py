@@ -3,6 +3,7 @@
     blockcache-csi --endpoint unix:///csi/csi.sock --node-id NODE
                    [--state-dir /var/lib/blockcache-csi] [--server-uid 65534]
                    [--server-gid 65534] [--socket PATH] [--ready-file PATH]
+                   [--registration-dir DIR] [--kubelet-registration-path PATH]
 
 Errors at start print one line (`blockcache-csi: error: ...`) and exit 1.
 """
@@ -23,6 +24,7 @@ from . import DRIVER_NAME, VERSION
 log = logging.getLogger(__name__)
 
 DEFAULT_STATE_DIR = "/var/lib/blockcache-csi"
+DEFAULT_REGISTRATION_PATH = f"/var/lib/kubelet/plugins/{DRIVER_NAME}/csi.sock"
 NOBODY = 65534
 
 
@@ -57,13 +59,22 @@ def _log_target() -> str | None:
               help="Written once every mount found at start is taken over and the socket "
                    "serves, removed at stop: a readiness probe's `test -e` (a surge update "
                    "deletes the old pod only then).")
+@click.option("--registration-dir", type=click.Path(exists=True, file_okay=False),
+              help="Register with the kubelet: the kubelet's plugins_registry dir "
+                   "(/var/lib/kubelet/plugins_registry on the host), where the plugin binds "
+                   "a registration socket of its own once it serves [default: no "
+                   "registration].")
+@click.option("--kubelet-registration-path", default=DEFAULT_REGISTRATION_PATH,
+              show_default=True, metavar="PATH",
+              help="The CSI socket's path as the kubelet sees it on the host, which the "
+                   "registration gives the kubelet.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(LEVELS, case_sensitive=False))
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(FORMATS))
 @click.version_option(VERSION, prog_name="blockcache-csi")
 def main(endpoint: str, node_id: str, state_dir: str, server_uid: int, server_gid: int,
-         socket: str | None, ready_file: str | None, log_level: str,
-         log_format: str) -> None:
+         socket: str | None, ready_file: str | None, registration_dir: str | None,
+         kubelet_registration_path: str, log_level: str, log_format: str) -> None:
     """Serve the CSI node plugin `csi.blockcache.io` on ENDPOINT.
 
     NodePublishVolume mounts a blockcache volume (volume_context: source,
@@ -76,6 +87,7 @@ def main(endpoint: str, node_id: str, state_dir: str, server_uid: int, server_gi
     them over.
     """
     from .mounts import Mounts
+    from .registration import Registrar
     from .server import EndpointError, serve
     from .state import StateDir
 
@@ -84,11 +96,18 @@ def main(endpoint: str, node_id: str, state_dir: str, server_uid: int, server_gi
         click.echo("blockcache-csi: error: the plugin mounts FUSE file systems and must run "
                    "as root (a privileged container)", err=True)
         sys.exit(1)
+    if not kubelet_registration_path.startswith("/"):
+        click.echo(f"blockcache-csi: error: --kubelet-registration-path "
+                   f"{kubelet_registration_path!r} must be an absolute host path, e.g. "
+                   f"{DEFAULT_REGISTRATION_PATH}", err=True)
+        sys.exit(1)
     log.info("%s %s starting", DRIVER_NAME, VERSION)
     state = StateDir(state_dir, server_uid, server_gid)
     mounts = Mounts(state, server_uid, server_gid, socket, _log_target())
     try:
-        code = serve(endpoint, mounts, node_id, ready_file)
+        registrar = (Registrar(registration_dir, kubelet_registration_path)
+                     if registration_dir else None)
+        code = serve(endpoint, mounts, node_id, ready_file, registrar)
     except (EndpointError, BlockcacheError, OSError) as exc:
         click.echo(f"blockcache-csi: error: {exc}", err=True)
         sys.exit(1)

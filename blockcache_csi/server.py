@@ -21,6 +21,7 @@ from .identity import Identity
 from .mounts import Mounts
 from .node import Node
 from .proto import csi_pb2_grpc
+from .registration import Registrar
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,10 @@ def _replaceable(path: str) -> bool:
     return True
 
 
-def serve(endpoint: str, mounts: Mounts, node_id: str, ready_file: str | None = None) -> int:
-    """Take over, then serve until SIGTERM/SIGINT; the exit code."""
+def serve(endpoint: str, mounts: Mounts, node_id: str, ready_file: str | None = None,
+          registrar: Registrar | None = None) -> int:
+    """Take over, then serve (and register with the kubelet through
+    `registrar`) until SIGTERM/SIGINT; the exit code."""
     path = socket_path(endpoint)
     mounts.state.prepare()
     mounts.adopt()
@@ -99,8 +102,14 @@ def serve(endpoint: str, mounts: Mounts, node_id: str, ready_file: str | None = 
         with open(ready_file, "w") as f:
             f.write(f"{os.getpid()}\n")
     log.info("serving CSI on %s (node %s, state in %s)", path, node_id, mounts.state.path)
+    if registrar is not None:  # only now: the kubelet may publish at once
+        registrar.start()
     while not stop.wait(REAP_INTERVAL):
         mounts.reap()
+        if registrar is not None:
+            registrar.poll()
+    if registrar is not None:
+        registrar.stop()
     server.stop(GRACE).wait()
     _remove_if_ours(path, ours)
     if ready_file:

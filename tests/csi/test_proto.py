@@ -1,4 +1,4 @@
-"""The committed gRPC stubs are what `make proto` makes from csi.proto today."""
+"""The committed gRPC stubs are what `make proto` makes from the .proto files today."""
 
 from __future__ import annotations
 
@@ -11,16 +11,17 @@ import pytest
 
 from tests.csi.plugin import REPO
 
-PROTO = os.path.join("blockcache_csi", "proto", "csi.proto")
-STUBS = ("csi_pb2.py", "csi_pb2_grpc.py")
+PROTOS = [os.path.join("blockcache_csi", "proto", f"{n}.proto") for n in ("csi", "registration")]
+STUBS = ("csi_pb2.py", "csi_pb2_grpc.py", "registration_pb2.py", "registration_pb2_grpc.py")
 
 
 def test_committed_stubs_match_the_proto(tmp_path):
     pytest.importorskip("grpc_tools", reason="grpcio-tools is the `proto` extra")
     os.makedirs(tmp_path / "blockcache_csi" / "proto")
-    shutil.copy(os.path.join(REPO, PROTO), tmp_path / PROTO)
+    for proto in PROTOS:
+        shutil.copy(os.path.join(REPO, proto), tmp_path / proto)
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I.", "--python_out=.",
-                    "--grpc_python_out=.", PROTO], cwd=tmp_path, check=True, timeout=60)
+                    "--grpc_python_out=.", *PROTOS], cwd=tmp_path, check=True, timeout=60)
     for name in STUBS:
         made = (tmp_path / "blockcache_csi" / "proto" / name).read_bytes()
         with open(os.path.join(REPO, "blockcache_csi", "proto", name), "rb") as f:

@@ -1,0 +1,132 @@
+"""The plugin registers itself with the kubelet (instead of a
+node-driver-registrar sidecar): a socket of its own in the kubelet's
+plugins_registry dir, serving the kubelet's `pluginregistration` API.
+
+The socket's name is unique to this plugin instance, so no other plugin pod's
+stop removes it; and when another instance's socket goes (the old pod of a
+surge update stopping), this one binds a fresh socket, because kubelets
+before 1.33 deregister a CSI driver by its name whichever socket went
+(DESIGN.md, "Registration with the kubelet")."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from . import DRIVER_NAME
+from .proto import registration_pb2, registration_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+PREFIX = f"{DRIVER_NAME}-"  # every instance's socket, and node-driver-registrar's
+SUFFIX = ".sock"
+CSI_VERSIONS = ["1.0.0"]
+GRACE = 1.0  # seconds a kubelet call in progress gets when the socket is replaced
+
+
+class Registration(registration_pb2_grpc.RegistrationServicer):
+    """What the kubelet's plugin watcher asks of a plugin's socket."""
+
+    def __init__(self, endpoint: str, socket: str):
+        self.endpoint, self.socket = endpoint, socket
+
+    def GetInfo(self, request, context):
+        return registration_pb2.PluginInfo(type="CSIPlugin", name=DRIVER_NAME,
+                                           endpoint=self.endpoint,
+                                           supported_versions=CSI_VERSIONS)
+
+    def NotifyRegistrationStatus(self, request, context):
+        if request.plugin_registered:
+            log.info("the kubelet registered %s (CSI socket %s) through %s", DRIVER_NAME,
+                     self.endpoint, self.socket)
+        else:
+            log.error("the kubelet refused to register %s through %s: %s; new volumes on "
+                      "this node cannot be mounted until it registers", DRIVER_NAME,
+                      self.socket, request.error or "no reason given")
+        return registration_pb2.RegistrationStatusResponse()
+
+
+def _siblings(directory: str, ours: str | None) -> set[str]:
+    """The other plugin instances' registration sockets in `directory`."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return set()
+    return {n for n in names
+            if n.startswith(PREFIX) and n.endswith(SUFFIX) and n != ours}
+
+
+class Registrar:
+    """This plugin's registration socket in `directory` (the kubelet's
+    plugins_registry), naming `endpoint` (the CSI socket's host path)."""
+
+    def __init__(self, directory: str, endpoint: str):
+        self.directory, self.endpoint = directory, endpoint
+        self.name: str | None = None
+        self._server: grpc.Server | None = None
+        self._seen: set[str] = set()
+        self._gone = False  # a sibling went at the last poll: bind again at the next
+
+    @property
+    def path(self) -> str | None:
+        return None if self.name is None else os.path.join(self.directory, self.name)
+
+    def start(self) -> None:
+        """Bind the first socket: the kubelet registers the driver."""
+        self._seen = _siblings(self.directory, None)
+        self._bind()
+
+    def poll(self) -> None:
+        """Called once a second: when another instance's socket has gone, bind
+        a fresh one, one poll later, so that the kubelet has seen that removal
+        (and deregistered the driver by name) before it sees the new socket."""
+        now = _siblings(self.directory, self.name)
+        if self._gone:
+            self._gone = False
+            log.info("a registration socket of another %s plugin went; registering again",
+                     DRIVER_NAME)
+            try:
+                self._bind()
+            except OSError as exc:  # the mounts and the CSI socket serve on; next poll
+                log.error("cannot register again: %s", exc)
+                self._gone = True
+        elif self._seen - now:
+            self._gone = True
+        self._seen = now
+
+    def stop(self) -> None:
+        """Remove this instance's socket only (the kubelet deregisters it)."""
+        self._unbind()
+
+    def _bind(self) -> None:
+        # the previous socket goes first: were it removed after the new one
+        # was registered, an older kubelet would deregister the driver
+        self._unbind()
+        name = f"{PREFIX}{secrets.token_hex(6)}{SUFFIX}"
+        path = os.path.join(self.directory, name)
+        server = grpc.server(ThreadPoolExecutor(2, thread_name_prefix="registration"))
+        registration_pb2_grpc.add_RegistrationServicer_to_server(
+            Registration(self.endpoint, path), server)
+        try:
+            bound = server.add_insecure_port(f"unix:{path}")
+        except RuntimeError:  # newer grpcio raises where older ones returned 0
+            bound = 0
+        if bound == 0:
+            raise OSError(f"cannot listen on {path} (--registration-dir)")
+        server.start()
+        self.name, self._server = name, server
+        log.info("registration socket %s (CSI endpoint %s on the host)", path, self.endpoint)
+
+    def _unbind(self) -> None:
+        if self._server is not None:
+            self._server.stop(GRACE).wait()
+            self._server = None
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            self.name = None

@@ -1,0 +1,124 @@
+"""The plugin registers itself with the kubelet: a socket with a name of its
+own in the registration dir once it is ready, answering the kubelet's
+pluginregistration calls (a real gRPC client plays the kubelet); a fresh
+socket when another instance's socket goes; at SIGTERM only its own socket
+removed."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from contextlib import closing
+
+import grpc
+import pytest
+
+from blockcache_csi.proto import registration_pb2, registration_pb2_grpc
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.timeout(60)]
+
+HOST_PATH = "/var/lib/kubelet/plugins/csi.blockcache.io/csi.sock"
+OURS = re.compile(r"csi\.blockcache\.io-[0-9a-f]{12}\.sock")
+
+
+def _own_sockets(regdir: str, others: set[str] = frozenset()) -> set[str]:
+    return {n for n in os.listdir(regdir) if OURS.fullmatch(n) and n not in others}
+
+
+def _one_socket(regdir: str, others: set[str] = frozenset()) -> str:
+    box: list[str] = []
+
+    def found() -> bool:
+        names = _own_sockets(regdir, others)
+        box[:] = sorted(names)
+        return len(names) == 1
+
+    wait_for(found, 15, f"one registration socket in {regdir}")
+    return box[0]
+
+
+def _kubelet(path: str) -> registration_pb2_grpc.RegistrationStub:
+    channel = grpc.insecure_channel(f"unix:{path}")
+    grpc.channel_ready_future(channel).result(timeout=10)
+    return registration_pb2_grpc.RegistrationStub(channel)
+
+
+def _sibling(regdir: str, name: str) -> socket.socket:
+    """Another instance's registration socket, as a plain bound unix socket."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(os.path.join(regdir, name))
+    s.listen()
+    return s
+
+
+def _registering(world, name: str, regdir: str):
+    ready = os.path.join(world.base, f"{name}.ready")
+    return world.plugin(state=f"state-{name}", name=name, args=(
+        "--registration-dir", regdir, "--kubelet-registration-path", HOST_PATH,
+        "--ready-file", ready)), ready
+
+
+def test_the_kubelet_gets_the_plugins_info_through_a_socket_of_its_own(world):
+    regdir = os.path.join(world.base, "registry-info")
+    os.makedirs(regdir)
+    plugin, ready = _registering(world, "reg-info", regdir)
+    plugin.start()
+    try:
+        name = _one_socket(regdir)
+        assert os.path.exists(ready)  # bound only once the plugin is ready
+        kubelet = _kubelet(os.path.join(regdir, name))
+        info = kubelet.GetInfo(registration_pb2.InfoRequest(), timeout=10)
+        assert (info.type, info.name, info.endpoint, list(info.supported_versions)) == \
+            ("CSIPlugin", "csi.blockcache.io", HOST_PATH, ["1.0.0"])
+        kubelet.NotifyRegistrationStatus(
+            registration_pb2.RegistrationStatus(plugin_registered=True), timeout=10)
+        kubelet.NotifyRegistrationStatus(registration_pb2.RegistrationStatus(
+            plugin_registered=False, error="driver name clash xyzzy"), timeout=10)
+        wait_for(lambda: "refused to register" in plugin.log(), 10, "the refusal logged")
+        refusal = next(line for line in plugin.log().splitlines() if "refused" in line)
+        assert "ERROR" in refusal and "driver name clash xyzzy" in refusal
+        assert "the kubelet registered csi.blockcache.io" in plugin.log()
+    finally:
+        plugin.stop()
+    assert _own_sockets(regdir) == set()
+
+
+def test_a_sibling_going_makes_it_register_again_and_it_removes_only_its_own(world):
+    regdir = os.path.join(world.base, "registry-sibling")
+    os.makedirs(regdir)
+    # node-driver-registrar's fixed name, and another plugin instance's
+    with closing(_sibling(regdir, "csi.blockcache.io-reg.sock")), \
+            closing(_sibling(regdir, "csi.blockcache.io-0123456789ab.sock")):
+        first, _ = _registering(world, "reg-a", regdir)
+        first.start()
+        try:
+            others = {"csi.blockcache.io-0123456789ab.sock"}
+            name = _one_socket(regdir, others)
+            os.unlink(os.path.join(regdir, "csi.blockcache.io-reg.sock"))
+            wait_for(lambda: _own_sockets(regdir, others) - {name}, 10,
+                     "a fresh registration socket")
+            again = _one_socket(regdir, others)
+            assert again != name and not os.path.exists(os.path.join(regdir, name))
+            info = _kubelet(os.path.join(regdir, again)).GetInfo(
+                registration_pb2.InfoRequest(), timeout=10)
+            assert info.name == "csi.blockcache.io"
+
+            # a second plugin instance: its own name; when it stops, the first
+            # registers again and the second leaves the first's socket alone
+            second, _ = _registering(world, "reg-b", regdir)
+            second.start()
+            try:
+                theirs = _one_socket(regdir, others | {again})
+            finally:
+                second.stop()
+            assert not os.path.exists(os.path.join(regdir, theirs))
+            wait_for(lambda: not os.path.exists(os.path.join(regdir, again)), 10,
+                     "the first plugin to register again")
+            latest = _one_socket(regdir, others)
+            assert latest not in (again, theirs)
+        finally:
+            first.stop()
+        # at SIGTERM it removed its own socket only
+        assert sorted(os.listdir(regdir)) == ["csi.blockcache.io-0123456789ab.sock"]

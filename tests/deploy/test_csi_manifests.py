@@ -1,5 +1,6 @@
 """The CSI driver's manifests: the CSIDriver object, the node plugin's
-DaemonSet with its registrar, and the examples that mount volumes through it.
+DaemonSet (the plugin registers itself with the kubelet), and the examples
+that mount volumes through it.
 
 What the kubelet needs to find and call the plugin (the registration path is
 the host path of the plugin's socket), what the plugin needs to mount FUSE
@@ -79,11 +80,6 @@ def plugin(csi_node):
     return container(csi_node, "blockcache-csi")
 
 
-@pytest.fixture(scope="module")
-def registrar(csi_node):
-    return container(csi_node, "node-driver-registrar")
-
-
 def test_csidriver_object(driver):
     assert driver["metadata"]["name"] == DRIVER
     spec = driver["spec"]
@@ -123,31 +119,21 @@ def test_fuse_servers_may_connect_to_the_daemon_but_are_no_admins(daemon_objs, d
     assert uid not in cfg.get("admin_uids", [0]) and gid not in cfg.get("admin_gids", [])
 
 
-def test_registrar_registers_the_plugins_socket(csi_node, plugin, registrar):
-    """The kubelet calls the plugin at the host path the registrar gives it,
-    which must be where the plugin's socket is on the host."""
-    assert registrar["image"].startswith("registry.k8s.io/sig-storage/csi-node-driver-registrar:")
-    flags = args(registrar)
-    plugin_sock = socket_path(expand(plugin, args(plugin)["--endpoint"]))
-    # one socket: the registrar's --csi-address and the plugin's endpoint
-    # are the same host file
-    assert host_path_of(csi_node, registrar, flags["--csi-address"]) == \
-        host_path_of(csi_node, plugin, plugin_sock)
+def test_plugin_registers_its_own_socket(csi_node, plugin):
+    """The kubelet calls the plugin at the host path the plugin's registration
+    gives it, which must be where the plugin's socket is on the host; the
+    registration socket is in the kubelet's plugin registry."""
+    flags = args(plugin)
+    plugin_sock = socket_path(expand(plugin, flags["--endpoint"]))
     host_sock = host_path_of(csi_node, plugin, plugin_sock)
     assert host_sock == f"{KUBELET_DIR}/plugins/{DRIVER}/csi.sock"
     assert flags["--kubelet-registration-path"] == host_sock
-    # the kubelet's plugin registry, where the registrar puts its own socket
-    reg = mount(registrar, "registration-dir")
-    assert reg["mountPath"] == "/registration"
-    assert volume(csi_node, "registration-dir")["hostPath"]["path"] == \
+    assert host_path_of(csi_node, plugin, flags["--registration-dir"]) == \
         f"{KUBELET_DIR}/plugins_registry"
-    # its liveness probe asks the registrar binary about the same registration
-    probe = registrar["livenessProbe"]["exec"]["command"]
-    assert "--mode=kubelet-registration-probe" in probe
-    assert f"--kubelet-registration-path={host_sock}" in probe
-    # which notes the registration in that path's dir: writable, though its root is not
-    assert mount(registrar, "registration-probe")["mountPath"] == posixpath.dirname(host_sock)
-    assert "emptyDir" in volume(csi_node, "registration-probe")
+    assert mount(plugin, "registration-dir")["mountPath"] == "/registration"
+    # no registrar sidecar: its fixed socket name is what an upgrade's old pod
+    # removed under the new pod (blockcache_csi/DESIGN.md)
+    assert [c["name"] for c in containers(csi_node)] == ["blockcache-csi"]
 
 
 def test_propagation_bidirectional_on_the_plugin_only(daemon_objs, csi_node, plugin):
@@ -194,7 +180,7 @@ def test_an_upgrade_starts_the_new_plugin_before_the_old_one_goes(csi_node):
 
 
 def test_no_api_access_and_no_rbac(daemon_objs, csi_node):
-    """Neither the registrar nor the plugin calls the API server: no roles."""
+    """The plugin never calls the API server: no roles."""
     assert not [o for o in daemon_objs if o["kind"] in
                 ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
     spec = pod_spec(csi_node)

@@ -4,8 +4,8 @@ plugins_registry dir, serving the kubelet's `pluginregistration` API.
 
 The socket's name is unique to this plugin instance, so no other plugin pod's
 stop removes it; and when another instance's socket goes (the old pod of a
-surge update stopping), this one binds a fresh socket, because kubelets
-before 1.33 deregister a CSI driver by its name whichever socket went
+surge update stopping), this one binds a fresh socket, because older
+kubelets deregister a CSI driver by its name whichever socket went
 (DESIGN.md, "Registration with the kubelet")."""
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import secrets
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -61,6 +62,20 @@ def _siblings(directory: str, ours: str | None) -> set[str]:
             if n.startswith(PREFIX) and n.endswith(SUFFIX) and n != ours}
 
 
+def _dead(path: str) -> bool:
+    """Whether no process listens on the socket at `path` any more (its
+    plugin was killed, with no chance to remove it)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(path)
+        except ConnectionRefusedError:
+            return True
+        except OSError:  # gone already, or not a socket: not ours to judge
+            return False
+    return False
+
+
 class Registrar:
     """This plugin's registration socket in `directory` (the kubelet's
     plugins_registry), naming `endpoint` (the CSI socket's host path)."""
@@ -77,7 +92,15 @@ class Registrar:
         return None if self.name is None else os.path.join(self.directory, self.name)
 
     def start(self) -> None:
-        """Bind the first socket: the kubelet registers the driver."""
+        """Remove the sockets of instances that were killed (the kubelet would
+        call them in vain), then bind the first socket: the kubelet registers
+        the driver."""
+        for name in _siblings(self.directory, None):
+            path = os.path.join(self.directory, name)
+            if _dead(path):
+                log.info("removing %s: no plugin listens on it", path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
         self._seen = _siblings(self.directory, None)
         self._bind()
 

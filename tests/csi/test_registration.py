@@ -63,10 +63,13 @@ def _registering(world, name: str, regdir: str):
 def test_the_kubelet_gets_the_plugins_info_through_a_socket_of_its_own(world):
     regdir = os.path.join(world.base, "registry-info")
     os.makedirs(regdir)
+    # a killed plugin's socket: the file stays, nobody listens
+    _sibling(regdir, "csi.blockcache.io-deaddeaddead.sock").close()
     plugin, ready = _registering(world, "reg-info", regdir)
     plugin.start()
     try:
-        name = _one_socket(regdir)
+        name = _one_socket(regdir, {"csi.blockcache.io-deaddeaddead.sock"})
+        assert "csi.blockcache.io-deaddeaddead.sock" not in os.listdir(regdir)
         assert os.path.exists(ready)  # bound only once the plugin is ready
         kubelet = _kubelet(os.path.join(regdir, name))
         info = kubelet.GetInfo(registration_pb2.InfoRequest(), timeout=10)

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 PREFIX = f"{DRIVER_NAME}-"  # every instance's socket, and node-driver-registrar's
 SUFFIX = ".sock"
 CSI_VERSIONS = ["1.0.0"]
+NAME_BYTES = len(f"{PREFIX}{'0' * 12}{SUFFIX}")
+MAX_PATH = 107  # bytes of a unix socket's path (sun_path, with its NUL)
 GRACE = 1.0  # seconds a kubelet call in progress gets when the socket is replaced
 
 
@@ -81,6 +83,11 @@ class Registrar:
     plugins_registry), naming `endpoint` (the CSI socket's host path)."""
 
     def __init__(self, directory: str, endpoint: str):
+        directory = os.path.abspath(directory)
+        if len(os.fsencode(directory)) + 1 + NAME_BYTES > MAX_PATH:
+            raise OSError(f"--registration-dir {directory}: too long for a unix socket's path "
+                          f"(at most {MAX_PATH - 1 - NAME_BYTES} bytes); mount the kubelet's "
+                          f"plugins_registry at a shorter path, e.g. /registration")
         self.directory, self.endpoint = directory, endpoint
         self.name: str | None = None
         self._server: grpc.Server | None = None

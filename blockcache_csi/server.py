@@ -102,19 +102,21 @@ def serve(endpoint: str, mounts: Mounts, node_id: str, ready_file: str | None = 
         with open(ready_file, "w") as f:
             f.write(f"{os.getpid()}\n")
     log.info("serving CSI on %s (node %s, state in %s)", path, node_id, mounts.state.path)
-    if registrar is not None:  # only now: the kubelet may publish at once
-        registrar.start()
-    while not stop.wait(REAP_INTERVAL):
-        mounts.reap()
+    try:
+        if registrar is not None:  # only now: the kubelet may publish at once
+            registrar.start()
+        while not stop.wait(REAP_INTERVAL):
+            mounts.reap()
+            if registrar is not None:
+                registrar.poll()
+    finally:  # a registration that cannot bind ends the plugin, as cleanly
         if registrar is not None:
-            registrar.poll()
-    if registrar is not None:
-        registrar.stop()
-    server.stop(GRACE).wait()
-    _remove_if_ours(path, ours)
-    if ready_file:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(ready_file)
+            registrar.stop()
+        server.stop(GRACE).wait()
+        _remove_if_ours(path, ours)
+        if ready_file:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(ready_file)
     return 0
 
 

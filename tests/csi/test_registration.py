@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import subprocess
 from contextlib import closing
 
 import grpc
@@ -125,3 +126,18 @@ def test_a_sibling_going_makes_it_register_again_and_it_removes_only_its_own(wor
             first.stop()
         # at SIGTERM it removed its own socket only
         assert sorted(os.listdir(regdir)) == ["csi.blockcache.io-0123456789ab.sock"]
+
+
+def test_a_registration_dir_too_long_for_a_socket_is_refused_at_start(world):
+    regdir = os.path.join(world.base, "registry-" + "x" * 100)
+    os.makedirs(regdir)
+    plugin, ready = _registering(world, "reg-long", regdir)
+    out = subprocess.run(
+        [world.python, "-m", "blockcache_csi", "--endpoint", plugin.endpoint, "--node-id", "n",
+         "--state-dir", plugin.state_dir, "--socket", plugin.daemon_socket,
+         *plugin.args], env=world.env, cwd=world.base, capture_output=True, text=True,
+        timeout=30)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        f"blockcache-csi: error: --registration-dir {regdir}: too long for a unix socket")
+    assert not os.path.exists(ready) and os.listdir(regdir) == []

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 PREFIX = f"{DRIVER_NAME}-"  # every instance's socket, and node-driver-registrar's
 SUFFIX = ".sock"
 CSI_VERSIONS = ["1.0.0"]
-NAME_BYTES = len(f"{PREFIX}{'0' * 12}{SUFFIX}")
+NAME_BYTES = len(f"{PREFIX}{'0' * 12}-{'0' * 8}{SUFFIX}")
 MAX_PATH = 107  # bytes of a unix socket's path (sun_path, with its NUL)
 GRACE = 1.0  # seconds a kubelet call in progress gets when the socket is replaced
 
@@ -54,14 +54,23 @@ class Registration(registration_pb2_grpc.RegistrationServicer):
         return registration_pb2.RegistrationStatusResponse()
 
 
-def _siblings(directory: str, ours: str | None) -> set[str]:
-    """The other plugin instances' registration sockets in `directory`."""
+def _siblings(directory: str, ours: str | None) -> dict[str, str]:
+    """The other plugin instances' registration sockets in `directory`, by
+    instance: `csi.blockcache.io-INSTANCE-N.sock` is instance INSTANCE's Nth
+    (any other name, e.g. node-driver-registrar's `-reg.sock`, an instance
+    of its own)."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
-        return set()
-    return {n for n in names
-            if n.startswith(PREFIX) and n.endswith(SUFFIX) and n != ours}
+        return {}
+    out = {}
+    for n in names:
+        if n.startswith(PREFIX) and n.endswith(SUFFIX):
+            middle = n[len(PREFIX):-len(SUFFIX)]
+            instance = middle.rpartition("-")[0] or middle
+            if instance != ours:
+                out[instance] = n
+    return out
 
 
 def _dead(path: str) -> bool:
@@ -89,10 +98,11 @@ class Registrar:
                           f"(at most {MAX_PATH - 1 - NAME_BYTES} bytes); mount the kubelet's "
                           f"plugins_registry at a shorter path, e.g. /registration")
         self.directory, self.endpoint = directory, endpoint
+        self.instance = secrets.token_hex(6)
         self.name: str | None = None
         self._server: grpc.Server | None = None
-        self._seen: set[str] = set()
-        self._gone = False  # a sibling went at the last poll: bind again at the next
+        self._seen: set[str] = set()  # the other instances
+        self._gone: set[str] = set()  # those that went at the last poll
 
     @property
     def path(self) -> str | None:
@@ -102,32 +112,35 @@ class Registrar:
         """Remove the sockets of instances that were killed (the kubelet would
         call them in vain), then bind the first socket: the kubelet registers
         the driver."""
-        for name in _siblings(self.directory, None):
+        for name in _siblings(self.directory, self.instance).values():
             path = os.path.join(self.directory, name)
             if _dead(path):
                 log.info("removing %s: no plugin listens on it", path)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-        self._seen = _siblings(self.directory, None)
+        self._seen = set(_siblings(self.directory, self.instance))
         self._bind()
 
     def poll(self) -> None:
-        """Called once a second: when another instance's socket has gone, bind
-        a fresh one, one poll later, so that the kubelet has seen that removal
-        (and deregistered the driver by name) before it sees the new socket."""
-        now = _siblings(self.directory, self.name)
-        if self._gone:
-            self._gone = False
-            log.info("a registration socket of another %s plugin went; registering again",
+        """Called once a second: when another instance has left (no socket of
+        it seen at two polls running), bind a fresh socket. One poll later, so
+        that the kubelet has seen that removal (and deregistered the driver by
+        name) before it sees the new socket; and only for an instance that has
+        left, not one that registered again (removing its previous socket
+        first), or two live plugins would answer each other's fresh socket
+        with one of their own, forever."""
+        now = set(_siblings(self.directory, self.instance))
+        left = self._gone - now
+        self._gone = self._seen - now
+        self._seen = now
+        if left:
+            log.info("another %s plugin left the registration dir; registering again",
                      DRIVER_NAME)
             try:
                 self._bind()
             except OSError as exc:  # the mounts and the CSI socket serve on; next poll
                 log.error("cannot register again: %s", exc)
-                self._gone = True
-        elif self._seen - now:
-            self._gone = True
-        self._seen = now
+                self._gone |= left
 
     def stop(self) -> None:
         """Remove this instance's socket only (the kubelet deregisters it)."""
@@ -137,7 +150,7 @@ class Registrar:
         # the previous socket goes first: were it removed after the new one
         # was registered, an older kubelet would deregister the driver
         self._unbind()
-        name = f"{PREFIX}{secrets.token_hex(6)}{SUFFIX}"
+        name = f"{PREFIX}{self.instance}-{secrets.token_hex(4)}{SUFFIX}"
         path = os.path.join(self.directory, name)
         server = grpc.server(ThreadPoolExecutor(2, thread_name_prefix="registration"))
         registration_pb2_grpc.add_RegistrationServicer_to_server(

@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import subprocess
+import time
 from contextlib import closing
 
 import grpc
@@ -21,7 +22,7 @@ from tests.support.waiting import wait_for
 pytestmark = [pytest.mark.timeout(60)]
 
 HOST_PATH = "/var/lib/kubelet/plugins/csi.blockcache.io/csi.sock"
-OURS = re.compile(r"csi\.blockcache\.io-[0-9a-f]{12}\.sock")
+OURS = re.compile(r"csi\.blockcache\.io-[0-9a-f]{12}-[0-9a-f]{8}\.sock")
 
 
 def _own_sockets(regdir: str, others: set[str] = frozenset()) -> set[str]:
@@ -109,14 +110,27 @@ def test_a_sibling_going_makes_it_register_again_and_it_removes_only_its_own(wor
                 registration_pb2.InfoRequest(), timeout=10)
             assert info.name == "csi.blockcache.io"
 
-            # a second plugin instance: its own name; when it stops, the first
-            # registers again and the second leaves the first's socket alone
+            # a second plugin instance: its own name; when a third leaves, both
+            # register again, once (neither answers the other's fresh socket)
+            third = _sibling(regdir, "csi.blockcache.io-fedcba987654.sock")
             second, _ = _registering(world, "reg-b", regdir)
             second.start()
             try:
                 theirs = _one_socket(regdir, others | {again})
+                time.sleep(1.5)  # both have seen the third
+                third.close()
+                os.unlink(os.path.join(regdir, "csi.blockcache.io-fedcba987654.sock"))
+                wait_for(lambda: not ({again, theirs} & set(os.listdir(regdir)))
+                         and len(_own_sockets(regdir)) == 2, 10, "both to register again")
+                settled = _own_sockets(regdir)
+                time.sleep(3)
+                assert _own_sockets(regdir) == settled
+                again = next(n for n in settled if n.startswith(again[:30]))
+                theirs = next(n for n in settled if n != again)
             finally:
                 second.stop()
+            # when the second stops, the first registers again and the second
+            # left the first's socket alone
             assert not os.path.exists(os.path.join(regdir, theirs))
             wait_for(lambda: not os.path.exists(os.path.join(regdir, again)), 10,
                      "the first plugin to register again")

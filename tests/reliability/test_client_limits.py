@@ -85,7 +85,7 @@ def test_evictions_during_a_rebuild_do_not_freeze_the_loop(tmp_path):
     n_blocks, n_evicts = 20_000, 10_000
     keys = [str(BlockKey("vol", 1000 + i, 0xabc, 0)) for i in range(n_blocks)]
     d = DaemonProcess(tmp_path)
-    _plant_blocks(d.cache_dirs[0], keys, tmp_junk=30_000)
+    _plant_blocks(d.cache_dirs[0], keys, tmp_junk=80_000)
     d.start(wait_rebuilt=False)
     try:
         with PingProbe(d.socket_path) as probe:

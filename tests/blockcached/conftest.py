@@ -2,7 +2,7 @@
 
 import pytest
 
-from .engine import Engine
+from tests.support.cache_engine import Engine
 
 
 @pytest.fixture

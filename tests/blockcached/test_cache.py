@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from blockcache_client.contract.blockkey import BlockKey
+from tests.support.cache_engine import Engine, block, key
 from tests.support.indexviews import dir_of, lru_order
-
-from .engine import Engine, block, key
 
 CAP = 48 << 10
 VOLS = ("a", "b")

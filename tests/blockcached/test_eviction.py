@@ -3,9 +3,8 @@ the free-space floor, evictions by key, inode and volume."""
 
 from __future__ import annotations
 
+from tests.support.cache_engine import block, key
 from tests.support.indexviews import lru_order, size_of
-
-from .engine import block, key
 
 
 def test_lru_evicts_least_recently_touched_first(engines):

@@ -7,7 +7,7 @@ import os
 import threading
 import time
 
-from .engine import block, key
+from tests.support.cache_engine import block, key
 
 
 def test_lazy_jobs_finish_in_order_with_eager_ones(tmp_path):

@@ -21,9 +21,8 @@ from blockcached import policy as policymod
 from blockcached.index import Index
 from blockcached.policy import Policy, decode_mtime_ns, encode_mtime_ns
 from blockcached.staleness import StaleRule, Verdict
+from tests.support.cache_engine import Engine, block, key
 from tests.support.indexviews import lru_order, pop_lru
-
-from .engine import Engine, block, key
 
 BLOCK = 1000
 FILE = len(block(key(), BLOCK))

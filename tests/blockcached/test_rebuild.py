@@ -8,9 +8,8 @@ import threading
 import time
 
 from blockcache_client.contract import layout
+from tests.support.cache_engine import block, key
 from tests.support.indexviews import dir_of, lru_order
-
-from .engine import block, key
 
 
 def test_rebuild_restores_entries_order_and_cleans(tmp_path, engines):

@@ -8,8 +8,7 @@ import os
 from blockcache_client.contract import layout
 from blockcached import scan
 from blockcached.store import Store
-
-from .engine import block, key
+from tests.support.cache_engine import block, key
 
 
 def _fill(s: Store, n: int) -> list[str]:

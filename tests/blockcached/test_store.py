@@ -6,8 +6,7 @@ import os
 
 from blockcache_client.contract import layout
 from blockcached.store import Store
-
-from .engine import block, key
+from tests.support.cache_engine import block, key
 
 
 def test_write_is_complete_0644_and_leaves_no_temp(tmp_path):

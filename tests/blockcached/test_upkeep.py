@@ -8,8 +8,7 @@ import threading
 import time
 
 from blockcached import cache as cache_mod
-
-from .engine import block, key
+from tests.support.cache_engine import block, key
 
 
 def test_unhealthy_dir_is_taken_out_and_probed_back(engines):

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.procs import free_port
-from tests.fsclient.mounting import FsclientMount
 from tests.operations.conftest import run_cli
+from tests.support.fsclient_mounts import FsclientMount
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:

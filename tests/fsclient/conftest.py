@@ -9,7 +9,7 @@ import random
 import pytest
 
 from blockcache_client.volumekey import generate_key_file
-from tests.fsclient.mounting import FsclientMount
+from tests.support.fsclient_mounts import FsclientMount
 
 BLOCK = 256 << 10  # small blocks, so modest files span several
 

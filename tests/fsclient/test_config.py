@@ -118,7 +118,7 @@ def test_config_is_frozen():
 
 def test_keygen_writes_a_private_key_and_never_overwrites(tmp_path):
     from blockcache_client.volumekey import load_key_file
-    from tests.fsclient.mounting import fsclient
+    from tests.support.fsclient_mounts import fsclient
 
     path = tmp_path / "v.key"
     res = fsclient("keygen", str(path))

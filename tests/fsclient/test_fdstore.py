@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from tests.fsclient.keepers import Reader, serving
-from tests.fsclient.mounting import REPO, env, force_unmount, fsclient, is_mounted
+from tests.support.fsclient_mounts import REPO, env, force_unmount, fsclient, is_mounted
+from tests.support.keepers import Reader, serving
 
 pytestmark = pytest.mark.fuse
 

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from fsclient import keeping
-from tests.fsclient.keepers import Reader, copy_connected_sockets, kill_server, serving
-from tests.fsclient.mounting import REPO, env
+from tests.support.fsclient_mounts import REPO, env
+from tests.support.keepers import Reader, copy_connected_sockets, kill_server, serving
 
 pytestmark = pytest.mark.fuse
 

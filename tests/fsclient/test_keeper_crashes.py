@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.fsclient.keepers import kill_server, serving
+from tests.support.keepers import kill_server, serving
 
 pytestmark = pytest.mark.fuse
 

@@ -19,8 +19,8 @@ from fsclient import keeping
 from fsclient.session import control
 from fsclient.session.fdstore import hand_on
 from tests.fsclient.conftest import BLOCK
-from tests.fsclient.keepers import Reader, serving
-from tests.fsclient.mounting import REPO, FsclientMount, env
+from tests.support.fsclient_mounts import REPO, FsclientMount, env
+from tests.support.keepers import Reader, serving
 
 pytestmark = pytest.mark.fuse
 

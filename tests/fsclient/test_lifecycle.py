@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.fsclient.mounting import force_unmount, fsclient, is_mounted
+from tests.support.fsclient_mounts import force_unmount, fsclient, is_mounted
 from tests.support.trees import snapshot
 
 pytestmark = pytest.mark.fuse

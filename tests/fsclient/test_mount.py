@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.fsclient.mounting import env
+from tests.support.fsclient_mounts import env
 from tests.support.trees import snapshot
 
 pytestmark = pytest.mark.fuse

@@ -17,7 +17,7 @@ import pytest
 
 from blockcache_client import Volume
 from devtools.s3server import S3Server
-from tests.fsclient.mounting import FsclientMount
+from tests.support.fsclient_mounts import FsclientMount
 
 pytestmark = pytest.mark.fuse
 

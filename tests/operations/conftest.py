@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from blockcache_client.volumekey import generate_key_file
-from tests.fsclient.mounting import REPO, env
+from tests.support.fsclient_mounts import REPO, env
 
 BLOCK = 256 << 10  # small blocks, so modest files span several
 VOLUME = "opsvol"

@@ -10,8 +10,8 @@ import sys
 import time
 
 from blockcache_client import Volume
-from tests.fsclient.mounting import REPO, env
 from tests.operations.conftest import BLOCK, VOLUME, blocks_of, run_cli, warmup_args
+from tests.support.fsclient_mounts import REPO, env
 
 
 def cli(daemon, *args: str) -> subprocess.CompletedProcess:

@@ -26,8 +26,6 @@ from blockcache_client.contract.errors import DaemonUnavailable
 from blockcache_client.contract.layout import Layout, fanout
 from blockcache_client.daemonclient.client import Client
 from devtools.daemon import DaemonProcess
-from tests.blockcached.engine import key as make_key
-from tests.fsclient.mounting import FsclientMount
 from tests.reliability.conftest import (
     BS,
     connected_volume,
@@ -38,6 +36,8 @@ from tests.reliability.conftest import (
     wait_until,
     write_dataset,
 )
+from tests.support.cache_engine import key as make_key
+from tests.support.fsclient_mounts import FsclientMount
 from tests.support.volumes import block_key
 
 pytestmark = needs_root

@@ -19,7 +19,6 @@ import pytest
 from blockcache_client import Volume
 from blockcache_client.volumekey import load_key_file
 from devtools.daemon import DaemonProcess
-from tests.fsclient.mounting import FsclientMount, is_mounted
 from tests.reliability.conftest import (
     BS,
     check_index_matches_disk,
@@ -30,6 +29,7 @@ from tests.reliability.conftest import (
     wait_until,
     write_dataset,
 )
+from tests.support.fsclient_mounts import FsclientMount, is_mounted
 
 pytestmark = needs_fuse
 

@@ -18,8 +18,8 @@ import pytest
 
 from blockcache_client import Volume
 from devtools.s3server import S3Server
-from tests.fsclient.mounting import FsclientMount
 from tests.reliability.conftest import BS, needs_fuse, record, wait_until
+from tests.support.fsclient_mounts import FsclientMount
 
 pytestmark = needs_fuse
 

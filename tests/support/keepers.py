@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from devtools import mountreader
-from tests.fsclient.mounting import REPO, env
+from tests.support.fsclient_mounts import REPO, env
 
 RESUME = 30.0  # a hang bound, not a speed target (bench/ has the stall figures)
 

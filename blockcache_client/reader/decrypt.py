@@ -243,13 +243,13 @@ class ParallelDecrypt:
                     continue
             read.run(h.buf)
             with self._lock:
-                if self._closed:
-                    return
                 h.read = None
                 h.started = False
                 read.busy -= 1
                 if not read.busy and read.done is not None:
                     read.done.release()
+                if self._closed:  # after the release: its reader may be waiting
+                    return
                 self._idle.append(h)
 
     # -- reading threads' unit buffers ------------------------------------------

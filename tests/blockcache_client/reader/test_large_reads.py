@@ -200,6 +200,45 @@ def test_a_read_never_waits_for_a_busy_helper():
         pd.close()
 
 
+def test_close_during_a_read_lets_it_finish():
+    """Closing the helpers while one is in a read's unit: the unit ends, the
+    read returns its bytes, the helper exits."""
+    plain, fd, cipher = _sealed(4 * BS)
+    pd = ParallelDecrypt(2)
+    stuck, release = threading.Event(), threading.Event()
+
+    helper = []
+
+    class Stuck(_Watched):
+        def open_into(self, *args):
+            if threading.current_thread().name.startswith("blockcache-decrypt"):
+                helper.append(threading.current_thread())
+                stuck.set()
+                release.wait(30)
+            self.cipher.open_into(*args)
+    outs = []
+
+    def reads():  # until the helper takes one of their units and sticks there
+        while not stuck.is_set():
+            out = memoryview(bytearray(2 * BS))
+            pd.read_file_into(Stuck(cipher), fd, 0, out)
+            outs.append(out)
+    reader = threading.Thread(target=reads)
+    reader.start()
+    try:
+        assert stuck.wait(10)
+        pd.close()
+        release.set()
+        reader.join(10)
+        assert not reader.is_alive()
+        assert all(out == plain[:2 * BS] for out in outs) and outs
+        helper[0].join(10)
+        assert not helper[0].is_alive()
+    finally:
+        release.set()
+        reader.join(10)
+
+
 def test_a_forged_chunk_zeroes_the_whole_read():
     plain, fd, cipher = _sealed(4 * BS)
     step = blockfile.DEFAULT_CHUNK + blockfile.TAG_SIZE

@@ -6,7 +6,9 @@ chunks the range touches, and reports the access later in a batched `touch`:
 no round trip to the daemon. The ciphertext goes to a reused buffer;
 `out` (the FUSE client's path) gets whole chunks decrypted straight into
 the caller's buffer, else the same reused buffer is copied out once into the
-bytes returned. `nowait` reads only where the kernel answers from memory
+bytes returned. A read of `decrypt.PARALLEL_MIN` or more is read and
+decrypted unit by unit on every core instead (`decrypt`), its file's length
+checked against its header first. `nowait` reads only where the kernel answers from memory
 (`nowait`: openat2 RESOLVE_CACHED, preadv2 RWF_NOWAIT), so an event loop
 can serve a warm hit itself and never wait on a slow cache disk.
 

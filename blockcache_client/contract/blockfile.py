@@ -265,6 +265,25 @@ class BlockCipher:
             raise IntegrityError(f"block chunk {index} failed authentication") from None
         return b"".join(out)
 
+    def open_into(self, first: int, end: int, chunks: memoryview, out: memoryview) -> None:
+        """Decrypt whole chunks [first, end) from exactly their ciphertext
+        `chunks` into `out`, exactly their plaintext (a large read's unit: the
+        caller sized both). IntegrityError if a chunk fails; `out` then holds
+        unauthenticated bytes, which the caller must zero."""
+        decrypt_into, aad, last, nonce = self._aead.decrypt_into, self._aad, self._last, _NONCE.pack
+        csize = self.chunk_size
+        step = csize + TAG_SIZE
+        cpos = pos = 0
+        index = first
+        try:
+            for index in range(first, end):  # the last chunk may be shorter: to the ends
+                decrypt_into(nonce(index, index == last), chunks[cpos:cpos + step], aad,
+                             out[pos:pos + csize])
+                cpos += step
+                pos += csize
+        except (InvalidTag, ValueError):  # ValueError: shorter than a tag, or sizes disagree
+            raise IntegrityError(f"block chunk {index} failed authentication") from None
+
     def read_range_into(self, offset: int, chunks: bytes | memoryview, out: memoryview) -> None:
         """`read_range(offset, len(out), chunks)` stored in `out` (a writable
         byte view): whole chunks decrypt straight into it, no intermediate

@@ -6,7 +6,9 @@ chunks the range touches, and reports the access later in a batched `touch`:
 no round trip to the daemon. The ciphertext goes to a reused buffer;
 `out` (the FUSE client's path) gets whole chunks decrypted straight into
 the caller's buffer, else the same reused buffer is copied out once into the
-bytes returned. `nowait` reads only where the kernel answers from memory
+bytes returned. A read of `decrypt.PARALLEL_MIN` or more is read and
+decrypted unit by unit on every core instead (`decrypt`), its file's length
+checked against its header first. `nowait` reads only where the kernel answers from memory
 (`nowait`: openat2 RESOLVE_CACHED, preadv2 RWF_NOWAIT), so an event loop
 can serve a warm hit itself and never wait on a slow cache disk.
 
@@ -26,11 +28,11 @@ from ..common import nowait
 from ..common.counters import Counters
 from ..common.nowait import Unsupported
 from ..common.nowait import open_cached as nowait_open
-from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, chunk_span
+from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, chunk_span, file_size
 from ..contract.errors import FormatError, IntegrityError
 from ..daemonclient.link import DaemonLink
 from .ciphers import Ciphers
-from .decrypt import ParallelDecrypt
+from .decrypt import PARALLEL_MIN, ParallelDecrypt
 from .handlehits import HandleBlocks
 from .memory import BlockMemory
 
@@ -188,14 +190,27 @@ class HitReader:
             return None
         scratch = None
         try:
-            check_block_stat(os.fstat(fd), self.link.daemon_uid, path)
+            st = os.fstat(fd)
+            check_block_stat(st, self.link.daemon_uid, path)
+            n = hi - lo
+            if n >= PARALLEL_MIN and not nowait:  # read and decrypted unit by unit, on every core
+                cipher = self.ciphers.cipher(key, os.pread(fd, HEADER_SIZE, 0), blen)
+                if st.st_size != file_size(blen, self.chunk_size):
+                    raise FormatError(f"block file is {st.st_size} bytes; its header says "
+                                      f"{file_size(blen, self.chunk_size)}")
+                if out is not None:
+                    self.decrypt.read_file_into(cipher, fd, lo, out[:n])
+                    return n
+                scratch = self.scratch.take(n)
+                plain = scratch[:n]
+                self.decrypt.read_file_into(cipher, fd, lo, plain)
+                return plain.tobytes()
             # Where the chunks must be follows from the block length and this
             # volume's chunk size, so one pread usually gets header and chunks
             # together; the header read back must agree, and a read that
             # reaches the last chunk asks for one byte more to catch a file
             # that is longer or shorter than its header says.
             chunk = self.chunk_size
-            n = hi - lo
             if n == blen:  # the whole block (a small file's every read)
                 first, end = 0, -(-blen // chunk) or 1
             else:
@@ -234,9 +249,9 @@ class HitReader:
                                   f"({len(body)} bytes where {stop - start} belong)")
             if out is None:
                 plain = scratch[plain_at:plain_at + n]
-                self.decrypt.read_range_into(cipher, lo, body, plain)
+                cipher.read_range_into(lo, body, plain)
                 return plain.tobytes()
-            self.decrypt.read_range_into(cipher, lo, body, out[:n])
+            cipher.read_range_into(lo, body, out[:n])
             return n
         except (FormatError, IntegrityError) as exc:
             if nowait:  # judged once, by the blocking read that follows

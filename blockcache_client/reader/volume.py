@@ -153,7 +153,7 @@ class Volume:
         # a Volume dropped without close() must not leave its threads reconnecting forever
         weakref.finalize(self, self._link.close, 0.2)
         self._hits = HitReader(self.name, self._chunk_size, self._mem, self._link,
-                               self.counters, ciphers, ParallelDecrypt())
+                               self.counters, ciphers, ParallelDecrypt(None, self._chunk_size))
         self._hits.chunks = ChunkedHits(self._hits, chunks, self._files) if chunks.enabled else None
         self._tier = TierReads(self._chunk_size, self._link, self.counters, ciphers,
                                self._hits.scratch)

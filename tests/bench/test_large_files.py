@@ -32,6 +32,8 @@ def test_large_files_small_run(tmp_path):
     text = large_files.report(result["rows"], figures)
     for name, _, _ in large_files.TARGETS:
         assert name in text
+    assert "decrypt, 1 thread" in text  # the yardstick is printed beside the warm row
+    assert f"decrypt, {rows['decrypt']['threads']} threads" in text
 
 
 def test_model_layout_scales_with_size():

@@ -8,7 +8,9 @@ from __future__ import annotations
 import errno
 import os
 import random
+import tempfile
 import threading
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 
 from blockcache_client import Volume
 from blockcache_client.contract import blockfile
-from blockcache_client.contract.errors import IntegrityError
+from blockcache_client.contract.errors import FormatError, IntegrityError
 from blockcache_client.reader.decrypt import ParallelDecrypt
 from tests.support.waiting import wait_for
 
@@ -73,6 +75,7 @@ def test_every_pattern_cold_then_warm(local_source, key_file, daemon):
         s = warm.stats()
         assert s["misses"] == 0 and s["hits"] > 0
         assert s["parallel_decrypt_reads"] > 0 and s["decrypt_threads"] >= 2
+        assert s["decrypt_buffer_bytes"] > 0
 
 
 def test_block_evicted_mid_read(local_source, key_file, daemon):
@@ -109,70 +112,175 @@ def test_source_changed_mid_read_is_estale(local_source, key_file, daemon):
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from([4 * BS, 4 * BS - 12345, 300_000]), st.data())
-def test_parallel_decrypt_equals_the_library(length, data):
-    """Any range of a block, shared over threads, decrypts as BlockCipher does alone."""
-    plain, blob = _sealed(length)
-    offset = data.draw(st.integers(0, length))
-    size = data.draw(st.integers(0, length - offset))
-    cipher, body = _span(blob, length, offset, size)
+def test_parallel_reads_equal_the_library(length, data):
+    """Any range of a block file, read and opened unit by unit over threads,
+    equals what BlockCipher gives for it alone."""
+    plain, fd, cipher = _sealed(length)
+    offset = data.draw(st.integers(0, length - 1))
+    size = data.draw(st.integers(1, length - offset))
     out = memoryview(bytearray(size))
-    _PD.read_range_into(cipher, offset, body, out)
+    _PD.read_file_into(cipher, fd, offset, out)
     assert out == plain[offset:offset + size]
 
 
-def test_a_read_never_waits_for_a_pool_thread_that_has_not_started():
-    """With the pool's one thread held elsewhere, the caller opens every unit
-    itself and returns; the withdrawn job never runs later."""
-    plain, blob = _sealed(4 * BS)
-    pd = ParallelDecrypt(2)
-    held = threading.Event()
+class _Watched:
+    """A block's cipher that notes, for each unit opened, whether the read
+    it belongs to had already returned (it must never have)."""
+
+    def __init__(self, cipher):
+        self.cipher = cipher
+        self.chunk_size, self.plaintext_len = cipher.chunk_size, cipher.plaintext_len
+        self.returned = False
+        self.late = 0
+        self.threads: set[str] = set()
+
+    def open_into(self, *args):
+        self.threads.add(threading.current_thread().name)
+        time.sleep(random.random() * 0.0005)  # vary who takes which unit
+        self.cipher.open_into(*args)
+        if self.returned:
+            self.late += 1
+
+    def read_range_into(self, *args):
+        self.cipher.read_range_into(*args)
+
+
+def test_no_unit_is_opened_after_its_read_returned():
+    """Helpers woken for a read but not started are taken back: whatever the
+    timing, every unit is done when the read returns, and helpers share them."""
+    plain, fd, cipher = _sealed(4 * BS)
+    pd = ParallelDecrypt(3)
+    helpers = set()
     try:
-        pd._workers().submit(held.wait, 30)  # the pool's only thread: busy
-        cipher, body = _span(blob, 4 * BS, BS // 2, 2 * BS)
-        out = memoryview(bytearray(2 * BS))
-        done = threading.Thread(target=pd.read_range_into, args=(cipher, BS // 2, body, out))
-        done.start()
-        done.join(10)
-        assert not done.is_alive() and out == plain[BS // 2:BS // 2 + 2 * BS]
-        assert pd.stats()["parallel_decrypt_reads"] == 1
-        out[:] = bytes(2 * BS)
-        held.set()
-        pd.close()  # the pool drains: a withdrawn job would write `out` again
-        assert out == bytes(2 * BS)
+        for i in range(150):
+            w = _Watched(cipher)
+            offset = random.Random(i).randrange(0, BS)
+            out = memoryview(bytearray(2 * BS))
+            pd.read_file_into(w, fd, offset, out)
+            w.returned = True
+            assert out == plain[offset:offset + 2 * BS]
+            helpers |= {t for t in w.threads if t.startswith("blockcache-decrypt")}
+            time.sleep(0.001)  # a helper taken back may wake now: it must find nothing
+            assert w.late == 0
+        assert helpers  # the units were shared
+        assert pd.stats()["parallel_decrypt_reads"] > 0
     finally:
-        held.set()
         pd.close()
 
 
+def test_a_read_never_waits_for_a_busy_helper():
+    """With the only helper stuck in another read's unit, a read opens every
+    unit on its own thread and returns."""
+    plain, fd, cipher = _sealed(4 * BS)
+    pd = ParallelDecrypt(2)
+    stuck, release = threading.Event(), threading.Event()
+
+    class Stuck(_Watched):
+        def open_into(self, *args):
+            if threading.current_thread().name.startswith("blockcache-decrypt"):
+                stuck.set()
+                release.wait(30)
+            self.cipher.open_into(*args)
+
+    def first_reads():  # until the helper takes one of their units and sticks there
+        while not stuck.is_set() and not release.is_set():
+            pd.read_file_into(Stuck(cipher), fd, 0, memoryview(bytearray(2 * BS)))
+    first = threading.Thread(target=first_reads)
+    first.start()
+    try:
+        assert stuck.wait(10)
+        out = memoryview(bytearray(2 * BS))
+        done = threading.Thread(target=pd.read_file_into, args=(cipher, fd, BS // 2, out))
+        done.start()
+        done.join(10)
+        assert not done.is_alive() and out == plain[BS // 2:BS // 2 + 2 * BS]
+    finally:
+        release.set()
+        first.join(10)
+        pd.close()
+
+
+def test_close_during_a_read_lets_it_finish():
+    """Closing the helpers while one is in a read's unit: the unit ends, the
+    read returns its bytes, the helper exits."""
+    plain, fd, cipher = _sealed(4 * BS)
+    pd = ParallelDecrypt(2)
+    stuck, release = threading.Event(), threading.Event()
+
+    helper = []
+
+    class Stuck(_Watched):
+        def open_into(self, *args):
+            if threading.current_thread().name.startswith("blockcache-decrypt"):
+                helper.append(threading.current_thread())
+                stuck.set()
+                release.wait(30)
+            self.cipher.open_into(*args)
+    outs = []
+
+    def reads():  # until the helper takes one of their units and sticks there
+        while not stuck.is_set():
+            out = memoryview(bytearray(2 * BS))
+            pd.read_file_into(Stuck(cipher), fd, 0, out)
+            outs.append(out)
+    reader = threading.Thread(target=reads)
+    reader.start()
+    try:
+        assert stuck.wait(10)
+        pd.close()
+        release.set()
+        reader.join(10)
+        assert not reader.is_alive()
+        assert all(out == plain[:2 * BS] for out in outs) and outs
+        helper[0].join(10)
+        assert not helper[0].is_alive()
+    finally:
+        release.set()
+        reader.join(10)
+
+
 def test_a_forged_chunk_zeroes_the_whole_read():
-    plain, blob = _sealed(4 * BS)
+    plain, fd, cipher = _sealed(4 * BS)
     step = blockfile.DEFAULT_CHUNK + blockfile.TAG_SIZE
-    blob[blockfile.HEADER_SIZE + 25 * step + 100] ^= 1  # chunk 25: a pool thread's slice
-    cipher, body = _span(blob, 4 * BS, BS, BS)
-    out = memoryview(bytearray(os.urandom(BS)))
-    with pytest.raises(IntegrityError, match="chunk 25"):
-        _PD.read_range_into(cipher, BS, body, out)
-    assert out == bytes(BS)
+    pos = blockfile.HEADER_SIZE + 25 * step + 100  # chunk 25: a helper's unit, maybe
+    byte = os.pread(fd, 1, pos)
+    os.pwrite(fd, bytes([byte[0] ^ 1]), pos)
+    try:
+        out = memoryview(bytearray(os.urandom(BS)))
+        with pytest.raises(IntegrityError, match="chunk 25"):
+            _PD.read_file_into(cipher, fd, BS, out)
+        assert out == bytes(BS)
+    finally:
+        os.pwrite(fd, byte, pos)
+
+
+def test_a_short_block_file_zeroes_the_whole_read(tmp_path):
+    plain, fd, cipher = _sealed(4 * BS)
+    path = tmp_path / "short"
+    path.write_bytes(os.pread(fd, blockfile.HEADER_SIZE + 3 * BS, 0))
+    short = os.open(path, os.O_RDONLY)
+    try:
+        out = memoryview(bytearray(os.urandom(BS)))
+        with pytest.raises(FormatError, match="shorter"):
+            _PD.read_file_into(cipher, short, 2 * BS + 4096, out)
+        assert out == bytes(BS)
+    finally:
+        os.close(short)
 
 
 _PD = ParallelDecrypt(4)
 _VK = os.urandom(32)
-_SEALED: dict[int, tuple[bytes, bytearray]] = {}
+_SEALED: dict[int, tuple[bytes, int, blockfile.BlockCipher]] = {}
 
 
-def _sealed(length: int) -> tuple[bytes, bytearray]:
+def _sealed(length: int) -> tuple[bytes, int, blockfile.BlockCipher]:
+    """Plaintext, an open fd of its block file (in a private temp file), its cipher."""
     if length not in _SEALED:
         plain = os.urandom(length)
-        _SEALED[length] = (plain, bytearray(blockfile.seal("k", plain, _VK)))
-    plain, blob = _SEALED[length]
-    return plain, bytearray(blob)
-
-
-def _span(blob: bytearray, length: int, offset: int, size: int):
-    cipher = blockfile.BlockCipher.from_head(bytes(blob[:blockfile.HEADER_SIZE]), "k", _VK,
-                                             blockfile.key_id(_VK))
-    first, end = blockfile.chunk_span(length, blockfile.DEFAULT_CHUNK, offset, size)
-    step = blockfile.DEFAULT_CHUNK + blockfile.TAG_SIZE
-    stop = min(end * step, length + end * blockfile.TAG_SIZE)
-    return cipher, memoryview(blob)[blockfile.HEADER_SIZE + first * step:
-                                    blockfile.HEADER_SIZE + stop]
+        fd, path = tempfile.mkstemp(prefix="blockcache-large-reads-")
+        os.unlink(path)
+        os.pwrite(fd, blockfile.seal("k", plain, _VK), 0)
+        cipher = blockfile.BlockCipher.from_head(os.pread(fd, blockfile.HEADER_SIZE, 0), "k",
+                                                 _VK, blockfile.key_id(_VK))
+        _SEALED[length] = (plain, fd, cipher)
+    return _SEALED[length]

@@ -123,6 +123,10 @@ def test_eight_sequential_readers_stay_in_the_memory_budget(local_source, key_fi
             assert peak <= budget, (epoch, peak)
             if epoch == "cold":  # fetched blocks pass through memory (warm: the disk)
                 assert peak > 0
+            else:  # hits read and decrypt unit by unit: a buffer per thread, no more
+                s = vol.stats()
+                unit = vol._hits.decrypt.unit_bytes
+                assert 0 < s["decrypt_buffer_bytes"] <= (s["decrypt_threads"] - 1 + 8) * unit
             wait_for(lambda vol=vol: vol._prefetcher._pending == 0, what="read-ahead to end")
             assert vol.wait_fills(20)
             daemon.wait_idle()

@@ -25,11 +25,16 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def resident_pages(fd: int) -> int:
-    """How many of the file's pages are in memory: mincore on a mapping of it,
-    which faults nothing in."""
+    """How many of the file's pages are in memory."""
+    return sum(resident_map(fd))
+
+
+def resident_map(fd: int) -> list[bool]:
+    """Whether each of the file's pages is in memory: mincore on a mapping of
+    it, which faults nothing in."""
     size = os.fstat(fd).st_size
     if size == 0:
-        return 0
+        return []
     addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
     if addr == _MAP_FAILED:
         raise OSError(ctypes.get_errno(), "mmap")
@@ -37,7 +42,7 @@ def resident_pages(fd: int) -> int:
         vec = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
         if _libc.mincore(addr, size, vec) != 0:
             raise OSError(ctypes.get_errno(), "mincore")
-        return sum(b & 1 for b in vec.raw)
+        return [bool(b & 1) for b in vec.raw]
     finally:
         _libc.munmap(addr, size)
 

@@ -71,6 +71,7 @@ class BlockcacheFS:
         self.blocking: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def close(self) -> None:
+        self.open_files.pages.stop()
         self.lookups.close()
 
     def attach(self, session: Any) -> None:

@@ -254,6 +254,10 @@ class OpenFiles:
         if avail <= 0 or size <= 0:
             return b""
         size = min(size, avail)
+        with self.pages.reading(h.inode, off, size):  # (no store waits on its pages)
+            return self._read(h, off, size)
+
+    def _read(self, h: Handle, off: int, size: int) -> bytes | memoryview:
         data = h.data
         if data is None and h.info.size <= self.whole_file_max:
             with self._locked(h):  # concurrent reads of it wait for the one whole-file read

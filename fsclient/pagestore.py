@@ -12,6 +12,16 @@ page waits for the lock until a worker answers the read. A worker that
 waited so could wait for itself; the store thread only waits for workers.
 A store is best effort: at most QUEUE_MAX wait, the rest are dropped.
 
+That wait must end: a page's lock is released when its read is answered
+(or the connection ends). So a store is skipped while a read request the
+workers hold overlaps its range (`reading`), and a server that ends stops
+its stores first, while its workers still answer (`stop`): a process
+whose store thread waited on a page would keep the connection open, the
+read never answered. What is left: a read queued in the kernel that no
+worker has taken yet; a store waits for a worker to take and answer it,
+and only a server killed (with its keeper) in that moment leaves the
+mount hung until its connection is aborted.
+
 **Never a stale page.** The kernel keeps one page cache per inode across
 opens; an open that answers without keep_cache (another version, or a TTL
 of 0) has it dropped when the open completes. A store of the old version's
@@ -63,6 +73,10 @@ class ChunkStore:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._start = threading.Lock()
+        # inode -> [off, end) of the read requests being answered (`reading`)
+        self._reads: dict[int, list[tuple[int, int]]] = {}
+        self._reads_lock = threading.Lock()  # (never held across I/O)
+        self._writing = threading.Lock()  # held by the store thread while it writes
         self.stored_pages = 0  # pages handed to the kernel
         self.skipped = 0  # stores refused: a newer open or size since (or the queue full)
 
@@ -109,6 +123,33 @@ class ChunkStore:
             self._run_thread()
         self._wake.set()
 
+    @contextlib.contextmanager
+    def reading(self, inode: int, off: int, size: int):
+        """Around the handling of a read request of [off, off+size): the
+        kernel holds those pages locked until it is answered."""
+        span = (off, off + size)
+        with self._reads_lock:
+            self._reads.setdefault(inode, []).append(span)
+        try:
+            yield
+        finally:
+            with self._reads_lock:
+                spans = self._reads[inode]
+                spans.remove(span)
+                if not spans:
+                    del self._reads[inode]
+
+    def _overlaps_reads(self, inode: int, lo: int, hi: int) -> bool:
+        with self._reads_lock:
+            return any(a < hi and lo < b for a, b in self._reads.get(inode, ()))
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """No more stores; waits (at most `timeout`) for one being written,
+        which the workers, still serving, let finish."""
+        self.store = None
+        if self._writing.acquire(timeout=timeout):
+            self._writing.release()
+
     def _run_thread(self) -> None:
         with self._start:
             if self._thread is None:
@@ -123,7 +164,8 @@ class ChunkStore:
             self._wake.clear()
             while queue:
                 try:
-                    self._write(*queue.popleft())
+                    with self._writing:
+                        self._write(*queue.popleft())
                 except Exception:
                     log.exception("page-cache store failed; reads are unaffected")
 
@@ -133,7 +175,7 @@ class ChunkStore:
         if store is None:
             return
         with self._lock(inode):
-            if node.generation != generation:
+            if node.generation != generation or self._overlaps_reads(inode, lo, lo + len(data)):
                 self.skipped += 1
                 return
             try:

@@ -82,7 +82,8 @@ class BlockcacheFS:
         self.handoffs = lambda: session.handoffs
         self.blocking = self.lookups.blocking = self.open_files.blocking = session.blocking
         # (also after a takeover: handles opened before it never store, see pagestore)
-        self.open_files.pages.store = session.notify_store
+        if self.cfg.store_pages:
+            self.open_files.pages.store = session.notify_store
         self.open_files.pages.blocking = session.blocking
 
     def mount_stats(self) -> dict:

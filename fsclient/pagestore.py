@@ -18,9 +18,11 @@ workers hold overlaps its range (`reading`), and a server that ends stops
 its stores first, while its workers still answer (`stop`): a process
 whose store thread waited on a page would keep the connection open, the
 read never answered. What is left: a read queued in the kernel that no
-worker has taken yet; a store waits for a worker to take and answer it,
-and only a server killed (with its keeper) in that moment leaves the
-mount hung until its connection is aborted.
+worker has taken yet; a store waits for a worker to take and answer it. A
+server killed in that moment cannot finish dying, and its keeper starts
+the next one (which would answer that read) only once it is reaped: the
+mount hangs until its connection is aborted. So the store is off unless
+the mount's `store_pages` is set (fsclient/DESIGN.md).
 
 **Never a stale page.** The kernel keeps one page cache per inode across
 opens; an open that answers without keep_cache (another version, or a TTL

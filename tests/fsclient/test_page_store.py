@@ -1,7 +1,8 @@
-"""Random reads through the mount hand the rest of each decrypted chunk to the
-kernel's page cache (`fsclient.pagestore`): a read of a neighbouring page then
-makes no read request. A store never puts an older version's bytes in front of
-an open of a newer one."""
+"""With `store_pages = true`, random reads through the mount hand the rest of
+each decrypted chunk to the kernel's page cache (`fsclient.pagestore`): a read
+of a neighbouring page then makes no read request. A store never puts an older
+version's bytes in front of an open of a newer one. Off by default: nothing is
+stored."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ pytestmark = pytest.mark.fuse
 
 CHUNK = 64 << 10  # blocks of BLOCK bytes are sealed in 64 KiB chunks
 PAGE = 4096
+
+
+def _storing(tmp_path, *args: str) -> list[str]:
+    """Mount arguments that turn the store on."""
+    config = tmp_path / "store.toml"
+    config.write_text("store_pages = true\n")
+    return ["--config", str(config), *args]
 
 
 def _reads(m) -> int:
@@ -45,10 +53,10 @@ def _random_fd(path: str) -> int:
     return fd
 
 
-def test_a_random_read_puts_its_chunk_in_the_page_cache(tree, daemon, mounts):
+def test_a_random_read_puts_its_chunk_in_the_page_cache(tmp_path, tree, daemon, mounts):
     tail_bytes = os.urandom(BLOCK + 3 * PAGE + 100)  # its last chunk: 4 pages, the last partial
     (tree / "tail.bin").write_bytes(tail_bytes)
-    m = mounts(f"file://{tree}", daemon.socket_path)
+    m = mounts(f"file://{tree}", daemon.socket_path, args=_storing(tmp_path))
     path, want = m.cached("big.bin", daemon)
     assert want == (tree / "big.bin").read_bytes()
     fd = _random_fd(path)
@@ -84,8 +92,8 @@ def test_a_random_read_puts_its_chunk_in_the_page_cache(tree, daemon, mounts):
         os.close(fd)
 
 
-def test_no_store_of_an_old_version_after_a_new_one_is_opened(tree, daemon, mounts):
-    m = mounts(tree, daemon.socket_path, args=["--meta-ttl", "0"])
+def test_no_store_of_an_old_version_after_a_new_one_is_opened(tmp_path, tree, daemon, mounts):
+    m = mounts(tree, daemon.socket_path, args=_storing(tmp_path, "--meta-ttl", "0"))
     src = tree / "big.bin"
     old = src.read_bytes()
     path = os.path.join(m.mountpoint, "big.bin")
@@ -119,5 +127,19 @@ def test_no_store_of_an_old_version_after_a_new_one_is_opened(tree, daemon, moun
             assert after["stored_pages"] == before["stored_pages"]
         finally:
             os.close(fresh)
+    finally:
+        os.close(fd)
+
+
+def test_nothing_is_stored_by_default(tree, daemon, mounts):
+    m = mounts(f"file://{tree}", daemon.socket_path)
+    path, _ = m.cached("big.bin", daemon)
+    fd = _random_fd(path)
+    try:
+        os.pread(fd, PAGE, 2 * BLOCK + 5 * PAGE)
+        reads = _reads(m)
+        os.pread(fd, PAGE, 2 * BLOCK + 9 * PAGE)  # a neighbour: asked for
+        assert _reads(m) == reads + 1
+        assert m.stats()["fsclient"]["stored_pages"] == 0
     finally:
         os.close(fd)

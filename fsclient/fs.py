@@ -82,8 +82,11 @@ class BlockcacheFS:
         self.handoffs = lambda: session.handoffs
         self.blocking = self.lookups.blocking = self.open_files.blocking = session.blocking
         # (also after a takeover: handles opened before it never store, see pagestore)
-        if self.cfg.store_pages:
-            self.open_files.pages.store = session.notify_store
+        saved = self.nodes.saved
+        if saved is not None:  # (a store of the server before may still land)
+            self.open_files.pages.await_predecessors(saved.fd)
+            if self.cfg.store_pages:
+                self.open_files.pages.enable(session.notify_fd, saved.fd)
         self.open_files.pages.blocking = session.blocking
 
     def mount_stats(self) -> dict:

@@ -12,17 +12,15 @@ page waits for the lock until a worker answers the read. A worker that
 waited so could wait for itself; the store thread only waits for workers.
 A store is best effort: at most QUEUE_MAX wait, the rest are dropped.
 
-That wait must end: a page's lock is released when its read is answered
-(or the connection ends). So a store is skipped while a read request the
-workers hold overlaps its range (`reading`), and a server that ends stops
-its stores first, while its workers still answer (`stop`): a process
-whose store thread waited on a page would keep the connection open, the
-read never answered. What is left: a read queued in the kernel that no
-worker has taken yet; a store waits for a worker to take and answer it. A
-server killed in that moment cannot finish dying, and its keeper starts
-the next one (which would answer that read) only once it is reaped: the
-mount hangs until its connection is aborted. So the store is off unless
-the mount's `store_pages` is set (fsclient/DESIGN.md).
+That wait must end, and must not pin the server: a page's lock is released
+when its read is answered (or the connection ends), and a store can wait
+for a read still queued in the kernel that no worker has taken. So the
+stores are written by a child process (`session.storer`), which the store
+thread hands one store at a time: a server killed while a store waits
+exits at once, its keeper starts the next server, whose answer to that
+read lets the store (and then the child, killed with its parent) end. A
+store is also skipped while a read request the workers hold overlaps its
+range (`reading`): it would only wait for that read.
 
 **Never a stale page.** The kernel keeps one page cache per inode across
 opens; an open that answers without keep_cache (another version, or a TTL
@@ -48,6 +46,7 @@ import threading
 from collections.abc import Callable
 
 from .inodes import Node
+from .session.storer import Storer, await_predecessors
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +65,14 @@ class ChunkStore:
     request's thread, never after a newer version's open (see the module)."""
 
     def __init__(self) -> None:
-        # the session's notify_store (nodeid, offset, data); None: off
+        # notify_store (nodeid, offset, data) through the child (`enable`); None: off
         self.store: Callable[[int, int, memoryview], None] | None = None
+        self._fuse_fd: Callable[[], int] = lambda: -1
+        self._saved_fd = -1
+        self._storer: Storer | None = None  # started by the first store
+        # set once no earlier server's store can land (`await_predecessors`)
+        self._predecessors_gone = threading.Event()
+        self._predecessors_gone.set()
         # the session's `blocking`: a raise that waits hands its channel on
         self.blocking: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         self._locks = [threading.Lock() for _ in range(_STRIPES)]
@@ -82,12 +87,47 @@ class ChunkStore:
         self.stored_pages = 0  # pages handed to the kernel
         self.skipped = 0  # stores refused: a newer open or size since (or the queue full)
 
+    def enable(self, fuse_fd: Callable[[], int], saved_fd: int) -> None:
+        """Store from now on, by a child writing on `fuse_fd()` (a descriptor
+        of the connection, once it serves), started at the first store;
+        `saved_fd`: the mount's saved-state memfd, the child holds a lock on."""
+        self._fuse_fd, self._saved_fd = fuse_fd, saved_fd
+        self.store = self._store_by_child
+
+    def _store_by_child(self, nodeid: int, offset: int, data: memoryview) -> None:
+        if self._storer is None:
+            try:
+                self._storer = Storer(self._fuse_fd(), self._saved_fd)
+            except OSError as exc:  # (EPIPE: `_write` turns the store off)
+                raise OSError(errno.EPIPE, f"cannot start the page-store process: {exc}") \
+                    from exc
+        self._storer.store(nodeid, offset, data)
+
+    def await_predecessors(self, saved_fd: int) -> None:
+        """Hold every generation raise until no store of an earlier server
+        of the mount can land (`storer.await_predecessors`), on a thread: its
+        child may wait for a read this server is to answer."""
+        self._predecessors_gone.clear()
+
+        def wait() -> None:
+            try:
+                await_predecessors(saved_fd)
+            except OSError as exc:
+                log.warning("cannot tell whether an earlier server's page-cache store "
+                            "is left (%s); going on", exc)
+            self._predecessors_gone.set()
+
+        threading.Thread(target=wait, daemon=True, name="fuse-store-predecessors").start()
+
     def _lock(self, inode: int) -> threading.Lock:
         return self._locks[inode % _STRIPES]
 
     def raise_generation(self, inode: int, node: Node) -> None:
         """A new version of `inode` for the kernel (an open without
         keep_cache, a new size): no store of an older open lands after this."""
+        if not self._predecessors_gone.is_set():
+            with self.blocking():
+                self._predecessors_gone.wait()
         lock = self._lock(inode)
         if not lock.acquire(timeout=LOCK_WAIT):
             with self.blocking():
@@ -147,10 +187,13 @@ class ChunkStore:
 
     def stop(self, timeout: float = 1.0) -> None:
         """No more stores; waits (at most `timeout`) for one being written,
-        which the workers, still serving, let finish."""
+        which the workers, still serving, let finish; then ends the child."""
         self.store = None
         if self._writing.acquire(timeout=timeout):
             self._writing.release()
+        storer, self._storer = self._storer, None
+        if storer is not None:
+            storer.close()
 
     def _run_thread(self) -> None:
         with self._start:
@@ -185,9 +228,9 @@ class ChunkStore:
                     store(inode, a, data[a - lo:b - lo])
                     self.stored_pages += (b - a + PAGE - 1) // PAGE
             except OSError as exc:
-                if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP):
+                if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP, errno.EPIPE):
                     self.store = None
-                    log.info("cannot put file data in the kernel's page cache (%s); "
-                             "random reads store no neighbouring pages", exc)
+                    log.warning("cannot put file data in the kernel's page cache (%s); "
+                                "random reads store no neighbouring pages", exc)
                 elif exc.errno != errno.ENOENT:  # (ENOENT: the kernel forgot the inode)
                     log.debug("notify_store of inode %d failed: %s", inode, exc)

@@ -1,8 +1,8 @@
-"""With `store_pages = true`, random reads through the mount hand the rest of
-each decrypted chunk to the kernel's page cache (`fsclient.pagestore`): a read
-of a neighbouring page then makes no read request. A store never puts an older
-version's bytes in front of an open of a newer one. Off by default: nothing is
-stored."""
+"""Random reads through the mount hand the rest of each decrypted chunk to the
+kernel's page cache (`fsclient.pagestore`, `store_pages`, on by default): a
+read of a neighbouring page then makes no read request. A store never puts an
+older version's bytes in front of an open of a newer one. With
+`store_pages = false` nothing is stored."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.support.pagecache import resident_map
+from tests.support.pagecache import random_fd, resident_map
 
 from .conftest import BLOCK
 
@@ -45,21 +45,13 @@ def _settled(m, before: dict, timeout: float = 10.0) -> dict:
         time.sleep(0.01)
 
 
-def _random_fd(path: str) -> int:
-    """A descriptor whose reads are one page each (no readahead), none cached."""
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-    return fd
-
-
 def test_a_random_read_puts_its_chunk_in_the_page_cache(tmp_path, tree, daemon, mounts):
     tail_bytes = os.urandom(BLOCK + 3 * PAGE + 100)  # its last chunk: 4 pages, the last partial
     (tree / "tail.bin").write_bytes(tail_bytes)
     m = mounts(f"file://{tree}", daemon.socket_path, args=_storing(tmp_path))
     path, want = m.cached("big.bin", daemon)
     assert want == (tree / "big.bin").read_bytes()
-    fd = _random_fd(path)
+    fd = random_fd(path)
     try:
         base = 2 * BLOCK + 3 * CHUNK  # a chunk that is not its block's first
         before = m.stats()["fsclient"]
@@ -78,7 +70,7 @@ def test_a_random_read_puts_its_chunk_in_the_page_cache(tmp_path, tree, daemon, 
     # a file's last chunk: stored up to the end of the file, never past it
     path, got = m.cached("tail.bin", daemon)
     assert got == tail_bytes
-    fd = _random_fd(path)
+    fd = random_fd(path)
     try:
         before = m.stats()["fsclient"]
         assert os.pread(fd, PAGE, BLOCK) == tail_bytes[BLOCK:BLOCK + PAGE]
@@ -97,7 +89,7 @@ def test_no_store_of_an_old_version_after_a_new_one_is_opened(tmp_path, tree, da
     src = tree / "big.bin"
     old = src.read_bytes()
     path = os.path.join(m.mountpoint, "big.bin")
-    fd = _random_fd(path)  # pinned to the old version
+    fd = random_fd(path)  # pinned to the old version
     try:
         # the old version's blocks into the cache (through this handle: with a
         # TTL of 0 every other open is a new version for the kernel)
@@ -112,7 +104,7 @@ def test_no_store_of_an_old_version_after_a_new_one_is_opened(tmp_path, tree, da
         new = bytes(reversed(old))  # a new version, same size
         src.write_bytes(new)
         os.utime(src, ns=(time.time_ns() + 10**9,) * 2)
-        fresh = _random_fd(path)  # the new version: the kernel drops the old pages
+        fresh = random_fd(path)  # the new version: the kernel drops the old pages
         try:
             base = 5 * CHUNK
             # the old handle reads a page of another chunk: its read request is
@@ -131,10 +123,12 @@ def test_no_store_of_an_old_version_after_a_new_one_is_opened(tmp_path, tree, da
         os.close(fd)
 
 
-def test_nothing_is_stored_by_default(tree, daemon, mounts):
-    m = mounts(f"file://{tree}", daemon.socket_path)
+def test_nothing_is_stored_when_turned_off(tmp_path, tree, daemon, mounts):
+    config = tmp_path / "nostore.toml"
+    config.write_text("store_pages = false\n")
+    m = mounts(f"file://{tree}", daemon.socket_path, args=["--config", str(config)])
     path, _ = m.cached("big.bin", daemon)
-    fd = _random_fd(path)
+    fd = random_fd(path)
     try:
         os.pread(fd, PAGE, 2 * BLOCK + 5 * PAGE)
         reads = _reads(m)

@@ -74,3 +74,11 @@ def drop_tree_pages(dirs) -> int:
                 drop_pages(os.path.join(dirpath, name))
                 n += 1
     return n
+
+
+def random_fd(path: str) -> int:
+    """A descriptor whose reads are one page each (no readahead), none cached."""
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    return fd

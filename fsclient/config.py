@@ -14,6 +14,7 @@ error, never ignored, so a typo cannot silently change caching behaviour.
     meta_ttl = 60.0            # seconds, default for every prefix
     allow_other = false
     readahead_blocks = 2
+    store_pages = true         # random reads put their chunk's other pages in the page cache
     options = []               # extra FUSE mount options (-o)
     metrics_addr = "127.0.0.1:9102"   # Prometheus endpoint of this mount (default: off)
     server_user = "65534:65534"       # root mounts, the server runs as UID:GID (default: as is)
@@ -113,6 +114,9 @@ class MountConfig:
     # Bounds of the in-process metadata caches (entries, LRU).
     meta_cache_entries: int = 200_000
     threads: int = 4  # FUSE worker threads (each answers the requests it reads; waits move off)
+    # random reads hand their chunks' other pages to the page cache (`pagestore`:
+    # off by default, see its note on a server killed while a store waits)
+    store_pages: bool = True
     metrics_addr: str | None = None  # HOST:PORT of this mount's Prometheus endpoint
     # The server's uid, gid and groups, capabilities dropped (the keeper, root, mounts)
     server_user: Credentials | None = None
@@ -136,7 +140,7 @@ class MountConfig:
 _KEYS = {"volume", "source", "mountpoint", "key_file", "socket", "block_size", "meta_ttl",
          "allow_other", "readahead_blocks", "options", "dir_ttl", "storage_options",
          "memory_cache_bytes", "fill_queue_bytes", "meta_cache_entries", "threads",
-         "metrics_addr", "server_user", "server_groups"}
+         "metrics_addr", "server_user", "server_groups", "store_pages"}
 # Old spellings, still read (with a warning naming the new key).
 _RENAMED = {"memory_cache": "memory_cache_bytes", "fill_queue": "fill_queue_bytes"}
 
@@ -247,6 +251,7 @@ def build_config(file_data: Mapping[str, Any] | None = None,
                                       "fill_queue_bytes"),
         meta_cache_entries=_int(data, "meta_cache_entries", 200_000, 100, 100_000_000),
         threads=_int(data, "threads", 4, 1, 512),
+        store_pages=convert.boolean(data.get("store_pages", True), "store_pages"),
         metrics_addr=convert.address(data.get("metrics_addr"), "metrics_addr"),
         server_user=_server_user(data),
     )

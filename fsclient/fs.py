@@ -58,6 +58,7 @@ class BlockcacheFS:
         self.nodes = InodeTable(volume)
         self.lookups = Lookups(volume, self.meta)
         self.open_files = OpenFiles(volume, cfg, self.nodes)
+        self.nodes.resized = self.open_files.pages.raise_generation
         self.uid, self.gid = os.getuid(), os.getgid()
         self.xattrs = Xattrs(volume, cfg, self.uid, self.mount_stats)
         self.dir_handles: dict[int, tuple[FileInfo, ...]] = {}
@@ -70,6 +71,7 @@ class BlockcacheFS:
         self.blocking: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def close(self) -> None:
+        self.open_files.pages.stop()
         self.lookups.close()
 
     def attach(self, session: Any) -> None:
@@ -79,6 +81,13 @@ class BlockcacheFS:
         self.op_counts = session.op_counts
         self.handoffs = lambda: session.handoffs
         self.blocking = self.lookups.blocking = self.open_files.blocking = session.blocking
+        # (also after a takeover: handles opened before it never store, see pagestore)
+        saved = self.nodes.saved
+        if saved is not None:  # (a store of the server before may still land)
+            self.open_files.pages.await_predecessors(saved.fd)
+            if self.cfg.store_pages:
+                self.open_files.pages.enable(session.notify_fd, saved.fd)
+        self.open_files.pages.blocking = session.blocking
 
     def mount_stats(self) -> dict:
         """This mount's own counters (`user.blockcache.stats`, under "fsclient")."""
@@ -86,6 +95,7 @@ class BlockcacheFS:
         return {**self.meta.stats(), "inodes": len(self.nodes), "open_files": len(files),
                 "prefetches": files.prefetches, "inline_loads": files.inline_loads,
                 "kept_opens": files.kept_opens, "stored_opens": files.stored_opens,
+                "stored_pages": files.pages.stored_pages, "stores_skipped": files.pages.skipped,
                 "nodes_recovered": self.nodes.recovered,
                 "handles_recovered": files.adopted + self.dirs_adopted,
                 "ops": self.op_counts(), "waits_handed_off": self.handoffs()}
@@ -171,7 +181,7 @@ class BlockcacheFS:
     def getattr(self, inode: int) -> Attributes:
         node = self.nodes.node(inode)
         info = self.lookups.cached(node.path) or self.lookups.from_source(node.path)
-        node.size = info.size
+        self.nodes.set_size(inode, node, info.size)
         return self._attrs(info, inode)
 
     @fuse_op()

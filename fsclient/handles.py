@@ -13,7 +13,8 @@
   `readahead_blocks` blocks, once per block crossed.
 - Random reads go through the reader's chunk cache (a `VolumeFile` per
   handle: the decrypted pages and runs `Volume`'s random reads keep, and its
-  held block files), reading just their range.
+  held block files), reading the whole chunks around their range; the
+  chunks' other pages go to the kernel's page cache (`pagestore`).
 
 Reads of one handle take its lock (the kernel may send several at once);
 reads of different handles run side by side.
@@ -37,6 +38,7 @@ from blockcache_client.sources.fileinfo import FileInfo
 from .config import MountConfig
 from .handleids import HandleNumbers, file_tag, tag_of
 from .inodes import InodeTable, Node
+from .pagestore import ChunkStore
 from .session import FuseError
 
 log = logging.getLogger(__name__)
@@ -61,10 +63,11 @@ class Handle:
     """An open file: the pinned FileInfo, its read state and the lock its reads take."""
 
     __slots__ = ("path", "info", "node", "inode", "stream", "prefetched_until",
-                 "data", "blocks", "file", "lock", "waits", "warm")
+                 "data", "blocks", "file", "lock", "waits", "warm", "generation")
 
-    def __init__(self, path: str, info: FileInfo, inode: int, node: Node):
+    def __init__(self, path: str, info: FileInfo, inode: int, node: Node, generation: int = -1):
         self.path = path
+        self.generation = generation  # the node's at open, for page-cache stores (`pagestore`)
         self.info = info
         self.inode = inode
         self.node = node  # its open count includes this handle until release
@@ -115,6 +118,8 @@ class OpenFiles:
         self.max_buffered_blocks = max(2, BUFFER_BYTES_MAX // cfg.block_size)
         # the unit blocks are sealed in: a random read decrypts whole chunks
         self.chunk = chunk_size(cfg.block_size)
+        # a random read's other pages of its chunks, into the kernel's page cache
+        self.pages = ChunkStore()
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -139,7 +144,10 @@ class OpenFiles:
         fh = self._fh.next(file_tag(info), self.handles)
         if keep:
             self._count("kept_opens")
-        h = self.handles[fh] = Handle(path, info, inode, node)
+        else:  # the kernel drops the inode's pages: no older open's store may land after
+            self.pages.raise_generation(inode, node)
+        h = self.handles[fh] = Handle(path, info, inode, node,
+                                      self.pages.generation_of(node, info.size))
         opens = self.nodes.opened(node)
         if 0 < info.size <= self.whole_file_max and not keep:
             # Safe to put in the page cache (see _store): read into the spare
@@ -246,6 +254,10 @@ class OpenFiles:
         if avail <= 0 or size <= 0:
             return b""
         size = min(size, avail)
+        with self.pages.reading(h.inode, off, size):  # (no store waits on its pages)
+            return self._read(h, off, size)
+
+    def _read(self, h: Handle, off: int, size: int) -> bytes | memoryview:
         data = h.data
         if data is None and h.info.size <= self.whole_file_max:
             with self._locked(h):  # concurrent reads of it wait for the one whole-file read
@@ -310,15 +322,23 @@ class OpenFiles:
             if self._nowait(h.path, boff, first, h.info) is not None:
                 h.warm.add(block)
                 if hi <= boff + c:
-                    return memoryview(first)[off - boff:off - boff + size]
+                    return self._chunks_read(h, boff, memoryview(first), off, size)
             else:
                 with self.blocking():
                     f.seek(lo)
                     data = memoryview(f.read(hi - lo))
                 h.warm.add(block)
-                return data[off - lo:off - lo + size]
+                return self._chunks_read(h, lo, data, off, size)
         f.seek(lo)
-        data = memoryview(f.read(hi - lo))
+        return self._chunks_read(h, lo, memoryview(f.read(hi - lo)), off, size)
+
+    def _chunks_read(self, h: Handle, lo: int, data: memoryview, off: int,
+                     size: int) -> memoryview:
+        """The read's [off, off+size) of `data` (the file at `lo`); the rest
+        of it goes to the kernel's page cache (`pagestore`)."""
+        if len(data) > size:
+            self.pages.offer(h.inode, h.node, h.generation, h.info.size, lo, data,
+                             off, off + size)
         return data[off - lo:off - lo + size]
 
     def _nowait(self, path: str, off: int, buf: bytearray, info: FileInfo) -> int | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from blockcache_client import Volume
 
@@ -38,21 +38,23 @@ ROOT_INODE = ROOT_ID
 class Node:
     """An inode the kernel knows: its path, kernel lookup count, the size the
     kernel was last told (attributes of a lookup, getattr or readdirplus
-    reply) and how many handles of it are open."""
+    reply), how many handles of it are open, and its generation: raised by
+    each new version or size the kernel is told of (see `pagestore`)."""
 
-    __slots__ = ("path", "lookups", "size", "opens")
+    __slots__ = ("path", "lookups", "size", "opens", "generation")
 
     def __init__(self, path: str, lookups: int):
         self.path = path
         self.lookups = lookups
         self.size = -1
         self.opens = 0
+        self.generation = 0
 
 
 class InodeTable:
     """inode -> Node for the inodes the kernel holds, the root always."""
 
-    __slots__ = ("_nodes", "_volume", "_lock", "saved", "recovered")
+    __slots__ = ("_nodes", "_volume", "_lock", "saved", "recovered", "resized")
 
     def __init__(self, volume: Volume, saved: SavedState | None = None):
         self._nodes: dict[int, Node] = {ROOT_INODE: Node("", 1)}
@@ -60,6 +62,9 @@ class InodeTable:
         self._lock = threading.Lock()
         self.saved = saved  # the keeper's record of every node's path
         self.recovered = 0  # nodes found in the saved state, not by a lookup
+        # called (inode, node) when the size the kernel is told changes, before
+        # it is told, outside the table's lock (the page store's generation)
+        self.resized: Callable[[int, Node], None] | None = None
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -134,10 +139,19 @@ class InodeTable:
             else:
                 node.lookups += 1
             if node is not None:
-                node.size = size
-                return inode
+                old, node.size = node.size, size
+        if node is not None:
+            if 0 <= old != size and self.resized is not None:
+                self.resized(inode, node)
+            return inode
         self.shown(inode, path)  # (logs the collision)
         return None
+
+    def set_size(self, inode: int, node: Node, size: int) -> None:
+        """`size` is what the kernel is told next about `node` (a getattr)."""
+        old, node.size = node.size, size
+        if 0 <= old != size and self.resized is not None:
+            self.resized(inode, node)
 
     def forget(self, inode_list: Iterable[tuple[int, int]]) -> None:
         with self._lock:

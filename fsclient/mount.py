@@ -198,8 +198,7 @@ def run(cfg: MountConfig, readiness: Readiness, link: KeeperLink) -> int:
                 readiness.error(f"cannot serve metrics on {cfg.metrics_addr}: {exc}; choose "
                                 f"a free HOST:PORT for metrics_addr")
                 return 1
-        # page-cache stores need every open handle counted: not after a takeover
-        fs.open_files.store = session.notify_store if conn.fresh else None
+        fs.open_files.store = session.notify_store if conn.fresh else None  # (see handles)
         return _serve(session, conn, fs, mountpoint, readiness, link)
     finally:
         if metrics is not None:
@@ -260,6 +259,7 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
         # ending the process closes the last descriptors of the connection:
         # the kernel aborts it, and the mount answers ENOTCONN
         log.error("the keeper of %s is gone; ending the FUSE connection", mountpoint)
+        fs.open_files.pages.stop()  # (a store waiting on a page would keep it open)
         os._exit(1)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -10,6 +10,7 @@
   `control` (its control socket: restart, status, surrender), `handoff`
   (keeper and server, descriptors by SCM_RIGHTS), `saved` (the memfd record of
   INIT terms and node paths), `fdstore` (systemd's fd store, LISTEN_FDS).
+- `storer`: the child process that writes page-cache stores (notify_store).
 """
 
 from .negotiate import Negotiated

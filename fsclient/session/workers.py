@@ -174,6 +174,10 @@ class Session:
         """Put file data into the kernel's page cache (see `Channel.notify_store`)."""
         self.workers[0].channel.notify_store(nodeid, offset, data)
 
+    def notify_fd(self) -> int:
+        """A descriptor of the connection to write notifications on."""
+        return self.workers[0].channel.fd
+
     # what the metrics read
 
     def busy(self) -> int:

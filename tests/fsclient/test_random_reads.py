@@ -17,11 +17,8 @@ CHUNK = 64 << 10  # blocks of BLOCK bytes are sealed in 64 KiB chunks
 
 def test_small_random_reads_share_their_chunk_and_start_no_run(tree, daemon, mounts):
     m = mounts(f"file://{tree}", daemon.socket_path)
-    path = os.path.join(m.mountpoint, "big.bin")
-    want = (tree / "big.bin").read_bytes()
-    with open(path, "rb") as f:  # every block into the cache
-        assert f.read() == want
-    daemon.wait_idle()
+    path, want = m.cached("big.bin", daemon)
+    assert want == (tree / "big.bin").read_bytes()
     fd = os.open(path, os.O_RDONLY)
     try:
         before = m.stats()

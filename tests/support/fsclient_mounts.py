@@ -126,6 +126,15 @@ class FsclientMount:
         import json
         return json.loads(os.getxattr(self.mountpoint, "user.blockcache.stats"))
 
+    def cached(self, rel: str, daemon) -> tuple[str, bytes]:
+        """Read `rel` whole through the mount, so every block of it is in the
+        daemon's cache: its path in the mount and its bytes."""
+        path = os.path.join(self.mountpoint, rel)
+        with open(path, "rb") as f:
+            data = f.read()
+        daemon.wait_idle()
+        return path, data
+
     def kill9(self) -> None:
         """SIGKILL the keeper; return once its server has ended the connection
         (it sees the keeper gone and exits), so the mount answers ENOTCONN."""

@@ -52,6 +52,24 @@ _SYS_PIDFD_GETFD = 438  # x86_64 and aarch64 alike
 _LISTENING = 0x10000  # /proc/net/unix Flags: __SO_ACCEPTCON
 
 
+def copy_fds(pid: int, wanted) -> list[int]:
+    """Copies (pidfd_getfd) of the descriptors of `pid` whose link target
+    (`/proc/PID/fd/N`) `wanted` accepts, in descriptor order."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    copies = []
+    try:
+        for name in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
+            if wanted(os.readlink(f"/proc/{pid}/fd/{name}")):
+                fd = libc.syscall(_SYS_PIDFD_GETFD, pidfd, int(name), 0)
+                if fd < 0:
+                    raise OSError(ctypes.get_errno(), f"pidfd_getfd of {pid}'s fd {name}")
+                copies.append(fd)
+    finally:
+        os.close(pidfd)
+    return copies
+
+
 def copy_connected_sockets(pid: int) -> list[int]:
     """Copies (pidfd_getfd) of the connected unix sockets `pid` holds, such as a
     keeper's link to its server: while they are open, the server sees no EOF
@@ -63,17 +81,5 @@ def copy_connected_sockets(pid: int) -> list[int]:
             fields = line.split()
             if int(fields[3], 16) & _LISTENING:
                 listening.add(fields[6])
-    libc = ctypes.CDLL(None, use_errno=True)
-    pidfd = os.pidfd_open(pid)
-    copies = []
-    try:
-        for name in os.listdir(f"/proc/{pid}/fd"):
-            target = os.readlink(f"/proc/{pid}/fd/{name}")
-            if target.startswith("socket:[") and target[8:-1] not in listening:
-                fd = libc.syscall(_SYS_PIDFD_GETFD, pidfd, int(name), 0)
-                if fd < 0:
-                    raise OSError(ctypes.get_errno(), f"pidfd_getfd of {pid}'s fd {name}")
-                copies.append(fd)
-    finally:
-        os.close(pidfd)
-    return copies
+    return copy_fds(pid, lambda target: target.startswith("socket:[")
+                    and target[8:-1] not in listening)

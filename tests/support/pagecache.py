@@ -25,11 +25,16 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def resident_pages(fd: int) -> int:
-    """How many of the file's pages are in memory: mincore on a mapping of it,
-    which faults nothing in."""
+    """How many of the file's pages are in memory."""
+    return sum(resident_map(fd))
+
+
+def resident_map(fd: int) -> list[bool]:
+    """Whether each of the file's pages is in memory: mincore on a mapping of
+    it, which faults nothing in."""
     size = os.fstat(fd).st_size
     if size == 0:
-        return 0
+        return []
     addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
     if addr == _MAP_FAILED:
         raise OSError(ctypes.get_errno(), "mmap")
@@ -37,7 +42,7 @@ def resident_pages(fd: int) -> int:
         vec = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
         if _libc.mincore(addr, size, vec) != 0:
             raise OSError(ctypes.get_errno(), "mincore")
-        return sum(b & 1 for b in vec.raw)
+        return [bool(b & 1) for b in vec.raw]
     finally:
         _libc.munmap(addr, size)
 
@@ -69,3 +74,11 @@ def drop_tree_pages(dirs) -> int:
                 drop_pages(os.path.join(dirpath, name))
                 n += 1
     return n
+
+
+def random_fd(path: str) -> int:
+    """A descriptor whose reads are one page each (no readahead), none cached."""
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    return fd

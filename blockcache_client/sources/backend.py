@@ -39,6 +39,7 @@ from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
 
+from ..common.bufferpool import BufferPool
 from . import s3direct
 from .fileinfo import FileInfo, info_of, is_canonical_name, link_target, mtime_ns_of, stat_version
 from .parts import read_parts
@@ -257,14 +258,15 @@ class Backend:
         full = self.full_path(rel)
         if self._direct is not None:
             return b"".join(self._call("read", rel, lambda **tkw: self._s3_read(
-                full, start, end, None, max(1, end - start), **tkw)))
+                full, start, end, None, max(1, end - start), None, **tkw)))
         # keywords: some implementations (s3fs) take other positional arguments first
         return self._call("read", rel,
                           lambda **tkw: self.fs.cat_file(full, start=start, end=end, **tkw),
                           inline)
 
     def read_version(self, rel: str, start: int, end: int, version: str,
-                     piece: int = 0, inline: bool = False) -> bytes | list[bytes]:
+                     piece: int = 0, inline: bool = False,
+                     buffers: BufferPool | None = None) -> bytes | list[bytes]:
         """Bytes [start, end) of `version` of a file (fewer only at its end), or
         OSError(ESTALE) naming the path if the file is no longer that version.
         With `piece` > 0: as a list of `piece`-byte parts (the last shorter),
@@ -275,13 +277,15 @@ class Backend:
         answers 412 if the object changed. Local files: fstat, pread, fstat on
         one descriptor, the version (mtime_ns-size) the same both times. Any
         other filesystem: a ranged read, then a stat (one more round trip).
-        `inline`: on this thread (see `_attempts`).
+        `inline`: on this thread (see `_attempts`). `buffers` (of `piece`
+        bytes): S3's parts are received into them (`common.bufferpool`), each
+        a read-only view of its buffer.
         """
         full = self.full_path(rel)
         step = piece if piece > 0 else max(1, end - start)
         if self._versioned == "s3":
             data = self._call("read", rel, lambda **tkw: self._s3_read(
-                full, start, end, version, step, **tkw))
+                full, start, end, version, step, buffers, **tkw))
         elif self._versioned == "local":
             data = self._call("read", rel,
                               lambda **tkw: _local_read_if(full, start, end, version, step),
@@ -299,7 +303,7 @@ class Backend:
         return data if piece > 0 else b"".join(data)
 
     def _s3_read(self, full: str, start: int, end: int, version: str | None, piece: int,
-                 **tkw) -> list[bytes] | None:
+                 buffers: BufferPool | None, **tkw) -> list[bytes] | None:
         """One ranged GET (conditional on `version` unless None) in `piece`-byte
         parts, or None when S3 says the ETag no longer matches: sent directly
         (s3direct.py), or through s3fs where the direct path declines."""
@@ -312,7 +316,7 @@ class Backend:
                 found = self._keys[full] = self.fs.split_path(full)[:2]
             bucket, key = found
             try:
-                return direct.get(bucket, key, start, end, version, piece)
+                return direct.get(bucket, key, start, end, version, piece, buffers)
             except Declined as exc:
                 if exc.permanent and self._direct is direct:
                     self._direct = None

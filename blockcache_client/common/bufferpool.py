@@ -56,8 +56,10 @@ class BufferPool:
         """Bytes of the buffers the pool keeps (in use or idle)."""
         return len(self._kept) * self.size
 
-    def take(self) -> bytearray:
-        """A buffer of `size` bytes that nothing else refers to."""
+    def take(self) -> memoryview:
+        """A view of a buffer of `size` bytes that nothing else refers to.
+        The view is made under the lock: until it exists the buffer looks
+        unused, and another thread's `take` could hand it out too."""
         with self._lock:
             kept = self._kept
             for _ in range(min(TRIES, len(kept))):
@@ -65,17 +67,17 @@ class BufferPool:
                 kept.append(buf)  # in use or handed out now: last in line either way
                 if unused(buf):
                     self.reused += 1
-                    return buf
+                    return memoryview(buf)
             buf = bytearray(self.size)
             if (len(kept) + 1) * self.size <= self.limit:
                 kept.append(buf)
-            return buf
+            return memoryview(buf)
 
     def fill(self, n: int, readinto) -> memoryview:
         """A read-only view of up to `n` (<= `size`) bytes that `readinto(view)`
         stored in a taken buffer (it returns how many: fewer only at the end
         of the data)."""
-        view = memoryview(self.take())[:n]
+        view = self.take()[:n]
         got = readinto(view)
         if got < n:
             view = view[:got]

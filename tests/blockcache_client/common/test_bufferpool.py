@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from blockcache_client.common.bufferpool import BufferPool
+from blockcache_client.common.bufferpool import BufferPool, unused
 
 
 def _writer(data: bytes):
@@ -41,3 +41,16 @@ def test_a_short_read_is_a_shorter_view():
     pool = BufferPool(16, limit=64)
     view = pool.fill(16, _writer(b"end"))
     assert bytes(view) == b"end" and len(view) == 3
+
+
+
+def test_a_taken_buffer_is_held_from_the_moment_take_returns():
+    # a thread between `take` and making its first view must not lose its
+    # buffer to another thread's `take`: the view comes from under the lock
+    pool = BufferPool(16, limit=64)
+    pool.take()  # kept, and free again at once
+    first = pool.take()
+    assert pool.reused == 1
+    second = pool.take()
+    assert second.obj is not first.obj
+    assert not unused(first.obj)

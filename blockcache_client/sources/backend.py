@@ -48,7 +48,6 @@ from .s3direct import Declined, DirectS3, direct_reader
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
-_KEYS_KEPT = 1 << 16  # S3 paths whose (bucket, key) split is kept
 DEFAULT_ATTEMPTS = 5
 _BACKOFF_BASE = 0.05
 _BACKOFF_CAP = 2.0
@@ -84,7 +83,10 @@ class Backend:
         self.observe: Callable[[str, float, BaseException | None], None] | None = None
         self._pid = -1
         self._direct: DirectS3 | None = None
-        self._keys: dict[str, tuple[str, str]] = {}  # path: (bucket, key), as s3fs splits it
+        # (bucket, key prefix) of the root as s3fs splits it, and the root's
+        # path with its slash: a path under it is split by appending
+        self._root_key: tuple[str, str] | None = None
+        self._root_slash = ""
         self._setup()
 
     def _setup(self) -> None:
@@ -117,6 +119,11 @@ class Backend:
             self._direct = self._direct.for_child()
         elif self._versioned == "s3" and s3direct.switched_on():
             self._direct = direct_reader(self.fs, self.timeout, self._workers)
+        if self._versioned == "s3":
+            probe = self.full_path("x")
+            bucket, key, _ = self.fs.split_path(probe)
+            if bucket and key.endswith("x") and probe.endswith("/" + key):
+                self._root_key, self._root_slash = (bucket, key[:-1]), probe[:-1]
         self._pool = concurrent.futures.ThreadPoolExecutor(
             self._workers, thread_name_prefix="blockcache-backend")
         self._pid = os.getpid()
@@ -309,12 +316,7 @@ class Backend:
         (s3direct.py), or through s3fs where the direct path declines."""
         direct = self._direct
         if direct is not None:
-            found = self._keys.get(full)
-            if found is None:  # s3fs's rules (access point ARNs), once per path
-                if len(self._keys) >= _KEYS_KEPT:
-                    self._keys = {}
-                found = self._keys[full] = self.fs.split_path(full)[:2]
-            bucket, key = found
+            bucket, key = self._bucket_key(full)
             try:
                 return direct.get(bucket, key, start, end, version, piece, buffers)
             except Declined as exc:
@@ -326,6 +328,16 @@ class Backend:
             return _split(self.fs.cat_file(full, start=start, end=end, **tkw), piece)
         return sync(self.fs.loop, self._s3_read_if_match, full, start, end, version, piece,
                     **tkw)
+
+    def _bucket_key(self, full: str) -> tuple[str, str]:
+        """(bucket, key) of an S3 path, as s3fs splits it: the root once, by
+        s3fs's rules (access point ARNs), then each path under it by
+        appending its relative path (s3fs's split of every cold file's path
+        cost ~80 us of a ~1.5 ms read)."""
+        base = self._root_key
+        if base is None or not full.startswith(self._root_slash) or "?versionId=" in full:
+            return self.fs.split_path(full)[:2]
+        return base[0], base[1] + full[len(self._root_slash):]
 
     async def _s3_read_if_match(self, full: str, start: int, end: int, version: str,
                                 piece: int):

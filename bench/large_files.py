@@ -24,6 +24,12 @@ starts with empty caches; readers are spawned processes (`bench.worker`).
    `--model-mib` MiB loaded cold and warm from local disk, through the FUSE
    mount and `Volume`, and by the CRT client fetching the object.
 
+Each cold and warm row gives the reader process's CPU seconds, and for the
+cold ones the moto server's (`S3 s`: the same server for every system) and
+the daemon's (`daemon`: writing the cache files of what `Volume` read) in
+the same epoch, with the 1-minute load average after it: on a shared
+machine the CPU per item is the figure to compare, wall time swings.
+
 Prints every figure and the ratios; writes them to
 `<out>/<date>-large-files.json`. Exit status 0 when every target is met.
 """
@@ -53,6 +59,7 @@ from .systems import (
     System,
     VolumeSystem,
     drop_page_cache,
+    proc_cpu,
     read_into_page_cache,
 )
 from .worker import Workers
@@ -160,14 +167,22 @@ def machine_decrypt(cores: int) -> dict:
             "one_thread": decrypt_rate(1), "parallel": decrypt_rate(cores)}
 
 
-def _epoch(workers: Workers, cmd: str, arg, label: str, rows: list, **extra) -> dict:
+def _epoch(workers: Workers, cmd: str, arg, label: str, rows: list,
+           servers: dict[str, list[int]] | None = None, **extra) -> dict:
+    """One command on the reader; `servers`: the processes whose CPU during
+    it is reported beside the reader's ("s3": the moto server, "daemon")."""
+    servers = servers or {}
+    cpu0 = {k: sum(map(proc_cpu, pids)) for k, pids in servers.items()}
     wall, [answer] = workers.run_all(cmd, arg)
     row = {"case": label, "seconds": wall, "bytes": answer["bytes"], "items": answer["items"],
            "mb_per_s": answer["bytes"] / wall / 1e6, "items_per_s": answer["items"] / wall,
-           "cpu_s": answer["cpu"], **extra}
+           "cpu_s": answer["cpu"], "load_avg": os.getloadavg()[0], **extra}
+    for k, pids in servers.items():
+        row[f"{k}_cpu_s"] = sum(map(proc_cpu, pids)) - cpu0[k]
     rows.append(row)
-    log.info("%-34s %8.1f MB/s %9.1f items/s  %.2f s", label, row["mb_per_s"],
-             row["items_per_s"], wall)
+    log.info("%-34s %8.1f MB/s %9.1f items/s  %.2f s  cpu %.2f s%s", label, row["mb_per_s"],
+             row["items_per_s"], wall, row["cpu_s"],
+             "".join(f", {k} {row[f'{k}_cpu_s']:.2f} s" for k in servers))
     return row
 
 
@@ -180,11 +195,12 @@ def cold_and_warm(ctx: Ctx, system: System, data: dict, args, rows: list) -> Non
     """Workloads 1-3 on one system."""
     system.start(ctx, "files")
     try:
+        servers = {"s3": [ctx.remote.moto.proc.pid], "daemon": system.server_pids()}
         with Workers(system.reader_spec(), 1) as w:
             _epoch(w, "files", data["small"], f"cold small files {system.name}", rows,
-                   system=system.name, phase="cold", set="small")
+                   servers, system=system.name, phase="cold", set="small")
             _epoch(w, "seq", data["large"], f"cold large files {system.name}", rows,
-                   system=system.name, phase="cold", set="large")
+                   servers, system=system.name, phase="cold", set="large")
             if system.name == "volume":
                 _settle(system, w)
         if system.name != "volume":
@@ -268,15 +284,18 @@ def ratios(rows: list) -> dict:
 
 
 def report(rows: list, figures: dict) -> str:
-    lines = [f"{'case':36} {'GB/s':>7} {'items/s':>9} {'s':>7} {'CPU s':>6}"]
+    lines = [f"{'case':36} {'GB/s':>7} {'items/s':>9} {'s':>7} {'CPU s':>6} {'S3 s':>6} "
+             f"{'daemon':>6} {'load':>5}"]
     for r in rows:
         if r["case"] == "decrypt":
             lines.append(f"{'decrypt, 1 thread':36} {r['one_thread'] / 1e9:7.3f}")
             many = f"decrypt, {r['threads']} threads"
             lines.append(f"{many:36} {r['parallel'] / 1e9:7.3f}")
             continue
+        extra = "".join(f" {'-' if r.get(k) is None else format(r[k], '6.2f'):>6}"
+                        for k in ("s3_cpu_s", "daemon_cpu_s"))
         lines.append(f"{r['case']:36} {r['mb_per_s'] / 1e3:7.3f} {r['items_per_s']:9.1f} "
-                     f"{r['seconds']:7.2f} {r['cpu_s']:6.2f}")
+                     f"{r['seconds']:7.2f} {r['cpu_s']:6.2f}{extra} {r['load_avg']:5.2f}")
     lines.append("")
     for name, v in figures.items():
         lines.append(f"{name:44} {'-' if v is None else f'{v:.2f}x'}")

@@ -11,6 +11,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from blockcache_client.common.bufferpool import unused as _unused
+
 FRAME_POOL_BYTES = 128 << 20  # large-frame buffers kept for reuse (= server.READ_BUDGET)
 FRAME_POOL_IDLE = 10.0        # seconds without a large frame before the pool is emptied
 FRAME_CLASS = 64 << 10        # their sizes are rounded up to a multiple of this
@@ -99,16 +101,6 @@ class FramePool:
             self.buffers.append(buf)
             self.size += want
         return buf
-
-
-def _unused(buf: bytearray) -> bool:
-    """True if no view of `buf` is alive (resizing it would fail otherwise)."""
-    try:
-        del buf[-1:]
-    except BufferError:
-        return False
-    buf.append(0)
-    return True
 
 
 class IdleTrimmedPool:

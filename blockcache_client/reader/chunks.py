@@ -149,8 +149,8 @@ class ChunkCache:
                 waiting.update(kept)
         mem = self.mem
         for ck, start, stop in kept:
-            if mem.get(ck) is None:
-                mem.put(ck, data[start:stop])
+            if mem.get(ck) is None:  # bytes: a view would hold a pooled block's buffer
+                mem.put(ck, bytes(data[start:stop]))
 
     def sealed_head(self, key: str) -> bytes | None:
         """The header this process sealed `key`'s block with, if it did lately."""

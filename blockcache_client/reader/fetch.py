@@ -16,6 +16,11 @@ table first, so a reader wanting one waits for this request; the run stops
 at the first block someone has, so it stays contiguous. Each block is split
 off and kept, sealed and put under its own key, exactly as if fetched alone.
 
+The blocks of a multi-block file are received into buffers reused once
+nothing refers to them (`buffers`, `common.bufferpool`): a cold large read
+then touches no fresh memory per block. Such a block is a read-only
+memoryview, not bytes; `hits.deliver` hands the caller bytes either way.
+
 Never wrong bytes: a source answer of the wrong length for the version held,
 or (multi-block files, whose blocks are separate ranged reads) a version
 that changed by the end of a ranged read, raises ESTALE for every block of
@@ -27,12 +32,14 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 
+from ..common.bufferpool import BufferPool
 from ..common.counters import Counters
 from ..daemonclient.link import DaemonLink
 from ..sources.backend import Backend
 from ..sources.fileinfo import FileInfo
 from .hits import deliver
 from .memory import BlockMemory
+from .options import buffer_bytes
 from .singleflight import SingleFlight
 from .tier import TierReads
 
@@ -53,6 +60,8 @@ class Fetcher:
         self._forget_version = forget_version  # a path whose version changed under us
         self.tier = tier
         self.flight = SingleFlight()
+        # block buffers kept: up to `options.buffer_bytes` of the LRU's budget
+        self.buffers = BufferPool(block_size, buffer_bytes(mem.capacity))
 
     def read(self, rel: str, info: FileInfo, key: str, boff: int, lo: int, hi: int,
              out: memoryview | None, run: int = 1, transient: bool = False,
@@ -82,6 +91,10 @@ class Fetcher:
         data, _ = self.flight.do(
             key, lambda: self._load(rel, info, key, boff, run, ask_tier, transient))
         return data
+
+    def stats(self) -> dict:
+        """`read_buffer_bytes`: the buffers kept for cold blocks of large files."""
+        return {"read_buffer_bytes": self.buffers.kept_bytes}
 
     def busy(self, key: str) -> bool:
         """Someone is fetching `key` now."""
@@ -176,7 +189,7 @@ class Fetcher:
             # other backends stat after it (counted as a version check).
             try:
                 data = backend.read_version(rel, start, stop, info.version, piece=bs,
-                                            inline=inline)
+                                            inline=inline, buffers=self.buffers)
             except OSError as exc:
                 if exc.errno != errno.ESTALE:
                     raise

@@ -68,10 +68,11 @@ def check_block_stat(st: os.stat_result, owner: int | None, path: str) -> None:
                           f"{owner} (mode {st.st_mode:o}, uid {st.st_uid})")
 
 
-def deliver(data: bytes, lo: int, hi: int, out: memoryview | None):
-    """data[lo:hi] as bytes, or stored in `out` and its length returned."""
+def deliver(data: bytes | memoryview, lo: int, hi: int, out: memoryview | None):
+    """data[lo:hi] as bytes (a block received into a pooled buffer is a
+    memoryview: `fetch`), or stored in `out` and its length returned."""
     if out is None:
-        return data[lo:hi]
+        return data[lo:hi] if type(data) is bytes else data[lo:hi].tobytes()
     out[:hi - lo] = memoryview(data)[lo:hi]
     return hi - lo
 

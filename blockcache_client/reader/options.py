@@ -42,6 +42,13 @@ def window(block_size: int, memory_cache_bytes: int) -> int:
                       max(0, memory_cache_bytes) // (2 * block_size)))
 
 
+def buffer_bytes(memory_cache_bytes: int) -> int:
+    """Bytes of block buffers a volume keeps for cold blocks of large files
+    (`fetch`, `common.bufferpool`): those the LRU holds, plus as many for the
+    window in flight and the fill queue (a window is at most half the LRU)."""
+    return 2 * max(0, memory_cache_bytes)
+
+
 def part_blocks(block_size: int) -> int:
     """Blocks one request of a sequential window brings (at least one)."""
     return max(1, PART_BYTES // block_size)

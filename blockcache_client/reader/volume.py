@@ -24,7 +24,7 @@ Invariants:
   longer holds raises ESTALE (`fetch`), never serves or caches other bytes.
 - Bounded memory: blocks and chunks share one LRU budget; a coalesced
   request is at most `_window` blocks, at most half the LRU, so a reader's
-  window and the one fetched ahead both fit; the fill queue stays bounded.
+  window and the one fetched ahead both fit; so do the fill queue and `fetch`'s buffers.
 - A read never fails because of the cache: a missing, corrupt, truncated or
   foreign block file, an unhealthy dir, or an unreachable daemon is a miss
   (counted); a bad block is evicted through the daemon and refilled.
@@ -446,5 +446,5 @@ class Volume:
         out["fill_queue_bytes"] = self._link.pending_fill_bytes()
         out["memory_bytes"] = self._mem.used  # blocks and chunks: at most memory_cache_bytes
         out.update(chunk_bytes=self._mem.chunk_bytes, open_block_files=len(self._files),
-                   **self._hits.decrypt.stats())
+                   **self._fetcher.stats(), **self._hits.decrypt.stats())
         return out

@@ -72,6 +72,21 @@ def test_file_info_local(local_source):
         b.close()
 
 
+@pytest.mark.parametrize("prefix", ["", "bk", "bk/deeper"])
+def test_s3_paths_split_as_s3fs_splits_them(s3_server, prefix):
+    fs = s3_server.filesystem()
+    fs.pipe(f"{s3_server.bucket}/{prefix}/a b/c+d.bin".replace("//", "/"), b"xyz")
+    b = Backend(s3_server.url(prefix), **s3_server.storage_options)
+    try:
+        assert b._root_key is not None  # the root is split once, paths under it appended
+        for rel in ("c.bin", "a b/c+d.bin", "x/y/z", "odd?versionId=1"):
+            full = b.full_path(rel)
+            assert b._bucket_key(full) == tuple(b.fs.split_path(full)[:2]), rel
+        assert b.read("a b/c+d.bin", 0, 3) == b"xyz"
+    finally:
+        b.close()
+
+
 def test_file_info_s3_uses_etag(s3_server):
     fs = s3_server.filesystem()
     fs.pipe(f"{s3_server.bucket}/bk/x.bin", b"abc")

@@ -56,12 +56,15 @@ def test_uncached_block_or_pages_on_disk_defer_to_the_blocking_read(local_source
         _, path = cached_block_path(vol, daemon, "u.bin")
         # cached, but its pages are not in memory: reading them would wait on the
         # disk. (The kernel starts reading them and answers EAGAIN, unless that
-        # read has completed by then, as a fast disk's may: so a few tries.)
+        # read has completed by then, as a fast disk's may, or another process
+        # read them in between on a busy machine: so tries until one defers.)
         before = _counts(vol)
         answers = []
-        for _ in range(5):
+        for _ in range(50):
             drop_pages(path)
             answers.append(vol.readinto_nowait("u.bin", 0, buf, info=info))
+            if answers[-1] is None:
+                break
         assert None in answers, answers
         assert _counts(vol)[1:] == before[1:]  # nothing missed, judged or fetched
         # the blocking read serves it (and brings its pages in); then nowait can

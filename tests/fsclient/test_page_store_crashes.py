@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -58,6 +59,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _state(pid: int, tid: int | None = None) -> str:
+    """The one-letter scheduler state of a process (or one of its threads)."""
+    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
+    with open(path) as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def _until(check, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -80,14 +88,22 @@ def test_a_server_whose_store_waits_dies_at_once_and_is_replaced(tree, daemon, m
     earlier = None
     os.kill(server, signal.SIGSTOP)
     try:
-        reading = pool.submit(os.pread, fd, PAGE, page)
-        time.sleep(0.3)  # its READ is queued, the page locked until it is answered
+        tids: list[int] = []
+
+        def read_page() -> bytes:
+            tids.append(threading.get_native_id())
+            return os.pread(fd, PAGE, page)
+
+        reading = pool.submit(read_page)
+        # its READ is queued, the page locked until it is answered
+        _until(lambda: tids and _state(os.getpid(), tids[0]) == "D", 10,
+               "the read never waited for the stopped server")
         earlier = subprocess.Popen(
             [sys.executable, "-c", STORE, str(fuse), str(saved), str(nodeid), str(chunk),
              str(tmp_path / "chunk")], pass_fds=(fuse, saved), stdout=subprocess.PIPE,
             env=env(), cwd=REPO)
         child = int(earlier.stdout.readline())
-        time.sleep(0.5)
+        _until(lambda: _state(child) == "D", 10, "the store never waited for the read")
         assert earlier.poll() is None and not reading.done()  # the store waits for the read
         # the asker of the store dies at once: the wait is its child's
         earlier.kill()

@@ -20,8 +20,11 @@ Interrupts: the kernel asks to interrupt a request it is waiting for (a reader g
 a signal). A handler on a thread cannot be stopped, so the interrupted request is
 answered EINTR at once, as the asyncio layer did by cancelling; the handler's own
 late answer then finds the request gone and is dropped (an OPEN's handle is
-released, the kernel never having seen it). An INTERRUPT for a request already
-answered, or not yet read, is ignored.
+released, the kernel never having seen it). The kernel interrupts only requests
+it has handed to a reader, but another worker may not have registered its request
+yet: an INTERRUPT whose request is not found is answered EAGAIN, and the kernel
+sends it again while the request still waits (for one already answered it drops
+the EAGAIN).
 
 What must hold:
 - Nothing but INIT is served before INIT is answered (EIO, as libfuse does).
@@ -268,7 +271,7 @@ class Session:
         elif self.terms is None:
             ch.error(unique, errno.EIO)
         elif op == s.INTERRUPT:
-            self._interrupt(body)
+            self._interrupt(ch, unique, body)
         elif op == s.DESTROY:
             self.ended.set()
             ch.reply(unique)
@@ -298,11 +301,13 @@ class Session:
                  terms.minor, s.INIT_IN_OLD.unpack_from(body)[1], terms.flags, terms.max_pages)
         ch.reply(unique, (reply,))
 
-    def _interrupt(self, body: memoryview) -> None:
+    def _interrupt(self, ch: Channel, unique: int, body: memoryview) -> None:
         target = s.INTERRUPT_IN.unpack_from(body)[0]
-        ch = self._inflight.get(target)
-        if ch is not None:
-            ch.error(target, errno.EINTR)
+        held = self._inflight.get(target)
+        if held is not None:
+            held.error(target, errno.EINTR)
+        else:  # answered already, or read by a worker not yet at `_serve`'s register
+            ch.error(unique, errno.EAGAIN)
 
 
 # The buffer size before INIT: what `negotiate` will grant.

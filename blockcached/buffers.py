@@ -74,6 +74,10 @@ class FramePool:
         self.buffers: list[bytearray] = []
         self.size = 0
         self.last_take = 0.0  # time.monotonic() of the last `take`
+        # where the next `take` starts looking: writes end in about the order
+        # their puts came, so the buffer after the last one taken is the one
+        # most likely free (a scan from the start checked every busy one first)
+        self._cursor = 0
 
     def trim(self) -> None:
         """Let go of every buffer nothing refers to (the others are kept, so
@@ -87,9 +91,13 @@ class FramePool:
         self.last_take = time.monotonic()
         want = -(-n // FRAME_CLASS) * FRAME_CLASS
         spare = None
-        for buf in self.buffers:
+        count = len(self.buffers)
+        for step in range(count):
+            i = (self._cursor + step) % count
+            buf = self.buffers[i]
             if _unused(buf):
                 if len(buf) == want:
+                    self._cursor = i + 1
                     return buf
                 spare = buf
         if spare is not None and self.size + want > self.limit:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from blockcache_client.contract import protocol, wire
 from blockcache_client.contract.errors import ProtocolError
 from blockcache_client.contract.protocol import VIEW_MIN, ErrorCode
+from blockcached import buffers
 from blockcached.buffers import FRAME_CLASS, FramePool
 
 # bin lengths at every msgpack header boundary and at the view threshold
@@ -105,6 +106,30 @@ def test_pool_reuses_a_buffer_only_once_no_view_of_it_is_alive():
     got = pool.take(2 * FRAME_CLASS)
     assert got is a or got is b
     assert pool.size == 4 * FRAME_CLASS and len(a) == len(b) == 2 * FRAME_CLASS
+
+
+def test_pool_finds_a_buffer_freed_in_put_order_without_scanning_the_busy(monkeypatch):
+    # puts outrunning the disk: every buffer queued, the writes ending in order
+    pool = FramePool(limit=100 * FRAME_CLASS)
+    held = [memoryview(pool.take(FRAME_CLASS))[:1] for _ in range(100)]
+    checks = 0
+    real = buffers._unused
+
+    def counted(buf):
+        nonlocal checks
+        checks += 1
+        return real(buf)
+
+    monkeypatch.setattr(buffers, "_unused", counted)
+    for i in range(300):
+        freed = held[i % 100]
+        held[i % 100] = None
+        freed.release()
+        del freed
+        got = pool.take(FRAME_CLASS)
+        held[i % 100] = memoryview(got)[:1]
+    assert len(pool.buffers) == 100
+    assert checks <= 2 * 300  # (a scan from the start: ~50 checks a take)
 
 
 def test_pool_gives_way_to_a_new_size_and_stays_within_its_limit():

@@ -160,7 +160,9 @@ def status(mountpoint: str, as_json: bool) -> None:
         click.echo(f"{answer['mountpoint']}: keeper {answer['keeper']}, server "
                    f"{answer['server']}, {answer['restarts']} restarts, "
                    f"{answer.get('nodes_recovered', '?')} nodes and "
-                   f"{answer.get('handles_recovered', '?')} handles recovered")
+                   f"{answer.get('handles_recovered', '?')} handles recovered, "
+                   f"{answer.get('saved_nodes', '?')} nodes saved in "
+                   f"{answer.get('saved_bytes', '?')} bytes")
 
 
 @main.command()

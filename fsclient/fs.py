@@ -96,9 +96,16 @@ class BlockcacheFS:
                 "prefetches": files.prefetches, "inline_loads": files.inline_loads,
                 "kept_opens": files.kept_opens, "stored_opens": files.stored_opens,
                 "stored_pages": files.pages.stored_pages, "stores_skipped": files.pages.skipped,
-                "nodes_recovered": self.nodes.recovered,
+                "nodes_recovered": self.nodes.recovered, **self._saved_stats(),
                 "handles_recovered": files.adopted + self.dirs_adopted,
                 "ops": self.op_counts(), "waits_handed_off": self.handoffs()}
+
+    def _saved_stats(self) -> dict:
+        saved = self.nodes.saved
+        if saved is None:
+            return {}
+        return {"saved_nodes": len(saved.paths), "saved_bytes": saved.size(),
+                "saved_compactions": saved.compactions}
 
     def path_of_request(self, op: str, args: tuple) -> str:
         """The path a failed request was about, for its log line."""

@@ -9,13 +9,12 @@ kernel's own inode cache. A node with open handles stays until their release
 (its open count guards the page-cache store). Every worker thread uses it: the
 counts change under one lock, held for a few dict operations.
 
-Under a keeper (`session.keeper`), every node's path is also written to the
-mount's saved state (`session.saved`) before the kernel learns its id, once
-per mount. A server that took the connection over starts with the root alone
-and finds any other id the kernel sends there; such a node's lookup count is
-unknown (0 here), so the kernel's next forget of it drops it from the table,
-and the saved path brings it back if the kernel still uses it: forgets are
-safe without the counts.
+Under a keeper (`session.keeper`), every node's path and lookup count are
+also kept in the mount's saved state (`session.saved`): the count raised
+before the kernel learns of the lookup, lowered after its forget. A server
+that took the connection over starts with the root alone and finds any other
+id the kernel sends there, with its count; the saved state drops a path once
+its count is zero, the kernel holding no such id.
 """
 
 from __future__ import annotations
@@ -96,7 +95,7 @@ class InodeTable:
         with self._lock:
             node = self._nodes.get(inode)
             if node is None:
-                node = self._nodes[inode] = Node(path, 0)
+                node = self._nodes[inode] = Node(path, self.saved.lookups(inode))
                 self.recovered += 1
         return node
 
@@ -130,14 +129,14 @@ class InodeTable:
             inode = self.inode_of(path)
         with self._lock:
             node = self._nodes.get(inode)
-            if node is None:
-                node = self._nodes[inode] = Node(path, 1)
-                if self.saved is not None:  # (before the kernel can send the id)
-                    self.saved.save_node(inode, path)
-            elif node.path != path:
+            if node is not None and node.path != path:
                 node = None
-            else:
-                node.lookups += 1
+            else:  # (the saved count is raised before the kernel can send the id)
+                lookups = self.saved.looked_up(inode, path) if self.saved is not None else 0
+                if node is None:
+                    node = self._nodes[inode] = Node(path, lookups or 1)
+                else:
+                    node.lookups = lookups or node.lookups + 1
             if node is not None:
                 old, node.size = node.size, size
         if node is not None:
@@ -156,10 +155,13 @@ class InodeTable:
     def forget(self, inode_list: Iterable[tuple[int, int]]) -> None:
         with self._lock:
             for inode, nlookup in inode_list:
-                node = self._nodes.get(inode)
-                if node is None or inode == ROOT_INODE:
+                if inode == ROOT_INODE:
                     continue
-                node.lookups -= nlookup
+                left = self.saved.forgot(inode, nlookup) if self.saved is not None else None
+                node = self._nodes.get(inode)
+                if node is None:
+                    continue
+                node.lookups = node.lookups - nlookup if left is None else left
                 if node.lookups <= 0 and node.opens <= 0:  # (an open node goes at its release)
                     del self._nodes[inode]
 

@@ -120,12 +120,14 @@ def status(path: str) -> dict[str, Any]:
 
 
 def recovered(path: str) -> dict[str, int]:
-    """What the serving server took over from the ones before it: node ids found
-    in the saved state and open handles made again (from the root's
-    `user.blockcache.stats`); empty if the mount does not answer."""
+    """What the serving server took over from the ones before it (node ids found
+    in the saved state, open handles made again) and what the saved state holds
+    now (from the root's `user.blockcache.stats`); empty if the mount does not
+    answer."""
     try:
         raw = os.getxattr(mp.absolute(path), XATTR_STATS.decode())
         stats = json.loads(raw)["fsclient"]
     except (OSError, ValueError, KeyError):
         return {}
-    return {k: stats[k] for k in ("nodes_recovered", "handles_recovered") if k in stats}
+    return {k: stats[k] for k in ("nodes_recovered", "handles_recovered", "saved_nodes",
+                                  "saved_bytes", "saved_compactions") if k in stats}

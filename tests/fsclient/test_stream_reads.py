@@ -94,14 +94,15 @@ def test_a_reply_still_referred_to_is_never_written_over(warm):
 def test_a_failed_read_returns_no_bytes_of_an_earlier_one(warm, daemon):
     f, vol, src, data = warm
     fh = _open(f)
-    assert bytes(f.read(fh, 0, BS)) == data[:BS]  # the buffer now holds block 0's bytes
+    assert f.read(fh, 0, BS) == data[:BS]  # (a handle's first read starts the run)
+    assert bytes(f.read(fh, BS, BS)) == data[BS:2 * BS]  # a reply buffer: block 1's bytes
     # block 2: a bad chunk on the cache disk, and the source gone (the refetch fails)
     _, path = cached_block_path(vol, daemon, "big", 2 * BS)
     damage_block(path, "body")
     os.unlink(src / "big")
     with pytest.raises(FuseError) as exc:
-        f.read(fh, 2 * BS, BS)
+        f.read(fh, 2 * BS, BS)  # into that same buffer, reused
     assert exc.value.errno in (errno.ESTALE, errno.EIO, errno.ENOENT)
-    assert bytes(f.read(fh, BS, BS)) == data[BS:2 * BS]  # block 1 still served right
+    assert f.open_files.replies.reused == 1 and f.open_files.replies.kept_bytes == BS
+    assert bytes(f.read(fh, 3 * BS, BS)) == data[3 * BS:4 * BS]  # block 3 still served
     f.release(fh)
-

@@ -20,8 +20,9 @@ started: once it has taken every unit, it takes back a helper still asleep
 way. On a busy host a helper's wake-up can take longer than the whole read.
 
 Memory: one unit buffer per helper and per reading thread at a time
-(`UNIT_CHUNKS` chunks, ~256 KiB), so at most (helpers + readers) x 256 KiB,
-counted in `stats()["decrypt_buffer_bytes"]`; no buffer of the whole read.
+(`UNIT_CHUNKS` chunks and a page, ~260 KiB), so at most (helpers +
+readers) x 260 KiB, counted in `stats()["decrypt_buffer_bytes"]`; no buffer
+of the whole read.
 
 Errors: a unit that fails authentication, a short read (a file truncated
 under the reader) or an I/O error is raised once every unit is done, and the

@@ -45,6 +45,16 @@ class Reader:
                 n += len(data)
         return n
 
+    def read_seq_into(self, path: str, chunk: int = SEQ_CHUNK) -> int:
+        """Read a file front to back with `readinto` into one buffer used for
+        every read (a loader that owns its buffer); returns bytes read."""
+        n = 0
+        buf = bytearray(chunk)
+        with self._open(path) as f:
+            while got := f.readinto(buf):
+                n += got
+        return n
+
     def read_range(self, path: str, offset: int, size: int) -> bytes:
         raise NotImplementedError
 

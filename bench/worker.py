@@ -48,6 +48,11 @@ def _run(reader, cmd: str, arg) -> dict:
             t0 = clock()
             nbytes += reader.read_seq(path)
             lat.append(clock() - t0)
+    elif cmd == "seqinto":
+        for path in arg:
+            t0 = clock()
+            nbytes += reader.read_seq_into(path)
+            lat.append(clock() - t0)
     elif cmd == "safetensors":
         # a model loaded as a user would: the file's bytes, then its tensors
         from safetensors.numpy import load

@@ -8,9 +8,10 @@
   handle of it is open, handed to the kernel's page cache before the open
   answers (`_store`), so its reads need no request. Otherwise its first read
   request reads it whole; later reads are slices of that.
-- A sequential reader of a larger file reads whole blocks into its handle
-  (at most two per handle, BUFFER_BYTES_MAX over all) and prefetches the next
-  `readahead_blocks` blocks, once per block crossed.
+- A sequential reader of a larger file has each read decrypted straight
+  into a reply buffer reused from read to read (`replies`), outside the
+  handle's lock, so two workers serve two reads of one file at once; it
+  prefetches the next `readahead_blocks` blocks, once per block crossed.
 - Random reads go through the reader's chunk cache (a `VolumeFile` per
   handle: the decrypted pages and runs `Volume`'s random reads keep, and its
   held block files), reading the whole chunks around their range; the
@@ -29,6 +30,7 @@ import threading
 from collections.abc import Callable
 
 from blockcache_client import Volume
+from blockcache_client.common.bufferpool import BufferPool
 from blockcache_client.reader.chunks import CHUNKED_READ_MAX
 from blockcache_client.reader.options import chunk_size
 from blockcache_client.reader.sequential import SEQ_SLACK, Stream
@@ -55,15 +57,17 @@ SEQ_READ_MIN = 128 << 10
 # How long a read waits for another read of its handle before the wait is
 # handed off with its thread (see `_locked`): longer than a block's decrypt.
 LOCK_WAIT = 0.01
-# Bytes of whole blocks buffered for sequential readers, over all handles.
-BUFFER_BYTES_MAX = 128 << 20
+# Reply buffers of sequential reads: the largest read the session asks the
+# kernel for (`max_pages` 256), and the bytes of them kept for reuse.
+REPLY_BYTES = 1 << 20
+REPLY_BYTES_KEPT = 8 << 20
 
 
 class Handle:
     """An open file: the pinned FileInfo, its read state and the lock its reads take."""
 
     __slots__ = ("path", "info", "node", "inode", "stream", "prefetched_until",
-                 "data", "blocks", "file", "lock", "waits", "warm", "generation")
+                 "data", "file", "lock", "waits", "warm", "generation")
 
     def __init__(self, path: str, info: FileInfo, inode: int, node: Node, generation: int = -1):
         self.path = path
@@ -76,9 +80,6 @@ class Handle:
         # request reads it with no second try (the first try's readahead may
         # have brought the pages in, but not because they were warm)
         self.waits = False
-        # block offset -> its bytes, for a sequential reader (made at its first
-        # block: most handles are small files and never need one)
-        self.blocks: dict[int, memoryview] | None = None
         self.file: VolumeFile | None = None  # random reads: the reader's chunk cache
         # indexes of blocks a read found cached: random reads of them need no
         # wait (see `_read_chunked`)
@@ -114,8 +115,9 @@ class OpenFiles:
         # its thread's spare buffer: the kernel copies its bytes before the
         # open returns, and nothing keeps a view of it after
         self._spares = threading.local()
-        self.buffered_blocks = 0
-        self.max_buffered_blocks = max(2, BUFFER_BYTES_MAX // cfg.block_size)
+        # where sequential reads are decrypted and answered from: a buffer is
+        # taken again only once no view of it is left (the reply written)
+        self.replies = BufferPool(REPLY_BYTES, REPLY_BYTES_KEPT, page_aligned=True)
         # the unit blocks are sealed in: a random read decrypts whole chunks
         self.chunk = chunk_size(cfg.block_size)
         # a random read's other pages of its chunks, into the kernel's page cache
@@ -184,9 +186,6 @@ class OpenFiles:
         if h is None:
             return None
         with h.lock:
-            if h.blocks:
-                self._count("buffered_blocks", -len(h.blocks))
-                h.blocks = None
             if h.file is not None:
                 h.file.close()
                 h.file = None
@@ -273,11 +272,9 @@ class OpenFiles:
         if data is not None:
             return data[off:off + size]
         with self._locked(h):
-            sequential = self._follow(h, off, size)
-            if (h.blocks is not None and (off - off % self.cfg.block_size) in h.blocks) or (
-                    sequential and self.buffered_blocks < self.max_buffered_blocks):
-                return self._read_blocks(h, off, size)
-            return self._read_chunked(h, off, size)
+            if not self._follow(h, off, size) or size < self.chunk:
+                return self._read_chunked(h, off, size)
+        return self._read_stream(h, off, size)
 
     @contextlib.contextmanager
     def _locked(self, h: Handle):
@@ -349,39 +346,30 @@ class OpenFiles:
             log.debug("no-wait read of %s: %s", path, exc)
             return None
 
-    def _read_blocks(self, h: Handle, off: int, size: int) -> bytes | memoryview:
-        """Serve [off, off+size) from whole blocks read into the handle (under `h.lock`)."""
+    def _read_stream(self, h: Handle, off: int, size: int) -> memoryview:
+        """[off, off+size) of a sequential reader, decrypted straight into a
+        reply buffer (`replies`). Not under `h.lock`: the volume's reads are
+        thread-safe and the handle's version is fixed. Each block's part is
+        read without waiting when its bytes are in memory; the first that
+        is not, and the rest with it, in a wait (`blocking`). The view
+        returned is the only one left of its buffer once this returns, so
+        the buffer is reused only after the reply is written; a failed read
+        raises and its buffer's bytes are never sent."""
+        buf = self.replies.take() if size <= REPLY_BYTES else memoryview(bytearray(size))
         bs = self.cfg.block_size
-        blocks = h.blocks
-        if blocks is None:
-            blocks = h.blocks = {}
-        out = []
-        while size > 0:
-            boff = off - off % bs
-            data = blocks.get(boff)
-            if data is None:
-                blen = min(bs, h.info.size - boff)
-                buf = bytearray(blen)
-                n = self._nowait(h.path, boff, buf, h.info)
-                if n is not None:
-                    data = memoryview(buf)[:n]
-                else:
-                    with self.blocking():
-                        data = self._load(h.path, boff, blen, h.info, buf)
-                blocks[boff] = data
-                added = 1
-                if len(blocks) > 2:
-                    del blocks[next(iter(blocks))]
-                    added = 0
-                if added:
-                    self._count("buffered_blocks")
-            piece = data[off - boff:off - boff + size]
-            if not piece:
+        pos = 0
+        while pos < size:
+            at = off + pos
+            n = min(size - pos, bs - at % bs)
+            got = self._nowait(h.path, at, buf[pos:pos + n], h.info)
+            if got is None:
+                with self.blocking():
+                    pos += self.volume.readinto(h.path, at, buf[pos:size], info=h.info)
                 break
-            out.append(piece)
-            off += len(piece)
-            size -= len(piece)
-        return out[0] if len(out) == 1 else b"".join(out)
+            pos += got
+            if got < n:  # end of file
+                break
+        return buf[:pos]
 
     def _follow(self, h: Handle, off: int, size: int) -> bool:
         """Track the handle's read pattern; True if this read continues a

@@ -27,6 +27,8 @@ from __future__ import annotations
 import collections
 import threading
 
+from .aligned import PAGE, page_view
+
 TRIES = 4  # buffers checked per take before a new one is made
 
 
@@ -44,9 +46,11 @@ class BufferPool:
     """Reusable bytearrays of `size` bytes, at most `limit` bytes of them
     kept; thread-safe."""
 
-    def __init__(self, size: int, limit: int):
+    def __init__(self, size: int, limit: int, page_aligned: bool = False):
         self.size = size
         self.limit = max(0, limit)
+        # views start on a page (`aligned.page_view`): each buffer is a page longer
+        self._slack = PAGE if page_aligned else 0
         self._kept: collections.deque[bytearray] = collections.deque()
         self._lock = threading.Lock()
         self.reused = 0  # takes served by a buffer used before (tests, stats)
@@ -67,11 +71,14 @@ class BufferPool:
                 kept.append(buf)  # in use or handed out now: last in line either way
                 if unused(buf):
                     self.reused += 1
-                    return memoryview(buf)
-            buf = bytearray(self.size)
+                    return self._view(buf)
+            buf = bytearray(self.size + self._slack)
             if (len(kept) + 1) * self.size <= self.limit:
                 kept.append(buf)
-            return memoryview(buf)
+            return self._view(buf)
+
+    def _view(self, buf: bytearray) -> memoryview:
+        return page_view(buf, self.size) if self._slack else memoryview(buf)
 
     def fill(self, n: int, readinto) -> memoryview:
         """A read-only view of up to `n` (<= `size`) bytes that `readinto(view)`

@@ -20,8 +20,9 @@ started: once it has taken every unit, it takes back a helper still asleep
 way. On a busy host a helper's wake-up can take longer than the whole read.
 
 Memory: one unit buffer per helper and per reading thread at a time
-(`UNIT_CHUNKS` chunks, ~256 KiB), so at most (helpers + readers) x 256 KiB,
-counted in `stats()["decrypt_buffer_bytes"]`; no buffer of the whole read.
+(`UNIT_CHUNKS` chunks and a page, ~260 KiB), so at most (helpers +
+readers) x 260 KiB, counted in `stats()["decrypt_buffer_bytes"]`; no buffer
+of the whole read.
 
 Errors: a unit that fails authentication, a short read (a file truncated
 under the reader) or an I/O error is raised once every unit is done, and the
@@ -38,6 +39,7 @@ from __future__ import annotations
 import os
 import threading
 
+from ..common.aligned import PAGE, aligned
 from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
 from ..contract.errors import FormatError
 
@@ -75,11 +77,12 @@ class _Read:
         cipher, fd, out = self.cipher, self.fd, self.out
         try:
             for index, end, start, length, p0, p1 in self.units:
-                got = os.preadv(fd, [buf[:length]], start)
+                k = start % PAGE  # where the page cache has it (see common/aligned)
+                got = os.preadv(fd, [buf[k:k + length]], start)
                 if got != length:
                     raise FormatError(f"block file is shorter than its header says ({got} "
                                       f"bytes at {start} where {length} belong)")
-                cipher.open_into(index, end, buf[:length], out[p0:p1])
+                cipher.open_into(index, end, buf[k:k + length], out[p0:p1])
         except BaseException as exc:  # noqa: BLE001 - raised by the caller, once all are done
             if self.error is None:
                 self.error = exc
@@ -97,7 +100,7 @@ class _Helper:
         self.wake.acquire()     # released to wake it
         self.read: _Read | None = None
         self.started = False
-        self.buf = memoryview(bytearray(unit_bytes))
+        self.buf = aligned(unit_bytes)
         self.thread: threading.Thread | None = None
 
 
@@ -107,7 +110,8 @@ class ParallelDecrypt:
     def __init__(self, threads: int | None = None, chunk_size: int = 64 << 10):
         self.threads = default_threads() if threads is None else max(1, int(threads))
         self.enabled = self.threads > 1
-        self.unit_bytes = UNIT_CHUNKS * (chunk_size + TAG_SIZE)
+        # a unit's ciphertext, placed at its file offset's place in a page
+        self.unit_bytes = UNIT_CHUNKS * (chunk_size + TAG_SIZE) + PAGE
         self._lock = threading.Lock()
         self._idle: list[_Helper] = []
         self._helpers = 0        # started (idle or busy)
@@ -172,13 +176,14 @@ class ParallelDecrypt:
         for index in cuts:
             length = min(step, blen - index * csize + TAG_SIZE)
             start = HEADER_SIZE + index * step
-            got = os.preadv(read.fd, [buf[:length]], start)
+            k = start % PAGE
+            got = os.preadv(read.fd, [buf[k:k + length]], start)
             if got != length:
                 raise FormatError(f"block file is shorter than its header says ({got} "
                                   f"bytes at {start} where {length} belong)")
             lo, hi = max(offset, index * csize), min(offset + n, index * csize + length
                                                      - TAG_SIZE)
-            cipher.read_range_into(lo, buf[:length], read.out[lo - offset:hi - offset])
+            cipher.read_range_into(lo, buf[k:k + length], read.out[lo - offset:hi - offset])
 
     # -- helpers ----------------------------------------------------------------
 
@@ -260,7 +265,7 @@ class ParallelDecrypt:
         except IndexError:
             with self._lock:
                 self._buffers_made += 1
-            return memoryview(bytearray(self.unit_bytes))
+            return aligned(self.unit_bytes)
 
     def _give_buffer(self, buf: memoryview) -> None:
         if len(self._buffers) < _BUFFERS_KEPT:

@@ -25,6 +25,7 @@ import os
 import stat
 
 from ..common import nowait
+from ..common.aligned import PAGE, aligned
 from ..common.counters import Counters
 from ..common.nowait import Unsupported
 from ..common.nowait import open_cached as nowait_open
@@ -92,7 +93,7 @@ class Scratch:
         except IndexError:  # none idle
             buf = None
         if buf is None or len(buf) < need:
-            buf = memoryview(bytearray(need if need > _SCRATCH_MIN else _SCRATCH_MIN))
+            buf = aligned(need if need > _SCRATCH_MIN else _SCRATCH_MIN)
         return buf
 
     def give(self, buf: memoryview) -> None:
@@ -226,11 +227,13 @@ class HitReader:
             # the ciphertext, then (when the caller wants bytes) the plaintext,
             # copied out once: decrypting chunk by chunk into new objects
             # would cost their zeroing and a join
-            plain_at = HEADER_SIZE + want
+            # (the ciphertext lands at its file offset's place in a page:
+            # common/aligned; the plaintext after it)
+            plain_at = PAGE + HEADER_SIZE + want
             need = plain_at + n if out is None else plain_at
             scratch = self.scratch.take(need)
             if first == 0:
-                whole = scratch[:plain_at]
+                whole = scratch[:HEADER_SIZE + want]
                 if nowait:
                     got = os.preadv(fd, [whole], 0, os.RWF_NOWAIT)
                     if got != HEADER_SIZE + stop - start:
@@ -239,11 +242,16 @@ class HitReader:
                     got = os.preadv(fd, [whole], 0)
                 head = scratch[:HEADER_SIZE if got > HEADER_SIZE else got]
                 body = scratch[HEADER_SIZE:got if got > HEADER_SIZE else HEADER_SIZE]
-            elif nowait:
-                return None
-            else:
-                head = os.pread(fd, HEADER_SIZE, 0)
-                body = scratch[:os.preadv(fd, [scratch[:want]], start)]
+            else:  # the header (after where the body lands), then the body
+                k = start % PAGE
+                at = plain_at - HEADER_SIZE
+                flags = os.RWF_NOWAIT if nowait else 0
+                got = os.preadv(fd, [scratch[at:plain_at]], 0, flags)
+                head = scratch[at:at + got]
+                got = os.preadv(fd, [scratch[k:k + want]], start, flags)
+                if nowait and (len(head) != HEADER_SIZE or got != stop - start):
+                    return None  # pages not all in memory: the blocking read decides
+                body = scratch[k:k + got]
             cipher = self.ciphers.cipher(key, bytes(head), blen)
             if len(body) != stop - start:  # one byte over: longer; under: truncated
                 raise FormatError(f"block file is shorter or longer than its header says "

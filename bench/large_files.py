@@ -6,7 +6,10 @@
 
 One moto S3 server on 127.0.0.1 for every system, no delay added, its
 ranged GETs copying only their range (`bench.moto_ranges`); each system
-starts with empty caches; readers are spawned processes (`bench.worker`).
+starts with empty caches in a dir of its own, and every system's dirs are
+removed at the end, not as it stops (see `_stop`: removing them at once
+charged the next system the file system's work); readers are spawned
+processes (`bench.worker`).
 
 1. cold small files: `--small-files` files of `--small-kib` KiB read whole,
    in order, by one reader: `Volume`, the CRT client, s3fs; `--rounds`
@@ -31,7 +34,12 @@ Each cold and warm row gives the reader process's CPU seconds, and for the
 cold ones the moto server's (`S3 s`: the same server for every system) and
 the daemon's (`daemon`: writing the cache files of what `Volume` read) in
 the same epoch, with the 1-minute load average after it: on a shared
-machine the CPU per item is the figure to compare, wall time swings.
+machine the CPU per item is the figure to compare, wall time swings. Under
+each cold row, that CPU in ms a file or a MiB, split by the reader's
+threads (by name: the reading thread `MainThread`, `blockcache-filler`
+sealing and putting fills, `blockcache-prefetch` receiving a window's
+parts, the CRT client's event loop as `other`) and the daemon's (its event
+loop, and its workers writing the cache files).
 
 Prints every figure and the ratios; writes them to
 `<out>/<date>-large-files.json`. Exit status 0 when every target is met.
@@ -44,6 +52,7 @@ import datetime
 import json
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -64,6 +73,7 @@ from .systems import (
     drop_page_cache,
     proc_cpu,
     read_into_page_cache,
+    thread_cpu,
 )
 from .worker import Workers
 
@@ -176,12 +186,17 @@ def _epoch(workers: Workers, cmd: str, arg, label: str, rows: list,
     it is reported beside the reader's ("s3": the moto server, "daemon")."""
     servers = servers or {}
     cpu0 = {k: sum(map(proc_cpu, pids)) for k, pids in servers.items()}
+    daemon0 = _daemon_threads(servers.get("daemon", []))
     wall, [answer] = workers.run_all(cmd, arg)
     row = {"case": label, "seconds": wall, "bytes": answer["bytes"], "items": answer["items"],
            "mb_per_s": answer["bytes"] / wall / 1e6, "items_per_s": answer["items"] / wall,
-           "cpu_s": answer["cpu"], "load_avg": os.getloadavg()[0], **extra}
+           "cpu_s": answer["cpu"], "threads": answer.get("threads", {}),
+           "load_avg": os.getloadavg()[0], **extra}
     for k, pids in servers.items():
         row[f"{k}_cpu_s"] = sum(map(proc_cpu, pids)) - cpu0[k]
+    if servers.get("daemon"):
+        row["daemon_threads"] = {k: v - daemon0.get(k, 0.0)
+                                 for k, v in _daemon_threads(servers["daemon"]).items()}
     rows.append(row)
     log.info("%-34s %8.1f MB/s %9.1f items/s  %.2f s  cpu %.2f s%s", label, row["mb_per_s"],
              row["items_per_s"], wall, row["cpu_s"],
@@ -189,14 +204,59 @@ def _epoch(workers: Workers, cmd: str, arg, label: str, rows: list,
     return row
 
 
+def _daemon_threads(pids: list[int]) -> dict[str, float]:
+    """The daemons' CPU seconds: the event loop's (each one's main thread)
+    and their other threads' (the dir workers that write the cache files)."""
+    out = {"loop": 0.0, "workers": 0.0}
+    for pid in pids:
+        for tid, cpu in thread_cpu(pid).items():
+            out["loop" if tid == pid else "workers"] += cpu
+    return out
+
+
+def per_item(row: dict) -> str:
+    """Where a cold row's CPU went, in ms a file (small files) or a MiB
+    (the rest): the reader's threads by name, the daemon's loop and
+    workers, the S3 server."""
+    n = row["items"] if row.get("set") == "small" else row["bytes"] / MIB
+    unit = "file" if row.get("set") == "small" else "MiB"
+    if not n:
+        return ""
+    parts = [f"{k} {v / n * 1e3:.2f}" for k, v in
+             sorted(row.get("threads", {}).items(), key=lambda kv: -kv[1])]
+    ended = row["cpu_s"] - sum(row.get("threads", {}).values())
+    if ended > 0.005:
+        parts.append(f"ended threads {ended / n * 1e3:.2f}")
+    text = f"  ms CPU a {unit}: reader {row['cpu_s'] / n * 1e3:.2f} ({', '.join(parts)})"
+    if "daemon_threads" in row:
+        d = row["daemon_threads"]
+        text += (f"; daemon {row['daemon_cpu_s'] / n * 1e3:.2f} (loop "
+                 f"{d['loop'] / n * 1e3:.2f}, workers {d['workers'] / n * 1e3:.2f})")
+    if row.get("s3_cpu_s") is not None:
+        text += f"; S3 {row['s3_cpu_s'] / n * 1e3:.2f}"
+    return text
+
+
 def _settle(system: System, workers: Workers) -> None:
     workers.run_all("settle", None)
     system.settle()
 
 
-def cold_and_warm(ctx: Ctx, system: System, data: dict, args, rows: list) -> None:
+def _stop(system: System, spent: list[str]) -> None:
+    """Stop `system`, leaving its caches for `run` to remove once every
+    system has run: on ext4 without a journal (the bench machine's) a file
+    created within about a minute of many deletions in the same block group
+    has the kernel scan past the freed inodes, which doubled the daemon's
+    CPU per cache file in the epoch after another system's caches were
+    removed (`python -m bench.large_files` docstring)."""
+    system.stop(remove=False)
+    spent.append(system.dir)
+
+
+def cold_and_warm(ctx: Ctx, system: System, data: dict, args, rows: list,
+                  spent: list[str], tag: str = "files") -> None:
     """Workloads 1-3 on one system."""
-    system.start(ctx, "files")
+    system.start(ctx, tag)
     try:
         servers = {"s3": [ctx.remote.moto.proc.pid], "daemon": system.server_pids()}
         with Workers(system.reader_spec(), 1) as w:
@@ -222,19 +282,19 @@ def cold_and_warm(ctx: Ctx, system: System, data: dict, args, rows: list) -> Non
                            system="volume", phase="warm", set="large", rep=rep,
                            decrypt=many, call=cmd)
     finally:
-        system.stop()
+        _stop(system, spent)
     local = LocalSystem()
-    local.start(ctx, "files")
+    local.start(ctx, tag)
     try:
         read_into_page_cache([os.path.join(ctx.local_root, "large")])
         with Workers(local.reader_spec(), 1) as w:
             _epoch(w, "seq", data["large"], "page cache large files local", rows,
                    system="local", phase="warm", set="large")
     finally:
-        local.stop()
+        _stop(local, spent)
 
 
-def model(ctx: Ctx, system: System, rows: list) -> None:
+def model(ctx: Ctx, system: System, rows: list, spent: list[str]) -> None:
     """Workload 4 on one system: a cold load, then a warm one (a new reader
     for `Volume`: its memory LRU is far smaller than the model)."""
     system.start(ctx, "model")
@@ -254,7 +314,7 @@ def model(ctx: Ctx, system: System, rows: list) -> None:
             _epoch(w, "safetensors", [model_load.MODEL_PATH], "model warm volume", rows,
                    system="volume", phase="warm", set="model")
     finally:
-        system.stop()
+        _stop(system, spent)
 
 
 def _best(rows: list, key: str, **match) -> float | None:
@@ -302,6 +362,8 @@ def report(rows: list, figures: dict) -> str:
                         for k in ("s3_cpu_s", "daemon_cpu_s"))
         lines.append(f"{r['case']:36} {r['mb_per_s'] / 1e3:7.3f} {r['items_per_s']:9.1f} "
                      f"{r['seconds']:7.2f} {r['cpu_s']:6.2f}{extra} {r['load_avg']:5.2f}")
+        if r.get("phase") == "cold" and r.get("set") in ("small", "large"):
+            lines.append(per_item(r))
     lines.append("")
     for name, v in figures.items():
         lines.append(f"{name:44} {'-' if v is None else f'{v:.2f}x'}")
@@ -346,21 +408,26 @@ def run(args: argparse.Namespace) -> dict:
     local_root = os.path.join(args.workdir, "local")
     makers = {"volume": VolumeSystem, "crt": CrtSystem, "s3fs": S3fsDirect, "fuse": FuseSystem,
               "local": LocalSystem}
+    spent: list[str] = []  # systems' dirs, removed at the end (see `_stop`)
     with DirectRemote(args.workdir) as remote:
         data = upload(remote, local_root, args)
         ctx = Ctx(remote, local_root, args.workdir, None)
         os.sync()  # the local copy's writeback must not fall on the first system's epochs
-        for r in range(args.rounds):  # alternate the order: no system always goes first
-            for name in args.systems if r % 2 == 0 else reversed(args.systems):
-                cold_and_warm(ctx, makers[name](), data, args, rows)
-        if args.model_mib:
-            for name in MODEL_SYSTEMS:
-                system = makers[name]()
-                why = system.unavailable()
-                if why:
-                    log.warning("model loading: skipping %s: %s", name, why)
-                    continue
-                model(ctx, system, rows)
+        try:
+            for r in range(args.rounds):  # alternate the order: no system always goes first
+                for name in args.systems if r % 2 == 0 else reversed(args.systems):
+                    cold_and_warm(ctx, makers[name](), data, args, rows, spent, f"files{r}")
+            if args.model_mib:
+                for name in MODEL_SYSTEMS:
+                    system = makers[name]()
+                    why = system.unavailable()
+                    if why:
+                        log.warning("model loading: skipping %s: %s", name, why)
+                        continue
+                    model(ctx, system, rows, spent)
+        finally:
+            for path in spent:
+                shutil.rmtree(path, ignore_errors=True)
     return {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "args": {k: v for k, v in vars(args).items()}, "cpus": os.cpu_count(),
             "load_avg": os.getloadavg(), "data": {k: v for k, v in data.items()

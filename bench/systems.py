@@ -106,6 +106,24 @@ def proc_cpu(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each live thread of a process, by thread id, from /proc
+    (a thread that ended is in `proc_cpu` only)."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def is_mounted(path: str) -> bool:
     path = os.path.realpath(path)
     with open("/proc/mounts") as f:
@@ -194,12 +212,13 @@ class System:
     def _start(self) -> None:
         pass
 
-    def stop(self) -> None:
-        """Stop every process and mount; remove the caches."""
+    def stop(self, remove: bool = True) -> None:
+        """Stop every process and mount; remove the caches (unless not
+        `remove`: the caller removes `dir` later)."""
         try:
             self._stop()
         finally:
-            if self.dir:
+            if self.dir and remove:
                 shutil.rmtree(self.dir, ignore_errors=True)
 
     def _stop(self) -> None:

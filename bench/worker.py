@@ -9,7 +9,8 @@ time covers the slowest worker. Workers stay up across epochs, so in-process
 caches carry over as they would in training.
 
 Every answer carries the worker's CPU seconds (user + system, children
-included) spent on the command, and per-item latencies.
+included) spent on the command, the part of them each kind of thread
+spent (`threads`, by thread name), and per-item latencies.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import hashlib
 import logging
 import multiprocessing
 import os
+import re
 import sys
+import threading
 import time
 import traceback
 
 from .access_paths import import_all, make_reader
+from .systems import thread_cpu
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,17 @@ READY_TIMEOUT = 120.0
 def _cpu() -> float:
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def _threads_cpu() -> dict[str, float]:
+    """CPU seconds of this process's live threads, summed by thread name
+    without its number (the four `blockcache-prefetch_N` as one)."""
+    names = {t.native_id: re.sub(r"[-_]?\d+$", "", t.name) for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid, cpu in thread_cpu(os.getpid()).items():
+        name = names.get(tid, "other")
+        out[name] = out.get(name, 0.0) + cpu
+    return out
 
 
 def _run(reader, cmd: str, arg) -> dict:
@@ -133,13 +148,17 @@ def worker_main(conn, spec: dict) -> None:
             cmd, arg = conn.recv()
             if cmd == "quit":
                 break
-            c0 = _cpu()
+            c0, t0 = _cpu(), _threads_cpu()
             try:
                 out = _profiled(reader, cmd, arg) if _PROFILE_DIR else _run(reader, cmd, arg)
             except BaseException:
                 conn.send(("error", traceback.format_exc()))
                 continue
             out["cpu"] = _cpu() - c0
+            # per thread: what of `cpu` each kind of thread spent (threads
+            # that ended meanwhile show only in `cpu`)
+            out["threads"] = {k: v - t0.get(k, 0.0) for k, v in _threads_cpu().items()
+                              if v - t0.get(k, 0.0) > 0}
             conn.send(("ok", out))
     finally:
         reader.close()

@@ -200,8 +200,8 @@ class HitReader:
                 if st.st_size != file_size(blen, self.chunk_size):
                     raise FormatError(f"block file is {st.st_size} bytes; its header says "
                                       f"{file_size(blen, self.chunk_size)}")
-                if out is not None:
-                    self.decrypt.read_file_into(cipher, fd, lo, out[:n])
+                if out is not None:  # `out` itself when it fits: a caller may release it
+                    self.decrypt.read_file_into(cipher, fd, lo, out if len(out) == n else out[:n])
                     return n
                 scratch = self.scratch.take(n)
                 plain = scratch[:n]

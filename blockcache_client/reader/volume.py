@@ -52,6 +52,7 @@ import os
 import weakref
 
 from ..common.counters import Counters
+from ..common.filledbytes import FilledBytes, release
 from ..common.forks import generation as _forks
 from ..contract import blockfile, protocol
 from ..contract.blockkey import KeyNamer, check_volume_name
@@ -284,19 +285,18 @@ class Volume:
             return self._read_block(rel, info, prefix, boff, offset - boff, end - boff, out,
                                     1, holder)
         chunky = st is None or not st.streaming  # a stream's chunks are not read again
-        parts = []
-        pos = 0
-        for b in range(first, last + 1):
+        whole = FilledBytes(end - offset) if out is None and last > first else None
+        out = whole.view if whole is not None else out
+        got = pos = 0
+        for b in range(first, last + 1):  # one block only if `out` is None
             boff = b * bs
             run = 1 if st is None else self._sequential.plan(st, rel, info, prefix, b, last)
             lo, hi = max(offset, boff) - boff, min(end, boff + bs) - boff
-            got = self._read_block(rel, info, prefix, boff, lo, hi,
-                                   None if out is None else out[pos:pos + hi - lo], run, holder,
-                                   chunky)
-            if out is None:
-                parts.append(got)
+            part = None if out is None else out[pos:pos + hi - lo]
+            got = self._read_block(rel, info, prefix, boff, lo, hi, part, run, holder, chunky)
+            release(part)  # an idle decrypt helper may still hold it: not the buffer
             pos += hi - lo
-        return b"".join(parts) if out is None else pos
+        return whole.value() if whole is not None else got if out is None else pos
 
     def readinto(self, path: str, offset: int, buffer, info: FileInfo | None = None) -> int:
         """Read into a writable buffer; returns the number of bytes stored

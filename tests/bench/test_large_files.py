@@ -2,9 +2,11 @@
 asked for, the model loads with every tensor, and the figures it prints are computed."""
 
 import math
+import os
 
 from bench import large_files, model_load
 from bench.datasets import MIB
+from bench.systems import Ctx, VolumeSystem
 
 
 def test_large_files_small_run(tmp_path):
@@ -14,6 +16,8 @@ def test_large_files_small_run(tmp_path):
         "--out", str(tmp_path / "out")])
     result = large_files.run(args)
     rows = {r["case"]: r for r in result["rows"]}
+    # every system's caches were removed once the run ended
+    assert sorted(os.listdir(tmp_path / "work")) == ["local", "moto.log"]
     for s in large_files.COLD_SYSTEMS:
         assert rows[f"cold small files {s}"]["bytes"] == 5 * 16 << 10
         assert rows[f"cold small files {s}"]["items"] == 5
@@ -34,6 +38,12 @@ def test_large_files_small_run(tmp_path):
     for name, _, _ in large_files.TARGETS:
         assert name in text
     assert "decrypt, 1 thread" in text  # the yardstick is printed beside the warm row
+    # each cold row's CPU, split by the reader's threads and the daemon's
+    small, large = rows["cold small files volume"], rows["cold large files volume"]
+    assert set(large["daemon_threads"]) == {"loop", "workers"}
+    assert "MainThread" in small["threads"]
+    assert "ms CPU a file: reader" in text and "ms CPU a MiB: reader" in text
+    assert "daemon" in large_files.per_item(large) and "S3" in large_files.per_item(large)
     assert f"decrypt, {rows['decrypt']['threads']} threads" in text
 
 
@@ -43,3 +53,17 @@ def test_model_layout_scales_with_size():
     assert len(small) >= 8 and len(big) >= 300
     total = sum(2 * math.prod(shape) for _, shape in big)
     assert 0.9 * 1024 * MIB <= total <= 1.1 * 1024 * MIB
+
+
+def test_a_stopped_systems_caches_stay_until_the_run_ends(tmp_path):
+    """Removing a system's cache files as it stops would have the file system
+    charge that work to the next system's epoch (see `large_files._stop`)."""
+    system = VolumeSystem()
+    system.start(Ctx(None, str(tmp_path / "local"), str(tmp_path), None), "files0")
+    kept = os.path.join(system.cache_dirs()[0], "a-cache-file")
+    with open(kept, "wb") as f:
+        f.write(b"x")
+    spent: list[str] = []
+    large_files._stop(system, spent)
+    assert system.daemon is None  # stopped
+    assert spent == [system.dir] and os.path.exists(kept)

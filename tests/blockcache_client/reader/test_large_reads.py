@@ -11,6 +11,7 @@ import random
 import tempfile
 import threading
 import time
+import tracemalloc
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -62,6 +63,33 @@ def _read_patterns(vol, data: bytes) -> None:
     def at(offset, size):
         assert vol.read("big.bin", offset, size) == data[offset:offset + size]
     at()
+
+
+def test_a_read_of_many_blocks_is_stored_once(local_source, key_file, daemon):
+    """`read` of many blocks (a whole checkpoint for safetensors) stores them
+    straight into the bytes it returns: the file's size in memory at the
+    peak, not a bytes object per block and then their join (twice that)."""
+    size = 8 * BS + 777
+    data = random.Random(8).randbytes(size)
+    local_source.write("whole.bin", data)
+    with _volume(local_source, key_file, daemon, memory_cache_bytes=4 * BS) as cold:
+        assert cold.read("whole.bin", 0, size) == data
+        assert cold.wait_fills(20)
+    with _volume(local_source, key_file, daemon, memory_cache_bytes=0) as warm:
+        assert warm.read("whole.bin", 3, 2 * BS) == data[3:3 + 2 * BS]  # buffers made
+        for read in (lambda: warm.read("whole.bin", 0, size + 10),
+                     lambda: warm.open("whole.bin").read(),
+                     lambda: warm.read("whole.bin", BS - 1, 3 * BS + 2)):
+            tracemalloc.start()
+            try:
+                got = read()
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert type(got) is bytes and got == data[:len(got)] or \
+                got == data[BS - 1:BS - 1 + 3 * BS + 2]
+            assert peak < 1.3 * len(got), (peak, len(got))
+        assert warm.stats()["misses"] == 0
 
 
 def test_every_pattern_cold_then_warm(local_source, key_file, daemon):

@@ -253,6 +253,8 @@ class ParallelDecrypt:
                 read.busy -= 1
                 if not read.busy and read.done is not None:
                     read.done.release()
+                # (held while asleep, it would keep the caller's buffer exported)
+                read = None
                 if self._closed:  # after the release: its reader may be waiting
                     return
                 self._idle.append(h)

@@ -196,6 +196,23 @@ def test_no_unit_is_opened_after_its_read_returned():
         pd.close()
 
 
+def test_a_helper_keeps_no_view_of_a_read_it_helped():
+    """Once a read returns, no sleeping helper refers to its destination: a
+    bytearray read into can be resized (it cannot while a view is exported)."""
+    plain, fd, cipher = _sealed(4 * BS)
+    pd = ParallelDecrypt(3)
+    try:
+        for i in range(50):
+            dest = bytearray(3 * BS)
+            pd.read_file_into(cipher, fd, i * 100, memoryview(dest))
+            time.sleep(0.002)  # the helpers are back asleep
+            dest.extend(b"x")  # BufferError if a view of it were still held
+            assert dest[:-1] == plain[i * 100:i * 100 + 3 * BS]
+        assert pd.stats()["parallel_decrypt_reads"] > 0
+    finally:
+        pd.close()
+
+
 def test_a_read_never_waits_for_a_busy_helper():
     """With the only helper stuck in another read's unit, a read opens every
     unit on its own thread and returns."""

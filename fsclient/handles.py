@@ -143,7 +143,12 @@ class OpenFiles:
              ) -> tuple[int, bool]:
         """A new handle of `path` pinned to `info`: (fh, keep_cache). `keep`
         says the kernel's pages of the inode already hold this version."""
-        fh = self._fh.next(file_tag(info), self.handles)
+        # the tag hashes the version: computed once per FileInfo the metadata
+        # cache hands out, not at every open of it
+        tag = node.tag
+        if tag is None or tag[0] is not info:
+            tag = node.tag = (info, file_tag(info))
+        fh = self._fh.next(tag[1], self.handles)
         if keep:
             self._count("kept_opens")
         else:  # the kernel drops the inode's pages: no older open's store may land after

@@ -149,7 +149,7 @@ class Dispatcher:
         fh, keep = self.ops.open(nodeid, flags)
         # nothing is written, so nothing to flush: a close costs no request
         flags = s.FOPEN_NOFLUSH | (s.FOPEN_KEEP_CACHE if keep else 0)
-        if not ch.reply(unique, (s.OPEN_OUT.pack(fh, flags, 0),)):
+        if not ch.send(s.OPEN_REPLY.pack(s.OPEN_REPLY.size, 0, unique, fh, flags, 0)):
             self.ops.release(fh)  # interrupted and answered: the kernel never saw fh
 
     def _read(self, ch: Channel, unique: int, nodeid: int, body: memoryview, uid: int) -> None:
@@ -165,7 +165,7 @@ class Dispatcher:
                  uid: int) -> None:
         s.OPEN_IN.unpack_from(body)
         fh = self.ops.opendir(nodeid)
-        if not ch.reply(unique, (s.OPEN_OUT.pack(fh, 0, 0),)):
+        if not ch.send(s.OPEN_REPLY.pack(s.OPEN_REPLY.size, 0, unique, fh, 0, 0)):
             self.ops.releasedir(fh)
 
     def _readdir(self, ch: Channel, unique: int, nodeid: int, body: memoryview,

@@ -198,6 +198,19 @@ def test_reads_forgets_and_interrupts(kernel):
     assert session.ended.wait(TIMEOUT)
 
 
+def test_a_flush_is_answered_enosys_so_an_old_kernel_sends_no_more(kernel):
+    # kernels before 7.35 ignore FOPEN_NOFLUSH and send a FLUSH at every close;
+    # ENOSYS is the answer that makes them stop (no_flush; the close succeeds)
+    sock, _, session = kernel
+    init(sock)
+    u = send(sock, s.FLUSH, s.FLUSH_IN.pack(7, 0, 0, 0), nodeid=2)
+    assert answer(sock)[:2] == (u, -errno.ENOSYS)
+    u = send(sock, s.FLUSH, b"\0" * 8, nodeid=2)  # too short for fuse_flush_in
+    assert answer(sock)[:2] == (u, -errno.EINVAL)
+    lookup_f(sock)
+    assert session.op_counts()["flush"] == 2
+
+
 @pytest.mark.fuse
 @pytest.mark.parametrize("use_fusermount", [False, True])
 def test_a_real_mount_by_mount2_or_fusermount3(tmp_path, use_fusermount):

@@ -189,7 +189,9 @@ def test_reads_forgets_and_interrupts(kernel):
     u = send(sock, s.RELEASE, s.RELEASE_IN.pack(7, 0, 0, 0), nodeid=2)
     assert answer(sock)[:2] == (u, 0) and ops.release_calls == [7]
     # an INTERRUPT of a request already answered is answered EAGAIN (the
-    # kernel, finding no such request waiting, drops it)
+    # kernel, finding no such request waiting, drops it); once its worker is
+    # done with it (it unregisters the request just after writing the answer)
+    assert wait_until(lambda: session.busy() == 0)
     interrupt = send(sock, s.INTERRUPT, s.INTERRUPT_IN.pack(u))
     assert answer(sock)[:2] == (interrupt, -errno.EAGAIN)
     assert sorted(ops.forgotten) == [(2, 3), (5, 1), (6, 2)]  # (workers race)

@@ -10,8 +10,9 @@
   request reads it whole; later reads are slices of that.
 - A sequential reader of a larger file has each read decrypted straight
   into a reply buffer reused from read to read (`replies`), outside the
-  handle's lock, so two workers serve two reads of one file at once; it
-  prefetches the next `readahead_blocks` blocks, once per block crossed.
+  handle's lock, so two workers (`threads = 2`) serve two reads of one
+  file at once; it prefetches the next `readahead_blocks` blocks, once per
+  block crossed.
 - Random reads go through the reader's chunk cache (a `VolumeFile` per
   handle: the decrypted pages and runs `Volume`'s random reads keep, and its
   held block files), reading the whole chunks around their range; the

@@ -113,7 +113,7 @@ class MountConfig:
     fill_queue_bytes: int = 256 << 20
     # Bounds of the in-process metadata caches (entries, LRU).
     meta_cache_entries: int = 200_000
-    threads: int = 2  # FUSE worker threads (each answers the requests it reads; waits move off)
+    threads: int = 1  # FUSE worker threads (each answers the requests it reads; waits move off)
     # random reads hand their chunks' other pages to the page cache (`pagestore`:
     # off by default, see its note on a server killed while a store waits)
     store_pages: bool = True
@@ -250,7 +250,7 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         fill_queue_bytes=convert.size(data.get("fill_queue_bytes", 256 << 20),
                                       "fill_queue_bytes"),
         meta_cache_entries=_int(data, "meta_cache_entries", 200_000, 100, 100_000_000),
-        threads=_int(data, "threads", 2, 1, 512),
+        threads=_int(data, "threads", 1, 1, 512),
         store_pages=convert.boolean(data.get("store_pages", True), "store_pages"),
         metrics_addr=convert.address(data.get("metrics_addr"), "metrics_addr"),
         server_user=_server_user(data),

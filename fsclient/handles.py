@@ -10,8 +10,9 @@
   request reads it whole; later reads are slices of that.
 - A sequential reader of a larger file has each read decrypted straight
   into a reply buffer reused from read to read (`replies`), outside the
-  handle's lock, so two workers serve two reads of one file at once; it
-  prefetches the next `readahead_blocks` blocks, once per block crossed.
+  handle's lock, so two workers (`threads = 2`) serve two reads of one
+  file at once; it prefetches the next `readahead_blocks` blocks, once per
+  block crossed.
 - Random reads go through the reader's chunk cache (a `VolumeFile` per
   handle: the decrypted pages and runs `Volume`'s random reads keep, and its
   held block files), reading the whole chunks around their range; the
@@ -143,7 +144,12 @@ class OpenFiles:
              ) -> tuple[int, bool]:
         """A new handle of `path` pinned to `info`: (fh, keep_cache). `keep`
         says the kernel's pages of the inode already hold this version."""
-        fh = self._fh.next(file_tag(info), self.handles)
+        # the tag hashes the version: computed once per FileInfo the metadata
+        # cache hands out, not at every open of it
+        tag = node.tag
+        if tag is None or tag[0] is not info:
+            tag = node.tag = (info, file_tag(info))
+        fh = self._fh.next(tag[1], self.handles)
         if keep:
             self._count("kept_opens")
         else:  # the kernel drops the inode's pages: no older open's store may land after

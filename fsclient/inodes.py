@@ -38,9 +38,10 @@ class Node:
     """An inode the kernel knows: its path, kernel lookup count, the size the
     kernel was last told (attributes of a lookup, getattr or readdirplus
     reply), how many handles of it are open, and its generation: raised by
-    each new version or size the kernel is told of (see `pagestore`)."""
+    each new version or size the kernel is told of (see `pagestore`), and the
+    handle tag of its last open (see `handles.OpenFiles.open`)."""
 
-    __slots__ = ("path", "lookups", "size", "opens", "generation")
+    __slots__ = ("path", "lookups", "size", "opens", "generation", "tag")
 
     def __init__(self, path: str, lookups: int):
         self.path = path
@@ -48,6 +49,7 @@ class Node:
         self.size = -1
         self.opens = 0
         self.generation = 0
+        self.tag: tuple[object, int] | None = None  # (FileInfo, its file_tag)
 
 
 class InodeTable:

@@ -8,7 +8,8 @@ request to one reader; its answer may go to any channel of the connection, but
 each worker answers on the channel it read from.
 
 Every read is one whole request into a buffer made once per channel (`readinto`);
-every answer is one `writev` of the header and its parts. Any descriptor that keeps
+every answer is one `writev` of the header and its parts, or one `write` of a
+reply packed whole (an error, an empty reply, an open's). Any descriptor that keeps
 message boundaries serves (a SOCK_SEQPACKET socket in the protocol tests).
 """
 
@@ -73,14 +74,25 @@ class Channel:
         """Answer request `unique` with the concatenation of `parts`. False if the
         kernel no longer waits for it (interrupted and answered, or the
         connection gone): nothing to do then."""
+        if not parts:
+            return self.send(s.OUT_HEADER.pack(s.OUT_HEADER.size, 0, unique))
         size = s.OUT_HEADER.size
         for p in parts:
             size += len(p)
         return self._write([s.OUT_HEADER.pack(size, 0, unique), *parts])
 
+    def send(self, message: bytes) -> bool:
+        """Write one whole answer, its header packed in (a fixed-size reply
+        packed at once: one buffer, one `write`); False as `reply`."""
+        try:
+            os.write(self.fd, message)
+        except OSError as exc:
+            return self._lost(exc)
+        return True
+
     def error(self, unique: int, code: int) -> bool:
         """Answer request `unique` with -errno `code`."""
-        return self._write([s.OUT_HEADER.pack(s.OUT_HEADER.size, -code, unique)])
+        return self.send(s.OUT_HEADER.pack(s.OUT_HEADER.size, -code, unique))
 
     def notify_store(self, nodeid: int, offset: int, data: bytes | memoryview) -> None:
         """Put `data` into the kernel's page cache of `nodeid` at `offset`
@@ -99,10 +111,16 @@ class Channel:
         try:
             os.writev(self.fd, parts)
         except OSError as exc:
-            if exc.errno == errno.ENOENT or exc.errno in GONE:
-                return False
-            raise
+            return self._lost(exc)
         return True
+
+    @staticmethod
+    def _lost(exc: OSError) -> bool:
+        """False for an answer no one waits for (ENOENT: the request was
+        interrupted and answered; or the connection is gone); raises the rest."""
+        if exc.errno == errno.ENOENT or exc.errno in GONE:
+            return False
+        raise exc
 
     def close(self) -> None:
         if self.owned and self.fd >= 0:

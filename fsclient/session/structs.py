@@ -106,6 +106,7 @@ FORGET_ONE = struct.Struct("<QQ")              # fuse_forget_one, 16
 GETATTR_IN = struct.Struct("<IIQ")             # fuse_getattr_in, 16
 OPEN_IN = struct.Struct("<II")                 # fuse_open_in, 8
 OPEN_OUT = struct.Struct("<QIi")               # fuse_open_out, 16
+OPEN_REPLY = struct.Struct("<IiQQIi")          # fuse_out_header + fuse_open_out, 32
 READ_IN = struct.Struct("<QQIIQII")            # fuse_read_in, 40
 RELEASE_IN = struct.Struct("<QIIQ")            # fuse_release_in, 24
 FLUSH_IN = struct.Struct("<QIIQ")              # fuse_flush_in, 24

@@ -2,15 +2,16 @@
 answering each one on the thread that read it.
 
 A hit is read and decrypted on the worker that took its request: no hand-off, no
-event loop. The workers are few (the mount's `threads`, a few per core): every
-runnable thread beyond the cores only takes turns at the GIL, each turn a
-context switch. A handler about to wait (a remote request, a disk read, a
-listing) calls `blocking()`: its thread hands its channel to a new thread and
-goes on with that one request alone, then ends; so a remote miss never holds a
-worker, and hits go on being answered meanwhile. At most MAX_WAITING requests
-wait that way at once; past that a wait holds its worker, as it would with no
-hand-off. Every worker but the first reads a clone of the mount's descriptor
-(FUSE_DEV_IOC_CLONE), so the kernel wakes one reader per request.
+event loop. The workers are few (the mount's `threads`, one by default): Python
+runs on one core at a time whatever the threads, and each worker beyond one
+only takes turns at the GIL, each turn a context switch. A handler about to
+wait (a remote request, a disk read, a listing) calls `blocking()`: its thread
+hands its channel to a new thread and goes on with that one request alone, then
+ends; so a remote miss never holds a worker, and hits go on being answered
+meanwhile. At most MAX_WAITING requests wait that way at once; past that a wait
+holds its worker, as it would with no hand-off. Every worker but the first
+reads a clone of the mount's descriptor (FUSE_DEV_IOC_CLONE), so the kernel
+wakes one reader per request.
 
 Counted per worker (no shared counter on the request path), summed when read:
 requests per opcode, and whether the worker is busy now (a request handed off

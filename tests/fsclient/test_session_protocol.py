@@ -189,13 +189,28 @@ def test_reads_forgets_and_interrupts(kernel):
     u = send(sock, s.RELEASE, s.RELEASE_IN.pack(7, 0, 0, 0), nodeid=2)
     assert answer(sock)[:2] == (u, 0) and ops.release_calls == [7]
     # an INTERRUPT of a request already answered is answered EAGAIN (the
-    # kernel, finding no such request waiting, drops it)
+    # kernel, finding no such request waiting, drops it); once its worker is
+    # done with it (it unregisters the request just after writing the answer)
+    assert wait_until(lambda: session.busy() == 0)
     interrupt = send(sock, s.INTERRUPT, s.INTERRUPT_IN.pack(u))
     assert answer(sock)[:2] == (interrupt, -errno.EAGAIN)
     assert sorted(ops.forgotten) == [(2, 3), (5, 1), (6, 2)]  # (workers race)
     u = send(sock, s.DESTROY)
     assert answer(sock)[:2] == (u, 0)
     assert session.ended.wait(TIMEOUT)
+
+
+def test_a_flush_is_answered_enosys_so_an_old_kernel_sends_no_more(kernel):
+    # kernels before 7.35 ignore FOPEN_NOFLUSH and send a FLUSH at every close;
+    # ENOSYS is the answer that makes them stop (no_flush; the close succeeds)
+    sock, _, session = kernel
+    init(sock)
+    u = send(sock, s.FLUSH, s.FLUSH_IN.pack(7, 0, 0, 0), nodeid=2)
+    assert answer(sock)[:2] == (u, -errno.ENOSYS)
+    u = send(sock, s.FLUSH, b"\0" * 8, nodeid=2)  # too short for fuse_flush_in
+    assert answer(sock)[:2] == (u, -errno.EINVAL)
+    lookup_f(sock)
+    assert session.op_counts()["flush"] == 2
 
 
 @pytest.mark.fuse

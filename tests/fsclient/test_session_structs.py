@@ -15,12 +15,17 @@ from fsclient.session.negotiate import WANTED, Negotiated, ProtocolError, negoti
     (s.IN_HEADER, 40), (s.OUT_HEADER, 16), (s.ATTR, 88), (s.ENTRY_HEAD, 40),
     (s.ATTR_OUT_HEAD, 16), (s.DIRENT, 24), (s.INIT_IN, 64), (s.INIT_IN_OLD, 16),
     (s.INIT_OUT, 64), (s.FORGET_IN, 8), (s.BATCH_FORGET_IN, 8), (s.FORGET_ONE, 16),
-    (s.GETATTR_IN, 16), (s.OPEN_IN, 8), (s.OPEN_OUT, 16), (s.READ_IN, 40),
+    (s.GETATTR_IN, 16), (s.OPEN_IN, 8), (s.OPEN_OUT, 16), (s.OPEN_REPLY, 32), (s.READ_IN, 40),
     (s.RELEASE_IN, 24), (s.FLUSH_IN, 24), (s.GETXATTR_IN, 8), (s.GETXATTR_OUT, 8),
     (s.ACCESS_IN, 8), (s.INTERRUPT_IN, 8), (s.STATFS_OUT, 80), (s.NOTIFY_STORE_OUT, 24),
 ])
 def test_struct_sizes_are_the_kernels(layout, size):
     assert layout.size == size
+
+
+def test_an_open_reply_packed_whole_is_its_header_and_open_out():
+    whole = s.OPEN_REPLY.pack(s.OPEN_REPLY.size, 0, 99, 1 << 40, s.FOPEN_KEEP_CACHE, 0)
+    assert whole == s.OUT_HEADER.pack(32, 0, 99) + s.OPEN_OUT.pack(1 << 40, s.FOPEN_KEEP_CACHE, 0)
 
 
 def _attrs() -> s.Attributes:

@@ -57,7 +57,7 @@ def test_mount_metrics_parse_and_move_with_reads(mount, tree, daemon):
     assert value(after, "blockcache_fuse_ops_total", volume=VOLUME, op="read") > 0
     assert value(after, "blockcache_fuse_op_seconds_count", volume=VOLUME, op="read") > 0
     # the session's workers (the mount's `threads`), none busy between requests
-    assert value(after, "blockcache_fuse_workers", volume=VOLUME) == 2  # the default `threads`
+    assert value(after, "blockcache_fuse_workers", volume=VOLUME) == 1  # the default `threads`
     assert ("blockcache_fuse_workers_busy", (("volume", VOLUME),)) in after
     # at least one ranged read per non-empty file, at most one per block
     # (sequential reads of a multi-block file bring several blocks per request)

@@ -251,10 +251,12 @@ class ParallelDecrypt:
                 h.read = None
                 h.started = False
                 read.busy -= 1
-                if not read.busy and read.done is not None:
-                    read.done.release()
-                # (held while asleep, it would keep the caller's buffer exported)
+                done = read.done if not read.busy else None
+                # let go before its caller wakes: held, it would keep the
+                # caller's buffer exported while this helper sleeps
                 read = None
+                if done is not None:
+                    done.release()
                 if self._closed:  # after the release: its reader may be waiting
                     return
                 self._idle.append(h)

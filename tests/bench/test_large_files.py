@@ -41,7 +41,11 @@ def test_large_files_small_run(tmp_path):
     # each cold row's CPU, split by the reader's threads and the daemon's
     small, large = rows["cold small files volume"], rows["cold large files volume"]
     assert set(large["daemon_threads"]) == {"loop", "workers"}
-    assert "MainThread" in small["threads"]
+    # (/proc counts 10 ms ticks: a thread of this tiny run may have none, and
+    # is then left out; what is split never exceeds the row's CPU)
+    for row in (small, large):
+        assert sum(row["threads"].values()) <= row["cpu_s"] + 0.011
+    assert small["threads"] or large["threads"]
     assert "ms CPU a file: reader" in text and "ms CPU a MiB: reader" in text
     assert "daemon" in large_files.per_item(large) and "S3" in large_files.per_item(large)
     assert f"decrypt, {rows['decrypt']['threads']} threads" in text

@@ -50,6 +50,12 @@ def test_large_files_small_run(tmp_path):
     assert "ms CPU a file: reader" in text and "ms CPU a MiB: reader" in text
     assert "daemon" in large_files.per_item(large) and "S3" in large_files.per_item(large)
     assert f"decrypt, {rows['decrypt']['threads']} threads" in text
+    # what became of the cold round's fills, and the warm epochs found them all
+    fills = rows["fills"]
+    assert fills["sent"] == fills["written"] == 5 + 2 and fills["dropped"] == 0
+    assert "fills: reader sent 7, dropped 0" in text
+    assert rows["warm large files volume readinto"]["misses"] == 0
+    assert "misses (blocks not in the cache): 0" in text
 
 
 def test_model_layout_scales_with_size():

@@ -237,6 +237,30 @@ def per_item(row: dict) -> str:
     return text
 
 
+def _reader_stats(workers: Workers) -> dict:
+    _, [answer] = workers.run_all("stats", None)
+    return answer["stats"]
+
+
+def _fills(system: System, workers: Workers, settle_cpu: float) -> dict:
+    """What became of the cold epochs' fills, once settled: the reader's
+    sent and dropped, the daemon's written and refused (a fill that never
+    lands is a miss in the next epoch), and the daemon's CPU seconds spent
+    settling, after the epochs (writes still queued when the reader ended)."""
+    reader = _reader_stats(workers)
+    daemon = system.daemon.stats()
+    refused = {k: v for k, v in daemon.get("put_results", {}).items()
+               if k not in ("queued", "exists", "duplicate")}
+    row = {"case": "fills", "system": system.name, "sent": reader["fills_sent"],
+           "dropped": reader["fills_dropped"], "written": daemon["writes"],
+           "write_errors": daemon["write_errors"], "refused": refused,
+           "entries": daemon["entries"], "settle_cpu_s": settle_cpu}
+    log.info("fills: reader sent %d, dropped %d (with the refused); daemon wrote %d (%d errors), "
+             "refused %s; %.2f s of its CPU after the epochs", row["sent"], row["dropped"],
+             row["written"], row["write_errors"], refused or "none", settle_cpu)
+    return row
+
+
 def _settle(system: System, workers: Workers) -> None:
     workers.run_all("settle", None)
     system.settle()
@@ -265,7 +289,9 @@ def cold_and_warm(ctx: Ctx, system: System, data: dict, args, rows: list,
             _epoch(w, "seq", data["large"], f"cold large files {system.name}", rows,
                    servers, system=system.name, phase="cold", set="large")
             if system.name == "volume":
+                cpu0 = sum(map(proc_cpu, system.server_pids()))
                 _settle(system, w)
+                rows.append(_fills(system, w, sum(map(proc_cpu, system.server_pids())) - cpu0))
         if system.name != "volume":
             return
         cores = os.cpu_count() or 1
@@ -278,9 +304,10 @@ def cold_and_warm(ctx: Ctx, system: System, data: dict, args, rows: list,
             for cmd, label in (("seqinto", " readinto"), ("seq", " read()")):
                 read_into_page_cache(system.cache_dirs())
                 with Workers(system.reader_spec(), 1) as w:  # a new Volume
-                    _epoch(w, cmd, data["large"], f"warm large files volume{label}", rows,
-                           system="volume", phase="warm", set="large", rep=rep,
-                           decrypt=many, call=cmd)
+                    row = _epoch(w, cmd, data["large"], f"warm large files volume{label}",
+                                 rows, system="volume", phase="warm", set="large", rep=rep,
+                                 decrypt=many, call=cmd)
+                    row["misses"] = _reader_stats(w)["misses"]
     finally:
         _stop(system, spent)
     local = LocalSystem()
@@ -353,6 +380,13 @@ def report(rows: list, figures: dict) -> str:
     lines = [f"{'case':36} {'GB/s':>7} {'items/s':>9} {'s':>7} {'CPU s':>6} {'S3 s':>6} "
              f"{'daemon':>6} {'load':>5}"]
     for r in rows:
+        if r["case"] == "fills":
+            lines.append(f"  fills: reader sent {r['sent']}, dropped {r['dropped']} (with the "
+                         f"refused); daemon wrote "
+                         f"{r['written']} ({r['write_errors']} errors), refused "
+                         f"{r['refused'] or 'none'}; {r['settle_cpu_s']:.2f} s of its CPU "
+                         f"after the epochs")
+            continue
         if r["case"] == "decrypt":
             lines.append(f"{'decrypt, 1 thread':36} {r['one_thread'] / 1e9:7.3f}")
             many = f"decrypt, {r['threads']} threads"
@@ -364,6 +398,8 @@ def report(rows: list, figures: dict) -> str:
                      f"{r['seconds']:7.2f} {r['cpu_s']:6.2f}{extra} {r['load_avg']:5.2f}")
         if r.get("phase") == "cold" and r.get("set") in ("small", "large"):
             lines.append(per_item(r))
+        if r.get("misses") is not None:
+            lines.append(f"  misses (blocks not in the cache): {r['misses']}")
     lines.append("")
     for name, v in figures.items():
         lines.append(f"{name:44} {'-' if v is None else f'{v:.2f}x'}")

@@ -19,7 +19,10 @@ one process, and the budget beside them:
 - `copy`: 1 MiB of plaintext copied from a 4 MiB buffer, what a read pays
   for every MiB another thread decrypted ahead into a buffer of its own;
 - `read alone`: `ParallelDecrypt.read_file_into` on the reading thread only
-  (the pread, the AES and its unit loop), and `read split`: the same reads
+  (the pread, the AES and its unit loop); `mmap, ...`: the same reads'
+  chunks decrypted straight from a mapping of each block file, mapped once
+  a block with MAP_POPULATE or with MADV_WILLNEED (and the kernel's
+  fault-around) and unmapped after, so no pread copy; `read split`: the same reads
   shared with the helpers as `Volume` does (all threads' CPU). The split's
   excess over `read alone` and over the AES's own slowdown on C threads is
   what the hand-offs cost. The split reads' rate is printed beside R: the
@@ -34,6 +37,7 @@ figure moves with the load (printed): compare runs of one sitting.
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import shutil
 import statistics
@@ -97,6 +101,30 @@ def _reads(decrypt: ParallelDecrypt, files: list[tuple[int, blockfile.BlockCiphe
     return (time.process_time() - c0) / n
 
 
+def _mapped(files: list[tuple[int, blockfile.BlockCipher]], out: memoryview, flags: int
+            ) -> float:
+    """Thread CPU seconds a MiB of 1 MiB reads decrypted straight from an
+    `mmap` of each block file (mapped with `flags`, once a block, and
+    unmapped after: no pread copy)."""
+    step = blockfile.TAG_SIZE + (64 << 10)
+    c0 = time.thread_time()
+    n = 0
+    for fd, cipher in files:
+        m = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED | flags, mmap.PROT_READ)
+        try:
+            if not flags & getattr(mmap, "MAP_POPULATE", 0):
+                m.madvise(mmap.MADV_WILLNEED)
+            view = memoryview(m)
+            for i in range(BLOCK // MIB):
+                start = blockfile.HEADER_SIZE + i * 16 * step
+                cipher.open_into(i * 16, i * 16 + 16, view[start:start + 16 * step], out)
+                n += 1
+            view.release()
+        finally:
+            m.close()
+    return (time.thread_time() - c0) / n
+
+
 def measure(mib: int, rounds: int, workdir: str) -> dict:
     """The parts' CPU a MiB in microseconds (medians of `rounds`), the rate R
     and the budget a MiB at the target."""
@@ -139,6 +167,9 @@ def measure(mib: int, rounds: int, workdir: str) -> dict:
                    f"aes per thread, {cores} at once": _aes(cipher0, body, cores, 0.2),
                    "pread": _thread_loop(pread, n), "copy": _thread_loop(copy, n),
                    "read alone": _reads(alone, files, out, []),
+                   "mmap, MAP_POPULATE, AES from the pages": _mapped(
+                       files, out, getattr(mmap, "MAP_POPULATE", 0)),
+                   "mmap, MADV_WILLNEED, AES from the pages": _mapped(files, out, 0),
                    f"read split over {cores} threads": _reads(split, files, out, walls)}
             for name, secs in got.items():
                 samples.setdefault(name, []).append(secs * 1e6)

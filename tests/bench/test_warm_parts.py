@@ -10,10 +10,10 @@ def test_it_prints_each_part_and_the_budget(capsys, tmp_path):
     warm_parts.main(["--mib", "4", "--rounds", "1", "--workdir", str(tmp_path)])
     out = capsys.readouterr().out
     for part in ("aes 1 thread", "aes per thread", "pread", "copy", "read alone",
-                 "read split over", "budget at 0.8x R", "hand-offs of the split read",
-                 "load average"):
+                 "mmap, MAP_POPULATE", "mmap, MADV_WILLNEED", "read split over",
+                 "budget at 0.8x R", "hand-offs of the split read", "load average"):
         assert part in out, out
-    rows = dict(line.rsplit(None, 1) for line in out.splitlines()[1:7])
+    rows = dict(line.rsplit(None, 1) for line in out.splitlines()[1:9])
     assert all(float(us) > 0 for us in rows.values()), out
     assert list(tmp_path.iterdir()) == []  # the block files are removed
 

@@ -1,0 +1,221 @@
+"""`python -m bench.warm_parts`: what a warm 1 MiB read's CPU goes to, part by part.
+
+    python -m bench.warm_parts [--mib 64] [--rounds 5] [--workdir DIR]
+
+The issue's warm target is 0.8x the machine's parallel AES-GCM decrypt rate
+R, measured with every core decrypting: given the same CPU as R had, a MiB
+may then cost 1 / 0.8 of the AES's CPU a MiB per thread with every core
+decrypting, all parts together (C / (0.8 R) on C idle cores). This prints,
+in microseconds of CPU a MiB, each part of a warm 1 MiB read of cached
+4 MiB block files (`--mib` of them, in the page cache), measured alone in
+one process, and the budget beside them:
+
+- `aes 1 thread` / `aes per thread, C at once`: `cryptography`'s
+  decrypt_into of sixteen 64 KiB chunks into a reused buffer (two threads
+  on one core's hyperthreads each run slower: the second figure is the one
+  a parallel read pays);
+- `pread`: the ciphertext copied out of the page cache into a placed
+  buffer (`common/aligned.py`);
+- `copy`: 1 MiB of plaintext copied from a 4 MiB buffer, what a read pays
+  for every MiB another thread decrypted ahead into a buffer of its own;
+- `read alone`: `ParallelDecrypt.read_file_into` on the reading thread only
+  (the pread, the AES and its unit loop); `mmap, ...`: the same reads'
+  chunks decrypted straight from a mapping of each block file, mapped once
+  a block with MAP_POPULATE or with MADV_WILLNEED (and the kernel's
+  fault-around) and unmapped after, so no pread copy; `read split`: the same reads
+  shared with the helpers as `Volume` does (all threads' CPU). The split's
+  excess over `read alone` and over the AES's own slowdown on C threads is
+  what the hand-offs cost. The split reads' rate is printed beside R: the
+  most `Volume` could reach with its own Python on top.
+
+`Volume`'s own Python (the version, the stream, the block file's open and
+header) is the rest of the CPU a MiB that `python -m bench.large_files`
+prints for its warm rows. Medians of `--rounds` rounds; on a shared VM every
+figure moves with the load (printed): compare runs of one sitting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+
+from blockcache_client.common.aligned import PAGE, aligned
+from blockcache_client.contract import blockfile
+from blockcache_client.reader.decrypt import ParallelDecrypt, default_threads
+
+from .large_files import decrypt_rate
+
+MIB = 1 << 20
+BLOCK = 4 << 20
+TARGET = 0.8
+
+
+def _aes(cipher: blockfile.BlockCipher, body: memoryview, threads: int, seconds: float
+         ) -> float:
+    """Thread CPU seconds a MiB of decrypt_into, each of `threads` threads at once."""
+    per: list[float] = [0.0] * threads
+    start = threading.Barrier(threads)
+
+    def work(i: int) -> None:
+        out = memoryview(bytearray(MIB))
+        start.wait()
+        t0, c0, n = time.perf_counter(), time.thread_time(), 0
+        while time.perf_counter() - t0 < seconds:
+            cipher.read_range_into(0, body, out)
+            n += 1
+        per[i] = (time.thread_time() - c0) / n
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return statistics.mean(per)
+
+
+def _thread_loop(fn, total_mib: int) -> float:
+    """This thread's CPU seconds a MiB of `fn` run `total_mib` times."""
+    c0 = time.thread_time()
+    for i in range(total_mib):
+        fn(i)
+    return (time.thread_time() - c0) / total_mib
+
+
+def _reads(decrypt: ParallelDecrypt, files: list[tuple[int, blockfile.BlockCipher]],
+           out: memoryview, walls: list[float]) -> float:
+    """Process CPU seconds a MiB of 1 MiB reads front to back of every block
+    file (and their wall seconds a MiB in `walls`)."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    n = 0
+    for fd, cipher in files:
+        for off in range(0, BLOCK, MIB):
+            decrypt.read_file_into(cipher, fd, off, out)
+            n += 1
+    walls.append((time.perf_counter() - t0) / n)
+    return (time.process_time() - c0) / n
+
+
+def _mapped(files: list[tuple[int, blockfile.BlockCipher]], out: memoryview, flags: int
+            ) -> float:
+    """Thread CPU seconds a MiB of 1 MiB reads decrypted straight from an
+    `mmap` of each block file (mapped with `flags`, once a block, and
+    unmapped after: no pread copy)."""
+    step = blockfile.TAG_SIZE + (64 << 10)
+    c0 = time.thread_time()
+    n = 0
+    for fd, cipher in files:
+        m = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED | flags, mmap.PROT_READ)
+        try:
+            if not flags & getattr(mmap, "MAP_POPULATE", 0):
+                m.madvise(mmap.MADV_WILLNEED)
+            view = memoryview(m)
+            for i in range(BLOCK // MIB):
+                start = blockfile.HEADER_SIZE + i * 16 * step
+                cipher.open_into(i * 16, i * 16 + 16, view[start:start + 16 * step], out)
+                n += 1
+            view.release()
+        finally:
+            m.close()
+    return (time.thread_time() - c0) / n
+
+
+def measure(mib: int, rounds: int, workdir: str) -> dict:
+    """The parts' CPU a MiB in microseconds (medians of `rounds`), the rate R
+    and the budget a MiB at the target."""
+    cores = default_threads()
+    vk = os.urandom(32)
+    root = tempfile.mkdtemp(prefix="warm-parts-", dir=workdir)
+    files: list[tuple[int, blockfile.BlockCipher]] = []
+    try:
+        for i in range(max(1, mib // 4)):
+            path = os.path.join(root, f"b{i}")
+            with open(path, "wb") as f:
+                f.write(blockfile.seal(f"k{i}", os.urandom(BLOCK), vk))
+            fd = os.open(path, os.O_RDONLY)
+            head = os.pread(fd, blockfile.HEADER_SIZE, 0)
+            files.append((fd, blockfile.BlockCipher.from_head(head, f"k{i}", vk,
+                                                             blockfile.key_id(vk))))
+            os.pread(fd, os.fstat(fd).st_size, 0)  # into the page cache
+        fd0, cipher0 = files[0]
+        body = memoryview(bytearray(os.pread(fd0, MIB + 16 * blockfile.TAG_SIZE,
+                                             blockfile.HEADER_SIZE)))
+        placed = aligned(MIB + 16 * blockfile.TAG_SIZE + PAGE)
+        k = blockfile.HEADER_SIZE % PAGE
+        src, dst = aligned(BLOCK), aligned(MIB)
+        alone, split = ParallelDecrypt(1), ParallelDecrypt(cores)
+        out = aligned(MIB)
+        n = len(files) * BLOCK // MIB
+        step = MIB + 16 * blockfile.TAG_SIZE
+
+        def pread(i: int) -> None:
+            fd = files[i % len(files)][0]
+            os.preadv(fd, [placed[k:k + step]], blockfile.HEADER_SIZE + (i % 4) * step)
+
+        def copy(i: int) -> None:
+            dst[:] = src[(i % 4) * MIB:(i % 4 + 1) * MIB]
+
+        samples: dict[str, list[float]] = {}
+        walls: list[float] = []  # the split reads' wall seconds a MiB
+        for _ in range(rounds):
+            got = {"aes 1 thread": _aes(cipher0, body, 1, 0.2),
+                   f"aes per thread, {cores} at once": _aes(cipher0, body, cores, 0.2),
+                   "pread": _thread_loop(pread, n), "copy": _thread_loop(copy, n),
+                   "read alone": _reads(alone, files, out, []),
+                   "mmap, MAP_POPULATE, AES from the pages": _mapped(
+                       files, out, getattr(mmap, "MAP_POPULATE", 0)),
+                   "mmap, MADV_WILLNEED, AES from the pages": _mapped(files, out, 0),
+                   f"read split over {cores} threads": _reads(split, files, out, walls)}
+            for name, secs in got.items():
+                samples.setdefault(name, []).append(secs * 1e6)
+        alone.close()
+        split.close()
+        parts = {name: statistics.median(v) for name, v in samples.items()}
+        return {"cores": cores, "parts_us": parts, "rate": decrypt_rate(cores),
+                "split_rate": MIB / statistics.median(walls), "load": os.getloadavg()[0]}
+    finally:
+        for fd, _ in files:
+            os.close(fd)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def report(res: dict) -> str:
+    parts, cores = res["parts_us"], res["cores"]
+    lines = ["part                                   us CPU a MiB"]
+    lines += [f"{name:<38} {us:8.0f}" for name, us in parts.items()]
+    aes_n = parts[f"aes per thread, {cores} at once"]
+    base = aes_n + parts["pread"]
+    budget = aes_n / TARGET
+    hand_off = parts[f"read split over {cores} threads"] - parts["read alone"] - (
+        aes_n - parts["aes 1 thread"])
+    lines += [f"parallel decrypt rate R on {cores} threads: {res['rate'] / 1e9:.2f} GB/s",
+              f"budget at {TARGET}x R, given the CPU R had: {budget:.0f} us a MiB "
+              f"(aes per thread / {TARGET})",
+              f"aes ({cores} at once) + pread: {base:.0f} us, leaving "
+              f"{budget - base:.0f} us for Volume's Python and the hand-offs",
+              f"hand-offs of the split read: {hand_off:.0f} us a MiB",
+              f"split reads without Volume: {res['split_rate'] / 1e9:.2f} GB/s = "
+              f"{res['split_rate'] / res['rate']:.2f}x R (measured just after them)",
+              f"load average {res['load']:.2f} (1 min), {os.cpu_count()} CPUs"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.warm_parts",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--mib", type=int, default=64, help="MiB of 4 MiB block files read")
+    p.add_argument("--rounds", type=int, default=5, help="rounds (the median counts)")
+    p.add_argument("--workdir", default=tempfile.gettempdir(), help="where the block files go")
+    args = p.parse_args(argv)
+    if args.mib < 4 or args.rounds < 1:
+        p.error("--mib must be >= 4 (one 4 MiB block) and --rounds >= 1")
+    print(report(measure(args.mib, args.rounds, args.workdir)))
+
+
+if __name__ == "__main__":
+    main()

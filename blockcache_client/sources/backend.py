@@ -272,6 +272,37 @@ class Backend:
                           lambda **tkw: self.fs.cat_file(full, start=start, end=end, **tkw),
                           inline)
 
+    @property
+    def reads_first(self) -> bool:
+        """`read_first` can tell a file's version with its bytes (S3 GETs sent directly)."""
+        return self._direct is not None
+
+    def read_first(self, rel: str, end: int) -> tuple[FileInfo, bytes] | None:
+        """Bytes [0, end) of a file (fewer only at its end) and the FileInfo of
+        the version they are, from one GET and no stat: S3's answer names its
+        ETag, the object's size (Content-Range) and Last-Modified, so the
+        bytes and the version cannot disagree. None where the backend does
+        not answer so (no direct S3 GETs, an answer without an ETag): the
+        caller stats instead. FileNotFoundError when no object has that key
+        (a directory has none either: the caller's stat tells them apart)."""
+        direct = self._direct
+        if direct is None or end <= 0:
+            return None
+        bucket, key = self._bucket_key(self.full_path(rel))
+
+        def get(**tkw):
+            try:
+                return direct.first(bucket, key, end)
+            except Declined as exc:
+                self._declined(direct, exc)
+                return None
+        got = self._call("read", rel, get)
+        if got is None:
+            return None
+        data, etag, size, mtime_ns = got
+        return FileInfo(path=rel, name=rel.rpartition("/")[2], size=size, is_dir=False,
+                        is_link=False, mtime_ns=mtime_ns, version=etag), data
+
     def read_version(self, rel: str, start: int, end: int, version: str,
                      piece: int = 0, inline: bool = False,
                      buffers: BufferPool | None = None) -> bytes | list[bytes]:

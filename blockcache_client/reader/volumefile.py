@@ -6,7 +6,7 @@ Behaves like an unbuffered `io.RawIOBase` file, which is what PIL.Image.open,
 numpy.load and tarfile need; wrap it in `io.BufferedReader` for many tiny reads.
 Closing it, or seeking elsewhere, cancels the read-ahead of its file
 (`sequential`): a reader that stops mid-file leaves no fetches queued.
-A file opened by its first block's GET (`Volume._open_cold`) serves its
+A file opened by its first block's GET (`coldopen`) serves its
 first read from those bytes when the read lies within that block, counted
 as the miss it is.
 """

@@ -56,6 +56,8 @@ COUNTERS = {
                    "kept in memory (no decryption)"),
     "evictions_refused": ("blockcache_client_evictions_refused_total", "Evictions of bad "
                           "cached blocks the daemon refused (the volume's access rules)"),
+    "cold_opens": ("blockcache_client_cold_opens_total", "Files of a cold directory opened "
+                   "by their first block's GET, without a stat (Volume.open only)"),
     "cluster_hits": ("blockcache_client_cluster_hits_total", "Blocks or ranges found in the "
                      "cluster tier"),
     "cluster_misses": ("blockcache_client_cluster_misses_total", "Blocks or ranges not found "

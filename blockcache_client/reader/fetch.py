@@ -49,7 +49,8 @@ class Fetcher:
 
     def __init__(self, name: str, backend: Backend, block_size: int, mem: BlockMemory,
                  link: DaemonLink, counters: Counters, is_cached: Callable[[str], bool],
-                 forget_version: Callable[[str], None], tier: TierReads):
+                 forget_version: Callable[[str], None], tier: TierReads,
+                 found_cold: Callable[[str, bool], None]):
         self.name = name
         self.backend = backend
         self.block_size = block_size
@@ -58,6 +59,7 @@ class Fetcher:
         self.counters = counters
         self._is_cached = is_cached
         self._forget_version = forget_version  # a path whose version changed under us
+        self._found_cold = found_cold  # a file's first block came from the source
         self.tier = tier
         self.flight = SingleFlight()
         # block buffers kept: up to `options.buffer_bytes` of the LRU's budget
@@ -117,6 +119,8 @@ class Fetcher:
             data = self._from_tier(info, key, boff, run, transient)
             if data is not None:
                 return data
+        if boff == 0:  # in no cache here: its directory's other files likely neither
+            self._found_cold(rel, True)
         claims = []
         stop = boff + bs
         while len(claims) + 1 < run and stop < info.size:
@@ -138,9 +142,9 @@ class Fetcher:
             for k, call in claims:
                 self.flight.settle(k, call, error=exc)
             raise
-        self._keep(key, blocks[0], transient)
+        self.keep(key, blocks[0], transient)
         for (k, call), block in zip(claims, blocks[1:]):
-            self._keep(k, block)
+            self.keep(k, block)
             self.flight.settle(k, call, block)
         if claims:
             self.counters.add("prefetches", len(claims))
@@ -166,7 +170,8 @@ class Fetcher:
             self.mem.put(k, block, transient and k == key)
         return found.get(key)
 
-    def _keep(self, key: str, data: bytes, transient: bool = False) -> None:
+    def keep(self, key: str, data: bytes, transient: bool = False) -> None:
+        """A block read from the source: into the memory LRU, and to the daemon."""
         self.mem.put(key, data, transient)
         if self._link.connected:
             self._link.offer_fill(key, data)

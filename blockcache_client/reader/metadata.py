@@ -60,6 +60,15 @@ class Metadata:
         """`rel`'s FileInfo if held fresh, else None; never asks the source."""
         return self._fresh(self._meta, rel, None)[0]
 
+    def seen(self, rel: str) -> bool:
+        """This process has found `rel` or found it missing, at any age (or
+        keeps no metadata, and so must ask)."""
+        return rel in self._meta or rel in self._missing or not self._keeps
+
+    def opened(self, rel: str, info: FileInfo) -> None:
+        """Remember what a file's GET told of it (`coldopen`), as a stat's answer."""
+        self._remember(rel, info, time.monotonic())
+
     def stat(self, rel: str, max_age: float | None = None) -> FileInfo:
         """Info of the normalized path `rel`; FileNotFoundError if missing."""
         hit, now = self._fresh(self._meta, rel, max_age)

@@ -15,7 +15,8 @@ package (see `__init__`):
    (`fills`: in the background; a full queue drops and counts);
 4. `sequential`: a sequential read of a multi-block file brings a window of
    blocks with one ranged request, and the next window in the background
-   (`prefetch`); `metadata`: the file's version, cached by age.
+   (`prefetch`); `metadata`: the file's version, cached by age, or
+   `coldopen`: from the first block's GET, in a directory found cold.
 
 Invariants:
 - Never wrong bytes. Keys carry the file version, so a changed remote file
@@ -65,6 +66,7 @@ from . import options
 from .blockfds import BlockFiles
 from .chunkhits import ChunkCache, ChunkedHits
 from .ciphers import Ciphers
+from .coldopen import ColdOpens
 from .decrypt import ParallelDecrypt
 from .fetch import Fetcher
 from .fills import Sealer
@@ -158,9 +160,10 @@ class Volume:
         self._hits.chunks = ChunkedHits(self._hits, chunks, self._files) if chunks.enabled else None
         self._tier = TierReads(self._chunk_size, self._link, self.counters, ciphers,
                                self._hits.scratch)
+        self._cold = ColdOpens(self._meta, self.backend, self.block_size, self._hits)
         self._fetcher = Fetcher(self.name, self.backend, self.block_size, self._mem,
                                 self._link, self.counters, self._hits.is_cached,
-                                self._meta.forget, self._tier)
+                                self._meta.forget, self._tier, self._cold.found)
         self._prefetcher = Prefetcher(self.block_size, self._window, self._hits,
                                       self._fetcher, self.counters)
         self._sequential = SequentialReads(self.block_size, self._window, self._hits.held,
@@ -334,15 +337,17 @@ class Volume:
 
     def open(self, path: str):
         """A read-only binary file object (read, readinto, seek, tell) pinned
-        to the version of `path` seen now."""
+        to the version of `path` seen now (`metadata`, or `coldopen`)."""
         # A path the metadata cache holds fresh is canonical, so a dataset
         # opening the paths it listed skips `normalize` and `_resolve`.
         if type(path) is str and self._fork_gen == _forks[0] and not self._closed:
             info = self._meta.cached(path)
             if info is not None and not info.is_dir:
                 return VolumeFile(self, path, info)
-        rel, info = self._resolve(path, None)  # checks the process too
-        return VolumeFile(self, rel, info)
+        rel = normalize(path)
+        self._proc()
+        got = self._cold.open(rel, self._key_prefix, self._fetcher.keep)
+        return VolumeFile(self, rel, *(got or self._resolve(rel, None)[1:]))
 
     def _block_len(self, info: FileInfo, boff: int) -> int:
         return min(self.block_size, info.size - boff)
@@ -402,12 +407,7 @@ class Volume:
 
     def cached_bytes(self, path: str, info: FileInfo | None = None) -> int:
         """Plaintext bytes of this file (this version) in the host cache now."""
-        self._proc()
-        total = 0
-        for _, pinned, key, boff in self._blocks(path, info):
-            if self._hits.is_cached(key):
-                total += self._block_len(pinned, boff)
-        return total
+        return sum(n for _, n, cached in self.block_map(path, info) if cached)
 
     def block_map(self, path: str, info: FileInfo | None = None) -> list[tuple[int, int, bool]]:
         """(offset, length, cached now) of each block of this file version, in

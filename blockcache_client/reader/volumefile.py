@@ -6,6 +6,9 @@ Behaves like an unbuffered `io.RawIOBase` file, which is what PIL.Image.open,
 numpy.load and tarfile need; wrap it in `io.BufferedReader` for many tiny reads.
 Closing it, or seeking elsewhere, cancels the read-ahead of its file
 (`sequential`): a reader that stops mid-file leaves no fetches queued.
+A file opened by its first block's GET (`coldopen`) serves its
+first read from those bytes when the read lies within that block, counted
+as the miss it is.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ import os
 
 from ..sources.fileinfo import FileInfo
 from .handlehits import HandleBlocks
+from .hits import deliver
 
 
 class VolumeFile(io.RawIOBase):
     """Read-only view of one file version in a `Volume`."""
 
-    def __init__(self, volume, path: str, info: FileInfo):
+    def __init__(self, volume, path: str, info: FileInfo, first: bytes | None = None):
         # no super().__init__(): io.RawIOBase has no state to set up, and a
         # dataset makes one of these per file it reads
         self._volume = volume
@@ -30,8 +34,10 @@ class VolumeFile(io.RawIOBase):
         self._pos = 0
         # block files kept open for this handle's reads, and its repeat hits' short path
         self._blocks = HandleBlocks(volume, path, info)
+        self._first = first  # block 0's bytes from the open's GET, until the first read
 
     def close(self) -> None:
+        self._first = None
         if not self.closed:
             self._cancel_ahead()
         self._blocks.close(self._volume._files)
@@ -73,6 +79,11 @@ class VolumeFile(io.RawIOBase):
             raise ValueError(f"I/O operation on closed file {self.name}")
         if size is None or size < 0:
             size = max(0, self.size - self._pos)
+        if self._first is not None:
+            data = self._read_first(size, None)
+            if data is not None:
+                self._pos += len(data)
+                return data
         data = self._blocks.read(self._pos, size, None)
         if data is None:
             data = self._volume._read_pinned(self.name, self._pos, size, self.info, None,
@@ -86,12 +97,28 @@ class VolumeFile(io.RawIOBase):
     def readinto(self, buffer) -> int:
         self._check_closed()
         view = memoryview(buffer).cast("B")
+        if self._first is not None:
+            n = self._read_first(len(view), view)
+            if n is not None:
+                self._pos += n
+                return n
         n = self._blocks.read(self._pos, len(view), view)
         if n is None:
             n = self._volume._read_pinned(self.name, self._pos, len(view), self.info, view,
                                           self._blocks)
         self._pos += n
         return n
+
+    def _read_first(self, size: int, out: memoryview | None):
+        """The first read, from the open's block 0 if it lies within it (bytes,
+        or their count stored in `out`), counted as a miss; else None, for
+        the read path (the block is in the memory LRU too)."""
+        data, self._first = self._first, None
+        end = min(self._pos + size, self.size)
+        if self._pos >= end or end > len(data):
+            return None
+        self._volume.counters.add2("misses", "miss_bytes", end - self._pos)
+        return deliver(data, self._pos, end, out)
 
     def _check_closed(self) -> None:
         if self.closed:

@@ -41,8 +41,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..common.bufferpool import BufferPool
 from . import s3direct
-from .fileinfo import FileInfo, info_of, is_canonical_name, link_target, mtime_ns_of, stat_version
-from .parts import read_parts
+from .fileinfo import FileInfo, info_of, is_canonical_name, link_target
+from .localfile import read_if_version
+from .parts import split_parts
 from .s3direct import Declined, DirectS3, direct_reader
 
 log = logging.getLogger(__name__)
@@ -271,6 +272,37 @@ class Backend:
                           lambda **tkw: self.fs.cat_file(full, start=start, end=end, **tkw),
                           inline)
 
+    @property
+    def reads_first(self) -> bool:
+        """`read_first` can tell a file's version with its bytes (S3 GETs sent directly)."""
+        return self._direct is not None
+
+    def read_first(self, rel: str, end: int) -> tuple[FileInfo, bytes] | None:
+        """Bytes [0, end) of a file (fewer only at its end) and the FileInfo of
+        the version they are, from one GET and no stat: S3's answer names its
+        ETag, the object's size (Content-Range) and Last-Modified, so the
+        bytes and the version cannot disagree. None where the backend does
+        not answer so (no direct S3 GETs, an answer without an ETag): the
+        caller stats instead. FileNotFoundError when no object has that key
+        (a directory has none either: the caller's stat tells them apart)."""
+        direct = self._direct
+        if direct is None or end <= 0:
+            return None
+        bucket, key = self._bucket_key(self.full_path(rel))
+
+        def get(**tkw):
+            try:
+                return direct.first(bucket, key, end)
+            except Declined as exc:
+                self._declined(direct, exc)
+                return None
+        got = self._call("read", rel, get)
+        if got is None:
+            return None
+        data, etag, size, mtime_ns = got
+        return FileInfo(path=rel, name=rel.rpartition("/")[2], size=size, is_dir=False,
+                        is_link=False, mtime_ns=mtime_ns, version=etag), data
+
     def read_version(self, rel: str, start: int, end: int, version: str,
                      piece: int = 0, inline: bool = False,
                      buffers: BufferPool | None = None) -> bytes | list[bytes]:
@@ -295,7 +327,7 @@ class Backend:
                 full, start, end, version, step, buffers, **tkw))
         elif self._versioned == "local":
             data = self._call("read", rel,
-                              lambda **tkw: _local_read_if(full, start, end, version, step),
+                              lambda **tkw: read_if_version(full, start, end, version, step),
                               inline)
         else:
             data = self.read(rel, start, end, inline)
@@ -303,7 +335,7 @@ class Backend:
             if fresh.version != version:
                 data = None
             else:
-                data = _split(data, step)
+                data = split_parts(data, step)
         if data is None:
             raise OSError(errno.ESTALE, f"read {rel} in {self.source}: the file is no longer "
                                         f"version {version}; stat it again and retry")
@@ -320,14 +352,17 @@ class Backend:
             try:
                 return direct.get(bucket, key, start, end, version, piece, buffers)
             except Declined as exc:
-                if exc.permanent and self._direct is direct:
-                    self._direct = None
-                    log.warning("S3 GETs of %s go through s3fs from now on: %s",
-                                self.source, exc)
+                self._declined(direct, exc)
         if version is None:
-            return _split(self.fs.cat_file(full, start=start, end=end, **tkw), piece)
+            return split_parts(self.fs.cat_file(full, start=start, end=end, **tkw), piece)
         return sync(self.fs.loop, self._s3_read_if_match, full, start, end, version, piece,
                     **tkw)
+
+    def _declined(self, direct: DirectS3, exc: Declined) -> None:
+        """The direct path declined a GET: for good, if it says so."""
+        if exc.permanent and self._direct is direct:
+            self._direct = None
+            log.warning("S3 GETs of %s go through s3fs from now on: %s", self.source, exc)
 
     def _bucket_key(self, full: str) -> tuple[str, str]:
         """(bucket, key) of an S3 path, as s3fs splits it: the root once, by
@@ -362,7 +397,7 @@ class Backend:
             if type(body).__name__ != "AioStreamingBody" or not hasattr(stream, "readexactly"):
                 # another body type (one that checks a checksum as it reads):
                 # read it its own way
-                return _split(await body.read(), piece)
+                return split_parts(await body.read(), piece)
             # each part read off the connection into its own bytes: one copy
             # of the body, where reading it whole and slicing it costs two
             parts = []
@@ -390,32 +425,6 @@ class Backend:
             raise OSError(errno.EINVAL, f"readlink {rel}: {self.source} does not report "
                                         f"link targets")
         return dest
-
-
-def _split(data: bytes, piece: int) -> list[bytes]:
-    if len(data) <= piece:
-        return [data]
-    view = memoryview(data)
-    return [bytes(view[o:o + piece]) for o in range(0, len(data), piece)]
-
-
-def _local_read_if(full: str, start: int, end: int, version: str,
-                   piece: int) -> list[bytes] | None:
-    """Bytes [start, end) of a local file in `piece`-byte parts if it is
-    `version` (as `file_info` computes it from fsspec's float mtime) before
-    and after the read, else None."""
-    def same(st: os.stat_result) -> bool:
-        return stat_version(mtime_ns_of({'mtime': st.st_mtime}), st.st_size) == version
-    fd = os.open(full, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not same(os.fstat(fd)):
-            return None
-        parts = read_parts(lambda n, pos: os.pread(fd, n, pos), start, end, piece)
-        if not same(os.fstat(fd)):
-            return None
-        return parts
-    finally:
-        os.close(fd)
 
 
 def _named(exc: BaseException, what: str, rel: str, source: str) -> OSError:

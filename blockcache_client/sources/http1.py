@@ -25,6 +25,8 @@ import socket
 import ssl
 import threading
 
+from ..common.filledbytes import FilledBytes, release
+
 _MAX_HEAD = 64 << 10  # an answer's status line and headers; S3's are ~1 KiB
 _RECV = 64 << 10
 
@@ -78,7 +80,7 @@ class Response:
         return got
 
     def read(self, n: int) -> bytes:
-        """Up to `n` body bytes, as one bytes object (one copy off the socket)."""
+        """Up to `n` body bytes, as one bytes object (received into it)."""
         n = min(n, self._left)
         if n <= 0:
             return b""
@@ -87,9 +89,14 @@ class Response:
             self._rest = self._rest[n:]
             self._left -= n
             return out
-        buf = bytearray(n)
-        self.readinto(memoryview(buf))
-        return bytes(buf)
+        # received straight into the bytes returned: a bytearray copied into
+        # bytes cost ~0.1 ms of a small file's ~1 ms on the reading thread
+        out = FilledBytes(n)
+        try:
+            self.readinto(out.view)  # all n, or HTTPError
+        finally:
+            release(out.view)
+        return out.value()
 
     def release(self) -> None:
         """Done with this answer: its connection goes back to the pool if the

@@ -29,3 +29,11 @@ def read_parts(read: Callable[[int, int], bytes], start: int, end: int,
         if len(got) < want:
             break
     return parts
+
+
+def split_parts(data: bytes, piece: int) -> list[bytes]:
+    """`data` as `piece`-byte parts (the last shorter): itself if it fits one."""
+    if len(data) <= piece:
+        return [data]
+    view = memoryview(data)
+    return [bytes(view[o:o + piece]) for o in range(0, len(data), piece)]

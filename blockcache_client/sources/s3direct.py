@@ -44,9 +44,11 @@ import os
 import ssl
 import threading
 import urllib.request
+from email.utils import parsedate_to_datetime
 from urllib.parse import quote, urlsplit
 
 from ..common.bufferpool import BufferPool
+from .fileinfo import mtime_ns_of
 from .http1 import Connections
 from .parts import read_parts
 from .sigv4 import SigV4
@@ -211,11 +213,15 @@ class DirectS3:
         return found
 
     def get(self, bucket: str, key: str, start: int, end: int, if_match: str | None,
-            piece: int, buffers: BufferPool | None = None) -> list[bytes] | None:
+            piece: int, buffers: BufferPool | None = None,
+            head: dict[str, str] | None = None) -> list[bytes] | None:
         """Bytes [start, end) of s3://bucket/key (fewer only at the end of the
         object) in `piece`-byte parts; None if `if_match` is given and the
         object's ETag is no longer it (412). `buffers` (of `piece` bytes):
-        each part is received into one of them and is a read-only view of it."""
+        each part is received into one of them and is a read-only view of it.
+        `head`: filled with the answer's headers (lower-case names), whose
+        ETag, Content-Range and Last-Modified describe the version read
+        (`first`)."""
         if end <= start:
             return []
         path = quote(key, safe="/~")
@@ -233,6 +239,8 @@ class DirectS3:
                                                 creds.access_key, creds.secret_key, creds.token)
             try:
                 resp = self._http.get(scheme, host, port, target, signed)
+                if head is not None:
+                    head.update(resp.headers)
                 return self._answer(resp, region, bucket, key, start, end, if_match, piece,
                                     buffers)
             except _Moved as moved:  # the bucket is in another region: address it there
@@ -242,6 +250,17 @@ class DirectS3:
             except TimeoutError as exc:  # the caller's retry loop knows this one
                 raise TimeoutError(errno.ETIMEDOUT, f"GET s3://{bucket}/{key}: {exc}") from None
         raise Declined(f"s3://{bucket} moved again after a redirect to {region}", True)
+
+    def first(self, bucket: str, key: str, end: int) -> tuple[bytes, str, int, int] | None:
+        """Bytes [0, end) of s3://bucket/key (fewer only at its end) and the
+        version they are: (bytes, ETag, the object's size, its mtime_ns),
+        all from one answer; None if the answer does not tell them."""
+        head: dict[str, str] = {}
+        data = b"".join(self.get(bucket, key, 0, end, None, end, None, head))
+        found = _answer_version(head, len(data))
+        if found is None or len(data) != min(end, found[1]):
+            return None
+        return (data, *found)
 
     def _answer(self, resp, region: str, bucket: str, key: str, start: int, end: int,
                 if_match: str | None, piece: int,
@@ -280,6 +299,29 @@ class DirectS3:
                            permanent=300 <= status < 400 or status == 400)
         finally:
             resp.release()  # kept for the next GET only if its body was read whole
+
+
+def _answer_version(head: dict[str, str], got: int) -> tuple[str, int, int] | None:
+    """(ETag, the object's size, its mtime_ns) from the headers of a GET's
+    200 or 206 answer (`got`: the body's length), or None if they do not
+    say (no ETag, an unreadable Content-Range): what a HEAD would have told,
+    for the same version as the bytes."""
+    etag = head.get("etag", "").strip('"')
+    if not etag:
+        return None
+    crange = head.get("content-range")
+    if crange is None:  # a 200: the whole object
+        size = got
+    else:  # "bytes 0-112639/112640"
+        total = crange.rpartition("/")[2]
+        if not total.isdigit():
+            return None
+        size = int(total)
+    try:  # as `fileinfo` reads a HEAD's LastModified
+        mtime_ns = mtime_ns_of({"mtime": parsedate_to_datetime(head["last-modified"])})
+    except (KeyError, TypeError, ValueError):
+        mtime_ns = 0
+    return etag, size, mtime_ns
 
 
 def _read_parts(resp, want: int, piece: int, buffers: BufferPool | None) -> list[bytes]:

@@ -6,6 +6,7 @@ records what it saw, and answers chosen GETs with a chosen status instead.
         opts = dict(s3_server.storage_options, endpoint_url=front.url)
         ...
         front.gets                          # [(path, user agent), ...]
+        front.requests                      # [(method, path), ...]: every request
         front.connections                   # TCP connections opened to it
 
 Lets tests see which client sent a GET and how a reader meets throttling,
@@ -26,6 +27,7 @@ class S3Front:
     def __init__(self, upstream: str):
         self.upstream = urlsplit(upstream)
         self.gets: list[tuple[str, str]] = []
+        self.requests: list[tuple[str, str]] = []  # (method, path with its query)
         self.connections = 0  # TCP connections clients opened to the front
         self.regions: list[str] = []  # the region each GET was signed for ("" unsigned)
         self._faults: list[tuple[int, dict]] = []
@@ -46,6 +48,8 @@ class S3Front:
             def _any(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                with front._lock:
+                    front.requests.append((self.command, self.path))
                 if self.command == "GET":
                     fault = front.next_fault(self.path, self.headers.get("User-Agent", ""),
                                               self.headers.get("Authorization", ""))
@@ -73,7 +77,9 @@ class S3Front:
                     for k, v in resp.getheaders():
                         if k.lower() not in _HOP_BY_HOP and k.lower() != "content-length":
                             self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data)))
+                    # a HEAD's answer has no body but the length of the object's
+                    length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                    self.send_header("Content-Length", length or str(len(data)))
                     self.end_headers()
                     if self.command != "HEAD":
                         self.wfile.write(data)

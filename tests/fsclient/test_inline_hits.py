@@ -1,8 +1,9 @@
 """A fresh mount over a warm shared cache: small files whose cache files are in
 the page cache are read at open without waiting on a disk and put in the
 kernel's page cache at open, so their reads need no request at all; the
-others, and everything while their pages are on disk only, by their first read request,
-with the same bytes and one read request per small file."""
+others, and everything while their pages are on disk only, by their first read
+request (or inline, when the kernel's readahead wins the race: see below), with
+the same bytes and one read request per small file."""
 
 from __future__ import annotations
 
@@ -69,11 +70,13 @@ def test_fresh_mount_reads_warm_small_files_inline(tree, daemon, mounts):
     second = mounts(tree, daemon.socket_path, name="second")
     assert _read(second, want) == want
     s = second.stats()
-    # most by read requests; some reads may be inline all the same (3 of 11
-    # seen under load, with every cache file's pages shown dropped by fincore
-    # before and after the mount): a file's read split into several requests
-    # finds the pages its first blocking read brought in
-    assert s["misses"] == 0 and s["fsclient"]["inline_loads"] < len(want) // 2, s
+    # Hits all, whether inline or by read requests: how many were inline is up
+    # to the kernel. A RWF_NOWAIT read of a page not in memory starts its
+    # readahead before it answers EAGAIN, and when that I/O completes before
+    # the read checks the page (a preempted thread, under load), it returns the
+    # bytes: 0 to 10 of 11 such opens were inline, each with only its own
+    # cache file's pages back (mincore before and after each file's read).
+    assert s["misses"] == 0 and s["hits"] >= len(want), s
 
     # now in the page cache: a third mount reads them at open without waiting and
     # hands them to the kernel at open: no read requests for those (this

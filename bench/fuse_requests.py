@@ -29,7 +29,14 @@ import sys
 
 from . import datasets
 from .remote import Remote
-from .systems import Ctx, FuseSystem, MountProcess, drop_page_cache, read_into_page_cache
+from .systems import (
+    Ctx,
+    FuseSystem,
+    MountProcess,
+    drop_page_cache,
+    read_into_page_cache,
+    stat_cpu,
+)
 from .worker import Workers
 
 TRACEFS = "/sys/kernel/tracing"
@@ -101,9 +108,7 @@ def cpu_and_switches(pids: list[int]) -> tuple[float, int]:
     cpu, switches = 0.0, 0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            cpu += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            cpu += stat_cpu(f"/proc/{pid}/stat") or 0.0
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with open(f"/proc/{pid}/task/{tid}/status") as f:
                     switches += sum(int(line.split()[1]) for line in f

@@ -95,15 +95,21 @@ def disk_bytes(paths: list[str]) -> int:
     return total
 
 
+def stat_cpu(path: str, children: bool = False) -> float | None:
+    """CPU seconds in a /proc `stat` file (a process's or a thread's): user
+    and system, and its waited-for children's with `children`; None if gone."""
+    try:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # (after the command's name)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    ticks = sum(int(x) for x in fields[11:15 if children else 13])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def proc_cpu(pid: int) -> float:
     """CPU seconds of a process and its waited-for children, from /proc (0 if gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    ticks = sum(int(x) for x in fields[11:15])   # utime stime cutime cstime
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return stat_cpu(f"/proc/{pid}/stat", children=True) or 0.0
 
 
 def thread_cpu(pid: int) -> dict[int, float]:
@@ -115,12 +121,9 @@ def thread_cpu(pid: int) -> dict[int, float]:
     except (FileNotFoundError, ProcessLookupError):
         return out
     for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        cpu = stat_cpu(f"/proc/{pid}/task/{tid}/stat")
+        if cpu is not None:
+            out[int(tid)] = cpu
     return out
 
 

@@ -42,41 +42,17 @@ import os
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 
 from blockcache_client.common.aligned import PAGE, aligned
 from blockcache_client.contract import blockfile
 from blockcache_client.reader.decrypt import ParallelDecrypt, default_threads
 
-from .large_files import decrypt_rate
+from .large_files import decrypt_loops, decrypt_rate
 
 MIB = 1 << 20
 BLOCK = 4 << 20
 TARGET = 0.8
-
-
-def _aes(cipher: blockfile.BlockCipher, body: memoryview, threads: int, seconds: float
-         ) -> float:
-    """Thread CPU seconds a MiB of decrypt_into, each of `threads` threads at once."""
-    per: list[float] = [0.0] * threads
-    start = threading.Barrier(threads)
-
-    def work(i: int) -> None:
-        out = memoryview(bytearray(MIB))
-        start.wait()
-        t0, c0, n = time.perf_counter(), time.thread_time(), 0
-        while time.perf_counter() - t0 < seconds:
-            cipher.read_range_into(0, body, out)
-            n += 1
-        per[i] = (time.thread_time() - c0) / n
-
-    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    return statistics.mean(per)
 
 
 def _thread_loop(fn, total_mib: int) -> float:
@@ -163,8 +139,9 @@ def measure(mib: int, rounds: int, workdir: str) -> dict:
         samples: dict[str, list[float]] = {}
         walls: list[float] = []  # the split reads' wall seconds a MiB
         for _ in range(rounds):
-            got = {"aes 1 thread": _aes(cipher0, body, 1, 0.2),
-                   f"aes per thread, {cores} at once": _aes(cipher0, body, cores, 0.2),
+            got = {"aes 1 thread": decrypt_loops(1, 0.2, cipher0, body)[1],
+                   f"aes per thread, {cores} at once": decrypt_loops(cores, 0.2, cipher0,
+                                                                     body)[1],
                    "pread": _thread_loop(pread, n), "copy": _thread_loop(copy, n),
                    "read alone": _reads(alone, files, out, []),
                    "mmap, MAP_POPULATE, AES from the pages": _mapped(

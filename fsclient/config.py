@@ -114,8 +114,8 @@ class MountConfig:
     # Bounds of the in-process metadata caches (entries, LRU).
     meta_cache_entries: int = 200_000
     threads: int = 1  # FUSE worker threads (each answers the requests it reads; waits move off)
-    # random reads hand their chunks' other pages to the page cache (`pagestore`:
-    # off by default, see its note on a server killed while a store waits)
+    # random reads hand their chunks' other pages to the page cache (`pagestore`;
+    # a child process writes them, so a killed server never waits on one)
     store_pages: bool = True
     metrics_addr: str | None = None  # HOST:PORT of this mount's Prometheus endpoint
     # The server's uid, gid and groups, capabilities dropped (the keeper, root, mounts)

@@ -22,11 +22,18 @@ one process, and the budget beside them:
   (the pread, the AES and its unit loop); `mmap, ...`: the same reads'
   chunks decrypted straight from a mapping of each block file, mapped once
   a block with MAP_POPULATE or with MADV_WILLNEED (and the kernel's
-  fault-around) and unmapped after, so no pread copy; `read split`: the same reads
-  shared with the helpers as `Volume` does (all threads' CPU). The split's
-  excess over `read alone` and over the AES's own slowdown on C threads is
-  what the hand-offs cost. The split reads' rate is printed beside R: the
-  most `Volume` could reach with its own Python on top.
+  fault-around) and unmapped after, so no pread copy; `each unit mlocked`:
+  the same with every 4-chunk unit's pages locked while it decrypts, the
+  guard against a disk error striking as SIGBUS; `read split`: the same
+  reads shared with the helpers as `Volume` does (all threads' CPU). The
+  split's excess over `read alone` and over the AES's own slowdown on C
+  threads is what the hand-offs cost.
+
+Then rates against R, each round's measured at once after it: the split
+reads (the most `Volume` could reach with its own Python on top), and the
+ceiling of any design that preads: C threads, then C processes (no GIL
+between them), each reading its own share of the block files with no
+hand-off at all.
 
 `Volume`'s own Python (the version, the stream, the block file's open and
 header) is the rest of the CPU a MiB that `python -m bench.large_files`
@@ -37,11 +44,13 @@ figure moves with the load (printed): compare runs of one sitting.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import mmap
 import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 
 from blockcache_client.common.aligned import PAGE, aligned
@@ -101,6 +110,91 @@ def _mapped(files: list[tuple[int, blockfile.BlockCipher]], out: memoryview, fla
     return (time.thread_time() - c0) / n
 
 
+def _locked(files: list[tuple[int, blockfile.BlockCipher]], out: memoryview) -> float:
+    """Thread CPU seconds a MiB of 1 MiB reads decrypted from a mapping of
+    each block file, every 4-chunk unit locked (`mlock`) while it decrypts:
+    the guard that would keep a disk error from striking as SIGBUS inside the
+    AES (a locked page is never reclaimed, so never read again; `mlock`
+    reports a failed read as an error)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = libc.mlock.argtypes = libc.munlock.argtypes = [
+        ctypes.c_void_p, ctypes.c_size_t]
+    step = blockfile.TAG_SIZE + (64 << 10)
+    unit = 4 * step
+    c0 = time.thread_time()
+    n = 0
+    for fd, cipher in files:
+        size = os.fstat(fd).st_size
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED | mmap.MAP_POPULATE, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap of a block file failed")
+        view = memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
+        try:
+            for i in range(BLOCK // MIB):
+                for u in range(4):
+                    start = blockfile.HEADER_SIZE + (i * 16 + u * 4) * step
+                    page = start - start % PAGE
+                    if libc.mlock(addr + page, start + unit - page):
+                        raise OSError(ctypes.get_errno(), "mlock (raise ulimit -l)")
+                    first = i * 16 + u * 4
+                    cipher.open_into(first, first + 4, view[start:start + unit],
+                                     out[u * 4 * (64 << 10):(u + 1) * 4 * (64 << 10)])
+                    libc.munlock(addr + page, start + unit - page)
+                n += 1
+        finally:
+            view.release()
+            libc.munmap(addr, size)
+    return (time.thread_time() - c0) / n
+
+
+def _streams(files: list[tuple[int, blockfile.BlockCipher]], threads: int,
+             processes: bool = False) -> float:
+    """Wall seconds a MiB of `threads` threads (forked processes if
+    `processes`: no GIL between them) each reading its own share of the
+    block files front to back in 1 MiB reads (pread, AES, no hand-off between
+    them): the most any design that preads the ciphertext reaches."""
+    share = [files[i::threads] for i in range(threads)]
+    go_r, go_w = os.pipe()
+
+    def work(mine: list[tuple[int, blockfile.BlockCipher]]) -> None:
+        alone, out = ParallelDecrypt(1), aligned(MIB)
+        os.read(go_r, 1)  # all start together
+        for fd, cipher in mine:
+            for off in range(0, BLOCK, MIB):
+                alone.read_file_into(cipher, fd, off, out)
+
+    try:
+        if processes:
+            pids = []
+            for mine in share:
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        work(mine)
+                    finally:
+                        os._exit(0)
+                pids.append(pid)
+            t0 = time.perf_counter()
+            os.write(go_w, bytes(threads))
+            for pid in pids:
+                os.waitpid(pid, 0)
+        else:
+            pool = [threading.Thread(target=work, args=(mine,)) for mine in share]
+            for t in pool:
+                t.start()
+            t0 = time.perf_counter()
+            os.write(go_w, bytes(threads))
+            for t in pool:
+                t.join()
+        return (time.perf_counter() - t0) / (len(files) * BLOCK // MIB)
+    finally:
+        os.close(go_r)
+        os.close(go_w)
+
+
 def measure(mib: int, rounds: int, workdir: str) -> dict:
     """The parts' CPU a MiB in microseconds (medians of `rounds`), the rate R
     and the budget a MiB at the target."""
@@ -137,8 +231,10 @@ def measure(mib: int, rounds: int, workdir: str) -> dict:
             dst[:] = src[(i % 4) * MIB:(i % 4 + 1) * MIB]
 
         samples: dict[str, list[float]] = {}
-        walls: list[float] = []  # the split reads' wall seconds a MiB
+        # each round's rates against R measured at once after them: R moves with the load
+        ratios: dict[str, list[float]] = {"split": [], "threads": [], "processes": []}
         for _ in range(rounds):
+            walls: list[float] = []  # the split reads' wall seconds a MiB
             got = {"aes 1 thread": decrypt_loops(1, 0.2, cipher0, body)[1],
                    f"aes per thread, {cores} at once": decrypt_loops(cores, 0.2, cipher0,
                                                                      body)[1],
@@ -147,18 +243,27 @@ def measure(mib: int, rounds: int, workdir: str) -> dict:
                    "mmap, MAP_POPULATE, AES from the pages": _mapped(
                        files, out, getattr(mmap, "MAP_POPULATE", 0)),
                    "mmap, MADV_WILLNEED, AES from the pages": _mapped(files, out, 0),
+                   "mmap, each unit mlocked, AES": _locked(files, out),
                    f"read split over {cores} threads": _reads(split, files, out, walls)}
+            rate = decrypt_rate(cores)
+            ratios["split"].append(MIB / walls[0] / rate)
+            ratios["threads"].append(MIB / _streams(files, cores) / decrypt_rate(cores))
+            ratios["processes"].append(MIB / _streams(files, cores, True) / decrypt_rate(cores))
             for name, secs in got.items():
                 samples.setdefault(name, []).append(secs * 1e6)
         alone.close()
         split.close()
         parts = {name: statistics.median(v) for name, v in samples.items()}
         return {"cores": cores, "parts_us": parts, "rate": decrypt_rate(cores),
-                "split_rate": MIB / statistics.median(walls), "load": os.getloadavg()[0]}
+                "ratios": ratios, "load": os.getloadavg()[0]}
     finally:
         for fd, _ in files:
             os.close(fd)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f}x R ({min(xs):.2f}-{max(xs):.2f})"
 
 
 def report(res: dict) -> str:
@@ -176,8 +281,12 @@ def report(res: dict) -> str:
               f"aes ({cores} at once) + pread: {base:.0f} us, leaving "
               f"{budget - base:.0f} us for Volume's Python and the hand-offs",
               f"hand-offs of the split read: {hand_off:.0f} us a MiB",
-              f"split reads without Volume: {res['split_rate'] / 1e9:.2f} GB/s = "
-              f"{res['split_rate'] / res['rate']:.2f}x R (measured just after them)",
+              "rates against R measured at once after them, median (range) of the rounds:",
+              f"  split reads without Volume: {_spread(res['ratios']['split'])}",
+              f"  {cores} threads each reading its own block files, no hand-off (the "
+              f"most threads that pread reach): {_spread(res['ratios']['threads'])}",
+              f"  the same in {cores} processes (no GIL between them): "
+              f"{_spread(res['ratios']['processes'])}",
               f"load average {res['load']:.2f} (1 min), {os.cpu_count()} CPUs"]
     return "\n".join(lines)
 

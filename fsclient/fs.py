@@ -95,6 +95,7 @@ class BlockcacheFS:
         return {**self.meta.stats(), "inodes": len(self.nodes), "open_files": len(files),
                 "prefetches": files.prefetches, "inline_loads": files.inline_loads,
                 "kept_opens": files.kept_opens, "stored_opens": files.stored_opens,
+                "stale_answers": files.stale_answers,
                 "stored_pages": files.pages.stored_pages, "stores_skipped": files.pages.skipped,
                 "nodes_recovered": self.nodes.recovered, **self._saved_stats(),
                 "handles_recovered": files.adopted + self.dirs_adopted,
@@ -273,6 +274,10 @@ class BlockcacheFS:
                 raise FuseError(errno.ESTALE if exc.errno == errno.ENOENT else exc.errno) from None
             h = self.open_files.adopt(fh, node.path, info, inode, node)
         return self.open_files.read(fh, off, size, h)
+
+    def answering(self, fh: int, inode: int) -> contextlib.AbstractContextManager[None]:
+        """Held while a read's answer is written (`handles.OpenFiles.answering`)."""
+        return self.open_files.answering(fh, inode)
 
     def release(self, fh: int) -> None:
         h = self.open_files.release(fh)

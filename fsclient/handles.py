@@ -20,6 +20,14 @@
 
 Reads of one handle take its lock (the kernel may send several at once);
 reads of different handles run side by side.
+
+A read's answer lands in the inode's page cache, which the kernel keeps
+across opens. Once an open of another version has been answered (it drops
+that cache), an older handle's answer would put its version's bytes there
+for the newer open to read. So an answer is written under the inode's
+version lock (`answering`), which an open of another version takes to
+record it before it answers: an older handle's read answered after that
+gets ESTALE, as its reads of the source would.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ LOCK_WAIT = 0.01
 # kernel for (`max_pages` 256), and the bytes of them kept for reuse.
 REPLY_BYTES = 1 << 20
 REPLY_BYTES_KEPT = 8 << 20
+_VERSION_STRIPES = 64  # version locks (`answering`), inodes spread over them
 
 
 class Handle:
@@ -105,6 +114,8 @@ class OpenFiles:
         self.inline_loads = 0  # whole-file reads that needed no wait
         self.stored_opens = 0  # opens that put the file's bytes in the page cache
         self.adopted = 0  # handles opened before this server, made again (`adopt`)
+        self.stale_answers = 0  # reads of a version older than a later open's (`answering`)
+        self._versions = [threading.Lock() for _ in range(_VERSION_STRIPES)]
         # puts small files' bytes in the kernel's page cache at open (`_store`):
         # the session's notify_store, set once a FUSE session exists
         self.store: Callable[[int, int, memoryview], None] | None = None
@@ -148,7 +159,13 @@ class OpenFiles:
         # cache hands out, not at every open of it
         tag = node.tag
         if tag is None or tag[0] is not info:
-            tag = node.tag = (info, file_tag(info))
+            new = (info, file_tag(info))
+            if tag is not None and tag[1] == new[1]:
+                node.tag = new  # the same version, a FileInfo refreshed
+            else:  # another version: no older handle's read is answered from now on
+                with self._versions[inode % _VERSION_STRIPES]:
+                    node.tag = new
+            tag = new
         fh = self._fh.next(tag[1], self.handles)
         if keep:
             self._count("kept_opens")
@@ -186,6 +203,19 @@ class OpenFiles:
                 return h
         self.nodes.opened(node)
         return h
+
+    @contextlib.contextmanager
+    def answering(self, fh: int, inode: int):
+        """Held while the answer to a read of `fh` is written: FuseError
+        ESTALE instead if an open of another version of the inode has been
+        answered since `fh` was opened (see the module)."""
+        with self._versions[inode % _VERSION_STRIPES]:
+            h = self.handles.get(fh)
+            tag = h.node.tag if h is not None else None
+            if tag is not None and tag[1] != tag_of(fh):
+                self._count("stale_answers")
+                raise FuseError(errno.ESTALE)
+            yield
 
     def release(self, fh: int) -> Handle | None:
         h = self.handles.pop(fh, None)

@@ -140,7 +140,9 @@ class MountCollector(Collector):
                 ("blockcache_fuse_nodes_recovered_total", "Inodes the kernel held that this "
                  "server took over from the one before it", "nodes_recovered"),
                 ("blockcache_fuse_handles_recovered_total", "Open file and directory handles "
-                 "this server took over from the one before it", "handles_recovered")):
+                 "this server took over from the one before it", "handles_recovered"),
+                ("blockcache_fuse_stale_answers_total", "Reads of a handle answered ESTALE "
+                 "because a later open found a new version of its file", "stale_answers")):
             fam = CounterMetricFamily(name, doc, labels=["volume"])
             fam.add_metric(v, mount[key])
             yield fam

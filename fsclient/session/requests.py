@@ -15,6 +15,7 @@ import errno
 import logging
 import struct
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from . import structs as s
@@ -65,6 +66,7 @@ class Operations(Protocol):
     def readlink(self, inode: int) -> bytes: ...
     def open(self, inode: int, flags: int) -> tuple[int, bool]: ...
     def read(self, fh: int, off: int, size: int, inode: int) -> bytes | memoryview: ...
+    def answering(self, fh: int, inode: int) -> AbstractContextManager[None]: ...
     def release(self, fh: int) -> None: ...
     def opendir(self, inode: int) -> int: ...
     def readdir(self, fh: int, off: int, out: DirReply, inode: int) -> None: ...
@@ -157,7 +159,9 @@ class Dispatcher:
 
     def _read(self, ch: Channel, unique: int, nodeid: int, body: memoryview, uid: int) -> None:
         fh, off, size = _READ_HEAD.unpack_from(body)
-        ch.reply(unique, (self.ops.read(fh, off, size, nodeid),))
+        data = self.ops.read(fh, off, size, nodeid)
+        with self.ops.answering(fh, nodeid):  # (the answer lands in the page cache)
+            ch.reply(unique, (data,))
 
     def _release(self, ch: Channel, unique: int, nodeid: int, body: memoryview,
                  uid: int) -> None:

@@ -5,6 +5,7 @@ session goes on serving."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -24,6 +25,7 @@ class Files:
     """Operations of a tiny file system: one file "f" (inode 2) holding DATA."""
 
     DATA = bytes(range(256)) * 16
+    STALE_FH = 8  # a handle whose version a later open replaced: its reads get ESTALE
 
     def __init__(self) -> None:
         self.release_calls: list[int] = []
@@ -56,6 +58,11 @@ class Files:
         if off == 1:
             self.gate.wait(TIMEOUT)
         return self.DATA[off:off + size]
+
+    def answering(self, fh: int, inode: int):
+        if fh == self.STALE_FH:
+            raise FuseError(errno.ESTALE)
+        return contextlib.nullcontext()
 
     def release(self, fh: int) -> None:
         self.release_calls.append(fh)
@@ -198,6 +205,18 @@ def test_reads_forgets_and_interrupts(kernel):
     u = send(sock, s.DESTROY)
     assert answer(sock)[:2] == (u, 0)
     assert session.ended.wait(TIMEOUT)
+
+
+def test_a_read_whose_answer_is_refused_gets_its_error(kernel):
+    """A read the file system will not answer with bytes (`answering` raises:
+    a later open replaced its version) gets that error, and reads of other
+    handles their bytes."""
+    sock, ops, session = kernel
+    init(sock)
+    u = send(sock, s.READ, s.READ_IN.pack(Files.STALE_FH, 100, 50, 0, 0, 0, 0), nodeid=2)
+    assert answer(sock) == (u, -errno.ESTALE, b"")
+    u = send(sock, s.READ, s.READ_IN.pack(7, 100, 50, 0, 0, 0, 0), nodeid=2)
+    assert answer(sock) == (u, 0, Files.DATA[100:150])
 
 
 def test_a_flush_is_answered_enosys_so_an_old_kernel_sends_no_more(kernel):

@@ -35,11 +35,13 @@ def test_mount_metrics_parse_and_move_with_reads(mount, tree, daemon):
     port = logged_port(mount.log)
     before = scrape(port)
     assert value(before, "blockcache_client_misses_total", volume=VOLUME) == 0
-    # every counter the reader keeps is exported, and a first server recovered nothing
+    # every counter the reader keeps is exported; a first server recovered
+    # nothing, and no source file changed under a read
     assert {name for name, _ in COUNTERS.values()} <= {k[0] for k in before}
     assert set(VOLUME_COUNTERS) <= set(COUNTERS)
     for name in ("blockcache_fuse_nodes_recovered_total",
-                 "blockcache_fuse_handles_recovered_total"):
+                 "blockcache_fuse_handles_recovered_total",
+                 "blockcache_fuse_stale_answers_total"):
         assert before[(name, (("volume", VOLUME),))] == 0
 
     unread = "dir2/f6.bin"  # listed with its dir, removed at the source before its read

@@ -264,10 +264,12 @@ def _fills(system: System, workers: Workers, settle_cpu: float) -> dict:
     row = {"case": "fills", "system": system.name, "sent": reader["fills_sent"],
            "dropped": reader["fills_dropped"], "written": daemon["writes"],
            "write_errors": daemon["write_errors"], "refused": refused,
-           "entries": daemon["entries"], "settle_cpu_s": settle_cpu}
-    log.info("fills: reader sent %d, dropped %d (with the refused); daemon wrote %d (%d errors), "
-             "refused %s; %.2f s of its CPU after the epochs", row["sent"], row["dropped"],
-             row["written"], row["write_errors"], refused or "none", settle_cpu)
+           "entries": daemon["entries"], "settle_cpu_s": settle_cpu,
+           "by_slot": daemon.get("fill_areas", {}).get("puts", 0)}
+    log.info("fills: reader sent %d (%d from a fill area slot), dropped %d (with the refused); "
+             "daemon wrote %d (%d errors), refused %s; %.2f s of its CPU after the epochs",
+             row["sent"], row["by_slot"], row["dropped"], row["written"], row["write_errors"],
+             refused or "none", settle_cpu)
     return row
 
 
@@ -391,8 +393,8 @@ def report(rows: list, figures: dict) -> str:
              f"{'daemon':>6} {'load':>5}"]
     for r in rows:
         if r["case"] == "fills":
-            lines.append(f"  fills: reader sent {r['sent']}, dropped {r['dropped']} (with the "
-                         f"refused); daemon wrote "
+            lines.append(f"  fills: reader sent {r['sent']} ({r.get('by_slot', 0)} from a fill "
+                         f"area slot), dropped {r['dropped']} (with the refused); daemon wrote "
                          f"{r['written']} ({r['write_errors']} errors), refused "
                          f"{r['refused'] or 'none'}; {r['settle_cpu_s']:.2f} s of its CPU "
                          f"after the epochs")

@@ -68,6 +68,7 @@ class Store:
         self.tmp = os.path.join(path, layout.TMP_DIR)
         self._names = itertools.count()
         self._blocks_fd = self._tmp_fd = -1
+        self._preallocate = True  # until the file system says it cannot
 
     def prepare(self) -> None:
         """Create the dir skeleton if missing, and (re)open `blocks/` and
@@ -123,12 +124,12 @@ class Store:
     def write(self, key: str, data: bytes | memoryview | AreaSpan) -> None:
         """Write one block: tmp file, then rename into place (no fsync: see
         the module docstring). An `AreaSpan` (a block in a fill area slot)
-        is copied by the kernel."""
+        is copied by the kernel, into blocks reserved for it first."""
         tmp = f"{os.getpid()}.{next(self._names)}"
         fd = os.open(tmp, _CREATE, FILE_MODE, dir_fd=self._tmp_fd)
         try:
             if isinstance(data, AreaSpan):
-                data.write_to(fd)
+                self._preallocate = data.write_to(fd, self._preallocate)
             else:
                 view = memoryview(data)
                 while view:

@@ -16,6 +16,15 @@ BufferError means someone still reads it (the daemon's `blockcached.buffers`
 checks its frame buffers the same way). A buffer is never handed out while
 a view of it lives.
 
+Fresh buffers (`populate=True`): an anonymous mapping whose pages the
+kernel allocates in one call (MAP_POPULATE), not a bytearray whose pages
+fault in one by one as they are first written: the first buffers of a cold
+read (up to `limit`, the LRU's worth and a window's) are fresh, and a
+fault per 4 KiB on this VM cost more than the kernel zeroing the same
+pages in one go (0.88 against 0.58 ms a MiB, the copy into it included).
+A mapping with a live view cannot be resized either, so `unused` tells
+for both.
+
 Bounded: the pool keeps buffers of up to `limit` bytes in all (in use or
 idle); a block that finds none free gets a buffer of its own, not kept.
 `take` checks the longest-idle buffer first (blocks leave the LRU oldest
@@ -25,6 +34,7 @@ first), and gives up after `TRIES` in use.
 from __future__ import annotations
 
 import collections
+import mmap
 import threading
 
 from .aligned import PAGE, page_view
@@ -32,9 +42,12 @@ from .aligned import PAGE, page_view
 TRIES = 4  # buffers checked per take before a new one is made
 
 
-def unused(buf: bytearray) -> bool:
+def unused(buf: bytearray | mmap.mmap) -> bool:
     """True if no view of `buf` is alive (resizing it fails otherwise)."""
     try:
+        if isinstance(buf, mmap.mmap):
+            buf.resize(len(buf))  # the same size: nothing moves
+            return True
         del buf[-1:]
     except BufferError:
         return False
@@ -42,16 +55,23 @@ def unused(buf: bytearray) -> bool:
     return True
 
 
+def populated(n: int) -> mmap.mmap:
+    """`n` zero bytes whose pages are already there (see the module docstring)."""
+    return mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
+
+
 class BufferPool:
     """Reusable bytearrays of `size` bytes, at most `limit` bytes of them
     kept; thread-safe."""
 
-    def __init__(self, size: int, limit: int, page_aligned: bool = False):
+    def __init__(self, size: int, limit: int, page_aligned: bool = False,
+                 populate: bool = False):
         self.size = size
         self.limit = max(0, limit)
+        self._populate = populate
         # views start on a page (`aligned.page_view`): each buffer is a page longer
         self._slack = PAGE if page_aligned else 0
-        self._kept: collections.deque[bytearray] = collections.deque()
+        self._kept: collections.deque[bytearray | mmap.mmap] = collections.deque()
         self._lock = threading.Lock()
         self.reused = 0  # takes served by a buffer used before (tests, stats)
 
@@ -72,12 +92,13 @@ class BufferPool:
                 if unused(buf):
                     self.reused += 1
                     return self._view(buf)
-            buf = bytearray(self.size + self._slack)
+            n = self.size + self._slack
+            buf = populated(n) if self._populate else bytearray(n)
             if (len(kept) + 1) * self.size <= self.limit:
                 kept.append(buf)
             return self._view(buf)
 
-    def _view(self, buf: bytearray) -> memoryview:
+    def _view(self, buf: bytearray | mmap.mmap) -> memoryview:
         return page_view(buf, self.size) if self._slack else memoryview(buf)
 
     def fill(self, n: int, readinto) -> memoryview:

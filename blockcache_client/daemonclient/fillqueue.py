@@ -19,7 +19,13 @@ is not asked again on that connection. The filler seals a `put`'s block
 straight into a free slot and puts it by reference: the daemon copies the
 slot into the block file in the kernel (`sendfile`), where a block by value
 cost a copy through the socket on each side and the daemon's frame buffer;
-with no slot free (every one in flight) it goes by value.
+with no slot free (every one in flight: the daemon is behind) the filler
+waits up to `SLOT_WAIT` for the daemon to free one, and only then sends it
+by value. A block by value costs the daemon several times what one from a
+slot does (the frame read on its event loop, the write from a buffer), so
+sending by value as soon as the slots ran out kept a daemon that had fallen
+behind on 2 busy CPUs behind for the rest of the read; the filler's wait
+holds the source blocks in the fill queue instead, which is bounded in bytes.
 
 A small fill (up to `INLINE_FILL_MAX`) offered while the queue is empty, the
 filler idle and the fill connection open is sealed and sent on the reader's
@@ -46,6 +52,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -68,6 +75,11 @@ INLINE_FILL_MAX = 256 << 10
 # on the reader's thread; 64 replies fit a few KiB of socket buffer, and the
 # control thread has the rest read every interval
 COLLECT_AFTER = 64
+# how long the filler waits for the daemon to free a fill area slot before a
+# block goes by value, looking every SLOT_POLL (the daemon frees a slot by
+# writing the shared page: there is no wake-up to wait on)
+SLOT_WAIT = 0.2
+SLOT_POLL = 0.001
 
 
 class Seal(Protocol):
@@ -322,7 +334,8 @@ class FillQueue:
         if not self._area_slot_bytes:
             return None
         self._open_area()
-        slot = self.take_slot(self._seal.file_size(len(plaintext)))
+        n = self._seal.file_size(len(plaintext))
+        slot = self.take_slot(n) or self._wait_for_slot(n)
         if slot is None:
             return None
         try:
@@ -333,6 +346,20 @@ class FillQueue:
             slot.give()
             raise
         return slot
+
+    def _wait_for_slot(self, n: int) -> Slot | None:
+        """A slot the daemon frees within SLOT_WAIT, for a block of `n` bytes
+        that fits one (the caller holds `_busy`); None without one."""
+        area = self._area
+        if area is None or n > area.slot_bytes:
+            return None
+        deadline = time.monotonic() + SLOT_WAIT
+        while time.monotonic() < deadline:
+            time.sleep(SLOT_POLL)
+            slot = self.take_slot(n)
+            if slot is not None:
+                return slot
+        return None
 
     def _open_area(self) -> None:
         """Open a fill area on the fill connection (the caller holds `_busy`),

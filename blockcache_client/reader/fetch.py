@@ -62,8 +62,9 @@ class Fetcher:
         self._found_cold = found_cold  # a file's first block came from the source
         self.tier = tier
         self.flight = SingleFlight()
-        # block buffers kept: up to `options.buffer_bytes` of the LRU's budget
-        self.buffers = BufferPool(block_size, buffer_bytes(mem.capacity))
+        # block buffers kept: up to `options.buffer_bytes` of the LRU's budget; a new
+        # one comes with its pages (`bufferpool.populated`), not a fault per page
+        self.buffers = BufferPool(block_size, buffer_bytes(mem.capacity), populate=True)
 
     def read(self, rel: str, info: FileInfo, key: str, boff: int, lo: int, hi: int,
              out: memoryview | None, run: int = 1, transient: bool = False,

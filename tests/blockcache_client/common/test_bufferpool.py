@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+
 from blockcache_client.common.bufferpool import BufferPool, unused
 
 
@@ -54,3 +56,23 @@ def test_a_taken_buffer_is_held_from_the_moment_take_returns():
     second = pool.take()
     assert second.obj is not first.obj
     assert not unused(first.obj)
+
+
+def test_populated_buffers_come_back_only_when_their_last_view_is_gone():
+    # a cold read's fresh buffers are mappings with their pages, not
+    # bytearrays: a view still blocks their reuse, and they start zeroed
+    size = 1 << 20
+    pool = BufferPool(size, limit=2 * size, populate=True)
+    block = pool.fill(size, _writer(b"a" * size))
+    assert isinstance(block.obj, mmap.mmap) and block.readonly
+    piece = block[4:8]
+    del block
+    other = pool.take()
+    assert not any(other[:size])             # a second, fresh buffer
+    other[:4] = b"bbbb"
+    assert bytes(piece) == b"aaaa"           # not overwritten while a view lives
+    assert pool.reused == 0 and not unused(piece.obj)
+    del piece, other
+    again = pool.fill(3, _writer(b"ccc"))
+    assert pool.reused == 1 and bytes(again) == b"ccc"
+    assert pool.kept_bytes == 2 * size

@@ -13,10 +13,11 @@ import time
 import pytest
 
 from blockcache_client.common.counters import Counters
-from blockcache_client.contract import blockfile, protocol
+from blockcache_client.contract import blockfile, fillarea, protocol
 from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.errors import DaemonError
 from blockcache_client.contract.protocol import ErrorCode
+from blockcache_client.daemonclient import fillqueue
 from blockcache_client.daemonclient.fillqueue import CALL_TIMEOUT, COLLECT_AFTER, INLINE_FILL_MAX
 from blockcache_client.daemonclient.link import DaemonLink
 from devtools.daemon import DaemonProcess
@@ -272,6 +273,42 @@ def test_blocks_from_the_source_are_sealed_into_the_fill_area(daemon):
         assert daemon.client().stats()["fill_areas"]["puts"] >= len(blocks) - 1
         assert link._counters.snapshot()["fills_sent"] == len(blocks) + 1
         for key, data in [*blocks.items(), too_big]:
+            (path,) = daemon.client().lookup([key])
+            with open(path, "rb") as f:
+                assert blockfile.unseal(key, f.read(), VOLUME_KEY) == data
+    finally:
+        link.close()
+
+
+def test_with_every_slot_in_flight_the_filler_waits_for_one_not_by_value(daemon, monkeypatch):
+    """A daemon behind on its writes holds every slot of the fill area. A
+    block by value would cost it several times one from a slot (and keep it
+    behind), so the filler waits for the daemon to free a slot."""
+    monkeypatch.setattr(fillqueue, "SLOT_WAIT", 10.0)  # a loaded test host resumes slowly
+    size = 1 << 20
+    link = _link(daemon, SealRecorder(), area_slot_bytes=blockfile.file_size(
+        size, blockfile.DEFAULT_CHUNK))
+    try:
+        for i in range(2):  # the first put opens the connection, the next the area
+            assert link.offer_fill(_key(600 + i), os.urandom(size))
+            assert link.wait_idle(10)
+        area = link._area
+        daemon.wait_idle()
+        before = daemon.client().stats()["fill_areas"]["puts"]
+        blocks = {_key(700 + i): os.urandom(size) for i in range(area.slots + 4)}
+        daemon.proc.send_signal(signal.SIGSTOP)
+        try:
+            for key, data in blocks.items():
+                assert link.offer_fill(key, data)
+            wait_for(lambda: all(area._mm[i] == fillarea.SENT for i in range(area.slots)),
+                     what="every slot put")
+            time.sleep(0.05)  # the filler is waiting for a slot now
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+        assert link.wait_idle(30)
+        daemon.wait_idle()
+        assert daemon.client().stats()["fill_areas"]["puts"] - before == len(blocks)
+        for key, data in blocks.items():
             (path,) = daemon.client().lookup([key])
             with open(path, "rb") as f:
                 assert blockfile.unseal(key, f.read(), VOLUME_KEY) == data

@@ -16,7 +16,9 @@ retried once on a new one, as urllib3 does); TLS with the caller's
 otherwise); one timeout for connecting and for each receive. What it does
 not: bodies without `Content-Length` (chunked or read to close) are only
 dropped, never read (`body_known` is False: S3 gives a GetObject's length,
-and `s3direct` hands any other answer to s3fs), redirects, proxies.
+and `s3direct` hands any other answer to s3fs), redirects, proxies, and
+connections opened ahead of their GET for a server that closes each one
+(measured no faster: docs/benchmarks.md, "Cold small files").
 """
 
 from __future__ import annotations

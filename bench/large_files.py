@@ -266,11 +266,15 @@ def _fills(system: System, workers: Workers, settle_cpu: float) -> dict:
            "write_errors": daemon["write_errors"], "refused": refused,
            "entries": daemon["entries"], "settle_cpu_s": settle_cpu,
            "by_slot": daemon.get("fill_areas", {}).get("puts", 0)}
-    log.info("fills: reader sent %d (%d from a fill area slot), dropped %d (with the refused); "
-             "daemon wrote %d (%d errors), refused %s; %.2f s of its CPU after the epochs",
-             row["sent"], row["by_slot"], row["dropped"], row["written"], row["write_errors"],
-             refused or "none", settle_cpu)
+    log.info(_fills_line(row))
     return row
+
+
+def _fills_line(r: dict) -> str:
+    return (f"fills: reader sent {r['sent']} ({r.get('by_slot', 0)} from a fill area slot), "
+            f"dropped {r['dropped']} (with the refused); daemon wrote {r['written']} "
+            f"({r['write_errors']} errors), refused {r['refused'] or 'none'}; "
+            f"{r['settle_cpu_s']:.2f} s of its CPU after the epochs")
 
 
 def _settle(system: System, workers: Workers) -> None:
@@ -393,11 +397,7 @@ def report(rows: list, figures: dict) -> str:
              f"{'daemon':>6} {'load':>5}"]
     for r in rows:
         if r["case"] == "fills":
-            lines.append(f"  fills: reader sent {r['sent']} ({r.get('by_slot', 0)} from a fill "
-                         f"area slot), dropped {r['dropped']} (with the refused); daemon wrote "
-                         f"{r['written']} ({r['write_errors']} errors), refused "
-                         f"{r['refused'] or 'none'}; {r['settle_cpu_s']:.2f} s of its CPU "
-                         f"after the epochs")
+            lines.append("  " + _fills_line(r))
             continue
         if r["case"] == "decrypt":
             lines.append(f"{'decrypt, 1 thread':36} {r['one_thread'] / 1e9:7.3f}")

@@ -86,64 +86,51 @@ def _reads(decrypt: ParallelDecrypt, files: list[tuple[int, blockfile.BlockCiphe
     return (time.process_time() - c0) / n
 
 
-def _mapped(files: list[tuple[int, blockfile.BlockCipher]], out: memoryview, flags: int
-            ) -> float:
-    """Thread CPU seconds a MiB of 1 MiB reads decrypted straight from an
-    `mmap` of each block file (mapped with `flags`, once a block, and
-    unmapped after: no pread copy)."""
-    step = blockfile.TAG_SIZE + (64 << 10)
-    c0 = time.thread_time()
-    n = 0
-    for fd, cipher in files:
-        m = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED | flags, mmap.PROT_READ)
-        try:
-            if not flags & getattr(mmap, "MAP_POPULATE", 0):
-                m.madvise(mmap.MADV_WILLNEED)
-            view = memoryview(m)
-            for i in range(BLOCK // MIB):
-                start = blockfile.HEADER_SIZE + i * 16 * step
-                cipher.open_into(i * 16, i * 16 + 16, view[start:start + 16 * step], out)
-                n += 1
-            view.release()
-        finally:
-            m.close()
-    return (time.thread_time() - c0) / n
-
-
-def _locked(files: list[tuple[int, blockfile.BlockCipher]], out: memoryview) -> float:
-    """Thread CPU seconds a MiB of 1 MiB reads decrypted from a mapping of
-    each block file, every 4-chunk unit locked (`mlock`) while it decrypts:
-    the guard that would keep a disk error from striking as SIGBUS inside the
-    AES (a locked page is never reclaimed, so never read again; `mlock`
-    reports a failed read as an error)."""
+def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                           ctypes.c_int, ctypes.c_long]
     libc.munmap.argtypes = libc.mlock.argtypes = libc.munlock.argtypes = [
         ctypes.c_void_p, ctypes.c_size_t]
-    step = blockfile.TAG_SIZE + (64 << 10)
-    unit = 4 * step
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
+def _mapped(files: list[tuple[int, blockfile.BlockCipher]], out: memoryview,
+            populate: bool, lock: bool = False) -> float:
+    """Thread CPU seconds a MiB of 1 MiB reads decrypted straight from a
+    mapping of each block file (mapped once a block, with MAP_POPULATE if
+    `populate`, else MADV_WILLNEED, and unmapped after: no pread copy),
+    unit by unit of 4 chunks. `lock`: each unit's pages locked (`mlock`)
+    while it decrypts, the guard that would keep a disk error from striking
+    as SIGBUS inside the AES (a locked page is never reclaimed, so never
+    read again, and `mlock` reports a failed read as an error)."""
+    libc = _libc()
+    chunk = 64 << 10
+    step = blockfile.TAG_SIZE + chunk
+    flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
     c0 = time.thread_time()
     n = 0
     for fd, cipher in files:
         size = os.fstat(fd).st_size
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED | mmap.MAP_POPULATE, fd, 0)
+        addr = libc.mmap(None, size, mmap.PROT_READ, flags, fd, 0)
         if addr in (None, ctypes.c_void_p(-1).value):
             raise OSError(ctypes.get_errno(), "mmap of a block file failed")
         view = memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
         try:
-            for i in range(BLOCK // MIB):
-                for u in range(4):
-                    start = blockfile.HEADER_SIZE + (i * 16 + u * 4) * step
-                    page = start - start % PAGE
-                    if libc.mlock(addr + page, start + unit - page):
-                        raise OSError(ctypes.get_errno(), "mlock (raise ulimit -l)")
-                    first = i * 16 + u * 4
-                    cipher.open_into(first, first + 4, view[start:start + unit],
-                                     out[u * 4 * (64 << 10):(u + 1) * 4 * (64 << 10)])
-                    libc.munlock(addr + page, start + unit - page)
-                n += 1
+            if not populate:
+                libc.madvise(addr, size, mmap.MADV_WILLNEED)
+            for first in range(0, BLOCK // chunk, 4):
+                start = blockfile.HEADER_SIZE + first * step
+                page = start - start % PAGE
+                if lock and libc.mlock(addr + page, start + 4 * step - page):
+                    raise OSError(ctypes.get_errno(), "mlock (raise ulimit -l)")
+                cipher.open_into(first, first + 4, view[start:start + 4 * step],
+                                 out[(first % 16) * chunk:(first % 16 + 4) * chunk])
+                if lock:
+                    libc.munlock(addr + page, start + 4 * step - page)
+            n += BLOCK // MIB
         finally:
             view.release()
             libc.munmap(addr, size)
@@ -172,15 +159,19 @@ def _streams(files: list[tuple[int, blockfile.BlockCipher]], threads: int,
             for mine in share:
                 pid = os.fork()
                 if pid == 0:
+                    code = 1
                     try:
                         work(mine)
+                        code = 0
                     finally:
-                        os._exit(0)
+                        os._exit(code)
                 pids.append(pid)
             t0 = time.perf_counter()
             os.write(go_w, bytes(threads))
-            for pid in pids:
-                os.waitpid(pid, 0)
+            failed = [pid for pid in pids if os.waitpid(pid, 0)[1]]
+            if failed:
+                raise RuntimeError(f"{len(failed)} of the reading processes failed "
+                                   "(their error is above)")
         else:
             pool = [threading.Thread(target=work, args=(mine,)) for mine in share]
             for t in pool:
@@ -240,10 +231,9 @@ def measure(mib: int, rounds: int, workdir: str) -> dict:
                                                                      body)[1],
                    "pread": _thread_loop(pread, n), "copy": _thread_loop(copy, n),
                    "read alone": _reads(alone, files, out, []),
-                   "mmap, MAP_POPULATE, AES from the pages": _mapped(
-                       files, out, getattr(mmap, "MAP_POPULATE", 0)),
-                   "mmap, MADV_WILLNEED, AES from the pages": _mapped(files, out, 0),
-                   "mmap, each unit mlocked, AES": _locked(files, out),
+                   "mmap, MAP_POPULATE, AES from the pages": _mapped(files, out, True),
+                   "mmap, MADV_WILLNEED, AES from the pages": _mapped(files, out, False),
+                   "mmap, each unit mlocked, AES": _mapped(files, out, True, lock=True),
                    f"read split over {cores} threads": _reads(split, files, out, walls)}
             rate = decrypt_rate(cores)
             ratios["split"].append(MIB / walls[0] / rate)

@@ -203,7 +203,6 @@ def test_a_slot_rewritten_while_it_is_copied_never_reaches_a_block_path(daemon):
     assert s["write_errors"] == 0 and all(d["healthy"] for d in s["dirs"])
 
 
-
 _FS_IOC_FIEMAP = 0xC020660B
 _FIEMAP_HEAD = struct.Struct("=QQIIII")        # start, length, flags, mapped, count, reserved
 _FIEMAP_EXTENT = struct.Struct("=QQQQQI12x")   # logical, physical, length, 2 reserved, flags

@@ -53,8 +53,9 @@ def test_large_files_small_run(tmp_path):
     # what became of the cold round's fills, and the warm epochs found them all
     fills = rows["fills"]
     assert fills["sent"] == fills["written"] == 5 + 2 and fills["dropped"] == 0
-    # the large files' blocks went from fill area slots, the small ones by value
-    assert fills["by_slot"] == 2
+    # the large files' blocks went from fill area slots (a small file's fill goes
+    # by value from the reading thread, or from a slot when the filler has it)
+    assert 2 <= fills["by_slot"] <= fills["sent"]
     assert "fills: reader sent 7 (2 from a fill area slot), dropped 0" in text
     assert rows["warm large files volume readinto"]["misses"] == 0
     assert "misses (blocks not in the cache): 0" in text

@@ -12,6 +12,7 @@ import pytest
 from blockcache_client import Volume
 from devtools.daemon import DaemonProcess
 from devtools.memcached import MemcachedProcess
+from tests.support.waiting import wait_for
 
 # what tests give the readers: small timeouts keep a stalled server's cost low
 FAST = {"connect_timeout": "50ms", "timeout": "100ms", "retry_after": "1s"}
@@ -56,6 +57,9 @@ class Cluster:
                **kw) -> Volume:
         v = Volume(name, source, key_file, socket_path=host.socket_path, **kw)
         self.volumes.append(v)
+        # the link learns the tier's pool in its hello: a read before it goes to
+        # the source (as it should), which a test of tier reads would count
+        wait_for(lambda: v.stats()["daemon_connected"], what="the daemon link")
         return v
 
     def close(self) -> None:

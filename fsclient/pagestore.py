@@ -223,10 +223,11 @@ class ChunkStore:
             if node.generation != generation or self._overlaps_reads(inode, lo, lo + len(data)):
                 self.skipped += 1
                 return
+            stored = 0
             try:
                 for a, b in parts:
                     store(inode, a, data[a - lo:b - lo])
-                    self.stored_pages += (b - a + PAGE - 1) // PAGE
+                    stored += (b - a + PAGE - 1) // PAGE
             except OSError as exc:
                 if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP, errno.EPIPE):
                     self.store = None
@@ -234,3 +235,5 @@ class ChunkStore:
                                 "random reads store no neighbouring pages", exc)
                 elif exc.errno != errno.ENOENT:  # (ENOENT: the kernel forgot the inode)
                     log.debug("notify_store of inode %d failed: %s", inode, exc)
+            finally:
+                self.stored_pages += stored  # once a store: a reader sees all its parts

@@ -31,7 +31,7 @@ from fsclient import mount as fsmount
 from fsclient import mountpoint as mp
 from fsclient.session import control
 from fsclient.session.fdstore import hand_on
-from fsclient.session.mount import unmount_lazy
+from fsclient.session.mount import set_kernel_readahead, unmount_lazy
 from fsclient.session.privileges import Credentials
 
 from .errors import CsiError
@@ -128,7 +128,7 @@ class Mounts:
         with self._guard:
             self._children[child.pid] = child
         # the server, not root, may not set the mount's readahead window
-        fsmount.set_kernel_readahead(os.stat(pub.target).st_dev, fsmount.KERNEL_READAHEAD_KB)
+        set_kernel_readahead(os.stat(pub.target).st_dev, fsmount.KERNEL_READAHEAD_KB)
         log.info("published volume %s on %s (keeper %d)", pub.volume_id, pub.target, child.pid)
 
     @staticmethod

@@ -15,7 +15,9 @@ returns success for a mount that does not work, and never hangs.
 Shutdown: SIGTERM/SIGINT unmount lazily (open files do not block the exit);
 the session's workers end when the connection does, and a connection that
 open files keep alive is aborted (their reads then fail with ENOTCONN); then
-the volume is closed. This process is a keeper's server (`session.keeper`):
+the volume is closed. (Under systemd, with the connection in the unit's fd
+store, the keeper decides: a stop unmounts, a restart hands over.) This
+process is a keeper's server (`session.keeper`):
 if it dies, the keeper starts another on the same connection; if the keeper
 dies, it ends the connection, leaving a dead mount that the next `fsclient
 mount` on that mount point recovers (`mountpoint.prepare`).
@@ -43,8 +45,9 @@ from blockcache_client.volumekey import load_key_file
 from . import mountpoint as mp
 from .config import MountConfig
 from .mountpoint import MountError
+from .session import mount as fusemount
 from .session.fdstore import Passing, pass_on
-from .session.handoff import HANDED_OVER, Connection, KeeperLink
+from .session.handoff import HANDED_OVER, RESTART_SIGNAL, Connection, KeeperLink
 from .session.saved import SavedState, SavedStateError
 
 log = logging.getLogger(__name__)
@@ -220,49 +223,39 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
-def set_kernel_readahead(dev: int, kb: int) -> bool:
-    """Set the readahead window of the mount whose st_dev is `dev` (its
-    /sys/class/bdi entry; root only). Best effort: a mount works without it,
-    with more, smaller read requests."""
-    path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
-    try:
-        with open(path, "w") as f:
-            f.write(str(kb))
-        return True
-    except OSError as exc:
-        log.debug("cannot set %s to %d: %s (reads stay at the kernel's default size)",
-                  path, kb, exc)
-        return False
-
-
 def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: Readiness,
            link: KeeperLink) -> int:
     """Serve until a signal, DESTROY, an unmount from outside (then unmount), or
     the keeper's handover (then leave the mount to the successor)."""
-    from .session import mount as fusemount
-
     stop = threading.Event()
     handover = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
-        if conn.stored:  # systemd keeps the connection for the unit's next start
-            handover.set()
-        log.info("%s: %s %s", signal.Signals(signum).name,
-                 "handing over" if conn.stored else "unmounting", mountpoint)
+        if conn.stored:  # systemd signals every process of the unit: the keeper decides
+            log.info("%s: left to the keeper of %s", signal.Signals(signum).name, mountpoint)
+            return
+        log.info("%s: unmounting %s", signal.Signals(signum).name, mountpoint)
         stop.set()
 
     def on_handover() -> None:
         handover.set()
         stop.set()
 
+    def on_unmount() -> None:
+        log.info("the keeper ends %s: unmounting", mountpoint)
+        stop.set()
+
     def on_keeper_lost() -> None:
-        # ending the process closes the last descriptors of the connection:
-        # the kernel aborts it, and the mount answers ENOTCONN
-        log.error("the keeper of %s is gone; ending the FUSE connection", mountpoint)
+        # ending the process closes the last descriptors of the connection (but
+        # systemd's): the kernel aborts it, and the mount answers ENOTCONN
+        log.error("the keeper of %s is gone; %s", mountpoint,
+                  "the connection stays in systemd's store" if conn.stored
+                  else "ending the FUSE connection")
         fs.open_files.pages.stop()  # (a store waiting on a page would keep it open)
         os._exit(1)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, on_signal)
+                for sig in (signal.SIGTERM, signal.SIGINT, RESTART_SIGNAL)}
     tune_gc()
     session.start(conn.fuse_fds[0], conn.fuse_fds[1:])
     if not conn.fresh:
@@ -270,7 +263,7 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
         fs.nodes.recovered = 0
         log.info("took over %s (restart %d): %d saved nodes, %s", mountpoint, conn.restarts,
                  len(fs.nodes.saved.paths), "requests resent" if resent else "no resend")
-    link.watch(on_handover, on_keeper_lost)
+    link.watch(on_handover, on_unmount, on_keeper_lost)
     dev = _ready(session, fs, mountpoint, readiness, conn.root_fd)
     conn.close_root()  # it would keep the mount busy
     if dev is not None:
@@ -295,7 +288,7 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
     # open files keep a lazily unmounted connection alive: end it, as
     # closing the last descriptor of a libfuse process would
     if not session.join(1.0) and dev is not None:
-        abort_connection(dev)
+        fusemount.abort_connection(dev)
         session.join(2.0)
     session.close()
     log.info("unmounted %s", mountpoint)
@@ -321,25 +314,13 @@ def _ready(session: Any, fs: Any, mountpoint: str, readiness: Readiness,
     while t.is_alive() and not session.ended.is_set() and time.monotonic() < deadline:
         t.join(0.1)
     if box and not isinstance(box[0], OSError):
-        set_kernel_readahead(box[0].st_dev, KERNEL_READAHEAD_KB)
+        fusemount.set_kernel_readahead(box[0].st_dev, KERNEL_READAHEAD_KB)
         log.info("mounted %s on %s", fs.cfg.source, mountpoint)
         readiness.ready()
         return box[0].st_dev
     why = box[0] if box else "the session ended" if session.ended.is_set() else "timed out"
     readiness.error(f"mount {mountpoint} did not answer: {why}")
     return None
-
-
-def abort_connection(dev: int) -> bool:
-    """Abort the FUSE connection of the mount with st_dev `dev` (fusectl, root
-    only): its waiting requests fail with ENOTCONN and its readers return."""
-    try:
-        with open(f"/sys/fs/fuse/connections/{os.minor(dev)}/abort", "w") as f:
-            f.write("1")
-        return True
-    except OSError as exc:
-        log.debug("cannot abort FUSE connection %d: %s", os.minor(dev), exc)
-        return False
 
 
 def spawn(argv: list[str], cfg: MountConfig, log_file: str | None,

@@ -8,7 +8,9 @@ message per send, descriptors by SCM_RIGHTS). Every message is JSON:
                       (if "root"), then one /dev/fuse descriptor per worker
                       or {"error": "..."} and no descriptors (the mount failed)
     server -> keeper  {"op": "serving"}     the mount answers (first start: READY sent)
-    keeper -> server  {"op": "handover"}    stop taking requests, finish, exit 0 (upgrade)
+    keeper -> server  {"op": "handover"}    stop taking requests, finish, exit 75 (upgrade)
+    keeper -> server  {"op": "unmount"}     end the mount, as SIGTERM would (a stopped
+                                            unit, whose server ignores signals: `stored`)
 
 The socket's end is the other side's death: the server learns that its keeper is
 gone (EOF), the keeper learns it by waiting on the server's pid.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import array
 import json
 import os
+import signal
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -28,6 +31,9 @@ MAX_FDS = 253  # SCM_MAX_FD
 # A server's exit code after a handover: it left the mount to a successor
 # (EX_TEMPFAIL; 0 means the mount has ended).
 HANDED_OVER = 75
+# What systemd sends the unit's processes on a restart (RestartKillSignal= in
+# fsclient@.service), where a stop sends SIGTERM: the mount stays in its fd store.
+RESTART_SIGNAL = signal.SIGUSR2
 MAX_MESSAGE = 64 << 10
 
 
@@ -66,8 +72,9 @@ class Connection:
         self.fresh = bool(message["fresh"])
         self.restarts = int(message.get("restarts", 0))
         self.keeper = int(message.get("keeper", 0))
-        # systemd keeps the connection: SIGTERM (the unit stops or restarts,
-        # every process of it signalled) hands over instead of unmounting
+        # systemd keeps the connection: the signals systemd sends every process
+        # of the unit are the keeper's to act on (it tells this server by
+        # "handover" or "unmount"); a server whose keeper died must not unmount
         self.stored = bool(message.get("stored", False))
         self.saved_fd = fds[0]
         # the mount's root (O_PATH) for the readiness probe, which needs no path
@@ -108,9 +115,10 @@ class KeeperLink:
     def serving(self) -> None:
         send(self.sock, {"op": "serving"})
 
-    def watch(self, on_handover: Callable[[], None], on_lost: Callable[[], None]) -> None:
-        """Call `on_handover` when the keeper asks for it, `on_lost` when it is gone
-        (on a thread of its own)."""
+    def watch(self, on_handover: Callable[[], None], on_unmount: Callable[[], None],
+              on_lost: Callable[[], None]) -> None:
+        """Call `on_handover` or `on_unmount` when the keeper asks for it,
+        `on_lost` when it is gone (on a thread of its own)."""
 
         def run() -> None:
             while True:
@@ -122,5 +130,7 @@ class KeeperLink:
                     return
                 if message.get("op") == "handover":
                     on_handover()
+                elif message.get("op") == "unmount":
+                    on_unmount()
 
         threading.Thread(target=run, name="keeper-link", daemon=True).start()

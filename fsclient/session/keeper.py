@@ -16,11 +16,11 @@ starts servers, hands them the descriptors (`handoff`), and waits.
 - `restart` (its control socket, `control`): a new server opens its volume
   while the old one serves on; then the old one is told to hand over (stop
   taking requests, finish its own, exit), and the new one gets the connection.
-- SIGTERM/SIGINT are passed to the server, which unmounts. Under systemd with
-  a file descriptor store (`fdstore`), the connection is kept there instead:
-  SIGTERM makes the server hand over and exit, and the unit's next start
-  takes the mount over from LISTEN_FDS (`adopt`); the mount ends with
-  `fsclient umount`.
+- SIGTERM/SIGINT end the mount: the server unmounts. Under systemd with the
+  connection in its fd store (`fdstore`), a unit's restart sends RESTART_SIGNAL
+  (RestartKillSignal=): the server hands over, the store keeps the connection,
+  and the next start takes the mount over from LISTEN_FDS (`adopt`). A stored
+  server ignores systemd's signals, which are its keeper's to act on.
 - `surrender` (asked by the plugin that replaces this keeper's, say): the
   asker gets the connection (`handoff.send`), passes it to a new keeper it
   starts (`adopt`, with this control connection as `predecessor`); that keeper
@@ -91,7 +91,8 @@ class Keeper:
         self.served = False  # a server has served this mount: restart, never give up
         self.control: socket.socket | None = None
         self.store = store  # systemd's fd store, which keeps the connection across starts
-        self.keeping = False  # SIGTERM under systemd: hand over, leave the mount in the store
+        self.keeping = False  # ending, but the mount stays: in the store, or surrendered
+        self.in_store = False  # systemd's fd store holds the connection
         self.ready_sent = False
         self.predecessor: socket.socket | None = None  # the surrendering keeper's connection
         self.pending: Server | None = None  # our server, waiting for the predecessor to go
@@ -104,6 +105,7 @@ class Keeper:
         that the keeper at the other end of `predecessor` surrendered."""
         self.fds, self.saved_fd = fuse_fds, saved_fd
         self.served = True  # a server served it: restart servers, never unmount
+        self.in_store = predecessor < 0 and self.store is not None  # (from LISTEN_FDS)
         if predecessor >= 0:
             self.predecessor = socket.socket(fileno=predecessor)
 
@@ -122,6 +124,7 @@ class Keeper:
         if self.store is not None:
             try:
                 self.store.store(self.fds, self.saved_fd)
+                self.in_store = True
             except OSError as exc:
                 log.warning("cannot keep the FUSE connection in systemd's fd store (%s): "
                             "a restart of the unit will remount", exc)
@@ -177,7 +180,7 @@ class Keeper:
         root = self._open_root()
         try:
             handoff.send(server.sock, {"fresh": fresh, "restarts": self.restarts,
-                                       "keeper": os.getpid(), "stored": self.store is not None,
+                                       "keeper": os.getpid(), "stored": self.in_store,
                                        "root": bool(root)},
                          [self.saved_fd, *root, *self.fds])
         finally:
@@ -323,7 +326,7 @@ class Keeper:
         """Keep a server on the mount until it ends; the exit code."""
         self.control = control
         previous = {sig: signal.signal(sig, self._on_signal)
-                    for sig in (signal.SIGTERM, signal.SIGINT)}
+                    for sig in (signal.SIGTERM, signal.SIGINT, handoff.RESTART_SIGNAL)}
         try:
             self.server = self._spawn(ready_fd)
             if ready_fd is not None:
@@ -342,12 +345,17 @@ class Keeper:
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.terminate = True
-        self.keeping = self.store is not None and bool(self.fds)
+        # a restart of the unit: the store keeps the mount for the next start
+        self.keeping = signum == handoff.RESTART_SIGNAL and self.in_store
+        log.info("keeper %d: %s: %s", os.getpid(), signal.Signals(signum).name,
+                 "keeping the mount in the store" if self.keeping else "unmounting")
         for s in (self.server, self.successor):
             if s is None or s.proc.poll() is not None:
                 continue
             if self.keeping:
                 handoff.send(s.sock, {"op": "handover"})
+            elif self.in_store and s.connected:  # (it ignores signals: `Connection.stored`)
+                handoff.send(s.sock, {"op": "unmount"})
             else:
                 s.proc.send_signal(signal.SIGTERM)
 

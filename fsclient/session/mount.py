@@ -13,6 +13,7 @@ Like libfuse, a mount is nosuid and nodev unless `suid` or `dev` is given.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import shutil
 import socket
@@ -38,6 +39,7 @@ KERNEL_OPTIONS = {"allow_other", "default_permissions"}
 KERNEL_VALUE_OPTIONS = {"max_read", "blksize"}
 SEND_FD_TIMEOUT = 30.0
 
+log = logging.getLogger(__name__)
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -139,3 +141,30 @@ def unmount_lazy(mountpoint: str) -> None:
                           timeout=30, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise MountFailed(1, f"cannot unmount {mountpoint}: {proc.stderr.strip()}")
+
+
+def set_kernel_readahead(dev: int, kb: int) -> bool:
+    """Set the readahead window of the mount whose st_dev is `dev` (its
+    /sys/class/bdi entry; root only). Best effort: a mount works without it,
+    with more, smaller read requests."""
+    path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+    try:
+        with open(path, "w") as f:
+            f.write(str(kb))
+        return True
+    except OSError as exc:
+        log.debug("cannot set %s to %d: %s (reads stay at the kernel's default size)",
+                  path, kb, exc)
+        return False
+
+
+def abort_connection(dev: int) -> bool:
+    """Abort the FUSE connection of the mount with st_dev `dev` (fusectl, root
+    only): its waiting requests fail with ENOTCONN and its readers return."""
+    try:
+        with open(f"/sys/fs/fuse/connections/{os.minor(dev)}/abort", "w") as f:
+            f.write("1")
+        return True
+    except OSError as exc:
+        log.debug("cannot abort FUSE connection %d: %s", os.minor(dev), exc)
+        return False

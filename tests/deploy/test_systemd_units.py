@@ -15,6 +15,7 @@ import tomllib
 
 import pytest
 
+from fsclient.session import handoff
 from tests.support.deploy.package_install import bin_dir
 from tests.support.deploy.paths import SYSTEMD
 from tests.support.deploy.units import exec_start, install, parse_unit, value, values
@@ -131,6 +132,9 @@ def test_fsclient_unit_mounts_in_the_host_namespace(installed):
     # descriptors and the saved state in the unit's fd store
     assert value(unit, "NotifyAccess") == "all"
     assert int(value(unit, "FileDescriptorStoreMax")) >= 33
+    # a restart leaves the mount in the store, a stop unmounts (test_fdstore.py)
+    assert value(unit, "RestartKillSignal") == handoff.RESTART_SIGNAL.name
+    assert value(unit, "KillSignal") == "SIGTERM"
     assert "blockcache" in value(unit, "SupplementaryGroups").split()
     argv = exec_start(unit)
     assert argv[argv.index("--config") + 1] == "/etc/blockcache/volumes/%i.toml"

@@ -1,8 +1,10 @@
 """Under systemd: the keeper keeps the connection in the unit's file descriptor
 store, and a restart of the whole unit takes the live mount over from
-LISTEN_FDS. A socket here plays systemd's side (NOTIFY_SOCKET, FDSTORE, then
-LISTEN_FDS and LISTEN_FDNAMES for the next start); a reader verifies every byte
-across the restart."""
+LISTEN_FDS; a stop unmounts; a keeper that dies leaves the mount to the store
+even when systemd then signals the rest of the unit. A socket here plays
+systemd's side (NOTIFY_SOCKET, FDSTORE, then LISTEN_FDS and LISTEN_FDNAMES for
+the next start, or dropping the store on a stop); a reader verifies every byte
+across a restart."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import time
 
 import pytest
 
+from fsclient.session.handoff import RESTART_SIGNAL
 from tests.support.fsclient_mounts import REPO, env, force_unmount, fsclient, is_mounted
 from tests.support.keepers import Reader, serving
 
@@ -74,61 +77,135 @@ class FakeSystemd:
                                     stdin=subprocess.DEVNULL, preexec_fn=place,
                                     close_fds=not fds)
 
-    def close(self) -> None:
+    def release(self) -> None:
+        """Drop the stored descriptors, as systemd does once a stopped unit is dead."""
         for fds in self.store.values():
             for fd in fds:
                 os.close(fd)
+        self.store.clear()
+
+    def close(self) -> None:
+        self.release()
         self.sock.close()
 
 
-def test_a_unit_restart_keeps_the_mount_through_the_fd_store(tree, key_file, daemon,
-                                                             tmp_path):
-    mp = str(tmp_path / "mnt")
-    os.makedirs(mp)
-    argv = [sys.executable, "-m", "fsclient.cli", "--log-level", "debug", "mount", str(tree),
-            mp, "--volume", "testvol", "--key-file", str(key_file), "--socket",
-            daemon.socket_path, "--meta-ttl", "0", "--foreground"]
-    systemd = FakeSystemd(str(tmp_path / "notify.sock"))
-    log = str(tmp_path / "unit.log")
-    procs: list[subprocess.Popen] = []
-    reader = None
-    try:
-        procs.append(systemd.start(argv, log))
-        systemd.receive_until("READY=1")
-        assert {"FDSTORE fuse", "FDSTORE saved"} <= set(systemd.states)
-        assert len(systemd.store["saved"]) == 1 and systemd.store["fuse"]
-        reader = Reader(mp, tree, tmp_path)
+class Unit:
+    """One fsclient@ unit played by `FakeSystemd`: its starts, its processes,
+    and a verifying reader of its mount."""
+
+    def __init__(self, tree, key_file, daemon, tmp_path):
+        self.tree, self.tmp_path = tree, tmp_path
+        self.mp = str(tmp_path / "mnt")
+        os.makedirs(self.mp)
+        self.argv = [sys.executable, "-m", "fsclient.cli", "--log-level", "debug", "mount",
+                     str(tree), self.mp, "--volume", "testvol", "--key-file", str(key_file),
+                     "--socket", daemon.socket_path, "--meta-ttl", "0", "--foreground"]
+        self.systemd = FakeSystemd(str(tmp_path / "notify.sock"))
+        self.log = str(tmp_path / "unit.log")
+        self.procs: list[subprocess.Popen] = []
+        self.reader: Reader | None = None
+
+    def start(self) -> None:
+        """The first start (--foreground: the process is the keeper)."""
+        self.procs.append(self.systemd.start(self.argv, self.log))
+        self.systemd.receive_until("READY=1")
+
+    def read(self) -> None:
+        self.reader = Reader(self.mp, self.tree, self.tmp_path)
+
+    def next_start_takes_over(self) -> dict:
+        """Start the unit again, as shipped (Type=forking: `fsclient mount` gets
+        LISTEN_FDS and passes them on to the keeper it starts, then exits 0
+        once it serves); the reader's tally: no read failed meanwhile."""
+        self.systemd.states.clear()
+        self.procs.append(self.systemd.start([*self.argv[:-1], "--log-file", self.log],
+                                             self.log))
+        assert self.procs[-1].wait(WAIT) == 0
+        self.systemd.receive_until("READY=1")
+        serving(self.mp)
         time.sleep(1.0)
-        first = procs[0]
-        server = serving(mp)
-        # systemctl restart (KillMode=control-group): every process of the unit
-        # gets SIGTERM, the server too; neither unmounts
-        first.send_signal(signal.SIGTERM)
-        os.kill(server, signal.SIGTERM)
-        assert first.wait(WAIT) == 0
-        assert is_mounted(mp)  # kept: systemd holds the connection
-        systemd.states.clear()
-        # the unit as shipped (Type=forking): `fsclient mount` gets LISTEN_FDS and
-        # passes them on to the keeper it starts, then exits 0 once it serves
-        procs.append(systemd.start([*argv[:-1], "--log-file", log], log))
-        assert procs[1].wait(WAIT) == 0
-        systemd.receive_until("READY=1")
-        serving(mp)
-        time.sleep(1.0)
-        tally = reader.finish()
+        assert self.reader is not None
+        tally = self.reader.finish()
         assert tally["failed"] == {} and tally["wrong"] == 0, tally
-        assert tally["ok"] > 50, tally
-        assert "taking over" in open(log).read()
-        # `fsclient umount` ends the mount; the unit asks systemd to drop the descriptors
-        assert fsclient("umount", mp).returncode == 0
-        systemd.receive_until("FDSTOREREMOVE saved")
-        assert "fuse" not in systemd.store
-    finally:
-        if reader is not None:
-            reader.kill()
-        for p in procs:
+        assert "taking over" in open(self.log).read()
+        return tally
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.kill()
+        for p in self.procs:
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
-        systemd.close()
-        force_unmount(mp)
+        self.systemd.close()
+        force_unmount(self.mp)
+
+
+@pytest.fixture
+def unit(tree, key_file, daemon, tmp_path):
+    u = Unit(tree, key_file, daemon, tmp_path)
+    try:
+        yield u
+    finally:
+        u.close()
+
+
+def test_a_unit_restart_keeps_the_mount_through_the_fd_store(unit):
+    unit.start()
+    systemd = unit.systemd
+    assert {"FDSTORE fuse", "FDSTORE saved"} <= set(systemd.states)
+    assert len(systemd.store["saved"]) == 1 and systemd.store["fuse"]
+    unit.read()
+    time.sleep(1.0)
+    server = serving(unit.mp)
+    # systemctl restart (KillMode=control-group): every process of the unit
+    # gets RestartKillSignal=, the server too; neither unmounts
+    unit.procs[0].send_signal(RESTART_SIGNAL)
+    os.kill(server, RESTART_SIGNAL)
+    assert unit.procs[0].wait(WAIT) == 0
+    assert is_mounted(unit.mp)  # kept: systemd holds the connection
+    assert unit.next_start_takes_over()["ok"] > 50
+    # `fsclient umount` ends the mount; the unit asks systemd to drop the descriptors
+    assert fsclient("umount", unit.mp).returncode == 0
+    systemd.receive_until("FDSTOREREMOVE saved")
+    assert "fuse" not in systemd.store
+
+
+def test_a_unit_stop_unmounts(unit, tree):
+    unit.start()
+    with open(os.path.join(unit.mp, "big.bin"), "rb") as f:
+        assert f.read() == (tree / "big.bin").read_bytes()
+    # systemctl stop: every process of the unit gets KillSignal= (SIGTERM)
+    server = serving(unit.mp)
+    unit.procs[0].send_signal(signal.SIGTERM)
+    os.kill(server, signal.SIGTERM)
+    assert unit.procs[0].wait(WAIT) == 0
+    unit.systemd.receive_until("FDSTOREREMOVE saved")
+    assert "fuse" not in unit.systemd.store
+    unit.systemd.release()  # the unit is dead: systemd lets go of what is left
+    assert not is_mounted(unit.mp), "a stopped unit left its mount behind"
+    assert os.listdir(unit.mp) == []  # the mount point itself, not a dead mount
+
+
+def test_a_dead_keeper_leaves_the_mount_to_the_store(unit):
+    """The keeper (the unit's main process) killed: systemd signals what is
+    left of the unit with SIGTERM before Restart= starts it again. The server
+    must not unmount then: the store holds the connection for the next start.
+    (The SIGTERM is sent first here, so the server cannot dodge it by seeing
+    its keeper gone.)"""
+    unit.start()
+    unit.read()
+    time.sleep(0.5)
+    server = serving(unit.mp)
+    # the server leaves systemd's signals to its keeper, and serves on
+    os.kill(server, signal.SIGTERM)
+    time.sleep(1.0)
+    assert os.path.exists(f"/proc/{server}") and is_mounted(unit.mp)
+    unit.procs[0].kill()
+    unit.procs[0].wait(WAIT)
+    deadline = time.monotonic() + WAIT
+    while os.path.exists(f"/proc/{server}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert is_mounted(unit.mp)
+    unit.next_start_takes_over()
+    assert fsclient("umount", unit.mp).returncode == 0

@@ -2,7 +2,8 @@
 
     blockcache-csi --endpoint unix:///csi/csi.sock --node-id NODE
                    [--state-dir /var/lib/blockcache-csi] [--server-uid 65534]
-                   [--server-gid 65534] [--socket PATH] [--ready-file PATH]
+                   [--server-gid 65534] [--volume-uid VOLUME=UID[:GID] ...]
+                   [--socket PATH] [--ready-file PATH]
                    [--registration-dir DIR] [--kubelet-registration-path PATH]
 
 Errors at start print one line (`blockcache-csi: error: ...`) and exit 1.
@@ -53,6 +54,10 @@ def _log_target() -> str | None:
 @click.option("--server-gid", type=click.IntRange(0, 2**32 - 2), default=NOBODY,
               show_default=True, help="Their gid; they also join the group of "
                                       "blockcached's socket.")
+@click.option("--volume-uid", "volume_uids", multiple=True, metavar="VOLUME=UID[:GID]",
+              help="Run the servers of blockcache volume VOLUME as UID (and GID, UID if not "
+                   "given) instead of --server-uid, apart from every other volume's "
+                   "(repeat for more volumes).")
 @click.option("--socket", help="blockcached socket [default: $BLOCKCACHE_SOCKET or "
                                "/run/blockcache/blockcached.sock].")
 @click.option("--ready-file", type=click.Path(dir_okay=False),
@@ -73,15 +78,16 @@ def _log_target() -> str | None:
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(FORMATS))
 @click.version_option(VERSION, prog_name="blockcache-csi")
 def main(endpoint: str, node_id: str, state_dir: str, server_uid: int, server_gid: int,
-         socket: str | None, ready_file: str | None, registration_dir: str | None,
-         kubelet_registration_path: str, log_level: str, log_format: str) -> None:
+         volume_uids: tuple[str, ...], socket: str | None, ready_file: str | None,
+         registration_dir: str | None, kubelet_registration_path: str, log_level: str,
+         log_format: str) -> None:
     """Serve the CSI node plugin `csi.blockcache.io` on ENDPOINT.
 
     NodePublishVolume mounts a blockcache volume (volume_context: source,
     volume, and optionally blockSize, metaTTL, dirTTL, readaheadBlocks; the
     Secret's "key": the volume key's 64 hex digits) read-only at the pod's
     target path. The plugin (root) mounts; each volume's FUSE server runs as
-    --server-uid with no capabilities, kept by a keeper process that restarts
+    its --volume-uid or --server-uid with no capabilities, kept by a keeper process that restarts
     it if it dies and outlives the plugin. SIGTERM stops the plugin and
     leaves the mounts; the next start (or a new plugin beside this one) takes
     them over.
@@ -89,9 +95,14 @@ def main(endpoint: str, node_id: str, state_dir: str, server_uid: int, server_gi
     from .mounts import Mounts
     from .registration import Registrar
     from .server import EndpointError, serve
+    from .servers import ServerUsers, ServerUsersError
     from .state import StateDir
 
     setup_logging(log_level, log_format)
+    try:
+        servers = ServerUsers.from_entries(server_uid, server_gid, volume_uids)
+    except ServerUsersError as exc:
+        raise click.BadParameter(str(exc), param_hint="--volume-uid") from None
     if os.geteuid() != 0:
         click.echo("blockcache-csi: error: the plugin mounts FUSE file systems and must run "
                    "as root (a privileged container)", err=True)
@@ -102,8 +113,8 @@ def main(endpoint: str, node_id: str, state_dir: str, server_uid: int, server_gi
                    f"{DEFAULT_REGISTRATION_PATH}", err=True)
         sys.exit(1)
     log.info("%s %s starting", DRIVER_NAME, VERSION)
-    state = StateDir(state_dir, server_uid, server_gid)
-    mounts = Mounts(state, server_uid, server_gid, socket, _log_target())
+    state = StateDir(state_dir)
+    mounts = Mounts(state, servers, socket, _log_target())
     try:
         registrar = (Registrar(registration_dir, kubelet_registration_path)
                      if registration_dir else None)

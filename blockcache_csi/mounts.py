@@ -1,8 +1,8 @@
 """The mounts the plugin keeps: publish, unpublish, take over at a start.
 
 Each published target is one `fsclient mount` keeper (root: it opens
-/dev/fuse and mounts) whose FUSE server runs as the server uid with no
-capabilities (`fsclient.session.privileges`). The keeper restarts a server
+/dev/fuse and mounts) whose FUSE server runs as its volume's server uid
+(`servers`) with no capabilities (`fsclient.session.privileges`). The keeper restarts a server
 that dies, with no failed read; it runs in its own session, so it outlives
 the plugin's process. A plugin that starts takes every live mount over: the
 keeper there surrenders its connection (`fsclient.session.control`) to a new
@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import stat
 import subprocess
 import threading
 import time
@@ -25,16 +24,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from blockcache_client.contract import protocol
 from fsclient import keeping
 from fsclient import mount as fsmount
 from fsclient import mountpoint as mp
 from fsclient.session import control
 from fsclient.session.fdstore import hand_on
 from fsclient.session.mount import set_kernel_readahead, unmount_lazy
-from fsclient.session.privileges import Credentials
 
 from .errors import CsiError
+from .servers import ServerUsers
 from .state import StateDir
 from .volumes import Publication, mount_command
 
@@ -57,10 +55,10 @@ def _alive(pid: int) -> bool:
 class Mounts:
     """The targets this node's plugin has published."""
 
-    def __init__(self, state: StateDir, server_uid: int, server_gid: int,
-                 socket: str | None, log_file: str | None):
+    def __init__(self, state: StateDir, servers: ServerUsers, socket: str | None,
+                 log_file: str | None):
         self.state = state
-        self.server_uid, self.server_gid = server_uid, server_gid
+        self.servers = servers
         self.socket = socket
         self.log_file = log_file  # where keepers and servers log (the plugin's stderr)
         self._locks: dict[str, threading.Lock] = {}
@@ -70,21 +68,6 @@ class Mounts:
     def _lock(self, target: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(target, threading.Lock())
-
-    def credentials(self) -> Credentials:
-        """The server's uid and gid, and the group of blockcached's socket, which
-        it needs to connect (the socket is 0660 by default)."""
-        path = self.socket or protocol.default_socket()
-        groups: tuple[int, ...] = ()
-        try:
-            st = os.stat(path)
-            if stat.S_ISSOCK(st.st_mode) and st.st_gid != self.server_gid:
-                groups = (st.st_gid,)
-        except OSError as exc:
-            log.warning("blockcached's socket %s: %s; the volume's server gets no socket "
-                        "group and reads uncached if the socket's mode shuts it out", path,
-                        exc.strerror)
-        return Credentials(self.server_uid, self.server_gid, groups)
 
     # publish
 
@@ -115,9 +98,9 @@ class Mounts:
         """Record `pub`, then start its keeper and wait until the mount answers."""
         if mp.find_mount(pub.target) is None:  # a dead mount stays: fsclient recovers it
             os.makedirs(pub.target, 0o755, exist_ok=True)
-        self.state.save(pub, key)
-        argv, cfg = mount_command(pub, self.state.key_file(pub.target), self.socket,
-                                  self.credentials())
+        server = self.servers.credentials(pub.get("volume") or "", self.socket)
+        self.state.save(pub, key, (server.uid, server.gid))
+        argv, cfg = mount_command(pub, self.state.key_file(pub.target), self.socket, server)
         child, why = fsmount.spawn(argv, cfg, self.log_file, detach=True)
         if child is None:
             if remove_on_failure:
@@ -261,8 +244,10 @@ class Mounts:
                         keeper, exc)
             return
         try:
+            server = self.servers.credentials(pub.get("volume") or "", self.socket)
+            self.state.own_key(pub.target, (server.uid, server.gid))  # (--volume-uid changed)
             argv, cfg = mount_command(pub, self.state.key_file(pub.target), self.socket,
-                                      self.credentials())
+                                      server)
             passing = hand_on(surrendered.named())
             try:
                 child, why = fsmount.spawn(argv, cfg, self.log_file, detach=True,

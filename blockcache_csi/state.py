@@ -4,8 +4,8 @@ that a restarted plugin finds its mounts, and the volume keys their servers read
     STATE_DIR/            0755 root
       mounts/             0700 root
         ID.json           a published target: `Publication.to_record()` + format
-      keys/               0700, owned by the server uid
-        ID.key            the volume key, 64 hex digits, 0400 server uid
+      keys/               0711 root: a server opens its own key by name, lists none
+        ID.key            the volume key, 64 hex digits, 0400 its server's uid
 
 ID is a hash of the target path. A record is written before the keeper is
 started and removed after its mount is gone, so every mount the plugin made
@@ -36,11 +36,10 @@ def target_id(target: str) -> str:
 class StateDir:
     """Records and key files under one state dir."""
 
-    def __init__(self, path: str, server_uid: int, server_gid: int):
+    def __init__(self, path: str):
         self.path = os.path.abspath(path)
         self.mounts = os.path.join(self.path, "mounts")
         self.keys = os.path.join(self.path, "keys")
-        self.uid, self.gid = server_uid, server_gid
 
     def prepare(self) -> None:
         """Make the dirs, with the owners and modes above (fixing them if changed)."""
@@ -48,9 +47,9 @@ class StateDir:
         os.chmod(self.path, 0o755)
         os.makedirs(self.mounts, 0o700, exist_ok=True)
         os.chmod(self.mounts, 0o700)
-        os.makedirs(self.keys, 0o700, exist_ok=True)
-        os.chown(self.keys, self.uid, self.gid)
-        os.chmod(self.keys, 0o700)
+        os.makedirs(self.keys, 0o711, exist_ok=True)
+        os.chown(self.keys, 0, 0)
+        os.chmod(self.keys, 0o711)
 
     def key_file(self, target: str) -> str:
         return os.path.join(self.keys, target_id(target) + ".key")
@@ -72,14 +71,19 @@ class StateDir:
             os.close(fd)
         os.replace(tmp, path)
 
-    def save(self, pub: Publication, key: bytes) -> None:
-        """Record `pub` and its key (the key first: a record always has one)."""
-        self._write(self.key_file(pub.target), key.hex().encode() + b"\n", self.uid, self.gid)
+    def save(self, pub: Publication, key: bytes, owner: tuple[int, int]) -> None:
+        """Record `pub` and its key, which only `owner` (its server's uid and
+        gid) may read (the key first: a record always has one)."""
+        self._write(self.key_file(pub.target), key.hex().encode() + b"\n", *owner)
         record = {"format": FORMAT, **pub.to_record()}
         self._write(self._record_file(pub.target), json.dumps(record).encode())
 
     def load(self, target: str) -> Publication | None:
         return self._read(self._record_file(target))
+
+    def own_key(self, target: str, owner: tuple[int, int]) -> None:
+        """Give `target`'s key file to `owner` (a new server's uid and gid)."""
+        os.chown(self.key_file(target), *owner)
 
     def key(self, target: str) -> bytes | None:
         try:

@@ -87,10 +87,10 @@ def main(endpoint: str, node_id: str, state_dir: str, server_uid: int, server_gi
     volume, and optionally blockSize, metaTTL, dirTTL, readaheadBlocks; the
     Secret's "key": the volume key's 64 hex digits) read-only at the pod's
     target path. The plugin (root) mounts; each volume's FUSE server runs as
-    its --volume-uid or --server-uid with no capabilities, kept by a keeper process that restarts
-    it if it dies and outlives the plugin. SIGTERM stops the plugin and
-    leaves the mounts; the next start (or a new plugin beside this one) takes
-    them over.
+    its --volume-uid or --server-uid with no capabilities, kept by a keeper
+    process that restarts it if it dies and outlives the plugin. SIGTERM
+    stops the plugin and leaves the mounts; the next start (or a new plugin
+    beside this one) takes them over.
     """
     from .mounts import Mounts
     from .registration import Registrar

@@ -2,9 +2,9 @@
 
 Each published target is one `fsclient mount` keeper (root: it opens
 /dev/fuse and mounts) whose FUSE server runs as its volume's server uid
-(`servers`) with no capabilities (`fsclient.session.privileges`). The keeper restarts a server
-that dies, with no failed read; it runs in its own session, so it outlives
-the plugin's process. A plugin that starts takes every live mount over: the
+(`servers`) with no capabilities (`fsclient.session.privileges`). The
+keeper restarts a server that dies, with no failed read; it runs in its own
+session, so it outlives the plugin's process. A plugin that starts takes every live mount over: the
 keeper there surrenders its connection (`fsclient.session.control`) to a new
 keeper this plugin starts, so that no mount depends on a container that an
 upgrade replaces. A target whose keeper is gone gets a new one (fsclient
@@ -30,6 +30,7 @@ from fsclient import mountpoint as mp
 from fsclient.session import control
 from fsclient.session.fdstore import hand_on
 from fsclient.session.mount import set_kernel_readahead, unmount_lazy
+from fsclient.session.privileges import Credentials
 
 from .errors import CsiError
 from .servers import ServerUsers
@@ -69,6 +70,9 @@ class Mounts:
         with self._guard:
             return self._locks.setdefault(target, threading.Lock())
 
+    def _server(self, pub: Publication) -> Credentials:
+        return self.servers.credentials(pub.get("volume") or "", self.socket)
+
     # publish
 
     def publish(self, pub: Publication, key: bytes) -> None:
@@ -98,7 +102,7 @@ class Mounts:
         """Record `pub`, then start its keeper and wait until the mount answers."""
         if mp.find_mount(pub.target) is None:  # a dead mount stays: fsclient recovers it
             os.makedirs(pub.target, 0o755, exist_ok=True)
-        server = self.servers.credentials(pub.get("volume") or "", self.socket)
+        server = self._server(pub)
         self.state.save(pub, key, (server.uid, server.gid))
         argv, cfg = mount_command(pub, self.state.key_file(pub.target), self.socket, server)
         child, why = fsmount.spawn(argv, cfg, self.log_file, detach=True)
@@ -244,7 +248,7 @@ class Mounts:
                         keeper, exc)
             return
         try:
-            server = self.servers.credentials(pub.get("volume") or "", self.socket)
+            server = self._server(pub)
             self.state.own_key(pub.target, (server.uid, server.gid))  # (--volume-uid changed)
             argv, cfg = mount_command(pub, self.state.key_file(pub.target), self.socket,
                                       server)

@@ -8,6 +8,8 @@
   descriptor back over the socket named by `_FUSE_COMMFD` (SCM_RIGHTS).
 
 Like libfuse, a mount is nosuid and nodev unless `suid` or `dev` is given.
+A mount's kernel knobs, by its st_dev: the readahead window (/sys/class/bdi)
+and the connection's abort (fusectl).
 """
 
 from __future__ import annotations

@@ -19,35 +19,91 @@ FRAME_CLASS = 64 << 10        # their sizes are rounded up to a multiple of this
 
 
 class ByteBudget:
-    """A non-blocking counting limit in bytes, with FIFO waiters."""
+    """A non-blocking counting limit in bytes, with FIFO waiters.
 
-    def __init__(self, limit: int):
+    Each owner (a peer uid) may hold at most `share` bytes of it, and all
+    owners together all but `reserved`: what exempt callers (owner None,
+    the admins) may always use. So peers that take budget with frames they
+    never finish keep a bounded part of it, and never an admin's fill out.
+    A waiter past its own owner's share holds no one back; one past the
+    owners' part holds back the owners behind it; any other holds back all
+    behind it (FIFO).
+    """
+
+    def __init__(self, limit: int, share: int | None = None, reserved: int = 0):
         self.limit = limit
+        self.share = limit if share is None else share
+        self.reserved = reserved
         self.used = 0
-        self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
+        self.owned = 0  # of `used`, held by owners (not by exempt callers)
+        self.held: dict[int, int] = {}
+        self._waiters: deque[tuple[int, int | None, Callable[[], None]]] = deque()
 
-    def try_acquire(self, n: int) -> bool:
-        if self.used + n <= self.limit and not self._waiters:
-            self.used += n
-            return True
-        return False
+    def over_share(self, n: int, owner: int | None) -> bool:
+        """Whether `n` more bytes would take `owner` past its share."""
+        return owner is not None and self.held.get(owner, 0) + n > self.share
 
-    def wait(self, n: int, wake: Callable[[], None]) -> None:
-        """Call `wake()` once `n` bytes have been acquired for the caller."""
-        self._waiters.append((n, wake))
+    def _over_owned(self, n: int, owner: int | None) -> bool:
+        return owner is not None and self.owned + n > self.limit - self.reserved
+
+    def held_back(self, n: int, owner: int | None) -> bool:
+        """Whether `n` more bytes for `owner` must wait for owners' releases."""
+        return self.over_share(n, owner) or self._over_owned(n, owner)
+
+    def try_acquire(self, n: int, owner: int | None = None) -> bool:
+        if self.used + n > self.limit or self.over_share(n, owner) \
+                or self._over_owned(n, owner):
+            return False
+        for m, o, _ in self._waiters:  # one it would overtake
+            if not self.over_share(m, o) and (owner is not None or not self._over_owned(m, o)):
+                return False
+        self._take(n, owner)
+        return True
+
+    def wait(self, n: int, owner: int | None, wake: Callable[[], None]) -> None:
+        """Call `wake()` once `n` bytes have been acquired for `owner`."""
+        self._waiters.append((n, owner, wake))
         self._grant()
 
-    def release(self, n: int) -> None:
+    def release(self, n: int, owner: int | None = None) -> None:
         self.used -= n
+        if owner is not None:
+            self.owned -= n
+            left = self.held[owner] - n
+            if left:
+                self.held[owner] = left
+            else:
+                del self.held[owner]
         self._grant()
 
     def forget(self, wake: Callable[[], None]) -> None:
-        self._waiters = deque(w for w in self._waiters if w[1] is not wake)
+        self._waiters = deque(w for w in self._waiters if w[2] is not wake)
+
+    def _take(self, n: int, owner: int | None) -> None:
+        self.used += n
+        if owner is not None:
+            self.owned += n
+            self.held[owner] = self.held.get(owner, 0) + n
 
     def _grant(self) -> None:
-        while self._waiters and self.used + self._waiters[0][0] <= self.limit:
-            n, wake = self._waiters.popleft()
-            self.used += n
+        waiting: deque[tuple[int, int | None, Callable[[], None]]] = deque()
+        granted = []
+        owners_wait = False  # an owner past the owners' part: those behind it wait too
+        while self._waiters:
+            n, owner, wake = self._waiters[0]
+            if self.over_share(n, owner) or (owner is not None and (
+                    owners_wait or self._over_owned(n, owner))):
+                owners_wait = owners_wait or not self.over_share(n, owner)
+                waiting.append(self._waiters.popleft())
+                continue
+            if self.used + n > self.limit:
+                break
+            self._waiters.popleft()
+            self._take(n, owner)
+            granted.append(wake)
+        waiting.extend(self._waiters)
+        self._waiters = waiting
+        for wake in granted:  # (after: a wake may release, which grants again)
             wake()
 
 

@@ -19,8 +19,10 @@ wait in its buffer. What keeps one client from hurting the others:
   (`READ_BUDGET`): a connection that cannot get budget stops reading until
   another frame releases some, so many big puts at once cannot exhaust memory;
   a connection holding budget must finish its body within `BUDGETED_TIMEOUT`
-  (readers send a block in one write), so stalled peers cannot keep every
-  fill out for long;
+  (readers send a block in one write), and a non-admin peer uid may hold at
+  most `READ_BUDGET_SHARE` of it, all of them together all but
+  `READ_BUDGET_RESERVED`, so stalled peers never keep an admin's fill out
+  and keep another uid's out for a few seconds at most;
 - replies beyond `WRITE_HIGH_WATER` unsent bytes pause reading from that
   client until it reads them, so a client that never reads stalls only itself;
 - connections: at most 4,096, the last 256 for admins, and
@@ -56,6 +58,8 @@ log = logging.getLogger(__name__)
 BUDGETED_TIMEOUT = 5.0        # a body holding READ_BUDGET bytes must arrive this fast
 SMALL_FRAME = 64 << 10        # bodies up to this size skip the byte budget
 READ_BUDGET = 128 << 20       # bytes of large frame bodies being read at once
+READ_BUDGET_SHARE = 32 << 20  # of it, what one non-admin peer uid may hold (> MAX_FRAME)
+READ_BUDGET_RESERVED = 32 << 20  # of it, what only admins may hold
 WRITE_HIGH_WATER = 1 << 20    # stop reading a client with this much unsent reply data
 FAIR_EVERY = 32
 READ_SIZE = 256 << 10         # bytes read from a socket at once
@@ -94,6 +98,7 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = False
         self.area: DaemonArea | None = None  # set by the `area` op (daemonarea.py)
         self.admin = False        # an admin peer (connlimits.ADMIN_RESERVED is theirs)
+        self.budget_owner: int | None = None  # whose share of the read budget: None, admin's
 
     # -- transport callbacks -------------------------------------------------
 
@@ -109,6 +114,7 @@ class Connection(asyncio.BufferedProtocol):
             transport.abort()
             return
         self.admin = svc.access.is_admin(self.peer)
+        self.budget_owner = None if self.admin else self.peer.uid
         refused = self.server.limits.admit(self, self.peer.uid, self.admin)
         if refused is not None:
             svc.refusals.note("connections", self.peer, refused)
@@ -165,7 +171,7 @@ class Connection(asyncio.BufferedProtocol):
             # faulted in, for every put).
             n = int.from_bytes(data[:4], "big") if nbytes >= 4 else 0
             if SMALL_FRAME < n <= protocol.MAX_FRAME and nbytes <= 4 + n \
-                    and self.server.budget.try_acquire(n):
+                    and self.server.budget.try_acquire(n, self.budget_owner):
                 self.need = self.budgeted = n
                 self._start_frame(n, data[4:])
                 self._process()
@@ -330,13 +336,16 @@ class Connection(asyncio.BufferedProtocol):
         self._process()
 
     def _get_budget(self, n: int) -> bool:
-        budget = self.server.budget
-        if budget.try_acquire(n):
+        budget, owner = self.server.budget, self.budget_owner
+        if budget.try_acquire(n, owner):
             self.budgeted = n
             return True
+        if budget.held_back(n, owner):
+            self.svc.refusals.note("read_budget", self.peer, f"{budget.held.get(owner, 0)} "
+                                                             f"bytes held")
         self.waiting_budget = True
         self._pause("budget")
-        budget.wait(n, self._budget_granted)
+        budget.wait(n, owner, self._budget_granted)
         return False
 
     def _budget_granted(self) -> None:
@@ -356,7 +365,7 @@ class Connection(asyncio.BufferedProtocol):
             self.timer = None
         if self.budgeted:
             n, self.budgeted = self.budgeted, 0
-            self.server.budget.release(n)
+            self.server.budget.release(n, self.budget_owner)
         if self.waiting_budget:
             self.waiting_budget = False
             self.server.budget.forget(self._budget_granted)
@@ -405,7 +414,7 @@ class Server:
         self.cfg = cfg
         self.service = service
         self.loop = asyncio.get_running_loop()
-        self.budget = ByteBudget(READ_BUDGET)
+        self.budget = ByteBudget(READ_BUDGET, READ_BUDGET_SHARE, READ_BUDGET_RESERVED)
         self.frames = IdleTrimmedPool(self.loop)
         # what every connection reads into (see `Connection`); the size of a
         # read, as asyncio's own default

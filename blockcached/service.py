@@ -38,6 +38,7 @@ _REFUSALS = {
     "reply_bytes": "has max_reply_bytes_per_uid bytes of replies unread",
     "over_share": "holds its fill_queue_share of the fill queue",
     "too_many_volumes": "put a block of a new volume while max_volumes are cached",
+    "read_budget": "holds its share of the read budget for large frames (the frame waits)",
 }
 
 

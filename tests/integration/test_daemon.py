@@ -427,6 +427,71 @@ def test_stalled_peers_cannot_keep_fills_out(daemon):
             s.close()
 
 
+def _connect_as_nobody(path: str, count: int) -> list[socket.socket]:
+    """`count` connections to `path` whose peer is uid nobody: made by a forked
+    child that dropped to it, and handed back over a socket pair."""
+    nobody = pwd.getpwnam("nobody")
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        code = 1
+        try:
+            ours.close()
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            conns = [_raw(path) for _ in range(count)]
+            socket.send_fds(theirs, [b"x"], [c.fileno() for c in conns])
+            code = 0
+        except BaseException as exc:  # (shown in pytest's captured stderr)
+            os.write(2, f"connecting as nobody: {exc!r}\n".encode())
+        finally:
+            os._exit(code)
+    theirs.close()
+    try:
+        _, fds, _, _ = socket.recv_fds(ours, 1, count)
+    finally:
+        ours.close()
+        os.waitpid(pid, 0)
+    assert len(fds) == count
+    return [socket.socket(fileno=fd) for fd in fds]
+
+
+def _closed_by_peer(s: socket.socket) -> bool:
+    s.setblocking(False)
+    try:
+        return s.recv(1 << 16) == b""
+    except BlockingIOError:
+        return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to uid nobody")
+def test_a_stalled_uid_holds_only_its_share_of_the_read_budget(tmp_path, shared_dir):
+    """One non-admin uid's half-sent large frames hold at most its share of
+    the read budget (one 17 MiB frame of the 32 MiB share); the rest wait for
+    it, so an admin's put goes through while every one of them stalls, not
+    after the budgeted deadline has cut them off."""
+    nogroup = pwd.getpwnam("nobody").pw_gid
+    d = DaemonProcess(tmp_path, extra_args=["--socket-group", str(nogroup)])
+    d.socket_path = os.path.join(shared_dir, "bc.sock")
+    with d:
+        stalled = _connect_as_nobody(d.socket_path, 8)
+        try:
+            for s in stalled:  # 8 x 17 MiB: the whole 128 MiB budget, were it theirs
+                s.sendall(protocol.LENGTH.pack(protocol.MAX_FRAME) + b"\x82")
+            d.wait_stats(lambda s: s["refused"].get("read_budget", 0) >= 7)
+            c = Client(d.socket_path, timeout=15.0)  # root: an admin
+            big = make_key(inode=3)
+            assert c.put(big, make_block(big, 1 << 20)) == (True, "queued")
+            # the 7 frames waiting for budget have their 30 s frame deadline, not
+            # the 5 s one: without the share they would have held the budget,
+            # and been cut off before the put could go
+            assert sum(not _closed_by_peer(s) for s in stalled) >= 7
+        finally:
+            for s in stalled:
+                s.close()
+
+
 def test_failing_dir_is_taken_out_then_returned(daemon):
     c = daemon.client()
     key = make_key()

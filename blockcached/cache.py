@@ -288,6 +288,7 @@ class Cache(Rebuild, Eviction, Upkeep):
         hit = self.index.remove(key)
         if hit is None:
             return 0
+        self._count_evictions("requested", 1, hit[1])
         self._unlink(hit[0], [key])
         return 1
 
@@ -299,8 +300,10 @@ class Cache(Rebuild, Eviction, Upkeep):
         if any(self.rebuilding):
             self._rebuild_evictions.add_prefix(prefix)
         removed = self.index.remove_range(prefix)
+        if removed:
+            self._count_evictions("requested", len(removed), sum(s for _, _, s in removed))
         per_dir: dict[int, list[str]] = {}
-        for i, key in removed:
+        for i, key, _ in removed:
             per_dir.setdefault(i, []).append(key)
         for i, keys in per_dir.items():
             self._unlink(i, keys)

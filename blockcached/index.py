@@ -215,11 +215,11 @@ class Index:
                 return i, size
         return None
 
-    def remove_range(self, prefix: str | None) -> list[tuple[int, str]]:
+    def remove_range(self, prefix: str | None) -> list[tuple[int, str, int]]:
         """Drop every key (prefix None) or every key starting with `prefix`;
-        returns (dir, key) of each removed entry."""
+        returns (dir, key, size) of each removed entry."""
         if prefix is None:
-            out = [(i, k) for i, d in enumerate(self.dirs) for k in d.lru]
+            out = [(i, k, v >> 32) for i, d in enumerate(self.dirs) for k, v in d.lru.items()]
             for d in self.dirs:
                 d.lru.clear()
                 d.used_bytes = 0
@@ -229,8 +229,8 @@ class Index:
         keys = list(self.range(prefix))
         out = []
         for key in keys:
-            i, _ = self.remove(key)  # type: ignore[misc]
-            out.append((i, key))
+            i, size = self.remove(key)  # type: ignore[misc]
+            out.append((i, key, size))
         return out
 
     def clear_dir(self, dir_index: int) -> int:

@@ -57,6 +57,7 @@ def test_evict_scopes(engines):
     for k in ks:
         e.cache.put(k, block(k))
     e.settle()
+    total = e.cache.index.used_bytes
     assert e.cache.evict_key(ks[0]) == 1
     assert e.cache.evict_prefix("a", 2) == 2
     assert e.cache.evict_prefix("a") == 1
@@ -64,3 +65,7 @@ def test_evict_scopes(engines):
     assert e.cache.evict_prefix(None) == 4
     e.settle()
     assert e.files(0) == {} and e.files(1) == {}
+    # counted with the daemon's own evictions, by reason
+    s = e.cache.stats()
+    assert s["evictions_by_reason"] == {"requested": 8}
+    assert s["evictions"] == 8 and s["evicted_bytes"] == total > 0

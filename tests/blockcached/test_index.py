@@ -65,9 +65,9 @@ class IndexMachine(RuleBasedStateMachine):
         removed = self.index.remove_range(prefix)
         want = sorted(k for k in self.size if BlockKey.parse(k).vol == vol
                       and (inode is None or BlockKey.parse(k).inode == inode))
-        assert sorted(k for _, k in removed) == want
-        for i, k in removed:
-            assert k in self.order[i]
+        assert sorted(k for _, k, _ in removed) == want
+        for i, k, size in removed:
+            assert k in self.order[i] and size == self.size[k]
             self.order[i].remove(k)
             del self.size[k]
 
@@ -75,7 +75,7 @@ class IndexMachine(RuleBasedStateMachine):
     @rule()
     def remove_all(self):
         removed = self.index.remove_range(None)
-        assert sorted(k for _, k in removed) == sorted(self.size)
+        assert sorted((k, s) for _, k, s in removed) == sorted(self.size.items())
         self.order = [[] for _ in range(NDIRS)]
         self.size.clear()
 

@@ -8,7 +8,7 @@ import pytest
 from bench import datasets
 from bench.systems import FsspecCache, LocalSystem, PassthroughSystem, S3fsDirect
 from bench.workloads import Runner
-from tests.support.pagecache import nowait_read_defers
+from tests.support.pagecache import UNDEFERRED, nowait_read_defers
 
 
 @pytest.fixture(autouse=True)
@@ -102,7 +102,7 @@ def test_read_into_page_cache_brings_dropped_pages_back(tmp_path):
     except OSError:
         pytest.skip("no RWF_NOWAIT reads on this file system")
     if not defers:
-        pytest.skip("this disk completes a read before RWF_NOWAIT can defer it")
+        pytest.skip(UNDEFERRED)
     fd = os.open(path, os.O_RDONLY)
     try:
         buf = bytearray(1 << 20)

@@ -65,12 +65,18 @@ def drop_pages(path: str, timeout: float = 5.0) -> None:
         os.close(fd)
 
 
+# why a test of RWF_NOWAIT's deferral is skipped (`nowait_read_defers` False)
+UNDEFERRED = ("every RWF_NOWAIT read of dropped pages completed instead of deferring "
+              "(a disk that answers at once, or a thread preempted while it did)")
+
+
 def nowait_read_defers(path: str, tries: int = 50) -> bool:
-    """Whether this disk ever answers a RWF_NOWAIT read of `path`'s dropped
-    pages with EAGAIN. Not every one does: one that completes the read before
-    the call returns (a virtual disk served from its host's memory, say) has
-    the pages up to date by the time the kernel checks them. Leaves the pages
-    dropped."""
+    """Whether a RWF_NOWAIT read of `path`'s dropped pages is ever answered
+    EAGAIN here. A read that misses starts the disk read, and answers EAGAIN
+    only if it is still running when the kernel checks the page: a disk that
+    completes it at once (a virtual disk served from its host's memory), or a
+    busy machine that preempts the reading thread in between, may never defer
+    one. Leaves the pages dropped."""
     fd = os.open(path, os.O_RDONLY)
     try:
         buf = bytearray(mmap.PAGESIZE)

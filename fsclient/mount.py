@@ -19,8 +19,9 @@ the volume is closed. (Under systemd, with the connection in the unit's fd
 store, the keeper decides: a stop unmounts, a restart hands over.) This
 process is a keeper's server (`session.keeper`):
 if it dies, the keeper starts another on the same connection; if the keeper
-dies, it ends the connection, leaving a dead mount that the next `fsclient
-mount` on that mount point recovers (`mountpoint.prepare`).
+dies, it starts the next keeper and hands over to it (`session.successor`),
+or, failing that, ends the connection, leaving a dead mount that the next
+`fsclient mount` on that mount point recovers (`mountpoint.prepare`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from . import mountpoint as mp
 from .config import MountConfig
 from .mountpoint import MountError
 from .session import mount as fusemount
+from .session import successor
 from .session.fdstore import Passing, pass_on
 from .session.handoff import HANDED_OVER, RESTART_SIGNAL, Connection, KeeperLink
 from .session.saved import SavedState, SavedStateError
@@ -246,6 +248,10 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
         stop.set()
 
     def on_keeper_lost() -> None:
+        # (ending or handing over already: no keeper is wanted)
+        if not conn.stored and not stop.is_set() and successor.take_over(
+                sys.argv[1:], conn.fuse_fds, conn.saved_fd, mountpoint):
+            return on_handover()  # to the keeper this server started
         # ending the process closes the last descriptors of the connection (but
         # systemd's): the kernel aborts it, and the mount answers ENOTCONN
         log.error("the keeper of %s is gone; %s", mountpoint,
@@ -264,7 +270,7 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
         log.info("took over %s (restart %d): %d saved nodes, %s", mountpoint, conn.restarts,
                  len(fs.nodes.saved.paths), "requests resent" if resent else "no resend")
     link.watch(on_handover, on_unmount, on_keeper_lost)
-    dev = _ready(session, fs, mountpoint, readiness, conn.root_fd)
+    dev = _ready(session, fs, mountpoint, readiness, conn.root_fd, conn.fresh)
     conn.close_root()  # it would keep the mount busy
     if dev is not None:
         link.serving()
@@ -274,11 +280,13 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if handover.is_set():
+    if handover.is_set() or (dev is None and not conn.fresh):
+        # (a live mount this server could not probe is never unmounted: the
+        # keeper starts another server, which is resent what is left)
         answered = session.drain(HANDOVER_DRAIN)
         log.info("handed %s over (%s)", mountpoint,
                  "all requests answered" if answered else "some left to the successor")
-        return HANDED_OVER
+        return HANDED_OVER if handover.is_set() else 1
     session.stop()
     if mp.is_mounted(mountpoint):
         try:
@@ -296,10 +304,16 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
 
 
 def _ready(session: Any, fs: Any, mountpoint: str, readiness: Readiness,
-           root_fd: int = -1) -> int | None:
+           root_fd: int = -1, fresh: bool = True) -> int | None:
     """Report READY once a stat of the mount point (its root's descriptor if
     given), made by another thread, was answered by the session through the
-    kernel (end to end); the mount's device number, or None (ERROR reported)."""
+    kernel (end to end); the mount's device number, or None (ERROR reported).
+    A live mount taken over with no root descriptor (its keeper may not
+    search the path: `session.successor`) served already: READY at once."""
+    entry = None if fresh or root_fd >= 0 else mp.find_mount(mountpoint)
+    if entry is not None:
+        readiness.ready()
+        return entry.device
     box: list = []
 
     def probe() -> None:

@@ -49,6 +49,7 @@ class MountEntry:
     mountpoint: str
     fstype: str
     source: str
+    device: int = 0  # its st_dev, known without searching its path
 
 
 def _unescape(field: str) -> str:
@@ -75,8 +76,10 @@ def mounts() -> list[MountEntry]:
                 sep = fields.index("-")
             except ValueError:
                 continue
+            major, _, minor = fields[2].partition(":")
             entries.append(MountEntry(_unescape(fields[4]), fields[sep + 1],
-                                      _unescape(fields[sep + 2])))
+                                      _unescape(fields[sep + 2]),
+                                      os.makedev(int(major), int(minor))))
     return entries
 
 

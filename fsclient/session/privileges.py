@@ -53,7 +53,12 @@ def _prctl(option: int, arg: int) -> int:
 
 
 def drop(creds: Credentials) -> None:
-    """Become `creds` with no capabilities (in the child, before exec)."""
+    """Become `creds` with no capabilities (in the child, before exec). A
+    process that is `creds` already (a keeper its server started,
+    `successor`) has none to drop and may change nothing: it only keeps
+    no_new_privs."""
+    if os.geteuid() != 0 and (os.getuid(), os.getgid()) == (creds.uid, creds.gid):
+        return _no_new_privs()
     with open(CAP_LAST_CAP) as f:
         last = int(f.read())
     for cap in range(last + 1):
@@ -64,6 +69,10 @@ def drop(creds: Credentials) -> None:
     os.setgroups(list(creds.groups))
     os.setresgid(creds.gid, creds.gid, creds.gid)
     os.setresuid(creds.uid, creds.uid, creds.uid)
+    _no_new_privs()
+
+
+def _no_new_privs() -> None:
     if _prctl(PR_SET_NO_NEW_PRIVS, 1) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"cannot set no_new_privs: {os.strerror(err)}")

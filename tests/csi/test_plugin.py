@@ -184,7 +184,7 @@ def test_bad_requests_are_refused_naming_the_cause(world, plugin):
     assert not is_mount(target)
 
 
-def test_a_killed_server_fails_no_read(world, plugin, tmp_path):
+def test_a_killed_server_or_keeper_fails_no_read(world, plugin, tmp_path):
     target = world.target()
     plugin.publish("vol-k", target, world.context("killed"), world.key)
     stop = str(tmp_path / "reader.stop")
@@ -202,6 +202,17 @@ def test_a_killed_server_fails_no_read(world, plugin, tmp_path):
         os.kill(second, signal.SIGKILL)
         third = wait_new_server(target, second)
         assert status_of(third)["Uid"].split()[0] == "65534"
+        # the keeper killed: its server, unprivileged, starts the next keeper
+        # (as itself) and hands over to that keeper's server
+        keeper = keeper_status(target)["keeper"]
+        os.kill(keeper, signal.SIGKILL)
+        fourth = wait_new_server(target, third)
+        replaced = keeper_status(target)
+        assert replaced["keeper"] != keeper and replaced["server"] == fourth
+        for pid in (replaced["keeper"], fourth):
+            assert status_of(pid)["Uid"].split() == ["65534"] * 4
+            assert status_of(pid)["NoNewPrivs"] == "1"
+        time.sleep(0.5)
         open(stop, "w").close()
         out, err = reader.communicate(timeout=60)
     finally:
@@ -213,6 +224,7 @@ def test_a_killed_server_fails_no_read(world, plugin, tmp_path):
     assert tally["ok"] > 0 and tally["failed"] == {} and tally["wrong"] == 0, tally
     plugin.unpublish("vol-k", target)
     assert not is_mount(target)
+    wait_dead(replaced["keeper"])
 
 
 def test_a_restarted_plugin_keeps_its_mounts_and_mounts_again_those_without_a_server(world):

@@ -21,7 +21,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.deploy import unit_runner
-from tests.support.deploy.fsclient_unit import INSTANCE, mount_process, unit_argv, volume_config
+from tests.support.deploy.fsclient_unit import (
+    INSTANCE,
+    mount_process,
+    mount_processes,
+    unit_argv,
+    volume_config,
+)
 from tests.support.deploy.unit_runner import SERVICE_GID, WAIT, is_mounted, setpriv
 from tests.support.deploy.units import install, value
 
@@ -95,9 +101,14 @@ def check_mount(start, mnt: Path, logdir: Path, files: dict, daemon) -> None:
             time.sleep(0.1)
         assert c.stats()["entries"] >= len(files), "fsclient's fills never reached the daemon"
     assert "mounted" in (logdir / f"{INSTANCE}.log").read_text()
-    # A crash leaves a dead mount; Restart= runs ExecStart= again, which must
-    # recover it with the same limited privileges.
-    os.kill(pid, signal.SIGKILL)
+    # A crash of fsclient (keeper and server: a keeper alone is replaced by its
+    # server) leaves a dead mount; Restart= runs ExecStart= again, which must
+    # recover it with the same limited privileges. (Stopped first: neither
+    # can start a process meanwhile.)
+    pids = mount_processes(mnt)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for p in pids:
+            os.kill(p, sig)
     deadline = time.monotonic() + WAIT
     while mount_process(mnt) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from fsclient import keeping
+from fsclient import keeping, mountpoint
 from tests.support.fsclient_mounts import REPO, env
 from tests.support.keepers import Reader, copy_connected_sockets, kill_server, serving
 
@@ -81,10 +81,58 @@ def test_mount_on_a_live_mount_restarts_its_server(tree, key_file, daemon, mount
     assert sorted(os.listdir(m.mountpoint)) == sorted(os.listdir(tree))
 
 
+def test_a_killed_keeper_is_replaced_by_its_server_and_no_read_fails(tree, daemon, mounts,
+                                                                     tmp_path):
+    """The keeper killed alone: its server starts a new keeper, hands it the
+    connection, and hands over to that keeper's server (`session.successor`)."""
+    m = mounts(tree, daemon.socket_path)
+    before = keeping.status(m.mountpoint)
+    reader = Reader(m.mountpoint, tree, tmp_path)
+    after: dict = {}
+    try:
+        time.sleep(0.5)  # the reader is under way: files open, cwd in the mount
+        m.proc.kill()
+        m.proc.wait(10)
+
+        def replaced() -> bool:
+            try:
+                after.update(keeping.status(m.mountpoint))
+            except Exception:  # (no keeper answers yet)
+                return False
+            return after["keeper"] != before["keeper"] and after["serving"]
+        deadline = time.monotonic() + 60
+        while not replaced():
+            assert time.monotonic() < deadline, "no new keeper took the mount over"
+            time.sleep(0.1)
+        assert after["server"] != before["server"]
+        time.sleep(0.5)
+        tally = reader.finish()
+        assert tally["failed"] == {} and tally["wrong"] == 0, tally
+        assert tally["ok"] > 0, tally
+        assert "started keeper" in m.log() and "handed" in m.log()
+        # (what a server that may not search the path knows the mount's device by)
+        assert mountpoint.find_mount(m.mountpoint).device == os.stat(m.mountpoint).st_dev
+        # a keeper like any other: `fsclient umount` ends it and its server
+        res = subprocess.run([sys.executable, "-m", "fsclient.cli", "umount", m.mountpoint],
+                             capture_output=True, text=True, timeout=60, env=env(), cwd=REPO)
+        assert res.returncode == 0, res.stderr
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{after['keeper']}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{after['keeper']}")
+    finally:
+        reader.kill()
+        for pid in (after.get("keeper"), after.get("server")):
+            if pid and os.path.exists(f"/proc/{pid}"):
+                os.kill(pid, 9)
+
+
 def test_mount_waits_for_the_server_of_a_dead_keeper(tree, key_file, daemon, mounts,
                                                     tmp_path):
-    """The keeper killed alone: its server answers until it notices, then ends
-    the mount. A new `fsclient mount` in that window waits for the mount to go
+    """The keeper killed alone, and a new `fsclient mount` there before its
+    server noticed: that mount holds the mount point's control socket, so the
+    keeper the server starts cannot take over, and the server ends the mount
+    (`session.successor`'s fallback). The new mount waits for the mount to go
     dead and recovers it, instead of calling the mount point busy."""
     m = mounts(tree, daemon.socket_path)
     orphan = keeping.status(m.mountpoint)["server"]

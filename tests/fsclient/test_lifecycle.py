@@ -109,9 +109,9 @@ def test_sigterm_with_a_file_open_ends_the_mount_too(tree, daemon, mounts):
             os.close(held)
 
 
-def test_keeper_killed_then_next_mount_recovers_the_mount_point(tree, daemon, mounts):
+def test_fsclient_killed_then_next_mount_recovers_the_mount_point(tree, daemon, mounts):
     m = mounts(tree, daemon.socket_path)
-    m.kill9()  # the keeper: its server sees it gone and ends the connection
+    m.kill9()  # keeper and server: nothing holds the connection any more
     assert not _pids_serving(m.mountpoint)
     with pytest.raises(OSError) as exc:
         os.listdir(m.mountpoint)

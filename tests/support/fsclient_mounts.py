@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -136,13 +137,19 @@ class FsclientMount:
         return path, data
 
     def kill9(self) -> None:
-        """SIGKILL the keeper; return once its server has ended the connection
-        (it sees the keeper gone and exits), so the mount answers ENOTCONN."""
+        """SIGKILL the keeper and its server (stopped first, the keeper can
+        start no other), so the mount is left dead: it answers ENOTCONN."""
         if self.proc is not None and self.proc.poll() is None:
             try:
                 server = keeping.status(self.mountpoint)["server"]
-            except Exception:  # no keeper answers: nothing more to wait for
+            except Exception:  # no keeper answers: nothing more to kill
                 server = None
+            self.proc.send_signal(signal.SIGSTOP)
+            if server:
+                try:
+                    os.kill(server, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             self.proc.kill()
             self.proc.wait(10)
             deadline = time.monotonic() + 10

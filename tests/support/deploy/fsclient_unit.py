@@ -60,8 +60,10 @@ def unit_argv(inst: Installed, root: Path) -> list[str]:
             .replace("/var/log/blockcache/", f"{root}/log/") for a in exec_start(unit)]
 
 
-def mount_process(mnt: Path) -> int | None:
-    """Pid of the fsclient process serving `mnt` (what systemd guesses as MainPID)."""
+def mount_processes(mnt: Path) -> list[int]:
+    """Pids of the fsclient processes of `mnt`, its keeper first (the oldest:
+    what systemd guesses as MainPID), then its server."""
+    pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -70,5 +72,11 @@ def mount_process(mnt: Path) -> int | None:
         except OSError:
             continue
         if b"--foreground" in cmd and any(str(mnt.parent.parent).encode() in c for c in cmd):
-            return int(entry.name)
-    return None
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def mount_process(mnt: Path) -> int | None:
+    """Pid of the fsclient process serving `mnt` (what systemd guesses as MainPID)."""
+    pids = mount_processes(mnt)
+    return pids[0] if pids else None

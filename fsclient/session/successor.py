@@ -1,0 +1,97 @@
+"""A server whose keeper died starts the next keeper itself.
+
+The keeper holds nothing its server lacks: the server has every /dev/fuse
+descriptor of the connection and the saved-state memfd. So when the keeper
+dies (kill -9, an OOM kill) and no fd store keeps the connection, the server
+starts a new keeper (`fsclient mount ... --foreground`: the command line the
+server was started with, less `--serve-fd`) and passes it the connection as a
+surrendering keeper would (`fdstore.hand_on`, with a predecessor socket). It
+serves on until the new keeper's server has its volume open and the new
+keeper acks, then hands over like a server told to (drains, exits 75); the
+new keeper connects its server once this end closes, at the exit, and that
+server resends what this one left unanswered. No read fails.
+
+If the new keeper cannot start, exits, or sends no ack within ACK_TIMEOUT,
+the server ends the connection as before: a dead mount, which the next
+`fsclient mount` there recovers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+
+from . import handoff
+from .fdstore import FUSE_NAME, PREDECESSOR_NAME, SAVED_NAME, hand_on
+
+log = logging.getLogger(__name__)
+
+ACK_TIMEOUT = 60.0  # a new keeper's time to start a server that opens its volume
+# kept open until this process exits: its end tells the new keeper to go on
+_held: list[socket.socket] = []
+
+
+_SERVER_ONLY = ("--serve-fd", "--ready-fd")  # (the first server reports readiness)
+
+
+def keeper_command(argv: list[str]) -> list[str]:
+    """The keeper's command line, from its server's arguments (`argv`, as
+    `keeping.server_command` made them): without the server's descriptors."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in _SERVER_ONLY:
+            skip = True
+        elif not a.startswith(tuple(f"{flag}=" for flag in _SERVER_ONLY)):
+            out.append(a)
+    return [sys.executable, "-m", "fsclient.cli", *out]
+
+
+def take_over(argv: list[str], fuse_fds: list[int], saved_fd: int, mountpoint: str) -> bool:
+    """Start a keeper for this server's connection and wait for its ack:
+    True once this server is to hand over to it, False if it failed (then
+    it is gone)."""
+    ours, theirs = handoff.pair()
+    passing = hand_on([*((FUSE_NAME, fd) for fd in fuse_fds), (SAVED_NAME, saved_fd),
+                       (PREDECESSOR_NAME, theirs.fileno())])
+    try:
+        proc = subprocess.Popen(keeper_command(argv), stdin=subprocess.DEVNULL,
+                                env=passing.env, start_new_session=True, **passing.popen())
+    except OSError as exc:
+        log.error("cannot start a new keeper for %s: %s", mountpoint, exc)
+        ours.close()
+        return False
+    finally:
+        passing.close()
+        theirs.close()
+    log.warning("the keeper of %s is gone; started keeper %d to take the mount over",
+                mountpoint, proc.pid)
+    if _acked(ours, proc, ACK_TIMEOUT):
+        _held.append(ours)
+        return True
+    log.error("the new keeper %d of %s did not take it over (%s)", proc.pid, mountpoint,
+              f"exit code {proc.returncode}" if proc.poll() is not None else "no ack")
+    proc.kill()
+    proc.wait()
+    ours.close()
+    return False
+
+
+def _acked(sock: socket.socket, proc: subprocess.Popen, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([sock], [], [], 0.5)
+        if ready:
+            message, fds = handoff.receive(sock)
+            for fd in fds:
+                os.close(fd)
+            return message is not None and message.get("op") == "ack"
+        if proc.poll() is not None:
+            return False
+    return False

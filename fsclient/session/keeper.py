@@ -28,10 +28,9 @@ starts servers, hands them the descriptors (`handoff`), and waits.
   over as on a stop under systemd and exits, leaving the mount; the new keeper
   connects its server when this control connection ends. Before the ack, the
   asker going away changes nothing: this keeper serves on.
-- If the keeper dies, its server sees the socket close, starts the next keeper
-  with the connection and hands over to it (`successor`); if that fails, it
-  ends the connection (ENOTCONN) and the next `fsclient mount` there recovers
-  the mount point.
+- If the keeper dies, its server starts the next keeper and hands over to it
+  (`successor`); failing that, it ends the connection (ENOTCONN), and the next
+  `fsclient mount` there recovers the mount point.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from .mountpoint import MountError
 from .session import keeper as keeping
 from .session.control import ask, listen
 from .session.fdstore import FdStore, listened
+from .session.successor import without_options
 from .xattrs import XATTR_STATS
 
 log = logging.getLogger(__name__)
@@ -36,15 +37,7 @@ RESTART_TIMEOUT = 120.0
 def server_command(argv: list[str], sock_fd: int, ready_fd: int | None) -> list[str]:
     """The server's command line: this `fsclient mount` one, with the keeper's
     socket, and the readiness fd for the first server only."""
-    out: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--ready-fd":
-            skip = True
-        elif not a.startswith("--ready-fd="):
-            out.append(a)
+    out = without_options(argv, "--ready-fd")
     if ready_fd is not None:
         out += ["--ready-fd", str(ready_fd)]
     return [sys.executable, "-m", "fsclient.cli", *out, "--serve-fd", str(sock_fd)]

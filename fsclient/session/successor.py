@@ -4,7 +4,7 @@ The keeper holds nothing its server lacks: the server has every /dev/fuse
 descriptor of the connection and the saved-state memfd. So when the keeper
 dies (kill -9, an OOM kill) and no fd store keeps the connection, the server
 starts a new keeper (`fsclient mount ... --foreground`: the command line the
-server was started with, less `--serve-fd`) and passes it the connection as a
+server was started with, less its descriptors) and passes it the connection as a
 surrendering keeper would (`fdstore.hand_on`, with a predecessor socket). It
 serves on until the new keeper's server has its volume open and the new
 keeper acks, then hands over like a server told to (drains, exits 75); the
@@ -36,21 +36,25 @@ ACK_TIMEOUT = 60.0  # a new keeper's time to start a server that opens its volum
 _held: list[socket.socket] = []
 
 
-_SERVER_ONLY = ("--serve-fd", "--ready-fd")  # (the first server reports readiness)
-
-
-def keeper_command(argv: list[str]) -> list[str]:
-    """The keeper's command line, from its server's arguments (`argv`, as
-    `keeping.server_command` made them): without the server's descriptors."""
+def without_options(argv: list[str], *names: str) -> list[str]:
+    """`argv` less the options `names` and their values (`--name V`, `--name=V`)."""
     out, skip = [], False
     for a in argv:
         if skip:
             skip = False
-        elif a in _SERVER_ONLY:
+        elif a in names:
             skip = True
-        elif not a.startswith(tuple(f"{flag}=" for flag in _SERVER_ONLY)):
+        elif not a.startswith(tuple(f"{name}=" for name in names)):
             out.append(a)
-    return [sys.executable, "-m", "fsclient.cli", *out]
+    return out
+
+
+def keeper_command(argv: list[str]) -> list[str]:
+    """The keeper's command line, from its server's arguments (`argv`, as
+    `keeping.server_command` made them): without the server's descriptors
+    (the first server's also reports readiness)."""
+    return [sys.executable, "-m", "fsclient.cli",
+            *without_options(argv, "--serve-fd", "--ready-fd")]
 
 
 def take_over(argv: list[str], fuse_fds: list[int], saved_fd: int, mountpoint: str) -> bool:

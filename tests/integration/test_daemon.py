@@ -242,12 +242,19 @@ def test_sigterm_drains_and_exits_zero(daemon):
     assert daemon.wait_rebuilt()["entries"] == 20  # the queue was written before exit
 
 
+def _become_nobody() -> None:
+    """In a forked child: drop to uid and gid nobody, no other groups."""
+    nobody = pwd.getpwnam("nobody")
+    os.setgroups([])
+    os.setgid(nobody.pw_gid)
+    os.setuid(nobody.pw_uid)
+
+
 def _as_nobody(args: list[str]) -> subprocess.CompletedProcess:
     """Run `blockcache-cli args` in a forked child that dropped to uid/gid nobody.
 
     Forked rather than exec'd: the venv's interpreter lives under /root,
     which nobody cannot execute."""
-    nobody = pwd.getpwnam("nobody")
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     pid = os.fork()
@@ -258,9 +265,7 @@ def _as_nobody(args: list[str]) -> subprocess.CompletedProcess:
             os.dup2(err_w, 2)
             sys.stdout = open(1, "w", closefd=False)
             sys.stderr = open(2, "w", closefd=False)
-            os.setgroups([])
-            os.setgid(nobody.pw_gid)
-            os.setuid(nobody.pw_uid)
+            _become_nobody()
             try:
                 cli.main(args, prog_name="blockcache-cli")
                 code = 0
@@ -430,16 +435,13 @@ def test_stalled_peers_cannot_keep_fills_out(daemon):
 def _connect_as_nobody(path: str, count: int) -> list[socket.socket]:
     """`count` connections to `path` whose peer is uid nobody: made by a forked
     child that dropped to it, and handed back over a socket pair."""
-    nobody = pwd.getpwnam("nobody")
     ours, theirs = socket.socketpair()
     pid = os.fork()
     if pid == 0:  # child: never returns into pytest
         code = 1
         try:
             ours.close()
-            os.setgroups([])
-            os.setgid(nobody.pw_gid)
-            os.setuid(nobody.pw_uid)
+            _become_nobody()
             conns = [_raw(path) for _ in range(count)]
             socket.send_fds(theirs, [b"x"], [c.fileno() for c in conns])
             code = 0

@@ -31,7 +31,7 @@ import time
 from bench.fuse_vs_passthrough import RESULTS
 from devtools.demo import Demo
 from devtools.mountreader import serving
-from fsclient import keeping
+from fsclient import keeper as keeping
 
 TARGET_STALL = 2.0
 

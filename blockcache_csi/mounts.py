@@ -2,10 +2,10 @@
 
 Each published target is one `fsclient mount` keeper (root: it opens
 /dev/fuse and mounts) whose FUSE server runs as its volume's server uid
-(`servers`) with no capabilities (`fsclient.session.privileges`). The
+(`servers`) with no capabilities (`fsclient.keeper.privileges`). The
 keeper restarts a server that dies, with no failed read; it runs in its own
 session, so it outlives the plugin's process. A plugin that starts takes every live mount over: the
-keeper there surrenders its connection (`fsclient.session.control`) to a new
+keeper there surrenders its connection (`fsclient.keeper.control`) to a new
 keeper this plugin starts, so that no mount depends on a container that an
 upgrade replaces. A target whose keeper is gone gets a new one (fsclient
 recovers the dead mount point first). One lock per target serializes the
@@ -24,13 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from fsclient import keeping
+from fsclient import keeper as fskeeper
 from fsclient import mount as fsmount
 from fsclient import mountpoint as mp
-from fsclient.session import control
-from fsclient.session.fdstore import hand_on
-from fsclient.session.mount import set_kernel_readahead, unmount_lazy
-from fsclient.session.privileges import Credentials
+from fsclient.keeper import Credentials, hand_on, set_kernel_readahead, unmount_lazy
 
 from .errors import CsiError
 from .servers import ServerUsers
@@ -121,7 +118,7 @@ class Mounts:
     @staticmethod
     def _keeper(target: str) -> int | None:
         try:
-            return int(keeping.status(target)["keeper"])
+            return int(fskeeper.status(target)["keeper"])
         except (mp.MountError, KeyError, ValueError):
             return None
 
@@ -242,7 +239,7 @@ class Mounts:
         """Have `keeper` surrender `pub`'s live mount to a new keeper of ours; if
         that fails before the new one acks, the old one serves on."""
         try:
-            surrendered = control.surrender(pub.target, SURRENDER_TIMEOUT)
+            surrendered = fskeeper.surrender(pub.target, SURRENDER_TIMEOUT)
         except (OSError, ValueError) as exc:
             log.warning("%s stays with keeper %d, which did not surrender it: %s", pub.target,
                         keeper, exc)

@@ -19,7 +19,7 @@ import stat
 from blockcache_client.contract import protocol
 from blockcache_client.contract.blockkey import check_volume_name
 from blockcache_client.contract.errors import InvalidKey
-from fsclient.session.privileges import Credentials
+from fsclient.keeper import Credentials
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from blockcache_client.contract.blockfile import KEY_SIZE
 from blockcache_client.contract.blockkey import check_volume_name
 from blockcache_client.contract.errors import BlockcacheError
 from fsclient.config import MountConfig, build_config, parse_dir_ttl_flag
-from fsclient.session.privileges import Credentials
+from fsclient.keeper import Credentials
 
 from .errors import invalid, required
 from .proto import csi_pb2

@@ -27,7 +27,7 @@ import time
 def serving(mountpoint: str, other_than: int = 0, timeout: float = 60.0) -> int:
     """The pid of the mount's server once one other than `other_than` serves
     (asked of its keeper); RuntimeError after `timeout`."""
-    from fsclient import keeping
+    from fsclient import keeper as keeping
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -96,8 +96,8 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
     if it dies. A dead mount left on MOUNTPOINT is recovered; on a live one, its
     server is restarted (as `fsclient restart`).
     """
-    from . import keeping
     from . import mount as mounting
+    from .keeper import keeping
 
     if mount_log_level or mount_log_format:
         setup_logging(mount_log_level or ctx.obj["log_level"],
@@ -113,7 +113,7 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
     except BlockcacheError as exc:
         fail(str(exc))
     if serve_fd is not None:
-        from .session.handoff import KeeperLink
+        from .keeper.handoff import KeeperLink
         code = mounting.run(cfg, mounting.Readiness(ready_fd), KeeperLink(serve_fd))
     elif foreground:
         code = keeping.run(cfg, sys.argv[1:], ready_fd)
@@ -128,10 +128,10 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
 def restart(mountpoint: str) -> None:
     """Replace the server of the mount on MOUNTPOINT without unmounting: a new
     process (the fsclient installed now) takes over, no read fails."""
-    from . import keeping
+    from . import keeper
 
     try:
-        answer = keeping.restart(mountpoint)
+        answer = keeper.restart(mountpoint)
     except BlockcacheError as exc:
         fail(str(exc))
     click.echo(f"restarted {mountpoint}: server pid {answer['server']}, "
@@ -146,14 +146,14 @@ def status(mountpoint: str, as_json: bool) -> None:
     open handles the server recovered from the servers before it."""
     import json
 
-    from . import keeping
+    from . import keeper
 
     try:
-        answer = keeping.status(mountpoint)
+        answer = keeper.status(mountpoint)
     except BlockcacheError as exc:
         fail(str(exc))
     answer.pop("ok", None)
-    answer.update(keeping.recovered(mountpoint))
+    answer.update(keeper.recovered(mountpoint))
     if as_json:
         click.echo(json.dumps(answer))
     else:

@@ -43,8 +43,8 @@ from blockcache_client.common.tomlfile import read_toml
 from blockcache_client.contract.blockkey import check_volume_name
 from blockcache_client.contract.errors import ConfigError, InvalidKey
 
+from .keeper.privileges import Credentials
 from .session.mount import check_options as check_mount_options
-from .session.privileges import Credentials
 
 DEFAULT_BLOCK_SIZE = 4 << 20
 DEFAULT_META_TTL = 60.0

@@ -9,8 +9,8 @@ kernel's own inode cache. A node with open handles stays until their release
 (its open count guards the page-cache store). Every worker thread uses it: the
 counts change under one lock, held for a few dict operations.
 
-Under a keeper (`session.keeper`), every node's path and lookup count are
-also kept in the mount's saved state (`session.saved`): the count raised
+Under a keeper (`keeper.keeper`), every node's path and lookup count are
+also kept in the mount's saved state (`keeper.saved`): the count raised
 before the kernel learns of the lookup, lowered after its forget. A server
 that took the connection over starts with the root alone and finds any other
 id the kernel sends there, with its count; the saved state drops a path once
@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from blockcache_client import Volume
 
+from .keeper.saved import SavedState
 from .session import ROOT_ID, FuseError
-from .session.saved import SavedState
 
 log = logging.getLogger(__name__)
 

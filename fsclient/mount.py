@@ -17,9 +17,9 @@ the session's workers end when the connection does, and a connection that
 open files keep alive is aborted (their reads then fail with ENOTCONN); then
 the volume is closed. (Under systemd, with the connection in the unit's fd
 store, the keeper decides: a stop unmounts, a restart hands over.) This
-process is a keeper's server (`session.keeper`):
+process is a keeper's server (`keeper.keeper`):
 if it dies, the keeper starts another on the same connection; if the keeper
-dies, it starts the next keeper and hands over to it (`session.successor`),
+dies, it starts the next keeper and hands over to it (`keeper.successor`),
 or, failing that, ends the connection, leaving a dead mount that the next
 `fsclient mount` on that mount point recovers (`mountpoint.prepare`).
 """
@@ -45,12 +45,12 @@ from blockcache_client.volumekey import load_key_file
 
 from . import mountpoint as mp
 from .config import MountConfig
+from .keeper import successor
+from .keeper.fdstore import Passing, pass_on
+from .keeper.handoff import HANDED_OVER, RESTART_SIGNAL, Connection, KeeperLink
+from .keeper.saved import SavedState, SavedStateError
 from .mountpoint import MountError
 from .session import mount as fusemount
-from .session import successor
-from .session.fdstore import Passing, pass_on
-from .session.handoff import HANDED_OVER, RESTART_SIGNAL, Connection, KeeperLink
-from .session.saved import SavedState, SavedStateError
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ def _ready(session: Any, fs: Any, mountpoint: str, readiness: Readiness,
     given), made by another thread, was answered by the session through the
     kernel (end to end); the mount's device number, or None (ERROR reported).
     A live mount taken over with no root descriptor (its keeper may not
-    search the path: `session.successor`) served already: READY at once."""
+    search the path: `keeper.successor`) served already: READY at once."""
     entry = None if fresh or root_fd >= 0 else mp.find_mount(mountpoint)
     if entry is not None:
         readiness.ready()

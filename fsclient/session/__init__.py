@@ -6,11 +6,9 @@
 - `negotiate`: INIT, and the terms agreed (`Negotiated`, serializable for a successor).
 - `requests`: each request decoded, handed to the file system (`Operations`), answered.
 - `workers`: the `Session`: threads that each answer the requests they read.
-- `keeper`: the process that holds the connection and restarts its server;
-  `control` (its control socket: restart, status, surrender), `handoff`
-  (keeper and server, descriptors by SCM_RIGHTS), `saved` (the memfd record of
-  INIT terms and node paths), `fdstore` (systemd's fd store, LISTEN_FDS).
 - `storer`: the child process that writes page-cache stores (notify_store).
+
+The process that holds the connection across servers is `fsclient.keeper`.
 """
 
 from .negotiate import Negotiated

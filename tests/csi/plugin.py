@@ -21,7 +21,7 @@ import time
 import grpc
 
 from blockcache_csi.proto import csi_pb2, csi_pb2_grpc
-from fsclient import keeping
+from fsclient import keeper as keeping
 from tests.support.waiting import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -15,7 +15,7 @@ import tomllib
 
 import pytest
 
-from fsclient.session import handoff
+from fsclient.keeper import handoff
 from tests.support.deploy.package_install import bin_dir
 from tests.support.deploy.paths import SYSTEMD
 from tests.support.deploy.units import exec_start, install, parse_unit, value, values

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from fsclient.session.handoff import RESTART_SIGNAL
+from fsclient.keeper.handoff import RESTART_SIGNAL
 from tests.support.fsclient_mounts import REPO, env, force_unmount, fsclient, is_mounted
 from tests.support.keepers import Reader, serving
 

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from fsclient import keeping, mountpoint
+from fsclient import keeper as keeping
+from fsclient import mountpoint
 from tests.support.fsclient_mounts import REPO, env
 from tests.support.keepers import Reader, copy_connected_sockets, kill_server, serving
 
@@ -84,7 +85,7 @@ def test_mount_on_a_live_mount_restarts_its_server(tree, key_file, daemon, mount
 def test_a_killed_keeper_is_replaced_by_its_server_and_no_read_fails(tree, daemon, mounts,
                                                                      tmp_path):
     """The keeper killed alone: its server starts a new keeper, hands it the
-    connection, and hands over to that keeper's server (`session.successor`)."""
+    connection, and hands over to that keeper's server (`keeper.successor`)."""
     m = mounts(tree, daemon.socket_path)
     before = keeping.status(m.mountpoint)
     reader = Reader(m.mountpoint, tree, tmp_path)
@@ -132,7 +133,7 @@ def test_mount_waits_for_the_server_of_a_dead_keeper(tree, key_file, daemon, mou
     """The keeper killed alone, and a new `fsclient mount` there before its
     server noticed: that mount holds the mount point's control socket, so the
     keeper the server starts cannot take over, and the server ends the mount
-    (`session.successor`'s fallback). The new mount waits for the mount to go
+    (`keeper.successor`'s fallback). The new mount waits for the mount to go
     dead and recovers it, instead of calling the mount point busy."""
     m = mounts(tree, daemon.socket_path)
     orphan = keeping.status(m.mountpoint)["server"]

@@ -15,9 +15,9 @@ from contextlib import suppress
 
 import pytest
 
-from fsclient import keeping
-from fsclient.session import control
-from fsclient.session.fdstore import hand_on
+from fsclient import keeper as keeping
+from fsclient.keeper import control
+from fsclient.keeper.fdstore import hand_on
 from tests.fsclient.conftest import BLOCK
 from tests.support.fsclient_mounts import REPO, FsclientMount, env
 from tests.support.keepers import Reader, serving
@@ -90,7 +90,7 @@ def test_an_asker_that_dies_before_its_ack_leaves_the_keeper_serving(tree, key_f
         # an asker that takes the connection, then is killed before any ack
         asker = subprocess.Popen(
             [sys.executable, "-c", "import sys, time\n"
-             "from fsclient.session import control\n"
+             "from fsclient.keeper import control\n"
              "control.surrender(sys.argv[1], 60)\nprint('held', flush=True)\n"
              "time.sleep(60)\n", mp],
             stdout=subprocess.PIPE, env=env(), cwd=REPO)

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from fsclient import keeping
-from fsclient.session import saved
+from fsclient import keeper as keeping
+from fsclient.keeper import saved
 from tests.support.keepers import kill_server, serving
 
 pytestmark = pytest.mark.fuse

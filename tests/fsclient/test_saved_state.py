@@ -10,7 +10,8 @@ import pytest
 
 from blockcache_client.sources.fileinfo import FileInfo
 from fsclient.handleids import HandleNumbers, file_tag, listing_tag, tag_of
-from fsclient.session import Negotiated, saved
+from fsclient.keeper import saved
+from fsclient.session import Negotiated
 
 TERMS = Negotiated(major=7, minor=45, flags=0x4b011, offered=0xfff, max_readahead=131072,
                    max_write=131072, max_pages=256, max_background=64, congestion_threshold=48)

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from devtools.procs import stop_process
-from fsclient import keeping
-from fsclient.session.fdstore import Passing
+from fsclient import keeper as keeping
+from fsclient.keeper.fdstore import Passing
 
 REPO = str(Path(__file__).resolve().parents[2])
 READY_TIMEOUT = 60.0

@@ -46,9 +46,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from ..session import mount as fusemount
+from ..session.channel import Channel
 from . import handoff, saved
-from . import mount as fusemount
-from .channel import Channel
 from .control import listen
 from .fdstore import FdStore
 from .privileges import Credentials, drop

@@ -1,4 +1,4 @@
-"""`fsclient mount --foreground` runs the keeper (`session.keeper`): it checks
+"""`fsclient mount --foreground` runs the keeper (`keeper.keeper`): it checks
 the mount point, then keeps a server process (`fsclient mount --serve-fd N`,
 which opens the volume and serves, `mount.run`) on the connection it holds.
 
@@ -13,26 +13,21 @@ connection, `fdstore.hand_on`) adopts it instead of mounting.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-from typing import Any
 
-from . import mountpoint as mp
-from .config import MountConfig
-from .mount import Readiness
-from .mountpoint import MountError
-from .session import keeper as keeping
-from .session.control import ask, listen
-from .session.fdstore import FdStore, listened
-from .session.successor import without_options
-from .xattrs import XATTR_STATS
+from .. import mountpoint as mp
+from ..config import MountConfig
+from ..mount import Readiness
+from ..mountpoint import MountError
+from . import keeper as keeping
+from .client import restart
+from .control import listen
+from .fdstore import FdStore, listened
+from .successor import without_options
 
 log = logging.getLogger(__name__)
-
-RESTART_TIMEOUT = 120.0
-
 
 def server_command(argv: list[str], sock_fd: int, ready_fd: int | None) -> list[str]:
     """The server's command line: this `fsclient mount` one, with the keeper's
@@ -85,42 +80,3 @@ def run(cfg: MountConfig, argv: list[str], ready_fd: int | None) -> int:
             readiness.error(str(exc))
             return 1
     return k.run(ready_fd, control)
-
-
-def _ask(path: str, op: str, timeout: float) -> dict[str, Any]:
-    path = mp.absolute(path)
-    try:
-        answer = ask(path, op, timeout)
-    except (ConnectionRefusedError, FileNotFoundError):
-        raise MountError(f"no fsclient keeper serves {path}; is it mounted by "
-                         f"`fsclient mount`?") from None
-    except OSError as exc:
-        raise MountError(f"the keeper of {path} did not answer: {exc}") from None
-    if "error" in answer:
-        raise MountError(f"{op} of {path} failed: {answer['error']}")
-    return answer
-
-
-def restart(path: str, timeout: float = RESTART_TIMEOUT) -> dict[str, Any]:
-    """Replace the server of the mount on `path` without unmounting; the keeper's
-    status once the new server answers."""
-    return _ask(path, "restart", timeout)
-
-
-def status(path: str) -> dict[str, Any]:
-    """The keeper's and the server's pids and the restarts of the mount on `path`."""
-    return _ask(path, "status", 10.0)
-
-
-def recovered(path: str) -> dict[str, int]:
-    """What the serving server took over from the ones before it (node ids found
-    in the saved state, open handles made again) and what the saved state holds
-    now (from the root's `user.blockcache.stats`); empty if the mount does not
-    answer."""
-    try:
-        raw = os.getxattr(mp.absolute(path), XATTR_STATS.decode())
-        stats = json.loads(raw)["fsclient"]
-    except (OSError, ValueError, KeyError):
-        return {}
-    return {k: stats[k] for k in ("nodes_recovered", "handles_recovered", "saved_nodes",
-                                  "saved_bytes", "saved_compactions") if k in stats}

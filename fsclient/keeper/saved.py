@@ -58,7 +58,7 @@ import struct
 import threading
 import zlib
 
-from .negotiate import Negotiated
+from ..session.negotiate import Negotiated
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,24 @@
+"""The keeper: the process that holds a mount's FUSE connection, restarts
+its server, and hands the connection on (fsclient/DESIGN.md, "The keeper").
+
+- `keeper`: the keeper process itself; `keeping`: `fsclient mount`'s way into it.
+- `control`: its control socket (restart, status, surrender); `client`: the
+  asking side of it, as the CLI and the CSI plugin ask.
+- `handoff`: keeper and server, descriptors by SCM_RIGHTS.
+- `saved`: the memfd record of INIT terms and node paths.
+- `fdstore`: systemd's fd store, LISTEN_FDS; `successor`: the server that
+  starts the next keeper when its keeper dies.
+- `privileges`: the server's uid, groups, capabilities and no_new_privs.
+
+This module is the face other packages use (the CSI plugin imports nothing
+else of fsclient's keeper or session: an import contract).
+"""
+
+from ..session.mount import set_kernel_readahead, unmount_lazy
+from .client import recovered, restart, status
+from .control import Surrendered, surrender
+from .fdstore import hand_on
+from .privileges import Credentials
+
+__all__ = ["Credentials", "Surrendered", "hand_on", "recovered", "restart",
+           "set_kernel_readahead", "status", "surrender", "unmount_lazy"]

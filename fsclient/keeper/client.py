@@ -1,0 +1,57 @@
+"""What other processes ask a mount's keeper, as the CLI and the CSI plugin
+ask it: `restart` its server, its `status`, and what its server `recovered`.
+(`control` speaks the socket; this is the asking side's face.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from .. import mountpoint as mp
+from ..mountpoint import MountError
+from .control import ask
+
+RESTART_TIMEOUT = 120.0
+
+
+def _ask(path: str, op: str, timeout: float) -> dict[str, Any]:
+    path = mp.absolute(path)
+    try:
+        answer = ask(path, op, timeout)
+    except (ConnectionRefusedError, FileNotFoundError):
+        raise MountError(f"no fsclient keeper serves {path}; is it mounted by "
+                         f"`fsclient mount`?") from None
+    except OSError as exc:
+        raise MountError(f"the keeper of {path} did not answer: {exc}") from None
+    if "error" in answer:
+        raise MountError(f"{op} of {path} failed: {answer['error']}")
+    return answer
+
+
+def restart(path: str, timeout: float = RESTART_TIMEOUT) -> dict[str, Any]:
+    """Replace the server of the mount on `path` without unmounting; the keeper's
+    status once the new server answers."""
+    return _ask(path, "restart", timeout)
+
+
+def status(path: str) -> dict[str, Any]:
+    """The keeper's and the server's pids and the restarts of the mount on `path`."""
+    return _ask(path, "status", 10.0)
+
+
+def recovered(path: str) -> dict[str, int]:
+    """What the serving server took over from the ones before it (node ids found
+    in the saved state, open handles made again) and what the saved state holds
+    now (from the root's `user.blockcache.stats`); empty if the mount does not
+    answer."""
+    try:
+        from ..xattrs import XATTR_STATS  # (xattrs imports the node table, which imports us)
+
+        raw = os.getxattr(mp.absolute(path), XATTR_STATS.decode())
+        stats = json.loads(raw)["fsclient"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {k: stats[k] for k in ("nodes_recovered", "handles_recovered", "saved_nodes",
+                                  "saved_bytes", "saved_compactions") if k in stats}

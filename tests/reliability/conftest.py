@@ -1,8 +1,9 @@
 """Fixtures for the reliability suite: a sample dataset, volume keys, real
-daemons and mounts that are always stopped, and a child dropped to `nobody`."""
+daemons and mounts that are always stopped, and a child dropped to `nobody` or another uid."""
 
 from __future__ import annotations
 
+import grp
 import hashlib
 import json
 import os
@@ -58,23 +59,38 @@ def key_file(tmp_path) -> str:
     return path
 
 
+def socket_group() -> int:
+    """A group nobody is not in: the daemon's socket group in tests whose
+    children (other uids) join it as their gid."""
+    nogroup = pwd.getpwnam("nobody").pw_gid
+    return next(g.gr_gid for g in grp.getgrall() if g.gr_gid not in (0, nogroup))
+
+
 def as_nobody(fn: Callable[..., Any], *args: Any, timeout: float = 30.0,
               gid: int | None = None) -> Any:
     """Run fn(*args) in a forked child that dropped to uid nobody, gid nobody's
     (or `gid`), no supplementary groups; return its result, or raise what it
-    raised.
-
-    Forked, not exec'd: the venv's interpreter lives under /root, which nobody
-    cannot execute."""
+    raised (see `as_uid`)."""
     nobody = pwd.getpwnam("nobody")
+    return as_uid(nobody.pw_uid, nobody.pw_gid if gid is None else gid, fn, *args,
+                  timeout=timeout)
+
+
+def as_uid(uid: int, gid: int, fn: Callable[..., Any], *args: Any,
+           timeout: float = 30.0) -> Any:
+    """Run fn(*args) in a forked child that dropped to `uid` and `gid`, no
+    supplementary groups; return its result, or raise what it raised.
+
+    Forked, not exec'd: the venv's interpreter lives under /root, which other
+    uids cannot execute."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: never returns into pytest
         try:
             os.close(r)
             os.setgroups([])
-            os.setgid(nobody.pw_gid if gid is None else gid)
-            os.setuid(nobody.pw_uid)
+            os.setgid(gid)
+            os.setuid(uid)
             try:
                 out = ("ok", fn(*args))
             except BaseException as exc:  # noqa: BLE001 - reported to the parent
@@ -95,10 +111,10 @@ def as_nobody(fn: Callable[..., Any], *args: Any, timeout: float = 30.0,
         if time.monotonic() > deadline:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
-            raise TimeoutError("child running as nobody did not finish")
+            raise TimeoutError(f"child running as uid {uid} did not finish")
         time.sleep(0.01)
     if not data:
-        raise ChildError("NoResult", None, "the child running as nobody died", "")
+        raise ChildError("NoResult", None, f"the child running as uid {uid} died", "")
     kind, value = pickle.loads(data)
     if kind == "err":
         raise ChildError(*value)
@@ -106,7 +122,7 @@ def as_nobody(fn: Callable[..., Any], *args: Any, timeout: float = 30.0,
 
 
 class ChildError(Exception):
-    """What a function run by `as_nobody` raised: type name, errno, message."""
+    """What a function run by `as_uid` raised: type name, errno, message."""
 
     def __init__(self, kind: str, errno_: int | None, message: str, tb: str):
         super().__init__(f"{kind}: {message}\n{tb}")

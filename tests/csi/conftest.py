@@ -64,9 +64,11 @@ class World:
                 **kubelet_keys(namespace), **more}
 
     def plugin(self, state: str = "state", name: str = "plugin",
-               args: tuple[str, ...] = (), **kw) -> Plugin:
-        """A plugin that allows `self.source` to every namespace, and `args`."""
-        return Plugin(self.python, self.env, self.base, os.path.join(self.base, state),
+               args: tuple[str, ...] = (), env: dict[str, str] | None = None, **kw) -> Plugin:
+        """A plugin that allows `self.source` to every namespace, and `args`;
+        `env`: added to its environment."""
+        return Plugin(self.python, {**self.env, **(env or {})}, self.base,
+                      os.path.join(self.base, state),
                       self.daemon.socket_path, os.path.join(self.base, f"{name}.log"),
                       name=name, args=("--allow-source", self.source, *args), **kw)
 

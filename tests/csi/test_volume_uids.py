@@ -64,13 +64,13 @@ def test_a_pod_cannot_choose_another_namespaces_uid(world):
     subprocess.run(["cp", "-a", world.source, private], check=True, timeout=60)
     subprocess.run(["chown", "-R", f"{VICTIM}:{VICTIM}", private], check=True, timeout=60)
     os.chmod(private, 0o700)
-    args = ("--namespace-uid", f"victims={VICTIM}", "--pv-uid", f"pv-victim={STATIC}",
+    args = ("--namespace-uid", f"victim={VICTIM}", "--pv-uid", f"pv-victim={STATIC}",
             "--allow-source", private)
     plugin = world.plugin(state="state-uids", name="uids", args=args).start()
     successor = None
     own, forged, static = world.target(), world.target(), world.target()
     try:
-        victim = dict(world.context("victim", namespace="victims"), source=private)
+        victim = dict(world.context("victim", namespace="victim"), source=private)
         plugin.publish("vol-own", own, victim, world.key)
         assert snapshot(own) == snapshot(world.source)
         assert _uids(own) == [str(VICTIM)] * 4

@@ -254,7 +254,7 @@ class Mounts:
             return
         try:
             server = self._server(pub)
-            self.state.own_key(pub.target, (server.uid, server.gid))  # (--volume-uid changed)
+            self.state.own_key(pub.target, (server.uid, server.gid))  # (its uid flag changed)
             argv, cfg, env = mount_command(pub, self.state.key_file(pub.target), self.socket,
                                            server, self.state.credentials(pub.target),
                                            self.environment)

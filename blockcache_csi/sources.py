@@ -157,8 +157,10 @@ def _http(protocol: str, text: str, what: str) -> Canonical:
                       f"query or fragment")
     host = url.hostname.lower() + (f":{port}" if port is not None else "")
     path = url.path.rstrip("/")
-    if path and not _segments_ok(path[1:]):
-        raise invalid(f"{what} {text!r}: the path has empty, '.' or '..' parts")
+    # as the web server will read it: %2e%2e is '..' there
+    if path and not _segments_ok(urllib.parse.unquote(path)[1:]):
+        raise invalid(f"{what} {text!r}: the path has empty, '.' or '..' parts (also "
+                      f"percent-encoded)")
     return Canonical(protocol, host + path)
 
 

@@ -56,7 +56,8 @@ def test_a_volume_signs_with_its_own_secret_never_the_plugins(world, s3):
     args = ("--allow-source", f"s3://{server.bucket}/{PREFIX}", "--s3-endpoint",
             server.endpoint_url, "--s3-region", "us-east-1")
     state = os.path.join(world.base, "state-s3")
-    plugin = world.plugin(state="state-s3", name="s3", args=args, env=plugin_env).start()
+    plugin = first = world.plugin(state="state-s3", name="s3", args=args,
+                                  env=plugin_env).start()
     successor = None
     ctx = dict(world.context("s3vol", namespace="tenant"),
                source=f"s3a://{server.bucket}/{PREFIX}/")
@@ -92,8 +93,16 @@ def test_a_volume_signs_with_its_own_secret_never_the_plugins(world, s3):
         assert "[Errno 13]" in info.value.details(), info.value.details()  # 403
         assert without not in mounts_under(world.base)
 
-        # the plugin and the whole mount die; the next plugin mounts it again,
-        # with the volume's keys from the state dir
+        # an upgrade: a new plugin's keeper takes the live mount over, with
+        # the volume's keys from the state dir
+        plugin.stop()
+        plugin = world.plugin(state="state-s3", name="s3-1", args=args, env=plugin_env).start()
+        st = keeper_status(with_keys)
+        env = environ_of(st["keeper"])
+        assert env["AWS_SECRET_ACCESS_KEY"] == tenant[1] and "BLOCKCACHE_CANARY" not in env
+        assert snapshot(with_keys) == snapshot(world.source)
+
+        # the plugin and the whole mount die; the next plugin mounts it again
         plugin.stop()
         for pid in (st["server"], st["keeper"]):
             os.kill(pid, signal.SIGKILL)
@@ -106,12 +115,14 @@ def test_a_volume_signs_with_its_own_secret_never_the_plugins(world, s3):
         assert again["keeper"] != st["keeper"]
         env = environ_of(again["server"])
         assert env["AWS_SECRET_ACCESS_KEY"] == tenant[1] and "BLOCKCACHE_CANARY" not in env
-        logs = plugin.log() + successor.log()
-        assert tenant[1] not in logs and operator[1] not in logs
+        for p in (first, plugin, successor):  # with its keepers' and servers' logs, whole
+            with open(p.log_path, errors="replace") as f:
+                logs = f.read()
+            assert tenant[1] not in logs and operator[1] not in logs
         successor.unpublish("vol-s3", with_keys)
         assert not os.listdir(keys)
     finally:
-        for p in (successor, plugin):
+        for p in (successor, plugin, first):
             if p is not None:
                 p.stop()
-        print(plugin.log(), successor.log() if successor else "")  # shown on failure
+        print(first.log(), plugin.log(), successor.log() if successor else "")  # on failure

@@ -13,6 +13,7 @@ import grpc
 from .errors import CsiError, required
 from .mounts import Mounts
 from .proto import csi_pb2, csi_pb2_grpc
+from .sources import SourcePolicy
 from .volumes import parse_publish
 
 log = logging.getLogger(__name__)
@@ -40,15 +41,17 @@ def answered(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Node(csi_pb2_grpc.NodeServicer):
-    def __init__(self, mounts: Mounts, node_id: str):
+    def __init__(self, mounts: Mounts, node_id: str, sources: SourcePolicy):
         self.mounts = mounts
         self.node_id = node_id
+        self.sources = sources  # the operator's --allow-source rules
 
     @answered
     def NodePublishVolume(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC names)
-        pub, key = parse_publish(request)
-        log.info("publish volume %s at %s", pub.volume_id, pub.target)
-        self.mounts.publish(pub, key)
+        pub, key, credentials = parse_publish(request, self.sources)
+        log.info("publish volume %s at %s (namespace %s)", pub.volume_id, pub.target,
+                 pub.namespace)
+        self.mounts.publish(pub, key, credentials)
         return csi_pb2.NodePublishVolumeResponse()
 
     @answered

@@ -6,6 +6,8 @@ that a restarted plugin finds its mounts, and the volume keys their servers read
         ID.json           a published target: `Publication.to_record()` + format
       keys/               0711 root: a server opens its own key by name, lists none
         ID.key            the volume key, 64 hex digits, 0400 its server's uid
+        ID.creds          the volume's S3 credentials from its Secret, JSON, 0600 root
+                          (only when it has some; a restart mounts with them again)
 
 ID is a hash of the target path. A record is written before the keeper is
 started and removed after its mount is gone, so every mount the plugin made
@@ -22,6 +24,7 @@ import logging
 import os
 from collections.abc import Iterator
 
+from .environment import SourceCredentials
 from .volumes import Publication
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,33 @@ class StateDir:
 
     def key_file(self, target: str) -> str:
         return os.path.join(self.keys, target_id(target) + ".key")
+
+    def credentials_file(self, target: str) -> str:
+        return os.path.join(self.keys, target_id(target) + ".creds")
+
+    def save_credentials(self, target: str, credentials: SourceCredentials) -> None:
+        """Keep `target`'s S3 credentials (root's alone), or forget old ones."""
+        path = self.credentials_file(target)
+        if credentials:
+            self._write(path, credentials.to_json())
+        else:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def credentials(self, target: str) -> SourceCredentials:
+        """`target`'s S3 credentials; none if it has none (or they are unreadable)."""
+        try:
+            with open(self.credentials_file(target), "rb") as f:
+                return SourceCredentials.from_json(f.read())
+        except FileNotFoundError:
+            return SourceCredentials()
+        except (OSError, ValueError) as exc:
+            log.error("ignoring the unreadable credentials file %s (%s): the volume is "
+                      "mounted again without credentials", self.credentials_file(target),
+                      type(exc).__name__)
+            return SourceCredentials()
 
     def _record_file(self, target: str) -> str:
         return os.path.join(self.mounts, target_id(target) + ".json")
@@ -107,8 +137,9 @@ class StateDir:
             return None
 
     def remove(self, target: str) -> None:
-        """Forget `target`: its record, then its key."""
-        for path in (self._record_file(target), self.key_file(target)):
+        """Forget `target`: its record, then its key and credentials."""
+        for path in (self._record_file(target), self.key_file(target),
+                     self.credentials_file(target)):
             try:
                 os.unlink(path)
             except FileNotFoundError:

@@ -1,8 +1,11 @@
-"""What a NodePublishVolume asks for, checked: the volume_context, the volume
-key from the Secret, the capability, and the `fsclient mount` they make.
+"""What a NodePublishVolume asks for, checked: the volume_context, the pod's
+namespace (the kubelet's), the source against the operator's policy, the
+volume key and S3 credentials from the Secret, the capability; and the
+`fsclient mount` they make, with the environment it runs in.
 
-Every refusal is INVALID_ARGUMENT naming the field and the fix; no message
-ever holds a secret's value.
+Every refusal is INVALID_ARGUMENT naming the field and the fix (a source the
+policy forbids: PERMISSION_DENIED, `sources.py`); no message ever holds a
+secret's value.
 """
 
 from __future__ import annotations
@@ -18,14 +21,20 @@ from blockcache_client.contract.errors import BlockcacheError
 from fsclient.config import MountConfig, build_config, parse_dir_ttl_flag
 from fsclient.keeper import Credentials
 
+from .environment import SECRET_KEYS, ServerEnvironment, SourceCredentials, parse_credentials
 from .errors import invalid, required
 from .proto import csi_pb2
+from .sources import SourcePolicy, canonical
 
 # volume_context keys (the CSI spelling) -> how each is checked
 REQUIRED_KEYS = ("source", "volume")
 OPTIONAL_KEYS = ("blockSize", "metaTTL", "dirTTL", "readaheadBlocks")
 # keys the kubelet adds (podInfoOnMount, ephemeral): accepted, not used
 KUBELET_PREFIX = "csi.storage.k8s.io/"
+# set by the kubelet (podInfoOnMount), over any value the pod wrote: uids and
+# sources are chosen by them
+NAMESPACE_KEY = KUBELET_PREFIX + "pod.namespace"
+EPHEMERAL_KEY = KUBELET_PREFIX + "ephemeral"
 # mount flags a PV's mountOptions may carry: mount(2) flags fsclient passes on
 MOUNT_FLAGS = frozenset({"ro", "noexec", "noatime", "nodiratime", "relatime", "nosuid",
                          "nodev"})
@@ -49,29 +58,35 @@ class Publication:
     context: tuple[tuple[str, str], ...]  # the keys used, sorted
     mount_flags: tuple[str, ...]
     readonly: bool  # as asked; the mount is read-only either way
+    namespace: str = ""  # the pod's, as the kubelet says
+    ephemeral: bool = True  # an inline volume (False: a PersistentVolume, the kubelet says)
 
     def get(self, key: str) -> str | None:
         return dict(self.context).get(key)
 
     def same_volume(self, other: Publication) -> bool:
         """Whether `other` asks for what this one serves (a repeated publish)."""
-        return (self.volume_id, self.context, self.mount_flags) == \
-            (other.volume_id, other.context, other.mount_flags)
+        return (self.volume_id, self.context, self.mount_flags, self.namespace) == \
+            (other.volume_id, other.context, other.mount_flags, other.namespace)
 
     def to_record(self) -> dict[str, Any]:
         return {"volume_id": self.volume_id, "target": self.target,
                 "context": dict(self.context), "mount_flags": list(self.mount_flags),
-                "readonly": self.readonly}
+                "readonly": self.readonly, "namespace": self.namespace,
+                "ephemeral": self.ephemeral}
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> Publication:
         return cls(str(data["volume_id"]), str(data["target"]),
                    tuple(sorted((str(k), str(v)) for k, v in data["context"].items())),
-                   tuple(str(f) for f in data["mount_flags"]), bool(data["readonly"]))
+                   tuple(str(f) for f in data["mount_flags"]), bool(data["readonly"]),
+                   str(data.get("namespace", "")), bool(data.get("ephemeral", True)))
 
 
-def parse_publish(request: Any) -> tuple[Publication, bytes]:
-    """The request checked: (its Publication, the volume key's 32 bytes)."""
+def parse_publish(request: Any, sources: SourcePolicy
+                  ) -> tuple[Publication, bytes, SourceCredentials]:
+    """The request checked: (its Publication, with the source as the policy
+    reads it; the volume key's 32 bytes; the volume's S3 credentials)."""
     required(request, "volume_id", "target_path")
     volume_id, target = request.volume_id, request.target_path
     if not target.startswith("/"):
@@ -82,9 +97,30 @@ def parse_publish(request: Any) -> tuple[Publication, bytes]:
     if not request.HasField("volume_capability"):
         raise invalid("volume_capability is missing: it is a required field of the request")
     flags = check_capability(request.volume_capability)
-    context = check_context(dict(request.volume_context))
-    key = parse_key(dict(request.secrets))
-    return Publication(volume_id, target, context, flags, request.readonly), key
+    given = dict(request.volume_context)
+    namespace, ephemeral = pod_of(given)
+    context = dict(check_context(given))
+    context["source"] = sources.check(context["source"], namespace)
+    secrets = dict(request.secrets)
+    for name in secrets:
+        if name != "key" and name not in SECRET_KEYS:
+            raise invalid(f"secrets[{name!r}] is not known; the Secret of nodePublishSecretRef "
+                          f"holds key and, for s3:// sources, {', '.join(SECRET_KEYS)}")
+    key = parse_key(secrets)
+    credentials = parse_credentials(secrets, canonical(context["source"]).protocol)
+    return Publication(volume_id, target, tuple(sorted(context.items())), flags,
+                       request.readonly, namespace, ephemeral), key, credentials
+
+
+def pod_of(context: dict[str, str]) -> tuple[str, bool]:
+    """(the pod's namespace, whether the volume is inline) as the kubelet says."""
+    namespace = context.get(NAMESPACE_KEY, "")
+    if not namespace:
+        raise invalid(f"volume_context[{NAMESPACE_KEY!r}] is missing: the kubelet sets it "
+                      f"when the CSIDriver csi.blockcache.io has podInfoOnMount: true "
+                      f"(daemonset/csi-driver.yaml), and the plugin chooses each volume's "
+                      f"uid and allowed sources by it")
+    return namespace, context.get(EPHEMERAL_KEY, "true") != "false"
 
 
 def check_capability(cap: Any) -> tuple[str, ...]:
@@ -167,10 +203,12 @@ def parse_key(secrets: dict[str, str]) -> bytes:
     return key
 
 
-def mount_command(pub: Publication, key_file: str, socket: str | None,
-                  server: Credentials) -> tuple[list[str], MountConfig]:
-    """The `fsclient mount` arguments that serve `pub`, and their config (checked
-    by fsclient itself, so the keeper will not refuse them)."""
+def mount_command(pub: Publication, key_file: str, socket: str | None, server: Credentials,
+                  credentials: SourceCredentials, environment: ServerEnvironment
+                  ) -> tuple[list[str], MountConfig, dict[str, str]]:
+    """The `fsclient mount` arguments that serve `pub`, their config (checked
+    by fsclient itself, so the keeper will not refuse them), and the whole
+    environment the keeper and its server run with (`environment.py`)."""
     ctx = dict(pub.context)
     argv = ["mount", ctx["source"], pub.target, "--volume", ctx["volume"],
             "--key-file", key_file, "-o", ",".join(["allow_other", *pub.mount_flags]),
@@ -196,4 +234,4 @@ def mount_command(pub: Publication, key_file: str, socket: str | None,
             server_user=f"{server.uid}:{server.gid}", server_groups=list(server.groups))
     except BlockcacheError as exc:
         raise invalid(f"volume_context: {exc}") from None
-    return argv, cfg
+    return argv, cfg, environment.build(pub.namespace, credentials)

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from blockcache_client.contract import protocol
@@ -46,7 +46,7 @@ from blockcache_client.volumekey import load_key_file
 from . import mountpoint as mp
 from .config import MountConfig
 from .keeper import successor
-from .keeper.fdstore import Passing, pass_on
+from .keeper.fdstore import PASSED_ON, Passing, pass_on
 from .keeper.handoff import HANDED_OVER, RESTART_SIGNAL, Connection, KeeperLink
 from .keeper.saved import SavedState, SavedStateError
 from .mountpoint import MountError
@@ -339,12 +339,14 @@ def _ready(session: Any, fs: Any, mountpoint: str, readiness: Readiness,
 
 def spawn(argv: list[str], cfg: MountConfig, log_file: str | None,
           ready_timeout: float = READY_TIMEOUT, detach: bool = True,
-          passed: Passing | None = None) -> tuple[subprocess.Popen | None, str | None]:
+          passed: Passing | None = None, env: Mapping[str, str] | None = None
+          ) -> tuple[subprocess.Popen | None, str | None]:
     """Start `fsclient <argv> --foreground` as a child and wait for readiness.
 
     Returns (child, None) once it is READY, or (None, reason) after making
     sure the failed child is gone and left nothing mounted. `detach`: the child
-    in its own session (Ctrl-C misses it); `passed`: a connection for it to keep.
+    in its own session (Ctrl-C misses it); `passed`: a connection for it to keep;
+    `env`: its whole environment (None: ours), plus those passing the connection.
     """
     # Never touch a mount that was there before: only one our child made.
     premounted = mp.is_mounted(cfg.mountpoint)
@@ -352,9 +354,11 @@ def spawn(argv: list[str], cfg: MountConfig, log_file: str | None,
     cmd = [sys.executable, "-m", "fsclient.cli", *argv, "--foreground", "--ready-fd", str(w)]
     out = open(log_file, "ab") if log_file else open(os.devnull, "wb")
     passing = passed or pass_on()  # a kept connection is for the keeper (Type=forking)
+    child_env = passing.env if env is None else {**env, **{
+        k: v for k, v in (passing.env or {}).items() if k.startswith("LISTEN_") or k == PASSED_ON}}
     try:
         child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                 env=passing.env, start_new_session=detach, **passing.popen(w))
+                                 env=child_env, start_new_session=detach, **passing.popen(w))
     finally:
         os.close(w)
         out.close()

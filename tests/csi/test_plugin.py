@@ -64,7 +64,9 @@ def test_help_names_every_option():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
     for option in ("--endpoint", "--node-id", "--state-dir", "--server-uid", "--server-gid",
-                   "--volume-uid", "--socket", "--ready-file", "CSI_ENDPOINT", "NODE_ID"):
+                   "--namespace-uid", "--pv-uid", "--allow-source", "--s3-endpoint",
+                   "--s3-region", "--allow-node-credentials", "--socket", "--ready-file",
+                   "CSI_ENDPOINT", "NODE_ID"):
         assert option in out.stdout
 
 

@@ -32,6 +32,7 @@ from fsclient.keeper import Credentials, hand_on, set_kernel_readahead, unmount_
 from .errors import CsiError
 from .servers import ServerUsers
 from .state import StateDir
+from .volstats import StatfsWithDeadline, Usage
 from .volumes import Publication, mount_command
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class Mounts:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._children: dict[int, subprocess.Popen] = {}  # keepers started here, to reap
+        self._statfs = StatfsWithDeadline()
 
     def _lock(self, target: str) -> threading.Lock:
         with self._guard:
@@ -189,7 +191,9 @@ class Mounts:
 
     # stats
 
-    def stats(self, volume_id: str, path: str) -> os.statvfs_result:
+    def stats(self, volume_id: str, path: str) -> Usage:
+        """`path`'s statfs and condition, within `volstats.DEADLINE` whatever
+        its server does."""
         known = self.state.load(path)
         if known is None or known.volume_id != volume_id:
             raise CsiError(grpc.StatusCode.NOT_FOUND,
@@ -198,11 +202,7 @@ class Mounts:
             raise CsiError(grpc.StatusCode.NOT_FOUND,
                            f"volume {volume_id} is recorded at {path}, but nothing is mounted "
                            f"there")
-        try:
-            return os.statvfs(path)
-        except OSError as exc:
-            raise CsiError(grpc.StatusCode.INTERNAL,
-                           f"statfs of {path} failed: {exc.strerror}") from None
+        return self._statfs.usage(path)
 
     # after a restart
 

@@ -102,7 +102,7 @@ class Mounts:
         if mp.find_mount(pub.target) is None:  # a dead mount stays: fsclient recovers it
             os.makedirs(pub.target, 0o755, exist_ok=True)
         server = self._server(pub)
-        self.state.save(pub, key, (server.uid, server.gid))
+        self.state.save(pub, key)
         argv, cfg = mount_command(pub, self.state.key_file(pub.target), self.socket, server)
         child, why = fsmount.spawn(argv, cfg, self.log_file, detach=True)
         if child is None:
@@ -246,7 +246,6 @@ class Mounts:
             return
         try:
             server = self._server(pub)
-            self.state.own_key(pub.target, (server.uid, server.gid))  # (--volume-uid changed)
             argv, cfg = mount_command(pub, self.state.key_file(pub.target), self.socket,
                                       server)
             passing = hand_on(surrendered.named())

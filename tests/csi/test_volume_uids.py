@@ -1,7 +1,8 @@
 """`--volume-uid VOLUME=UID[:GID]`: the servers of that blockcache volume run
 as a uid of their own, apart from every other volume's (the shared
---server-uid), with a key file only they may read; a restarted plugin takes
-them over as the same uid. Bad entries are refused at start, naming the fix."""
+--server-uid); a restarted plugin takes them over as the same uid. Key
+files are root's alone (test_state_dir.py). Bad entries are refused at
+start, naming the fix."""
 
 from __future__ import annotations
 
@@ -57,18 +58,17 @@ def test_a_volume_uid_runs_that_volumes_servers_apart(world):
         assert ids[own]["Gid"].split() == [str(TENANT)] * 4
         assert ids[shared]["Uid"].split() == [str(NOBODY.pw_uid)] * 4
 
-        # each key file is its own server's alone; the dir lists none
+        # each key file is root's alone: neither server's uid opens any
         keys = os.path.join(world.base, "state-uids", "keys")
-        st = os.stat(keys)
-        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o711)
-        owners = {os.stat(os.path.join(keys, n)).st_uid: os.path.join(keys, n)
-                  for n in os.listdir(keys)}
-        assert set(owners) == {TENANT, NOBODY.pw_uid}
-        for reader, other in ((NOBODY.pw_uid, owners[TENANT]),
-                              (TENANT, owners[NOBODY.pw_uid])):
-            cat = subprocess.run(["cat", other], user=reader, group=reader, extra_groups=[],
-                                 capture_output=True, timeout=30)
-            assert cat.returncode != 0, f"uid {reader} read {other}"
+        assert (os.stat(keys).st_uid, stat.S_IMODE(os.stat(keys).st_mode)) == (0, 0o700)
+        for name in os.listdir(keys):
+            st = os.stat(os.path.join(keys, name))
+            assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600), name
+            for reader in (NOBODY.pw_uid, TENANT):
+                cat = subprocess.run(["cat", os.path.join(keys, name)], user=reader,
+                                     group=reader, extra_groups=[], capture_output=True,
+                                     timeout=30)
+                assert cat.returncode != 0, f"uid {reader} read {name}"
 
         # a restarted plugin (an upgrade) takes the mount over as the same uid
         before = keeper_status(own)

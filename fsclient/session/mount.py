@@ -16,6 +16,7 @@ and the connection's abort (fusectl).
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import shutil
@@ -105,8 +106,11 @@ def mount(mountpoint: str, options: Iterable[str], use_fusermount: bool | None =
                    data.encode()) != 0:
         err = ctypes.get_errno()
         os.close(fd)
+        labels = [o for o in kernel if o.partition("=")[0] in LSM_OPTIONS]
+        hint = (f" ({', '.join(labels)}: only a kernel running SELinux takes these)"
+                if err == errno.EINVAL and labels else "")
         raise MountFailed(err, f"mount(2) of {fsname} on {mountpoint} failed: "
-                               f"{os.strerror(err)}")
+                               f"{os.strerror(err)}{hint}")
     return fd
 
 

@@ -103,6 +103,7 @@ class Mounts:
             os.makedirs(pub.target, 0o755, exist_ok=True)
         server = self._server(pub)
         self.state.save(pub, key)
+        self.state.own_key(pub.target, (server.uid, server.gid))
         argv, cfg = mount_command(pub, self.state.key_file(pub.target), self.socket, server)
         child, why = fsmount.spawn(argv, cfg, self.log_file, detach=True)
         if child is None:
@@ -246,6 +247,7 @@ class Mounts:
             return
         try:
             server = self._server(pub)
+            self.state.own_key(pub.target, (server.uid, server.gid))  # (--volume-uid changed)
             argv, cfg = mount_command(pub, self.state.key_file(pub.target), self.socket,
                                       server)
             passing = hand_on(surrendered.named())

@@ -58,17 +58,19 @@ def test_a_volume_uid_runs_that_volumes_servers_apart(world):
         assert ids[own]["Gid"].split() == [str(TENANT)] * 4
         assert ids[shared]["Uid"].split() == [str(NOBODY.pw_uid)] * 4
 
-        # each key file is root's alone: neither server's uid opens any
+        # for now (state.SERVER_OPENS_KEY_PATH): each key file is its own
+        # server's alone; the dir lists none
         keys = os.path.join(world.base, "state-uids", "keys")
-        assert (os.stat(keys).st_uid, stat.S_IMODE(os.stat(keys).st_mode)) == (0, 0o700)
-        for name in os.listdir(keys):
-            st = os.stat(os.path.join(keys, name))
-            assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600), name
-            for reader in (NOBODY.pw_uid, TENANT):
-                cat = subprocess.run(["cat", os.path.join(keys, name)], user=reader,
-                                     group=reader, extra_groups=[], capture_output=True,
-                                     timeout=30)
-                assert cat.returncode != 0, f"uid {reader} read {name}"
+        st = os.stat(keys)
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o711)
+        owners = {os.stat(os.path.join(keys, n)).st_uid: os.path.join(keys, n)
+                  for n in os.listdir(keys)}
+        assert set(owners) == {TENANT, NOBODY.pw_uid}
+        for reader, other in ((NOBODY.pw_uid, owners[TENANT]),
+                              (TENANT, owners[NOBODY.pw_uid])):
+            cat = subprocess.run(["cat", other], user=reader, group=reader, extra_groups=[],
+                                 capture_output=True, timeout=30)
+            assert cat.returncode != 0, f"uid {reader} read {other}"
 
         # a restarted plugin (an upgrade) takes the mount over as the same uid
         before = keeper_status(own)

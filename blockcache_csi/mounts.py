@@ -33,6 +33,7 @@ from .environment import ServerEnvironment, SourceCredentials
 from .errors import CsiError
 from .servers import ServerUsers
 from .state import StateDir
+from .volstats import StatfsWithDeadline, Usage
 from .volumes import Publication, mount_command
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class Mounts:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._children: dict[int, subprocess.Popen] = {}  # keepers started here, to reap
+        self._statfs = StatfsWithDeadline()
 
     def _lock(self, target: str) -> threading.Lock:
         with self._guard:
@@ -106,7 +108,8 @@ class Mounts:
             os.makedirs(pub.target, 0o755, exist_ok=True)
         server = self._server(pub)
         self.state.save_credentials(pub.target, credentials)
-        self.state.save(pub, key, (server.uid, server.gid))
+        self.state.save(pub, key)
+        self.state.own_key(pub.target, (server.uid, server.gid))
         argv, cfg, env = mount_command(pub, self.state.key_file(pub.target), self.socket,
                                        server, credentials, self.environment)
         child, why = fsmount.spawn(argv, cfg, self.log_file, detach=True, env=env)
@@ -196,7 +199,9 @@ class Mounts:
 
     # stats
 
-    def stats(self, volume_id: str, path: str) -> os.statvfs_result:
+    def stats(self, volume_id: str, path: str) -> Usage:
+        """`path`'s statfs and condition, within `volstats.DEADLINE` whatever
+        its server does."""
         known = self.state.load(path)
         if known is None or known.volume_id != volume_id:
             raise CsiError(grpc.StatusCode.NOT_FOUND,
@@ -205,11 +210,7 @@ class Mounts:
             raise CsiError(grpc.StatusCode.NOT_FOUND,
                            f"volume {volume_id} is recorded at {path}, but nothing is mounted "
                            f"there")
-        try:
-            return os.statvfs(path)
-        except OSError as exc:
-            raise CsiError(grpc.StatusCode.INTERNAL,
-                           f"statfs of {path} failed: {exc.strerror}") from None
+        return self._statfs.usage(path)
 
     # after a restart
 

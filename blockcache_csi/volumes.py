@@ -10,6 +10,7 @@ secret's value.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,8 @@ from .errors import invalid, required
 from .proto import csi_pb2
 from .sources import SourcePolicy, canonical
 
+log = logging.getLogger(__name__)
+
 # volume_context keys (the CSI spelling) -> how each is checked
 REQUIRED_KEYS = ("source", "volume")
 OPTIONAL_KEYS = ("blockSize", "metaTTL", "dirTTL", "readaheadBlocks")
@@ -38,6 +41,14 @@ EPHEMERAL_KEY = KUBELET_PREFIX + "ephemeral"
 # mount flags a PV's mountOptions may carry: mount(2) flags fsclient passes on
 MOUNT_FLAGS = frozenset({"ro", "noexec", "noatime", "nodiratime", "relatime", "nosuid",
                          "nodev"})
+# SELinux labels a mount may carry: the kubelet adds `context="LABEL"` on an
+# SELinux node (pkg/volume/util AddSELinuxMountOption, quoted for the commas
+# of an MCS level); passed to the mount where the node has SELinux
+SELINUX_OPTIONS = ("context", "fscontext", "defcontext", "rootcontext")
+# user:role:type[:level], level sN[-sN][:cN[.cN][,cN...]]
+_SELINUX_LABEL = re.compile(r"[A-Za-z0-9_.]+:[A-Za-z0-9_.]+:[A-Za-z0-9_.]+"
+                            r"(:s[0-9]+(-s[0-9]+)?(:c[0-9]+([.,]c[0-9]+)*)?)?")
+FILESYSTEMS = "/proc/filesystems"  # lists selinuxfs only when SELinux is enabled
 FS_TYPES = frozenset({"", "fuse", "fuse.blockcache", "blockcache"})
 KEY_FIELD = 'secrets["key"]'
 KEY_FIX = ("the Secret named by nodePublishSecretRef must hold, under \"key\", the 64 hex "
@@ -140,11 +151,47 @@ def check_capability(cap: Any) -> tuple[str, ...]:
     if cap.mount.volume_mount_group:
         raise invalid("volume_capability.mount.volume_mount_group is set, but this plugin has "
                       "no VOLUME_MOUNT_GROUP capability: every file is readable by every uid")
-    for flag in cap.mount.mount_flags:
-        if flag not in MOUNT_FLAGS:
-            raise invalid(f"mount flag {flag!r} (mountOptions) is not supported; use only "
-                          f"{', '.join(sorted(MOUNT_FLAGS))}")
-    return tuple(dict.fromkeys(cap.mount.mount_flags))
+    return tuple(dict.fromkeys(check_flag(f) for f in cap.mount.mount_flags))
+
+
+def check_flag(flag: str) -> str:
+    """One mount flag, checked; an SELinux label as `NAME="LABEL"`."""
+    name, eq, value = flag.partition("=")
+    if name in SELINUX_OPTIONS and eq:
+        label = value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' else value
+        if not _SELINUX_LABEL.fullmatch(label):
+            raise invalid(f"mount flag {flag!r} is not an SELinux label: give "
+                          f'{name}="user:role:type:level", e.g. '
+                          f'{name}="system_u:object_r:container_file_t:s0:c1,c2"')
+        return f'{name}="{label}"'
+    if flag not in MOUNT_FLAGS:
+        raise invalid(f"mount flag {flag!r} (mountOptions) is not supported; use only "
+                      f"{', '.join(sorted(MOUNT_FLAGS))} or an SELinux "
+                      f"{'=, '.join(SELINUX_OPTIONS)}=")
+    return flag
+
+
+def selinux_enabled() -> bool:
+    """Whether this node's kernel runs SELinux (only then does it register
+    selinuxfs; without it, a FUSE mount refuses context= with EINVAL)."""
+    try:
+        with open(FILESYSTEMS) as f:
+            return any(line.split()[-1:] == ["selinuxfs"] for line in f)
+    except OSError:
+        return False
+
+
+def mount_options(flags: tuple[str, ...], selinux: bool) -> list[str]:
+    """The FUSE mount options of a publication's mount flags: its SELinux
+    labels only where the node has SELinux (elsewhere they label nothing, and
+    the kernel would refuse the mount)."""
+    out = []
+    for flag in flags:
+        if flag.partition("=")[0] in SELINUX_OPTIONS and not selinux:
+            log.info("mount flag %s not passed: SELinux is not enabled on this node", flag)
+            continue
+        out.append(flag)
+    return ["allow_other", *out]
 
 
 def check_context(context: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -204,14 +251,18 @@ def parse_key(secrets: dict[str, str]) -> bytes:
 
 
 def mount_command(pub: Publication, key_file: str, socket: str | None, server: Credentials,
-                  credentials: SourceCredentials, environment: ServerEnvironment
+                  credentials: SourceCredentials, environment: ServerEnvironment,
+                  selinux: bool | None = None
                   ) -> tuple[list[str], MountConfig, dict[str, str]]:
     """The `fsclient mount` arguments that serve `pub`, their config (checked
     by fsclient itself, so the keeper will not refuse them), and the whole
-    environment the keeper and its server run with (`environment.py`)."""
+    environment the keeper and its server run with (`environment.py`).
+    `selinux`: whether the node has SELinux (None: find out)."""
     ctx = dict(pub.context)
+    options = mount_options(pub.mount_flags,
+                            selinux_enabled() if selinux is None else selinux)
     argv = ["mount", ctx["source"], pub.target, "--volume", ctx["volume"],
-            "--key-file", key_file, "-o", ",".join(["allow_other", *pub.mount_flags]),
+            "--key-file", key_file, "-o", ",".join(options),
             "--server-user", f"{server.uid}:{server.gid}"]
     for g in server.groups:
         argv += ["--server-group", str(g)]
@@ -230,7 +281,7 @@ def mount_command(pub: Publication, key_file: str, socket: str | None, server: C
             key_file=key_file, socket=socket, block_size=ctx.get("blockSize"),
             meta_ttl=ctx.get("metaTTL"), readahead_blocks=ctx.get("readaheadBlocks"),
             dir_ttl=[parse_dir_ttl_flag(i) for i in ttls],
-            options=["allow_other", *pub.mount_flags],
+            options=options,
             server_user=f"{server.uid}:{server.gid}", server_groups=list(server.groups))
     except BlockcacheError as exc:
         raise invalid(f"volume_context: {exc}") from None

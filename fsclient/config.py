@@ -33,6 +33,7 @@ whether an open may keep the kernel page cache (only when TTL > 0).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -54,6 +55,8 @@ MIN_BLOCK_SIZE = 64 << 10
 MAX_BLOCK_SIZE = 16 << 20
 # Options we set ourselves or that would make the mount writable or unsafe.
 _RESERVED_OPTIONS = {"rw", "fsname", "subtype"}
+# a comma not inside double quotes (an even number of quotes follows it)
+_QUOTED_COMMA = re.compile(r',(?=(?:[^"]*"[^"]*")*[^"]*$)')
 
 
 @dataclass(frozen=True)
@@ -159,10 +162,12 @@ def parse_dir_ttl_flag(text: str) -> tuple[str, float]:
 
 
 def split_options(values: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """`-o a,b -o c` -> ("a", "b", "c"), with empty items dropped."""
+    """`-o a,b -o c` -> ("a", "b", "c"), with empty items dropped. A comma
+    inside double quotes stays in its option, as mount(8) and the kernel read
+    it: `context="system_u:object_r:t:s0:c1,c2"` is one option."""
     out = []
     for v in values:
-        for item in str(v).split(","):
+        for item in _QUOTED_COMMA.split(str(v)):
             item = item.strip()
             if item:
                 out.append(item)

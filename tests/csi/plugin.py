@@ -9,6 +9,7 @@ The targets sit under a 0750 root dir, as the kubelet's pod dirs do.
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import pwd
@@ -239,6 +240,23 @@ def dead(pid: int) -> bool:
             return f.read().rpartition(b")")[2].split()[0] == b"Z"
     except OSError:
         return True
+
+
+def kill_mount(target: str) -> dict:
+    """Kill `target`'s keeper and server together (stopped first, so neither
+    starts the other again): the mount is dead (ENOTCONN). Their status."""
+    st = keeping.status(target)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in (st["keeper"], st["server"]):
+            os.kill(pid, sig)
+    wait_dead(st["keeper"])
+    try:
+        os.listdir(target)
+    except OSError as exc:
+        assert exc.errno in (errno.ENOTCONN, errno.ECONNABORTED), exc
+    else:
+        raise AssertionError(f"{target} still answers after its keeper and server died")
+    return st
 
 
 def wait_dead(pid: int, timeout: float = 15.0) -> None:

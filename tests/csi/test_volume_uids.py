@@ -95,7 +95,8 @@ def test_a_pod_cannot_choose_another_namespaces_uid(world):
         plugin.publish("pv-victim", static, pv, world.key)
         assert _uids(static) == [str(STATIC)] * 4
 
-        # each key file is its own server's alone; the dir lists none
+        # for now (state.SERVER_OPENS_KEY_PATH): each key file is its own
+        # server's alone; the dir lists none
         keys = os.path.join(world.base, "state-uids", "keys")
         st = os.stat(keys)
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o711)

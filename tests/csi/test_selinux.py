@@ -19,6 +19,7 @@ import os
 import grpc
 import pytest
 
+from blockcache_csi.environment import ServerEnvironment, SourceCredentials
 from blockcache_csi.proto import csi_pb2
 from blockcache_csi.volumes import mount_command, selinux_enabled
 from fsclient.config import split_options
@@ -77,14 +78,16 @@ def test_the_label_reaches_mount2_whole_where_the_node_has_selinux(tmp_path):
     pub = Publication("v", str(tmp_path / "mnt"), (("source", str(tmp_path)),
                                                      ("volume", "v")), ("ro", KUBELET_FLAG), True)
     server = Credentials(65534, 65534, ())
-    argv, cfg = mount_command(pub, str(tmp_path / "k.key"), None, server, selinux=True)
+    argv, cfg, _ = mount_command(pub, str(tmp_path / "k.key"), None, server,
+                                 SourceCredentials(), ServerEnvironment(), selinux=True)
     assert argv[argv.index("-o") + 1] == f"allow_other,ro,{KUBELET_FLAG}"
     assert split_options([f"allow_other,ro,{KUBELET_FLAG}"]) == ("allow_other", "ro",
                                                                 KUBELET_FLAG)
     assert KUBELET_FLAG in cfg.fuse_options()  # what the keeper mounts with
     flags, kernel, _, _ = fusemount.split(sorted(cfg.fuse_options()))
     assert KUBELET_FLAG in kernel  # in mount(2)'s data, quotes and commas kept
-    _, without = mount_command(pub, str(tmp_path / "k.key"), None, server, selinux=False)
+    _, without, _ = mount_command(pub, str(tmp_path / "k.key"), None, server,
+                                  SourceCredentials(), ServerEnvironment(), selinux=False)
     assert KUBELET_FLAG not in without.fuse_options()
 
     # this kernel (no SELinux) refuses the label: it did reach mount(2)

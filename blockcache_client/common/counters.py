@@ -14,7 +14,7 @@ VOLUME_COUNTERS = (
     "hits", "misses", "hit_bytes", "miss_bytes", "memory_hits", "backend_bytes",
     "backend_requests", "fills_sent", "fills_dropped", "integrity_failures",
     "daemon_unavailable", "prefetches", "prefetches_dropped", "prefetches_cancelled",
-    "version_checks", "chunk_hits", "evictions_refused", "cold_opens",
+    "version_checks", "chunk_hits", "evictions_refused", "cold_opens", "chunks_decrypted",
     *CLUSTER_COUNTERS,
 )
 PENDING_HITS = 256  # lock-free chunk hits counted before they are added up

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from blockcache_client.reader.readpath import ReadPath
 from tests.support.chunkvolumes import (
     BS,
     CHUNK,
@@ -24,7 +25,7 @@ def full_path_refused(vol, monkeypatch):
     """Make the full read path fail loudly: what still reads was served by the handle."""
     def refuse(*args, **kw):
         raise AssertionError("the full read path ran")
-    monkeypatch.setattr(vol, "_read_pinned", refuse)
+    monkeypatch.setattr(ReadPath, "read", refuse)
 
 
 def test_repeat_reads_of_a_held_file_skip_the_read_path(local_source, key_file, daemon,
@@ -71,7 +72,7 @@ def test_a_closed_and_reused_descriptor_is_not_trusted(local_source, key_file, d
         with vol.open("f.bin") as f:
             f.seek(off)
             assert f.read(n) == old[off:off + n]  # block 0 held open, chunk kept
-            (ent,) = f._blocks.open.values()
+            (ent,) = f._handle._blocks.open.values()
             f.seek(BS + off)
             assert f.read(n) == old[BS + off:BS + off + n]  # pushes block 0's file out
             assert ent.closed
@@ -177,7 +178,7 @@ def test_a_block_fetched_here_is_held_once_its_fill_landed(local_source, key_fil
                     f.seek(off)
                     assert f.read(4096) == data[off:off + 4096]
             after = vol.stats()
-            assert after["open_block_files"] == 1 and not f._blocks.fetched
+            assert after["open_block_files"] == 1 and not f._handle._blocks.fetched
         assert after["chunk_hits"] - before["chunk_hits"] == (2 if fetched_by == "volume" else 1)
         assert after["misses"] == 1
 

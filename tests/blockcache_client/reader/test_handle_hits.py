@@ -211,3 +211,20 @@ def test_a_block_whose_fill_lost_is_not_looked_for_at_every_memory_hit(
                 assert f.read(4096) == data[off:off + 4096]
         assert len(looked) == 1
         assert vol.stats()["open_block_files"] == 0
+
+
+def test_a_warm_4k_random_read_decrypts_one_chunk(local_source, key_file, daemon):
+    data = random.Random(24).randbytes(2 * BS)
+    filled(local_source, key_file, daemon, "f.bin", data)
+    with volume(local_source, key_file, daemon) as vol:  # nothing of it in memory
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
+        decrypted = vol.stats()["chunks_decrypted"]
+        with vol.open("f.bin") as f:
+            off = BS + 3 * CHUNK + 100  # the handle's first read, not in its block's chunk 0
+            f.seek(off)
+            assert f.read(4096) == data[off:off + 4096]
+            assert vol.stats()["chunks_decrypted"] - decrypted == 1
+        off = 7 * CHUNK + 4000  # across no chunk boundary: one chunk again
+        assert vol.read("f.bin", off, 4096) == data[off:off + 4096]
+        assert vol.stats()["chunks_decrypted"] - decrypted == 2
+        assert vol.stats()["misses"] == 0

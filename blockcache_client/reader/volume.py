@@ -50,6 +50,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
 import weakref
 
 from ..common.counters import Counters
@@ -71,6 +72,7 @@ from .fetch import Fetcher
 from .fills import Sealer
 from .handle import FileHandle
 from .hits import HitReader
+from .hostfill import ByteBudget, HostFill
 from .memory import BlockMemory
 from .metadata import Metadata
 from .parts import ReadParts
@@ -350,6 +352,16 @@ class Volume:
     def _handle(self, rel: str, info: FileInfo, first: bytes | None = None,
                 **how) -> FileHandle:
         return FileHandle(self._live_path, rel, info, first, chunk_size=self._chunk_size, **how)
+
+    def host_fill(self, budget: ByteBudget, cancelled: threading.Event) -> HostFill:
+        """What `prefetch_ahead` puts files into the host cache with, in this
+        process (`hostfill`)."""
+        key, chunk = self._volume_key, self._chunk_size
+
+        def seal(block_key: str, data: bytes) -> memoryview:  # (`seal` without its copy)
+            return blockfile.seal_into(block_key, data, key, chunk)[0]
+        return HostFill(self._live_path().parts, seal, self.socket_path, self._daemon_uid,
+                        budget, cancelled)
 
     def _block_len(self, info: FileInfo, boff: int) -> int:
         return min(self.block_size, info.size - boff)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-# the cluster tier (reader/tier.py): blocks or ranges found and not found,
+# the cluster tier (reader/misses/tier.py): blocks or ranges found and not found,
 # item bytes received, server failures, bad items removed, fills to the tier
 CLUSTER_COUNTERS = (
     "cluster_hits", "cluster_misses", "cluster_bytes", "cluster_errors", "cluster_bad",

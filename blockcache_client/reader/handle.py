@@ -35,11 +35,11 @@ import contextlib
 from collections.abc import Callable
 
 from ..sources.fileinfo import FileInfo
-from .chunks import CHUNKED_READ_MAX
-from .handlehits import HandleBlocks
-from .hits import deliver
+from .ahead.sequential import SEQ_START, Stream
+from .hits.blockhits import deliver
+from .hits.chunks import CHUNKED_READ_MAX
+from .hits.handlehits import HandleBlocks
 from .readpath import ReadPath
-from .sequential import SEQ_START, Stream
 
 Blocking = Callable[[], contextlib.AbstractContextManager]
 
@@ -68,7 +68,7 @@ class FileHandle:
         path = self._path = live()
         parts = path.parts
         self._prefix = parts.key_prefix(rel, info.version)
-        self._blocks = HandleBlocks(parts, rel, info)
+        self._blocks = HandleBlocks(parts.hits, parts.key_prefix, parts.block_size, rel, info)
         self._stream = Stream()
         self._first = first
         self._seq_start = seq_start
@@ -179,7 +179,9 @@ class FileHandle:
     def _renew(self, path: ReadPath) -> None:
         """The process forked: the parent's parts (and held files) are not ours."""
         self._path = path
-        self._blocks = HandleBlocks(path.parts, self.rel, self.info)
+        parts = path.parts
+        self._blocks = HandleBlocks(parts.hits, parts.key_prefix, parts.block_size, self.rel,
+                                    self.info)
         self._stream = Stream()
 
     def close(self) -> None:

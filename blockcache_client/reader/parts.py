@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from ..common.counters import Counters
 from ..daemonclient.link import DaemonLink
-from .blockfds import BlockFiles
-from .fetch import Fetcher
-from .hits import HitReader
-from .prefetch import Prefetcher
-from .sequential import SequentialReads
+from .ahead.prefetch import Prefetcher
+from .ahead.sequential import SequentialReads
+from .hits.blockfds import BlockFiles
+from .hits.blockhits import HitReader
+from .misses.fetch import Fetcher
 
 
 @dataclass(frozen=True, slots=True)

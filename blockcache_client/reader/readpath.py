@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 from ..common.filledbytes import FilledBytes, release
 from ..sources.fileinfo import FileInfo
-from .handlehits import HandleBlocks
+from .ahead.sequential import Stream
+from .hits.handlehits import HandleBlocks
 from .parts import ReadParts
-from .sequential import Stream
 
 
 class ReadPath:

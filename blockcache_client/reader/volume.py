@@ -63,23 +63,23 @@ from ..sources.backend import Backend
 from ..sources.fileinfo import FileInfo, normalize
 from ..volumekey import load_key_file
 from . import options
-from .blockfds import BlockFiles
-from .chunkhits import ChunkCache, ChunkedHits
-from .ciphers import Ciphers
-from .coldopen import ColdOpens
-from .decrypt import ParallelDecrypt
-from .fetch import Fetcher
-from .fills import Sealer
+from .ahead.hostfill import ByteBudget, HostFill
+from .ahead.prefetch import Prefetcher
+from .ahead.sequential import SEQ_START, SequentialReads
 from .handle import FileHandle
-from .hits import HitReader
-from .hostfill import ByteBudget, HostFill
-from .memory import BlockMemory
-from .metadata import Metadata
+from .hits.blockfds import BlockFiles
+from .hits.blockhits import HitReader
+from .hits.chunkhits import ChunkCache, ChunkedHits
+from .hits.ciphers import Ciphers
+from .hits.decrypt import ParallelDecrypt
+from .hits.memory import BlockMemory
+from .misses.coldopen import ColdOpens
+from .misses.fetch import Fetcher
+from .misses.fills import Sealer
+from .misses.metadata import Metadata
+from .misses.tier import TierReads
 from .parts import ReadParts
-from .prefetch import Prefetcher
 from .readpath import ReadPath
-from .sequential import SEQ_START, SequentialReads
-from .tier import TierReads
 from .volumefile import VolumeFile
 
 log = logging.getLogger(__name__)

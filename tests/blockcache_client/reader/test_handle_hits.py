@@ -61,7 +61,7 @@ def test_a_closed_and_reused_descriptor_is_not_trusted(local_source, key_file, d
     went to another file; the block was then evicted and filled with new
     bytes. The handle must not take the other file's link count for its
     block's: it reads the new block."""
-    from blockcache_client.reader import blockfds
+    from blockcache_client.reader.hits import blockfds
     monkeypatch.setattr(blockfds, "OPEN_LIMIT", 1)
     old = random.Random(21).randbytes(2 * BS)
     new = random.Random(22).randbytes(2 * BS)

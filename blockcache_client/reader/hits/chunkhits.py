@@ -22,14 +22,14 @@ import errno
 import logging
 import os
 
-from ..common.nowait import Unsupported
-from ..common.nowait import open_cached as nowait_open
-from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, file_size
-from ..contract.errors import FormatError, IntegrityError
-from ..contract.layout import Layout
+from ...common.nowait import Unsupported
+from ...common.nowait import open_cached as nowait_open
+from ...contract.blockfile import HEADER_SIZE, TAG_SIZE, file_size
+from ...contract.errors import FormatError, IntegrityError
+from ...contract.layout import Layout
 from .blockfds import BlockFiles, Holder, OpenBlock
+from .blockhits import O_BLOCK_FILE, HitReader, check_block_stat
 from .chunks import ChunkCache, assemble, cut, lookup
-from .hits import O_BLOCK_FILE, HitReader, check_block_stat
 
 log = logging.getLogger(__name__)
 

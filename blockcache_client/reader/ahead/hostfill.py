@@ -37,19 +37,33 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-from ..contract.errors import DaemonError, DaemonUnavailable
-from ..daemonclient.client import Client
-from ..sources.backend import FileInfo
-from .parts import ReadParts
+from ...contract.errors import DaemonError, DaemonUnavailable
+from ...daemonclient.client import Client
+from ...daemonclient.link import DaemonLink
+from ...sources.backend import FileInfo
+from ..hits.blockhits import HitReader
+from ..misses.fetch import Fetcher
+from ..options import WRITE_WAIT
 
 log = logging.getLogger(__name__)
 
 PUT_TIMEOUT = 5.0         # seconds one put may take on the wire
-WRITE_WAIT = 10.0         # seconds an accepted block may take to reach its path
 BUSY_RETRIES = 5          # puts retried while the daemon's queue is full
 _BUSY = frozenset({"queue_full", "over_share"})
 _ON_ITS_WAY = frozenset({"queued", "duplicate"})  # accepted, or another writer's is queued
+
+
+class FillParts(Protocol):
+    """What a host fill uses of its volume in this process (`parts.ReadParts`)."""
+
+    block_size: int
+    window: int                            # blocks one source request may bring
+    hits: HitReader                        # is a block cached
+    fetcher: Fetcher                       # the source's reads
+    link: DaemonLink                       # the daemon's layout
+    key_prefix: Callable[[str, str], str]  # (path, version) -> the blocks' key prefix
 
 
 class Cancelled(Exception):
@@ -88,7 +102,7 @@ class HostFill:
     """Puts files of one `Volume` into the host cache (thread-safe; built in
     and used by the process that owns the volume: `Volume.host_fill`)."""
 
-    def __init__(self, parts: ReadParts, seal: Callable[[str, bytes], memoryview],
+    def __init__(self, parts: FillParts, seal: Callable[[str, bytes], memoryview],
                  socket_path: str, daemon_uid: int | None, budget: ByteBudget,
                  cancelled: threading.Event):
         """`parts`: this process's pieces of the volume; `seal(key,

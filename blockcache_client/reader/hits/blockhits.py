@@ -25,14 +25,14 @@ import logging
 import os
 import stat
 
-from ..common import nowait
-from ..common.aligned import PAGE, aligned
-from ..common.counters import Counters
-from ..common.nowait import Unsupported
-from ..common.nowait import open_cached as nowait_open
-from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, chunk_span, file_size
-from ..contract.errors import FormatError, IntegrityError
-from ..daemonclient.link import DaemonLink
+from ...common import nowait
+from ...common.aligned import PAGE, aligned
+from ...common.counters import Counters
+from ...common.nowait import Unsupported
+from ...common.nowait import open_cached as nowait_open
+from ...contract.blockfile import HEADER_SIZE, TAG_SIZE, chunk_span, file_size
+from ...contract.errors import FormatError, IntegrityError
+from ...daemonclient.link import DaemonLink
 from .blockfds import Holder
 from .ciphers import Ciphers
 from .decrypt import PARALLEL_MIN, ParallelDecrypt

@@ -43,7 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..common.counters import Counters
-from .hostfill import ByteBudget, Cancelled
+from .ahead.hostfill import ByteBudget, Cancelled
 from .volume import Volume
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..sources.fileinfo import FileInfo
-from .options import part_blocks
+from ...sources.fileinfo import FileInfo
+from ..options import part_blocks
 
 SEQ_START = 256 << 10     # a read this large at offset 0 (or continuing one) is sequential
 # "continues the previous read": starts this close to its end (the reader

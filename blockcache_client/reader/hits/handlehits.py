@@ -25,22 +25,25 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
-from ..sources.fileinfo import FileInfo
+from ...sources.fileinfo import FileInfo
+from ..options import WRITE_WAIT
 from .blockfds import BlockFiles, OpenBlock
+from .blockhits import HitReader
 from .chunks import CHUNKED_READ_MAX, PAGE, assemble, cut, lookup
-from .hostfill import WRITE_WAIT
-from .parts import ReadParts
 
 
 class HandleBlocks:
     """The block files one open handle uses: the owner set of `blockfds` and
     the open file of each block it read through the chunk cache."""
 
-    __slots__ = ("keys", "open", "fetched", "_given_up", "_parts", "_rel", "_version",
-                 "_size", "_block_size")
+    __slots__ = ("keys", "open", "fetched", "_given_up", "_hits", "_key_prefix", "_rel",
+                 "_version", "_size", "_block_size")
 
-    def __init__(self, parts: ReadParts, rel: str, info: FileInfo) -> None:
+    def __init__(self, hits: HitReader, key_prefix: Callable[[str, str], str],
+                 block_size: int, rel: str, info: FileInfo) -> None:
+        """`key_prefix(path, version)`: the version's block key prefix."""
         self.keys: set[str] = set()  # block files the table keeps open for this handle
         # block index -> the open file its chunks are under (one version: the
         # index names the block)
@@ -51,11 +54,12 @@ class HandleBlocks:
         # blocks whose files are not to be held: another fill's is in place,
         # or ours never landed (each read would try again in vain)
         self._given_up: set[int] = set()
-        self._parts = parts
+        self._hits = hits
+        self._key_prefix = key_prefix
         self._rel = rel
         self._version = info.version
         self._size = info.size
-        self._block_size = parts.block_size
+        self._block_size = block_size
 
     def remember(self, key: str, ent: OpenBlock) -> None:
         """A chunked read of `key` succeeded with the open file `ent`."""
@@ -104,7 +108,7 @@ class HandleBlocks:
             ent = self._hold(b)
             if ent is None:
                 return None
-        hits = self._parts.hits
+        hits = self._hits
         link = hits.link
         if link.layout is None:  # no daemon: misses, as on the full path
             return None
@@ -145,10 +149,10 @@ class HandleBlocks:
         has landed (`ChunkedHits.hold`). A block not sealed here is not tried
         again; one whose fill lost to another's file, or has not landed by its
         time, is given up; one whose fill is on its way is tried at the next read."""
-        hits = self._parts.hits
+        hits = self._hits
         chunks = hits.chunks
         if key is None:
-            key = self._parts.key_prefix(self._rel, self._version) + format(
+            key = self._key_prefix(self._rel, self._version) + format(
                 b * self._block_size, "016x")
         if head is None and chunks is not None:
             head = chunks.cache.sealed_head(key)

@@ -4,7 +4,7 @@
   reads that version.
 - A small file (up to WHOLE_FILE_MAX, within one block) is read whole. When
   its cache file is in the page cache it is read at open
-  (`Volume.readinto_nowait`, which cannot wait on a disk) and, when no other
+  (its reader's `read_nowait`, which cannot wait on a disk) and, when no other
   handle of it is open, handed to the kernel's page cache before the open
   answers (`_store`), so its reads need no request. Otherwise its first read
   request reads it whole; later reads are slices of that.

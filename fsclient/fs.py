@@ -64,6 +64,9 @@ class BlockcacheFS:
         self.dir_handles: dict[int, tuple[FileInfo, ...]] = {}
         self._dir_fh = HandleNumbers()  # numbers that name the snapshot (see handleids)
         self.dirs_adopted = 0  # directory handles opened before this server, listed again
+        # the keeper that handed this server the connection (its pid, as it
+        # said): the mount vouches for it to askers of another uid (`control`)
+        self.keeper = 0
         # requests per operation and workers busy: the session's, once it runs
         self.op_counts: Callable[[], dict[str, int]] = dict
         self.handoffs: Callable[[], int] = int  # waits handed off with their thread
@@ -99,7 +102,8 @@ class BlockcacheFS:
                 "stored_pages": files.pages.stored_pages, "stores_skipped": files.pages.skipped,
                 "nodes_recovered": self.nodes.recovered, **self._saved_stats(),
                 "handles_recovered": files.adopted + self.dirs_adopted,
-                "ops": self.op_counts(), "waits_handed_off": self.handoffs()}
+                "ops": self.op_counts(), "waits_handed_off": self.handoffs(),
+                "keeper": self.keeper}
 
     def _saved_stats(self) -> dict:
         saved = self.nodes.saved

@@ -41,7 +41,6 @@ from typing import Any
 from blockcache_client.contract import protocol
 from blockcache_client.contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
 from blockcache_client.daemonclient.client import Client
-from blockcache_client.volumekey import load_key_file
 
 from . import mountpoint as mp
 from .config import MountConfig
@@ -49,6 +48,7 @@ from .keeper import successor
 from .keeper.fdstore import PASSED_ON, Passing, pass_on
 from .keeper.handoff import HANDED_OVER, RESTART_SIGNAL, Connection, KeeperLink
 from .keeper.saved import SavedState, SavedStateError
+from .mountkey import check_key, inherited, volume_key
 from .mountpoint import MountError
 from .session import mount as fusemount
 
@@ -146,7 +146,7 @@ def open_volume(cfg: MountConfig) -> Any:
     def make() -> Any:
         # meta_ttl=0: the mount's own caches hold its metadata (per-prefix
         # TTLs) and ask the volume for fresh answers; it keeps none twice
-        return Volume(cfg.volume, cfg.source, cfg.key_file, socket_path=cfg.socket,
+        return Volume(cfg.volume, cfg.source, volume_key(cfg), socket_path=cfg.socket,
                       block_size=cfg.block_size, meta_ttl=0,
                       fill_queue_bytes=cfg.fill_queue_bytes,
                       memory_cache_bytes=cfg.memory_cache_bytes, **cfg.storage_options)
@@ -174,7 +174,7 @@ def run(cfg: MountConfig, readiness: Readiness, link: KeeperLink) -> int:
 
     mountpoint = mp.absolute(cfg.mountpoint)
     try:
-        load_key_file(cfg.key_file)
+        check_key(cfg)
         check_daemon(cfg, readiness)
         volume = open_volume(cfg)
     except BlockcacheError as exc:
@@ -192,6 +192,7 @@ def run(cfg: MountConfig, readiness: Readiness, link: KeeperLink) -> int:
                             f"available, and are you root or is fusermount3 setuid?)")
             return 1
         fs.nodes.saved = state
+        fs.keeper = conn.keeper
         session = Session(fs, cfg.threads, terms=None if conn.fresh else state.terms)
         session.on_init = state.save_terms
         fs.attach(session)
@@ -250,7 +251,7 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
     def on_keeper_lost() -> None:
         # (ending or handing over already: no keeper is wanted)
         if not conn.stored and not stop.is_set() and successor.take_over(
-                sys.argv[1:], conn.fuse_fds, conn.saved_fd, mountpoint):
+                sys.argv[1:], conn.fuse_fds, conn.saved_fd, mountpoint, fs.cfg.key_fd):
             return on_handover()  # to the keeper this server started
         # ending the process closes the last descriptors of the connection (but
         # systemd's): the kernel aborts it, and the mount answers ENOTCONN
@@ -358,7 +359,8 @@ def spawn(argv: list[str], cfg: MountConfig, log_file: str | None,
         k: v for k, v in (passing.env or {}).items() if k.startswith("LISTEN_") or k == PASSED_ON}}
     try:
         child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                 env=child_env, start_new_session=detach, **passing.popen(w))
+                                 env=child_env, start_new_session=detach,
+                                 **passing.popen(w, *inherited(cfg)))
     finally:
         os.close(w)
         out.close()

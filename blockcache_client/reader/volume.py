@@ -61,7 +61,7 @@ from ..contract.errors import DaemonError, DaemonUnavailable
 from ..daemonclient.link import DaemonLink
 from ..sources.backend import Backend
 from ..sources.fileinfo import FileInfo, normalize
-from ..volumekey import load_key_file
+from ..volumekey import load_key
 from . import options
 from .ahead.hostfill import ByteBudget, HostFill
 from .ahead.prefetch import Prefetcher
@@ -104,8 +104,8 @@ class Volume:
     of the socket's dir; see `client`). All methods are thread-safe.
     """
 
-    def __init__(self, name: str, source: str, key_file: str, socket_path: str | None = None,
-                 block_size: int = 4 << 20, meta_ttl: float = 60.0,
+    def __init__(self, name: str, source: str, key_file: str | int,
+                 socket_path: str | None = None, block_size: int = 4 << 20, meta_ttl: float = 60.0,
                  fill_queue_bytes: int = 256 << 20, memory_cache_bytes: int = 64 << 20,
                  daemon_uid: int | None = None, chunk_cache: bool = True, **storage_options):
         self.name = check_volume_name(name)
@@ -116,7 +116,7 @@ class Volume:
         self._storage_options = dict(storage_options)
         self.block_size = options.check_block_size(name, block_size)
         self.meta_ttl = float(meta_ttl)
-        self._volume_key = load_key_file(key_file)
+        self._volume_key = load_key(key_file)  # (a path, or a descriptor: `load_key`)
         # block names derive from the key too: equal on every host with it, opaque to
         # others; a same-named volume under another key is another namespace
         self.names = KeyNamer(self._volume_key)
@@ -211,8 +211,8 @@ class Volume:
     def __reduce__(self):
         # A spawn/forkserver worker (a DataLoader's) gets a new Volume built
         # from the same arguments: the key is read again from its file there.
-        if self._closed:
-            raise ValueError(f"volume {self.name} is closed: a closed volume cannot be pickled")
+        if self._closed or isinstance(self._init_args[2], int):  # (a descriptor is ours)
+            raise ValueError(f"cannot pickle volume {self.name}: closed, or keyed by a descriptor")
         return (_rebuild_volume, (self._init_args, self._storage_options))
 
     # -- metadata ----------------------------------------------------------------

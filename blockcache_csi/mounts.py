@@ -109,7 +109,6 @@ class Mounts:
         server = self._server(pub)
         self.state.save_credentials(pub.target, credentials)
         self.state.save(pub, key)
-        self.state.own_key(pub.target, (server.uid, server.gid))
         argv, cfg, env = mount_command(pub, self.state.key_file(pub.target), self.socket,
                                        server, credentials, self.environment)
         child, why = fsmount.spawn(argv, cfg, self.log_file, detach=True, env=env)
@@ -255,7 +254,6 @@ class Mounts:
             return
         try:
             server = self._server(pub)
-            self.state.own_key(pub.target, (server.uid, server.gid))  # (its uid flag changed)
             argv, cfg, env = mount_command(pub, self.state.key_file(pub.target), self.socket,
                                            server, self.state.credentials(pub.target),
                                            self.environment)

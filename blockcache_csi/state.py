@@ -34,10 +34,6 @@ from .volumes import Publication
 log = logging.getLogger(__name__)
 
 FORMAT = 1
-# For now (drop with the commit that added it): today's fsclient server opens
-# its key file by path, so that file is its server's (0400) and the dirs
-# above it searchable (0711), until the keeper hands servers a descriptor.
-SERVER_OPENS_KEY_PATH = True
 
 
 def target_id(target: str) -> str:
@@ -56,10 +52,9 @@ class StateDir:
         """Make the dirs, root's alone (fixing owners and modes), and remove what
         a crash left: temporary files, and keys without a record."""
         for path in (self.path, self.mounts, self.keys):
-            mode = 0o711 if SERVER_OPENS_KEY_PATH and path != self.mounts else 0o700
-            os.makedirs(path, mode, exist_ok=True)
+            os.makedirs(path, 0o700, exist_ok=True)
             os.chown(path, 0, 0)
-            os.chmod(path, mode)
+            os.chmod(path, 0o700)
         for d in (self.mounts, self.keys):
             for name in os.listdir(d):
                 if name.endswith(".tmp"):
@@ -131,13 +126,6 @@ class StateDir:
 
     def load(self, target: str) -> Publication | None:
         return self._read(self._record_file(target))
-
-    def own_key(self, target: str, owner: tuple[int, int]) -> None:
-        """Give `target`'s key file to `owner` (its server's uid and gid), 0400,
-        while `SERVER_OPENS_KEY_PATH`."""
-        if SERVER_OPENS_KEY_PATH:
-            os.chown(self.key_file(target), *owner)
-            os.chmod(self.key_file(target), 0o400)
 
     def key(self, target: str) -> bytes | None:
         try:

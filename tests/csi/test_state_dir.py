@@ -17,15 +17,12 @@ import subprocess
 
 import pytest
 
-from blockcache_csi.state import SERVER_OPENS_KEY_PATH, StateDir, target_id
+from blockcache_csi.state import StateDir, target_id
 from blockcache_csi.volumes import Publication
 from tests.csi.plugin import NOBODY, keeper_status, status_of
 from tests.support.trees import snapshot
 
 pytestmark = [pytest.mark.timeout(120)]
-needs_key_descriptor = pytest.mark.skipif(
-    SERVER_OPENS_KEY_PATH, reason="fsclient's server still opens its key file by path, so "
-    "keys stay readable by their server's uid (state.SERVER_OPENS_KEY_PATH, to drop)")
 TENANT = 40002  # a --volume-uid: the volume's servers' own uid
 
 
@@ -49,7 +46,6 @@ def assert_roots_alone(state: str, key_file: str) -> None:
         assert not opens_as(uid, key_file), f"uid {uid} read {key_file}"
 
 
-@needs_key_descriptor
 def test_a_saved_key_is_roots_alone(tmp_path):
     state = StateDir(str(tmp_path / "state"))
     os.makedirs(os.path.join(state.path, "keys"), 0o711)  # as an older plugin left it
@@ -83,7 +79,6 @@ def test_an_orphan_key_is_removed_at_start(world):
         plugin.stop()
 
 
-@needs_key_descriptor
 @pytest.mark.fuse
 def test_a_mount_serves_with_keys_only_root_can_read(world):
     # needs the keeper to hand servers their key as a descriptor (#41)

@@ -95,17 +95,17 @@ def test_a_pod_cannot_choose_another_namespaces_uid(world):
         plugin.publish("pv-victim", static, pv, world.key)
         assert _uids(static) == [str(STATIC)] * 4
 
-        # for now (state.SERVER_OPENS_KEY_PATH): each key file is its own
-        # server's alone; the dir lists none
+        # each key file is root's alone: neither server's uid opens any
         keys = os.path.join(world.base, "state-uids", "keys")
-        st = os.stat(keys)
-        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o711)
-        owners = {os.stat(os.path.join(keys, n)).st_uid: os.path.join(keys, n)
-                  for n in os.listdir(keys) if n.endswith(".key")}
-        assert set(owners) == {VICTIM, STATIC}
-        cat = subprocess.run(["cat", owners[VICTIM]], user=STATIC, group=STATIC,
-                             extra_groups=[], capture_output=True, timeout=30)
-        assert cat.returncode != 0, f"uid {STATIC} read {owners[VICTIM]}"
+        assert (os.stat(keys).st_uid, stat.S_IMODE(os.stat(keys).st_mode)) == (0, 0o700)
+        for name in os.listdir(keys):
+            st = os.stat(os.path.join(keys, name))
+            assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600), name
+            for reader in (NOBODY.pw_uid, VICTIM, STATIC):
+                cat = subprocess.run(["cat", os.path.join(keys, name)], user=reader,
+                                     group=reader, extra_groups=[], capture_output=True,
+                                     timeout=30)
+                assert cat.returncode != 0, f"uid {reader} read {name}"
 
         # a restarted plugin (an upgrade) takes the mounts over as the same uids
         before = keeper_status(own)

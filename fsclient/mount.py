@@ -45,7 +45,7 @@ from blockcache_client.daemonclient.client import Client
 from . import mountpoint as mp
 from .config import MountConfig
 from .keeper import successor
-from .keeper.fdstore import PASSED_ON, Passing, pass_on
+from .keeper.fdstore import Passing, pass_on
 from .keeper.handoff import HANDED_OVER, RESTART_SIGNAL, Connection, KeeperLink
 from .keeper.saved import SavedState, SavedStateError
 from .mountkey import check_key, inherited, volume_key
@@ -355,11 +355,9 @@ def spawn(argv: list[str], cfg: MountConfig, log_file: str | None,
     cmd = [sys.executable, "-m", "fsclient.cli", *argv, "--foreground", "--ready-fd", str(w)]
     out = open(log_file, "ab") if log_file else open(os.devnull, "wb")
     passing = passed or pass_on()  # a kept connection is for the keeper (Type=forking)
-    child_env = passing.env if env is None else {**env, **{
-        k: v for k, v in (passing.env or {}).items() if k.startswith("LISTEN_") or k == PASSED_ON}}
     try:
         child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                 env=child_env, start_new_session=detach,
+                                 env=passing.environment(env), start_new_session=detach,
                                  **passing.popen(w, *inherited(cfg)))
     finally:
         os.close(w)

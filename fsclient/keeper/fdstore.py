@@ -28,7 +28,7 @@ import array
 import fcntl
 import os
 import socket
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -82,6 +82,14 @@ class Passing:
         self.env = env
         self.keep = keep  # passed at their numbers (pass_on)
         self.high = high  # dup'd high, placed at 3.. in the child (hand_on)
+
+    def environment(self, base: Mapping[str, str] | None) -> dict[str, str] | None:
+        """The child's environment: `base` (None: ours) with the variables that
+        pass the descriptors on."""
+        if base is None:
+            return self.env
+        return {**base, **{k: v for k, v in (self.env or {}).items()
+                           if k.startswith("LISTEN_") or k == PASSED_ON}}
 
     def popen(self, *also: int) -> dict[str, Any]:
         """Popen's fd arguments, with `also` passed at their numbers too."""

@@ -81,12 +81,13 @@ def test_an_orphan_key_is_removed_at_start(world):
 
 @pytest.mark.fuse
 def test_a_mount_serves_with_keys_only_root_can_read(world):
-    # needs the keeper to hand servers their key as a descriptor (#41)
+    # the keeper (root) hands its server the key as a descriptor
     plugin = world.plugin(state="state-keys", name="keys",
-                          args=("--volume-uid", f"tenant-b={TENANT}")).start()
+                          args=("--namespace-uid", f"tenant-b={TENANT}")).start()
     target = world.target()
     try:
-        plugin.publish("vol-key", target, world.context("tenant-b"), world.key)
+        plugin.publish("vol-key", target, world.context("data", namespace="tenant-b"),
+                       world.key)
         assert snapshot(target) == snapshot(world.source)
         server = status_of(keeper_status(target)["server"])
         assert server["Uid"].split()[0] == str(TENANT)

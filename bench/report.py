@@ -65,7 +65,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def targets(result: dict) -> list[dict]:
-    """The issue's targets, each with the measured ratio and whether it is met."""
+    """The suite's targets (docs/benchmarks.md), each with the measured ratio and
+    whether it is met."""
     idx = _index(result["rows"])
     out = []
 
@@ -98,9 +99,9 @@ def targets(result: dict) -> list[dict]:
             add(f"cold Volume >= 1.0x {peer}", "small-files", config, "volume", peer, 1, 1.0)
         for peer in ("rclone", "s3fs-fuse"):
             add(f"cold FUSE >= 1.0x {peer}", "small-files", config, "fuse", peer, 1, 1.0)
-    # issue 33: cold large files against AWS's CRT client (many 8 MiB parts in flight)
+    # cold large files against AWS's CRT client (many 8 MiB parts in flight)
     add("cold Volume >= 1.0x crt", "large-seq", "1 reader", "volume", "crt", 1, 1.0)
-    # issue 22: warm small random reads through Volume, files held open
+    # warm small random reads through Volume, files held open
     for config, want in (("4 KiB", 0.5), ("128 KiB", 1.0)):
         add(f"warm random reads: Volume >= {want:.1f}x fsspec-simplecache", "random", config,
             "volume", "fsspec-simplecache", 2, want)

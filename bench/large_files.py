@@ -81,7 +81,7 @@ log = logging.getLogger("bench.large_files")
 
 COLD_SYSTEMS = ("volume", "crt", "s3fs")
 MODEL_SYSTEMS = ("local", "fuse", "volume", "crt")
-# the targets: name, (numerator, denominator) row keys, wanted ratio
+# the targets (docs/benchmarks.md): name, the ratio's row key, wanted ratio
 TARGETS = [
     ("warm 1 MiB sequential via Volume readinto >= 0.8x parallel decrypt", "warm_vs_decrypt", 0.8),
     ("cold small files: Volume >= 1.0x crt", "small_vs_crt", 1.0),

@@ -13,11 +13,11 @@ written block), per key:
 and the index's memory per entry (tracemalloc, keys included).
 
 Each policy the engine knows ("lru" = every block admitted, the LRU evicts,
-as before the capacity policy; "tinylfu") has its own engines, all alive at
+with no admission policy; "tinylfu") has its own engines, all alive at
 once; each round times one chunk of each op under each policy in turn (the
 order alternating), in CPU time of this process. Printed: each policy's
 median, and the median of the rounds' tinylfu/lru ratios judged against the
-issue's target (within 10%): pairs timed side by side, so a change of load
+target (within 10%): pairs timed side by side, so a change of load
 on a shared machine hits both sides of a ratio alike. Run it with PYTHONPATH
 pointing at an older tree to measure that tree's engine (if it has no policy
 setting, one column, "default").

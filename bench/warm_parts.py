@@ -2,7 +2,7 @@
 
     python -m bench.warm_parts [--mib 64] [--rounds 5] [--workdir DIR]
 
-The issue's warm target is 0.8x the machine's parallel AES-GCM decrypt rate
+The warm target is 0.8x the machine's parallel AES-GCM decrypt rate
 R, measured with every core decrypting: given the same CPU as R had, a MiB
 may then cost 1 / 0.8 of the AES's CPU a MiB per thread with every core
 decrypting, all parts together (C / (0.8 R) on C idle cores). This prints,

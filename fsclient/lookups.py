@@ -84,7 +84,7 @@ class Lookups:
             running = self._tasks.get(parent)
             if running is None:
                 # this lookup starts the listing and does not wait for it (a
-                # huge directory's takes many requests): one stat, as before
+                # huge directory's takes many requests): it stats its one path
                 self.list_in_background(parent)
             elif _await_listing(*running):
                 cached = self.cached(path)

@@ -5,9 +5,10 @@
   a slow scrape cannot stall request handling.
 - `Histogram`: a latency histogram for hot paths. prometheus-client's own
   takes a lock per observation; this one is a list of bucket counts that one
-  thread updates (the daemon's event loop, fsclient's FUSE loop) and a
-  collector copies on that same thread, or reads racily but monotonically
-  (a scrape may see an observation in a bucket before the sum; harmless).
+  thread updates (the daemon's event loop) and a collector copies on that
+  same thread, or reads racily but monotonically (a scrape may see an
+  observation in a bucket before the sum; harmless). `LockedHistogram` is
+  the same under a lock, for many threads (fsclient's FUSE workers).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ says so exactly:
 
 `SUPPORTED` is False where openat2 is not available (not Linux, an
 architecture whose syscall number is not known here, or a kernel before
-5.12): callers then take their blocking path on a thread, as before.
+5.12): callers then take their blocking path, on a thread.
 A kernel or file system that refuses either call at run time (ENOSYS,
 EOPNOTSUPP, EINVAL) raises `Unsupported`, so the caller can stop trying.
 """

@@ -34,7 +34,7 @@ the filler. Handing it to the filler cost more than sealing it: a thread
 wake-up, GIL hand-offs and a wait for the reply. It is sent before the read
 returns: left for the reader's next GET's wait, it measured no faster on 2
 busy CPUs and reached the daemon late for other processes reading the
-block (docs/benchmarks.md, "Cold small files"). Puts are posted
+block (docs/reader.md, "S3 sources"). Puts are posted
 (`Client.post`), never waited for one by one: their replies are read in
 batches, by a put once `COLLECT_AFTER` are unread (those that have arrived),
 by the filler when the link's control thread nudges it (every

@@ -18,7 +18,7 @@ not: bodies without `Content-Length` (chunked or read to close) are only
 dropped, never read (`body_known` is False: S3 gives a GetObject's length,
 and `s3direct` hands any other answer to s3fs), redirects, proxies, and
 connections opened ahead of their GET for a server that closes each one
-(measured no faster: docs/benchmarks.md, "Cold small files").
+(measured no faster: docs/reader.md, "S3 sources").
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ new keeper connects its server once this end closes, at the exit, and that
 server resends what this one left unanswered. No read fails.
 
 If the new keeper cannot start, exits, or sends no ack within ACK_TIMEOUT,
-the server ends the connection as before: a dead mount, which the next
-`fsclient mount` there recovers.
+the server ends the connection, as it would with no successor: a dead
+mount, which the next `fsclient mount` there recovers.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ with its thread counts as busy until it is answered).
 
 Interrupts: the kernel asks to interrupt a request it is waiting for (a reader got
 a signal). A handler on a thread cannot be stopped, so the interrupted request is
-answered EINTR at once, as the asyncio layer did by cancelling; the handler's own
+answered EINTR at once, which ends the reader's wait; the handler's own
 late answer then finds the request gone and is dropped (an OPEN's handle is
 released, the kernel never having seen it). The kernel interrupts only requests
 it has handed to a reader, but another worker may not have registered its request

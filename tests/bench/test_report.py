@@ -105,6 +105,8 @@ def test_publish_writes_the_results_page_and_no_hand_written_page(tmp_path):
     assert page.read_text() == "# Bench\nhand-written, no run's figures\n"
     tables = (docs / "benchmarks-results.md").read_text()
     assert "STALE-TABLES" not in tables and "do not edit" in tables
+    # the build measured is said before anything else
+    assert tables.split("\n\n")[2].startswith("**Measured: commit abc**, run of 2026-01-01")
     assert "(benchmarks.md)" in tables and "Run of 2026-01-01 00:00 UTC (commit abc)" in tables
     # the verdicts: a miss and a target not measured say so
     assert "| warm FUSE >= 3x rclone vfs full | small-files | 1 reader | 2.00x" in tables

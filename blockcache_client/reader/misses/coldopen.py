@@ -14,9 +14,10 @@ found or missing, sends that one GET (`Backend.read_first`): the FileInfo
 goes to the metadata cache, the block to the memory LRU and the daemon as
 a miss's does, and to the file object for its first read (the cluster tier
 is not asked: the directory's first file was not there). The first file of
-a directory not seen yet is stat-ed as before: its read finds the directory
-cold or warm. A warm directory, and any path seen before (its blocks were
-filled), keep the stat and the listing: one request a directory and no GET.
+a directory not seen yet is stat-ed, as in a warm directory: its read
+finds the directory cold or warm. A warm directory, and any path seen
+before (its blocks were filled), keep the stat and the listing: one
+request a directory and no GET.
 A GET-opened file whose block is cached already (another process filled it)
 makes its directory warm again.
 

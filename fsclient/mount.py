@@ -67,8 +67,8 @@ KERNEL_READAHEAD_KB = 1024
 # then). Garbage cycles are rare here (reference counting frees each
 # request's objects), so collecting less often costs little memory.
 GC_YOUNG_THRESHOLD = 10_000
-# A server handing over waits this long for the requests it is handling; any
-# left unanswered are resent to its successor.
+# A server handing over waits this long for the requests it handles; those left
+# are resent to its successor (before FUSE 7.40 answered EINTR: `Session.drain`).
 HANDOVER_DRAIN = 20.0
 
 
@@ -263,7 +263,7 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
     previous = {sig: signal.signal(sig, on_signal)
                 for sig in (signal.SIGTERM, signal.SIGINT, RESTART_SIGNAL)}
     tune_gc()
-    session.start(conn.fuse_fds[0], conn.fuse_fds[1:])
+    session.start(conn.fuse_fds[0], conn.fuse_fds[1:], taken_over=not conn.fresh)
     if not conn.fresh:
         resent = session.resend()
         fs.nodes.recovered = 0
@@ -284,8 +284,9 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
         # (a live mount this server could not probe is never unmounted: the
         # keeper starts another server, which is resent what is left)
         answered = session.drain(HANDOVER_DRAIN)
-        log.info("handed %s over (%s)", mountpoint,
-                 "all requests answered" if answered else "some left to the successor")
+        log.info("handed %s over (%s; %d read while handing over)", mountpoint,
+                 "all requests answered" if answered else "some left to the successor",
+                 session.read_draining)
         return HANDED_OVER if handover.is_set() else 1
     session.stop()
     if mp.is_mounted(mountpoint):
@@ -319,6 +320,9 @@ def _ready(session: Any, fs: Any, mountpoint: str, readiness: Readiness,
     def probe() -> None:
         try:
             box.append(os.stat(root_fd if root_fd >= 0 else mountpoint))
+            if not fresh:  # (a request the kernel never answers from its caches: a
+                # session taken over without resend answers its predecessor's first)
+                os.statvfs(root_fd if root_fd >= 0 else mountpoint)
         except OSError as exc:
             box.append(exc)
 

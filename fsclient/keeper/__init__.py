@@ -15,10 +15,10 @@ else of fsclient's keeper or session: an import contract).
 """
 
 from ..session.mount import set_kernel_readahead, unmount_lazy
-from .client import recovered, restart, status
+from .client import guarantee, recovered, restart, status
 from .control import Surrendered, surrender
 from .fdstore import hand_on
 from .privileges import Credentials
 
-__all__ = ["Credentials", "Surrendered", "hand_on", "recovered", "restart",
+__all__ = ["Credentials", "Surrendered", "guarantee", "hand_on", "recovered", "restart",
            "set_kernel_readahead", "status", "surrender", "unmount_lazy"]

@@ -158,10 +158,16 @@ class Session:
         """Answer what a killed server left (`stranded.sweep`), then start the
         workers held back (none of them has read a request below `first`)."""
         self._sweeping = False
+        took = time.monotonic()
         answered = sweep((w.channel for w in self.workers), first)
+        took = time.monotonic() - took
         if answered:
             log.warning("answered EINTR %d requests a server before this one read and "
-                        "left (no resend before FUSE 7.40)", answered)
+                        "left (no resend before FUSE 7.40; swept below %d in %.2fs)",
+                        answered, first, took)
+        else:
+            log.info("no request left by the server before (swept below %d in %.2fs)",
+                     first, took)
         with self._lock:
             self._running += len(self.workers) - 1
         for w in self.workers[1:]:

@@ -1,10 +1,12 @@
 """Kernels before 6.9 (FUSE 7.39, no FUSE_NOTIFY_RESEND), tested on this one with
 the negotiated minor forced to 39 (FSCLIENT_FUSE_MINOR). A request a server read
 and left unanswered is never answered there, so a server that stops answers all
-it read first: a restart and a takeover under four readers that get no signal
-(as DataLoader workers) leave no read waiting, each bounded by a watchdog. A
-kill -9 still strands what the server had read: that read waits until its reader
-gets a signal, and then completes with the right bytes."""
+it read first: a restart, a takeover and a killed keeper's successor under four
+readers that get no signal (as DataLoader workers) leave no read waiting, each
+bounded by a watchdog, and nothing for the next server to answer. What a kill -9
+strands, the next server answers EINTR: the kernel reads the page again, and
+Python retries the rest; five kills under the readers hang and fail none.
+"""
 
 from __future__ import annotations
 
@@ -100,6 +102,54 @@ def test_takeover_on_fuse_7_39_leaves_no_reader_waiting(tree, key_file, daemon, 
             if m.proc is not None:
                 with suppress(ProcessLookupError):
                     os.killpg(m.proc.pid, signal.SIGKILL)
+
+
+def test_a_killed_keeper_on_fuse_7_39_leaves_no_reader_waiting(tree, daemon, mounts,
+                                                                tmp_path):
+    # its server starts the next keeper and hands over to that keeper's
+    # server: it answers all it read first (keeper.successor); a slow source,
+    # as for the takeover
+    source, slow = _slow_source(tmp_path, tree, 0.2)
+    m = mounts(source, daemon.socket_path, args=["--meta-ttl", "0", *slow])
+    before = keeping.status(m.mountpoint)
+    readers = Readers(m.mountpoint, tree, tmp_path)
+    after: dict = {}
+    try:
+        readers.watch(1.0)
+        m.proc.kill()
+        m.proc.wait(10)
+        deadline = time.monotonic() + 60
+        while not (after.get("serving") and after["keeper"] != before["keeper"]):
+            assert time.monotonic() < deadline, "no new keeper took the mount over"
+            readers.watch(0.2)
+            with suppress(Exception):  # (no keeper answers yet)
+                after.update(keeping.status(m.mountpoint))
+        readers.watch(2.0)
+        _no_read_hung_or_failed(readers, readers.done())
+        assert "started keeper" in m.log() and "all requests answered" in m.log()
+        assert "answered EINTR" not in m.log()
+    finally:
+        readers.kill()
+        for pid in (after.get("keeper"), after.get("server")):
+            if pid:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def test_kill_9_on_fuse_7_39_under_readers_hangs_none(tree, daemon, mounts, tmp_path):
+    # the finding: one kill -9 left a reader with no signal waiting past 60 s
+    m = mounts(tree, daemon.socket_path, args=["--meta-ttl", "0"])
+    readers = Readers(m.mountpoint, tree, tmp_path)
+    try:
+        readers.watch(1.0)
+        for _ in range(5):
+            old = kill_server(m.mountpoint)
+            serving(m.mountpoint, other_than=old)
+            readers.watch(1.0)
+        _no_read_hung_or_failed(readers, readers.done())
+    finally:
+        readers.kill()
+    assert "no resend" in m.log() and "answered EINTR" in m.log()
 
 
 def test_kill_9_on_fuse_7_39_the_next_server_answers_what_it_had_read(tmp_path, tree,

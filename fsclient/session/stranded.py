@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 from .channel import Channel
 
-# Uniques below the first request answered, at most: 2^16 requests, about 0.2 s of
+# Uniques below the first request answered, at most: 2^16 requests, about 0.3 s of
 # failed writes per channel. A request read longer ago than that (a remote fetch
 # of seconds while tens of thousands of others passed) waits until its reader
 # gets a signal (the INTERRUPT is answered EINTR, `Session._interrupt`) or the

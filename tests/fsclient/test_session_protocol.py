@@ -236,6 +236,16 @@ def test_before_7_40_a_drain_stops_every_reader_and_answers_what_it_read(kernel)
         answer(sock)
 
 
+def test_before_7_40_a_request_still_held_when_the_drain_ends_is_answered_eintr(kernel):
+    # nothing would ever answer it after this server: EINTR, which Python retries
+    sock, ops, session = kernel
+    init_7_39(sock)
+    stuck = send(sock, s.READ, s.READ_IN.pack(7, 1, 10, 0, 0, 0, 0), nodeid=2)
+    assert wait_until(lambda: session.busy() == 1)
+    assert session.drain(0.3) is False
+    assert answer(sock)[:2] == (stuck, -errno.EINTR)
+
+
 def test_before_7_40_an_interrupt_of_a_request_no_worker_holds_ends_it(kernel):
     # a request a killed server read waits on the channel it came from: the
     # INTERRUPT its reader's signal sends is answered EINTR on every channel

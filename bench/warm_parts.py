@@ -55,7 +55,7 @@ import time
 
 from blockcache_client.common.aligned import PAGE, aligned
 from blockcache_client.contract import blockfile
-from blockcache_client.reader.decrypt import ParallelDecrypt, default_threads
+from blockcache_client.reader.hits.decrypt import ParallelDecrypt, default_threads
 
 from .large_files import decrypt_loops, decrypt_rate
 

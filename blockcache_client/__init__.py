@@ -19,7 +19,7 @@ _EXPORTS = {
     "VolumeFile": "reader.volumefile",
     "FileInfo": "sources.fileinfo",
     "BlockcachedFileSystem": "fsspec_fs",
-    "prefetch_ahead": "reader.ahead",
+    "prefetch_ahead": "reader.prefetchahead",
     # volume keys
     "generate_key_file": "volumekey",
     "load_key_file": "volumekey",

@@ -152,6 +152,14 @@ def render_stats(s: dict[str, Any]) -> str:
         f"removed {rebuild.get('removed', 0)})",
         f"connections  {s.get('connections', 0)}",
     ]
+    slots = s.get("volume_slots")
+    if slots:
+        per_uid = slots.get("per_uid") or "no limit"
+        lines.append(f"volumes      {slots.get('held', 0)} of {slots.get('limit', 0)} slots "
+                     f"(per uid {per_uid}; {slots.get('unowned', 0)} owned by no uid)")
+    refused = s.get("refused") or {}
+    if refused:
+        lines.append("refused      " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items())))
     errors = s.get("errors") or {}
     if errors:
         lines.append("errors       " + ", ".join(f"{k} {v}" for k, v in sorted(errors.items())))

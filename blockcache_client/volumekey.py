@@ -39,31 +39,68 @@ def generate_key_file(path: str) -> None:
 
 def load_key_file(path: str) -> bytes:
     """Read and check a volume key file. ConfigError says what is wrong and how to fix it."""
+    fd = _open(path)
+    try:
+        return load_key_fd(fd, path)
+    finally:
+        os.close(fd)
+
+
+def load_key(key: str | int) -> bytes:
+    """The volume key from a key file's path, or from an open descriptor of it
+    (read at offset 0 and left open: for a process that may not open the file
+    itself, as fsclient's servers, whose keeper opened it)."""
+    return load_key_fd(key, f"key descriptor {key}") if isinstance(key, int) \
+        else load_key_file(key)
+
+
+def open_key_file(path: str, owners: tuple[int, ...] = ()) -> int:
+    """An open descriptor (close-on-exec) of a checked volume key file, for a
+    process that hands the key on without letting the other open the path (a
+    keeper to its unprivileged servers, whose uids are `owners`: they may own
+    it too). ConfigError as `load_key_file`."""
+    fd = _open(path)
+    try:
+        load_key_fd(fd, path, owners)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open(path: str) -> int:
     try:
         # O_NONBLOCK: a FIFO (or a device) at the path must not hang the
-        # caller in open(2); it is refused below as not a regular file
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        # caller in open(2); it is refused as not a regular file
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ConfigError(f"key file {path} does not exist; create one with "
                           f"`fsclient keygen {path}`") from None
     except OSError as exc:
         raise ConfigError(f"cannot read key file {path}: {exc.strerror}") from None
+
+
+def load_key_fd(fd: int, what: str, owners: tuple[int, ...] = ()) -> bytes:
+    """Read and check the volume key open on `fd` (from offset 0, leaving the
+    descriptor's offset alone, so it can be read again); `what` names it in
+    errors; `owners`: uids that may own it besides this process's and root."""
     try:
         st = os.fstat(fd)
-        _check_file(path, st)
-        data = _read_some(fd, 4 * KEY_SIZE + 1)
-    finally:
-        os.close(fd)
-    return _parse_key(path, data)
+    except OSError as exc:
+        raise ConfigError(f"key descriptor {what}: {exc.strerror}; pass an open descriptor "
+                          f"of the key file") from None
+    _check_file(what, st, owners)
+    return _parse_key(what, _pread_some(fd, 4 * KEY_SIZE + 1))
 
 
-def _check_file(path: str, st: os.stat_result) -> None:
-    """A regular file, owned by the reader or root, that no one else may read or write."""
+def _check_file(path: str, st: os.stat_result, owners: tuple[int, ...] = ()) -> None:
+    """A regular file, owned by the reader or root (or `owners`), that no one
+    else may read or write."""
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"key file {path} is not a regular file; point key_file at the "
                           f"file `fsclient keygen` wrote")
     me = os.geteuid()
-    if st.st_uid not in (me, 0):
+    if st.st_uid not in (me, 0, *owners):
         # whoever owns the file could change it, or read it back
         raise ConfigError(f"key file {path} is owned by uid {st.st_uid}; it must belong to "
                           f"the user reading it (uid {me}) or root: run "
@@ -74,15 +111,16 @@ def _check_file(path: str, st: os.stat_result) -> None:
                           f"`chmod 0400 {path}`")
 
 
-def _read_some(fd: int, n: int) -> bytes:
-    """Up to `n` bytes (a short key file may come in more than one read)."""
-    chunks = []
-    while n > 0:
-        chunk = os.read(fd, n)
+def _pread_some(fd: int, n: int) -> bytes:
+    """Up to `n` bytes from offset 0 (a short key file may come in more than one read)."""
+    chunks: list[bytes] = []
+    got = 0
+    while got < n:
+        chunk = os.pread(fd, n - got, got)
         if not chunk:
             break
         chunks.append(chunk)
-        n -= len(chunk)
+        got += len(chunk)
     return b"".join(chunks)
 
 

@@ -2,7 +2,10 @@
 
     blockcache-csi --endpoint unix:///csi/csi.sock --node-id NODE
                    [--state-dir /var/lib/blockcache-csi] [--server-uid 65534]
-                   [--server-gid 65534] [--volume-uid VOLUME=UID[:GID] ...]
+                   [--server-gid 65534] [--namespace-uid NAMESPACE=UID[:GID] ...]
+                   [--pv-uid VOLUME_HANDLE=UID[:GID] ...]
+                   [--allow-source [NAMESPACE=]PREFIX ...] [--s3-endpoint URL]
+                   [--s3-region REGION] [--allow-node-credentials NAMESPACE ...]
                    [--socket PATH] [--ready-file PATH]
                    [--registration-dir DIR] [--kubelet-registration-path PATH]
 
@@ -54,10 +57,33 @@ def _log_target() -> str | None:
 @click.option("--server-gid", type=click.IntRange(0, 2**32 - 2), default=NOBODY,
               show_default=True, help="Their gid; they also join the group of "
                                       "blockcached's socket.")
-@click.option("--volume-uid", "volume_uids", multiple=True, metavar="VOLUME=UID[:GID]",
-              help="Run the servers of blockcache volume VOLUME as UID (and GID, UID if not "
-                   "given) instead of --server-uid, apart from every other volume's "
-                   "(repeat for more volumes).")
+@click.option("--namespace-uid", "namespace_uids", multiple=True,
+              metavar="NAMESPACE=UID[:GID]",
+              help="Run the servers of the volumes of pods in NAMESPACE (as the kubelet "
+                   "names it) as UID (and GID, UID if not given) instead of --server-uid "
+                   "(repeat for more namespaces).")
+@click.option("--pv-uid", "pv_uids", multiple=True, metavar="VOLUME_HANDLE=UID[:GID]",
+              help="Run the servers of the static PersistentVolume whose volumeHandle is "
+                   "VOLUME_HANDLE as UID[:GID]; wins over --namespace-uid (repeatable).")
+@click.option("--volume-uid", "volume_uids", multiple=True, hidden=True,
+              help="Removed: see --namespace-uid and --pv-uid.")
+@click.option("--allow-source", "allow_sources", multiple=True,
+              metavar="[NAMESPACE=]PREFIX",
+              help="Allow sources under PREFIX (s3://bucket/prefix, s3:// for every bucket, "
+                   "https://host/path, /local/dir or file:///local/dir) for pods of NAMESPACE, "
+                   "or of every namespace without NAMESPACE=. Repeatable; with none, every "
+                   "publish is refused. Chained URLs (a::b), data:, memory:, reference: and "
+                   "other protocols are always refused.")
+@click.option("--s3-endpoint", metavar="URL",
+              help="The S3 endpoint of every s3:// source (e.g. a MinIO or on-premises "
+                   "store) [default: AWS's]. Never taken from a pod.")
+@click.option("--s3-region", metavar="REGION", help="The region of s3:// sources "
+                                                    "[default: found by the S3 client].")
+@click.option("--allow-node-credentials", "node_credentials", multiple=True,
+              metavar="NAMESPACE",
+              help="Let s3:// volumes of NAMESPACE whose Secret holds no awsAccessKeyId sign "
+                   "with the node's role (instance metadata); elsewhere they send unsigned "
+                   "requests. Repeatable. Servers never see the plugin's own credentials.")
 @click.option("--socket", help="blockcached socket [default: $BLOCKCACHE_SOCKET or "
                                "/run/blockcache/blockcached.sock].")
 @click.option("--ready-file", type=click.Path(dir_okay=False),
@@ -78,31 +104,43 @@ def _log_target() -> str | None:
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(FORMATS))
 @click.version_option(VERSION, prog_name="blockcache-csi")
 def main(endpoint: str, node_id: str, state_dir: str, server_uid: int, server_gid: int,
-         volume_uids: tuple[str, ...], socket: str | None, ready_file: str | None,
-         registration_dir: str | None, kubelet_registration_path: str, log_level: str,
-         log_format: str) -> None:
+         namespace_uids: tuple[str, ...], pv_uids: tuple[str, ...],
+         volume_uids: tuple[str, ...], allow_sources: tuple[str, ...],
+         s3_endpoint: str | None, s3_region: str | None, node_credentials: tuple[str, ...],
+         socket: str | None, ready_file: str | None, registration_dir: str | None,
+         kubelet_registration_path: str, log_level: str, log_format: str) -> None:
     """Serve the CSI node plugin `csi.blockcache.io` on ENDPOINT.
 
     NodePublishVolume mounts a blockcache volume (volume_context: source,
     volume, and optionally blockSize, metaTTL, dirTTL, readaheadBlocks; the
-    Secret's "key": the volume key's 64 hex digits) read-only at the pod's
-    target path. The plugin (root) mounts; each volume's FUSE server runs as
-    its --volume-uid or --server-uid with no capabilities, kept by a keeper
+    Secret's "key": the volume key's 64 hex digits, and for s3:// sources
+    optionally awsAccessKeyId, awsSecretAccessKey, awsSessionToken) read-only
+    at the pod's target path, if an --allow-source rule allows its source for
+    the pod's namespace. The plugin (root) mounts; each volume's FUSE server
+    runs as its --pv-uid, --namespace-uid or --server-uid with no
+    capabilities and an environment of its own (none of the plugin's
+    credentials), kept by a keeper
     process that restarts it if it dies and outlives the plugin. SIGTERM
     stops the plugin and leaves the mounts; the next start (or a new plugin
     beside this one) takes them over.
     """
+    from .environment import EnvironmentSettingError, ServerEnvironment
     from .mounts import Mounts
     from .registration import Registrar
     from .server import EndpointError, serve
-    from .servers import ServerUsers, ServerUsersError
+    from .servers import RETIRED_FLAG, ServerUsers, ServerUsersError
+    from .sources import SourcePolicy, SourceRuleError
     from .state import StateDir
 
     setup_logging(log_level, log_format)
+    if volume_uids:
+        raise click.UsageError(RETIRED_FLAG)
     try:
-        servers = ServerUsers.from_entries(server_uid, server_gid, volume_uids)
-    except ServerUsersError as exc:
-        raise click.BadParameter(str(exc), param_hint="--volume-uid") from None
+        servers = ServerUsers.from_entries(server_uid, server_gid, namespace_uids, pv_uids)
+        sources = SourcePolicy.from_entries(allow_sources)
+        environment = ServerEnvironment(s3_endpoint, s3_region, node_credentials)
+    except (ServerUsersError, SourceRuleError, EnvironmentSettingError) as exc:
+        raise click.UsageError(str(exc)) from None
     if os.geteuid() != 0:
         click.echo("blockcache-csi: error: the plugin mounts FUSE file systems and must run "
                    "as root (a privileged container)", err=True)
@@ -114,11 +152,13 @@ def main(endpoint: str, node_id: str, state_dir: str, server_uid: int, server_gi
         sys.exit(1)
     log.info("%s %s starting", DRIVER_NAME, VERSION)
     state = StateDir(state_dir)
-    mounts = Mounts(state, servers, socket, _log_target())
+    if not sources.rules:
+        log.warning("no --allow-source rule: every publish is refused")
+    mounts = Mounts(state, servers, socket, _log_target(), environment)
     try:
         registrar = (Registrar(registration_dir, kubelet_registration_path)
                      if registration_dir else None)
-        code = serve(endpoint, mounts, node_id, ready_file, registrar)
+        code = serve(endpoint, mounts, node_id, ready_file, registrar, sources)
     except (EndpointError, BlockcacheError, OSError) as exc:
         click.echo(f"blockcache-csi: error: {exc}", err=True)
         sys.exit(1)

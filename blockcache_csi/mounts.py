@@ -29,9 +29,11 @@ from fsclient import mount as fsmount
 from fsclient import mountpoint as mp
 from fsclient.keeper import Credentials, hand_on, set_kernel_readahead, unmount_lazy
 
+from .environment import ServerEnvironment, SourceCredentials
 from .errors import CsiError
 from .servers import ServerUsers
 from .state import StateDir
+from .volstats import StatfsWithDeadline, Usage
 from .volumes import Publication, mount_command
 
 log = logging.getLogger(__name__)
@@ -54,25 +56,28 @@ class Mounts:
     """The targets this node's plugin has published."""
 
     def __init__(self, state: StateDir, servers: ServerUsers, socket: str | None,
-                 log_file: str | None):
+                 log_file: str | None, environment: ServerEnvironment | None = None):
         self.state = state
         self.servers = servers
+        self.environment = environment or ServerEnvironment()  # what keepers run with
         self.socket = socket
         self.log_file = log_file  # where keepers and servers log (the plugin's stderr)
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._children: dict[int, subprocess.Popen] = {}  # keepers started here, to reap
+        self._statfs = StatfsWithDeadline()
 
     def _lock(self, target: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(target, threading.Lock())
 
     def _server(self, pub: Publication) -> Credentials:
-        return self.servers.credentials(pub.get("volume") or "", self.socket)
+        return self.servers.credentials(pub, self.socket)
 
     # publish
 
-    def publish(self, pub: Publication, key: bytes) -> None:
+    def publish(self, pub: Publication, key: bytes,
+                credentials: SourceCredentials | None = None) -> None:
         with self._lock(pub.target):
             known = self.state.load(pub.target)
             if known is not None:
@@ -93,16 +98,20 @@ class Mounts:
                                    f"{pub.target} already has a mount this plugin did not "
                                    f"make ({entry.source}, {entry.fstype}); unmount it or "
                                    f"publish at another target path")
-            self._start(pub, key, remove_on_failure=known is None)
+            self._start(pub, key, credentials or SourceCredentials(),
+                        remove_on_failure=known is None)
 
-    def _start(self, pub: Publication, key: bytes, remove_on_failure: bool) -> None:
+    def _start(self, pub: Publication, key: bytes, credentials: SourceCredentials,
+               remove_on_failure: bool) -> None:
         """Record `pub`, then start its keeper and wait until the mount answers."""
         if mp.find_mount(pub.target) is None:  # a dead mount stays: fsclient recovers it
             os.makedirs(pub.target, 0o755, exist_ok=True)
         server = self._server(pub)
-        self.state.save(pub, key, (server.uid, server.gid))
-        argv, cfg = mount_command(pub, self.state.key_file(pub.target), self.socket, server)
-        child, why = fsmount.spawn(argv, cfg, self.log_file, detach=True)
+        self.state.save_credentials(pub.target, credentials)
+        self.state.save(pub, key)
+        argv, cfg, env = mount_command(pub, self.state.key_file(pub.target), self.socket,
+                                       server, credentials, self.environment)
+        child, why = fsmount.spawn(argv, cfg, self.log_file, detach=True, env=env)
         if child is None:
             if remove_on_failure:
                 self.state.remove(pub.target)
@@ -189,7 +198,9 @@ class Mounts:
 
     # stats
 
-    def stats(self, volume_id: str, path: str) -> os.statvfs_result:
+    def stats(self, volume_id: str, path: str) -> Usage:
+        """`path`'s statfs and condition, within `volstats.DEADLINE` whatever
+        its server does."""
         known = self.state.load(path)
         if known is None or known.volume_id != volume_id:
             raise CsiError(grpc.StatusCode.NOT_FOUND,
@@ -198,11 +209,7 @@ class Mounts:
             raise CsiError(grpc.StatusCode.NOT_FOUND,
                            f"volume {volume_id} is recorded at {path}, but nothing is mounted "
                            f"there")
-        try:
-            return os.statvfs(path)
-        except OSError as exc:
-            raise CsiError(grpc.StatusCode.INTERNAL,
-                           f"statfs of {path} failed: {exc.strerror}") from None
+        return self._statfs.usage(path)
 
     # after a restart
 
@@ -231,7 +238,8 @@ class Mounts:
             log.warning("%s has no keeper; mounting volume %s there again", pub.target,
                         pub.volume_id)
             try:
-                self._start(pub, key, remove_on_failure=False)
+                self._start(pub, key, self.state.credentials(pub.target),
+                            remove_on_failure=False)
             except CsiError as exc:
                 log.error("%s", exc.message)
 
@@ -246,13 +254,13 @@ class Mounts:
             return
         try:
             server = self._server(pub)
-            self.state.own_key(pub.target, (server.uid, server.gid))  # (--volume-uid changed)
-            argv, cfg = mount_command(pub, self.state.key_file(pub.target), self.socket,
-                                      server)
+            argv, cfg, env = mount_command(pub, self.state.key_file(pub.target), self.socket,
+                                           server, self.state.credentials(pub.target),
+                                           self.environment)
             passing = hand_on(surrendered.named())
             try:
                 child, why = fsmount.spawn(argv, cfg, self.log_file, detach=True,
-                                           passed=passing)
+                                           passed=passing, env=env)
             finally:
                 passing.close()
         except CsiError as exc:

@@ -22,6 +22,7 @@ from .mounts import Mounts
 from .node import Node
 from .proto import csi_pb2_grpc
 from .registration import Registrar
+from .sources import SourcePolicy
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def _replaceable(path: str) -> bool:
 
 
 def serve(endpoint: str, mounts: Mounts, node_id: str, ready_file: str | None = None,
-          registrar: Registrar | None = None) -> int:
+          registrar: Registrar | None = None, sources: SourcePolicy | None = None) -> int:
     """Take over, then serve (and register with the kubelet through
     `registrar`) until SIGTERM/SIGINT; the exit code."""
     path = socket_path(endpoint)
@@ -82,7 +83,8 @@ def serve(endpoint: str, mounts: Mounts, node_id: str, ready_file: str | None = 
         os.unlink(bound)
     server = grpc.server(ThreadPoolExecutor(WORKERS, thread_name_prefix="csi"))
     csi_pb2_grpc.add_IdentityServicer_to_server(Identity(), server)
-    csi_pb2_grpc.add_NodeServicer_to_server(Node(mounts, node_id), server)
+    node = Node(mounts, node_id, sources or SourcePolicy([]))
+    csi_pb2_grpc.add_NodeServicer_to_server(node, server)
     if server.add_insecure_port(f"unix:{bound}") == 0:
         raise EndpointError(f"cannot listen on {path}")
     stop = threading.Event()

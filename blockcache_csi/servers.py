@@ -1,12 +1,22 @@
-"""Who a volume's FUSE server runs as.
+"""Who a volume's FUSE server runs as: the operator's choice, never the pod's.
 
 Every server runs unprivileged. By default all of them run as one uid
-(`--server-uid`); `--volume-uid NAME=UID[:GID]` gives blockcache volume NAME
-a uid of its own, so that servers of different volumes can neither signal
-nor trace each other, nor read each other's key files, and blockcached's
-per-volume access tables and per-uid limits tell them apart. The map is the
-operator's (the plugin's command line): a pod's volume attributes only name
-the volume, never choose a uid.
+(`--server-uid`). The operator gives uids of their own by what a pod cannot
+forge:
+
+- `--namespace-uid NAMESPACE=UID[:GID]`: the volumes of pods in NAMESPACE,
+  as the kubelet names it in `csi.storage.k8s.io/pod.namespace` (it
+  overwrites any value the pod wrote there, with `podInfoOnMount: true`);
+- `--pv-uid VOLUME_HANDLE=UID[:GID]`: a static PersistentVolume by its
+  volumeHandle (the request's volume_id), which only whoever may create PVs
+  chooses. It applies only when the kubelet says the volume is not an inline
+  one (`csi.storage.k8s.io/ephemeral: "false"`): an inline volume's
+  volume_id is the kubelet's `csi-<sha256(pod uid + volume name)>`.
+
+A PV's entry wins over its namespace's. Servers of different uids can
+neither signal nor trace each other, and blockcached's per-volume access
+tables and per-uid limits tell them apart. No volume attribute of the pod
+(`volume`, `source`...) chooses a uid.
 """
 
 from __future__ import annotations
@@ -17,67 +27,81 @@ import re
 import stat
 
 from blockcache_client.contract import protocol
-from blockcache_client.contract.blockkey import check_volume_name
-from blockcache_client.contract.errors import InvalidKey
 from fsclient.keeper import Credentials
+
+from .volumes import Publication
 
 log = logging.getLogger(__name__)
 
-_ENTRY = re.compile(r"(?P<volume>[^=]+)=(?P<uid>\d+)(?::(?P<gid>\d+))?")
+_ENTRY = re.compile(r"(?P<name>[^=]+)=(?P<uid>\d+)(?::(?P<gid>\d+))?")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 MAX_ID = 2**32 - 2
+RETIRED_FLAG = ("--volume-uid was keyed by the pod's own volume_context[\"volume\"], which any "
+                "pod can write; use --namespace-uid NAMESPACE=UID[:GID] (the pods' namespace) "
+                "or --pv-uid VOLUME_HANDLE=UID[:GID] (a static PersistentVolume) instead")
 
 
 class ServerUsersError(ValueError):
-    """A --volume-uid entry that cannot be used; the message names it and the fix."""
+    """A uid entry that cannot be used; the message names it and the fix."""
 
 
-def parse_volume_uid(entry: str) -> tuple[str, int, int]:
+def parse_entry(flag: str, entry: str) -> tuple[str, int, int]:
     """`NAME=UID[:GID]` -> (NAME, UID, GID); GID is UID when not given."""
     m = _ENTRY.fullmatch(entry)
     if m is None:
-        raise ServerUsersError(f"--volume-uid {entry!r} is not VOLUME=UID or VOLUME=UID:GID "
-                               f"(e.g. imagenet=20001)")
-    try:
-        check_volume_name(m["volume"])
-    except InvalidKey as exc:
-        raise ServerUsersError(f"--volume-uid {entry!r}: {exc}") from None
+        raise ServerUsersError(f"{flag} {entry!r} is not NAME=UID or NAME=UID:GID "
+                               f"(e.g. team-a=20001)")
+    name = m["name"]
+    if flag == "--namespace-uid" and not _NAMESPACE.fullmatch(name):
+        raise ServerUsersError(f"{flag} {entry!r}: {name!r} is not a namespace name "
+                               f"(a DNS label: a-z 0-9 -)")
     uid = int(m["uid"])
     gid = int(m["gid"]) if m["gid"] is not None else uid
     if not 0 < uid <= MAX_ID or not 0 < gid <= MAX_ID:
-        raise ServerUsersError(f"--volume-uid {entry!r}: a server never runs as root (0); "
+        raise ServerUsersError(f"{flag} {entry!r}: a server never runs as root (0); "
                                f"give a uid and gid from 1 to {MAX_ID}")
-    return m["volume"], uid, gid
+    return name, uid, gid
+
+
+def _table(flag: str, entries: tuple[str, ...], default_uid: int) -> dict[str, tuple[int, int]]:
+    table: dict[str, tuple[int, int]] = {}
+    for entry in entries:
+        name, uid, gid = parse_entry(flag, entry)
+        if name in table and table[name] != (uid, gid):
+            raise ServerUsersError(f"{flag} gives {name} two uids; keep one")
+        if uid == default_uid:
+            raise ServerUsersError(f"{flag} {entry!r}: {uid} is the uid every other "
+                                   f"volume's server runs as (--server-uid); give {name} a "
+                                   f"uid of its own")
+        table[name] = (uid, gid)
+    return table
 
 
 class ServerUsers:
     """The uid and gid each volume's server runs as."""
 
-    def __init__(self, uid: int, gid: int, volumes: dict[str, tuple[int, int]] | None = None):
+    def __init__(self, uid: int, gid: int, namespaces: dict[str, tuple[int, int]] | None = None,
+                 volumes: dict[str, tuple[int, int]] | None = None):
         self.default = (uid, gid)
-        self.volumes = dict(volumes or {})
-        for name, ids in self.volumes.items():
-            if ids[0] == uid:
-                raise ServerUsersError(
-                    f"--volume-uid {name}={ids[0]} is the uid every other volume's server "
-                    f"runs as (--server-uid); give volume {name} a uid of its own")
+        self.namespaces = dict(namespaces or {})
+        self.volumes = dict(volumes or {})  # static PVs, by volume handle
 
     @classmethod
-    def from_entries(cls, uid: int, gid: int, entries: tuple[str, ...]) -> ServerUsers:
-        volumes: dict[str, tuple[int, int]] = {}
-        for entry in entries:
-            name, vuid, vgid = parse_volume_uid(entry)
-            if name in volumes and volumes[name] != (vuid, vgid):
-                raise ServerUsersError(f"--volume-uid gives volume {name} two uids; keep one")
-            volumes[name] = (vuid, vgid)
-        return cls(uid, gid, volumes)
+    def from_entries(cls, uid: int, gid: int, namespaces: tuple[str, ...] = (),
+                     volumes: tuple[str, ...] = ()) -> ServerUsers:
+        return cls(uid, gid, _table("--namespace-uid", namespaces, uid),
+                   _table("--pv-uid", volumes, uid))
 
-    def ids(self, volume: str) -> tuple[int, int]:
-        return self.volumes.get(volume, self.default)
+    def ids(self, pub: Publication) -> tuple[int, int]:
+        if not pub.ephemeral and pub.volume_id in self.volumes:
+            return self.volumes[pub.volume_id]
+        return self.namespaces.get(pub.namespace, self.default)
 
-    def credentials(self, volume: str, socket: str | None) -> Credentials:
-        """The uid and gid of `volume`'s server, and the group of blockcached's
+    def credentials(self, pub: Publication, socket: str | None) -> Credentials:
+        """The uid and gid of `pub`'s server, and the group of blockcached's
         socket, which it needs to connect (the socket is 0660 by default)."""
-        uid, gid = self.ids(volume)
+        uid, gid = self.ids(pub)
+        volume = pub.volume_id
         path = socket or protocol.default_socket()
         groups: tuple[int, ...] = ()
         try:

@@ -1,12 +1,16 @@
-"""What a NodePublishVolume asks for, checked: the volume_context, the volume
-key from the Secret, the capability, and the `fsclient mount` they make.
+"""What a NodePublishVolume asks for, checked: the volume_context, the pod's
+namespace (the kubelet's), the source against the operator's policy, the
+volume key and S3 credentials from the Secret, the capability; and the
+`fsclient mount` they make, with the environment it runs in.
 
-Every refusal is INVALID_ARGUMENT naming the field and the fix; no message
-ever holds a secret's value.
+Every refusal is INVALID_ARGUMENT naming the field and the fix (a source the
+policy forbids: PERMISSION_DENIED, `sources.py`); no message ever holds a
+secret's value.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -18,17 +22,33 @@ from blockcache_client.contract.errors import BlockcacheError
 from fsclient.config import MountConfig, build_config, parse_dir_ttl_flag
 from fsclient.keeper import Credentials
 
+from .environment import SECRET_KEYS, ServerEnvironment, SourceCredentials, parse_credentials
 from .errors import invalid, required
 from .proto import csi_pb2
+from .sources import SourcePolicy, canonical
+
+log = logging.getLogger(__name__)
 
 # volume_context keys (the CSI spelling) -> how each is checked
 REQUIRED_KEYS = ("source", "volume")
 OPTIONAL_KEYS = ("blockSize", "metaTTL", "dirTTL", "readaheadBlocks")
 # keys the kubelet adds (podInfoOnMount, ephemeral): accepted, not used
 KUBELET_PREFIX = "csi.storage.k8s.io/"
+# set by the kubelet (podInfoOnMount), over any value the pod wrote: uids and
+# sources are chosen by them
+NAMESPACE_KEY = KUBELET_PREFIX + "pod.namespace"
+EPHEMERAL_KEY = KUBELET_PREFIX + "ephemeral"
 # mount flags a PV's mountOptions may carry: mount(2) flags fsclient passes on
 MOUNT_FLAGS = frozenset({"ro", "noexec", "noatime", "nodiratime", "relatime", "nosuid",
                          "nodev"})
+# SELinux labels a mount may carry: the kubelet adds `context="LABEL"` on an
+# SELinux node (pkg/volume/util AddSELinuxMountOption, quoted for the commas
+# of an MCS level); passed to the mount where the node has SELinux
+SELINUX_OPTIONS = ("context", "fscontext", "defcontext", "rootcontext")
+# user:role:type[:level], level sN[-sN][:cN[.cN][,cN...]]
+_SELINUX_LABEL = re.compile(r"[A-Za-z0-9_.]+:[A-Za-z0-9_.]+:[A-Za-z0-9_.]+"
+                            r"(:s[0-9]+(-s[0-9]+)?(:c[0-9]+([.,]c[0-9]+)*)?)?")
+FILESYSTEMS = "/proc/filesystems"  # lists selinuxfs only when SELinux is enabled
 FS_TYPES = frozenset({"", "fuse", "fuse.blockcache", "blockcache"})
 KEY_FIELD = 'secrets["key"]'
 KEY_FIX = ("the Secret named by nodePublishSecretRef must hold, under \"key\", the 64 hex "
@@ -49,29 +69,35 @@ class Publication:
     context: tuple[tuple[str, str], ...]  # the keys used, sorted
     mount_flags: tuple[str, ...]
     readonly: bool  # as asked; the mount is read-only either way
+    namespace: str = ""  # the pod's, as the kubelet says
+    ephemeral: bool = True  # an inline volume (False: a PersistentVolume, the kubelet says)
 
     def get(self, key: str) -> str | None:
         return dict(self.context).get(key)
 
     def same_volume(self, other: Publication) -> bool:
         """Whether `other` asks for what this one serves (a repeated publish)."""
-        return (self.volume_id, self.context, self.mount_flags) == \
-            (other.volume_id, other.context, other.mount_flags)
+        return (self.volume_id, self.context, self.mount_flags, self.namespace) == \
+            (other.volume_id, other.context, other.mount_flags, other.namespace)
 
     def to_record(self) -> dict[str, Any]:
         return {"volume_id": self.volume_id, "target": self.target,
                 "context": dict(self.context), "mount_flags": list(self.mount_flags),
-                "readonly": self.readonly}
+                "readonly": self.readonly, "namespace": self.namespace,
+                "ephemeral": self.ephemeral}
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> Publication:
         return cls(str(data["volume_id"]), str(data["target"]),
                    tuple(sorted((str(k), str(v)) for k, v in data["context"].items())),
-                   tuple(str(f) for f in data["mount_flags"]), bool(data["readonly"]))
+                   tuple(str(f) for f in data["mount_flags"]), bool(data["readonly"]),
+                   str(data.get("namespace", "")), bool(data.get("ephemeral", True)))
 
 
-def parse_publish(request: Any) -> tuple[Publication, bytes]:
-    """The request checked: (its Publication, the volume key's 32 bytes)."""
+def parse_publish(request: Any, sources: SourcePolicy
+                  ) -> tuple[Publication, bytes, SourceCredentials]:
+    """The request checked: (its Publication, with the source as the policy
+    reads it; the volume key's 32 bytes; the volume's S3 credentials)."""
     required(request, "volume_id", "target_path")
     volume_id, target = request.volume_id, request.target_path
     if not target.startswith("/"):
@@ -82,9 +108,30 @@ def parse_publish(request: Any) -> tuple[Publication, bytes]:
     if not request.HasField("volume_capability"):
         raise invalid("volume_capability is missing: it is a required field of the request")
     flags = check_capability(request.volume_capability)
-    context = check_context(dict(request.volume_context))
-    key = parse_key(dict(request.secrets))
-    return Publication(volume_id, target, context, flags, request.readonly), key
+    given = dict(request.volume_context)
+    namespace, ephemeral = pod_of(given)
+    context = dict(check_context(given))
+    context["source"] = sources.check(context["source"], namespace)
+    secrets = dict(request.secrets)
+    for name in secrets:
+        if name != "key" and name not in SECRET_KEYS:
+            raise invalid(f"secrets[{name!r}] is not known; the Secret of nodePublishSecretRef "
+                          f"holds key and, for s3:// sources, {', '.join(SECRET_KEYS)}")
+    key = parse_key(secrets)
+    credentials = parse_credentials(secrets, canonical(context["source"]).protocol)
+    return Publication(volume_id, target, tuple(sorted(context.items())), flags,
+                       request.readonly, namespace, ephemeral), key, credentials
+
+
+def pod_of(context: dict[str, str]) -> tuple[str, bool]:
+    """(the pod's namespace, whether the volume is inline) as the kubelet says."""
+    namespace = context.get(NAMESPACE_KEY, "")
+    if not namespace:
+        raise invalid(f"volume_context[{NAMESPACE_KEY!r}] is missing: the kubelet sets it "
+                      f"when the CSIDriver csi.blockcache.io has podInfoOnMount: true "
+                      f"(daemonset/csi-driver.yaml), and the plugin chooses each volume's "
+                      f"uid and allowed sources by it")
+    return namespace, context.get(EPHEMERAL_KEY, "true") != "false"
 
 
 def check_capability(cap: Any) -> tuple[str, ...]:
@@ -104,11 +151,47 @@ def check_capability(cap: Any) -> tuple[str, ...]:
     if cap.mount.volume_mount_group:
         raise invalid("volume_capability.mount.volume_mount_group is set, but this plugin has "
                       "no VOLUME_MOUNT_GROUP capability: every file is readable by every uid")
-    for flag in cap.mount.mount_flags:
-        if flag not in MOUNT_FLAGS:
-            raise invalid(f"mount flag {flag!r} (mountOptions) is not supported; use only "
-                          f"{', '.join(sorted(MOUNT_FLAGS))}")
-    return tuple(dict.fromkeys(cap.mount.mount_flags))
+    return tuple(dict.fromkeys(check_flag(f) for f in cap.mount.mount_flags))
+
+
+def check_flag(flag: str) -> str:
+    """One mount flag, checked; an SELinux label as `NAME="LABEL"`."""
+    name, eq, value = flag.partition("=")
+    if name in SELINUX_OPTIONS and eq:
+        label = value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' else value
+        if not _SELINUX_LABEL.fullmatch(label):
+            raise invalid(f"mount flag {flag!r} is not an SELinux label: give "
+                          f'{name}="user:role:type:level", e.g. '
+                          f'{name}="system_u:object_r:container_file_t:s0:c1,c2"')
+        return f'{name}="{label}"'
+    if flag not in MOUNT_FLAGS:
+        raise invalid(f"mount flag {flag!r} (mountOptions) is not supported; use only "
+                      f"{', '.join(sorted(MOUNT_FLAGS))} or an SELinux "
+                      f"{'=, '.join(SELINUX_OPTIONS)}=")
+    return flag
+
+
+def selinux_enabled() -> bool:
+    """Whether this node's kernel runs SELinux (only then does it register
+    selinuxfs; without it, a FUSE mount refuses context= with EINVAL)."""
+    try:
+        with open(FILESYSTEMS) as f:
+            return any(line.split()[-1:] == ["selinuxfs"] for line in f)
+    except OSError:
+        return False
+
+
+def mount_options(flags: tuple[str, ...], selinux: bool) -> list[str]:
+    """The FUSE mount options of a publication's mount flags: its SELinux
+    labels only where the node has SELinux (elsewhere they label nothing, and
+    the kernel would refuse the mount)."""
+    out = []
+    for flag in flags:
+        if flag.partition("=")[0] in SELINUX_OPTIONS and not selinux:
+            log.info("mount flag %s not passed: SELinux is not enabled on this node", flag)
+            continue
+        out.append(flag)
+    return ["allow_other", *out]
 
 
 def check_context(context: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -167,13 +250,19 @@ def parse_key(secrets: dict[str, str]) -> bytes:
     return key
 
 
-def mount_command(pub: Publication, key_file: str, socket: str | None,
-                  server: Credentials) -> tuple[list[str], MountConfig]:
-    """The `fsclient mount` arguments that serve `pub`, and their config (checked
-    by fsclient itself, so the keeper will not refuse them)."""
+def mount_command(pub: Publication, key_file: str, socket: str | None, server: Credentials,
+                  credentials: SourceCredentials, environment: ServerEnvironment,
+                  selinux: bool | None = None
+                  ) -> tuple[list[str], MountConfig, dict[str, str]]:
+    """The `fsclient mount` arguments that serve `pub`, their config (checked
+    by fsclient itself, so the keeper will not refuse them), and the whole
+    environment the keeper and its server run with (`environment.py`).
+    `selinux`: whether the node has SELinux (None: find out)."""
     ctx = dict(pub.context)
+    options = mount_options(pub.mount_flags,
+                            selinux_enabled() if selinux is None else selinux)
     argv = ["mount", ctx["source"], pub.target, "--volume", ctx["volume"],
-            "--key-file", key_file, "-o", ",".join(["allow_other", *pub.mount_flags]),
+            "--key-file", key_file, "-o", ",".join(options),
             "--server-user", f"{server.uid}:{server.gid}"]
     for g in server.groups:
         argv += ["--server-group", str(g)]
@@ -192,8 +281,8 @@ def mount_command(pub: Publication, key_file: str, socket: str | None,
             key_file=key_file, socket=socket, block_size=ctx.get("blockSize"),
             meta_ttl=ctx.get("metaTTL"), readahead_blocks=ctx.get("readaheadBlocks"),
             dir_ttl=[parse_dir_ttl_flag(i) for i in ttls],
-            options=["allow_other", *pub.mount_flags],
+            options=options,
             server_user=f"{server.uid}:{server.gid}", server_groups=list(server.groups))
     except BlockcacheError as exc:
         raise invalid(f"volume_context: {exc}") from None
-    return argv, cfg
+    return argv, cfg, environment.build(pub.namespace, credentials)

@@ -32,6 +32,7 @@ from .policy import Policy
 from .rebuild import Rebuild
 from .store import Store
 from .upkeep import Upkeep
+from .volumeslots import VolumeSlots
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,10 @@ class Cache(Rebuild, Eviction, Upkeep):
         n = len(cfg.cache_dirs)
         self.paths = [d.path for d in cfg.cache_dirs]
         self.stores = [Store(p) for p in self.paths]
-        self.index = Index(n)
+        # which volumes hold a slot of max_volumes, and whose: indexed and
+        # queued volumes always do, others are forgotten (see volumeslots)
+        self.slots = VolumeSlots(cfg.max_volumes, cfg.max_volumes_per_uid)
+        self.index = Index(n, self.slots.adopt, self._forget_if_gone)
         self.health = Health(self.paths)
         self.caps = [DirCapacity(d.size, cfg.high_watermark, cfg.low_watermark,
                                  cfg.min_free_bytes, cfg.min_free_inodes) for d in cfg.cache_dirs]
@@ -71,7 +75,7 @@ class Cache(Rebuild, Eviction, Upkeep):
         # through the layout and report them by touch, and put a block after a
         # miss, so touches and puts are the reader hits and misses the daemon
         # truthfully sees (bytes are block-file sizes on both sides).
-        self.volume_counters: dict[str, list[int]] = {}
+        self.volume_counters = self.slots.counters
 
     def _make_layout(self) -> Layout:
         return Layout([CacheDir(d.path, d.placement_weight, self.health.healthy[i])
@@ -123,40 +127,16 @@ class Cache(Rebuild, Eviction, Upkeep):
         self.counters["touches"] += n
         self.counters["touch_bytes"] += nbytes
         for vol, (count, size) in per_volume.items():
-            c = self._volume_counter(vol)
+            c = self.slots.counter(vol)
             if c is not None:
                 c[0] += count
                 c[1] += size
         return n
 
-    def _volume_counter(self, vol: str) -> list[int] | None:
-        c = self.volume_counters.get(vol)
-        if c is None:
-            if len(self.volume_counters) >= self.cfg.max_volumes:
-                self._forget_gone_volumes()
-            if len(self.volume_counters) < self.cfg.max_volumes:
-                c = self.volume_counters[vol] = [0, 0, 0, 0]
-        return c
-
-    def _volume_known(self, vol: str) -> bool:
-        """Whether a put may bring volume `vol` in: it is cached or counted
-        already, or fewer than `max_volumes` are counted (the counter of a
-        volume no longer cached gives way). Per-volume state (counters,
-        stats, metric labels) is thus bounded whatever names clients choose."""
-        counted = self.volume_counters
-        if vol in counted or vol in self.index.volumes:
-            return True
-        if len(counted) >= self.cfg.max_volumes:
-            self._forget_gone_volumes()
-        return len(counted) < self.cfg.max_volumes
-
-    def _forget_gone_volumes(self) -> None:
-        """Drop the counters of volumes no longer cached nor being written,
-        to make room (only when at `max_volumes`: the queue is scanned)."""
-        live = self.index.volumes.keys() | {k[:k.index("_")] for k in self.fill.pending}
-        gone = [v for v in self.volume_counters if v not in live]
-        for v in gone:
-            del self.volume_counters[v]
+    def _forget_if_gone(self, vol: str) -> None:
+        """Free `vol`'s slot if it has no block cached and no put queued."""
+        if vol not in self.index.volumes and vol not in self.fill.volumes:
+            self.slots.release(vol)
 
     def finish_writes(self) -> None:
         """Account for the writes done since the last request (see `DirWorker`'s lazy jobs)."""
@@ -164,29 +144,29 @@ class Cache(Rebuild, Eviction, Upkeep):
             w.drain()
 
     def put(self, key: str, data: bytes | memoryview | AreaSpan,
-            owner: int | None = None) -> tuple[bool, str]:
+            owner: int | None = None, admin: bool = False) -> tuple[bool, str]:
         """Admit a validated block for background writing; (accepted, reason).
-        `owner` (the peer's uid) is held to its share of the fill queue. An
-        accepted `AreaSpan` (a fill area's slot) is released on the dir's
-        worker once its write no longer reads it; one not accepted is the
-        caller's to release."""
+        `owner` (the peer's uid) is held to its share of the fill queue and,
+        unless `admin`, of the volume slots. An accepted `AreaSpan` (a fill
+        area's slot) is released on the dir's worker once its write no
+        longer reads it; one not accepted is the caller's to release."""
         size = len(data)
         self.counters["puts"] += 1
         self.counters["put_bytes"] += size
-        reason = self._admit(key, size, owner)
+        vol = key[:key.index("_")]
+        reason = self._admit(key, vol, size, owner, None if admin else owner)
         self.put_reasons[reason] = self.put_reasons.get(reason, 0) + 1
-        if reason != "too_many_volumes":
-            # counted after admission: a refused new volume name leaves no state
-            c = self._volume_counter(key[:key.index("_")])
-            if c is not None:
-                c[2] += 1
-                c[3] += size
+        # counted after admission: a volume refused a slot has no counters
+        c = self.slots.counter(vol)
+        if c is not None:
+            c[2] += 1
+            c[3] += size
         if reason != "queued":
+            self._forget_if_gone(vol)  # a new volume none of whose puts got in
             return False, reason
         i = self.layout.dir_index(key)
         self.caps[i].reserve(size)
         if self.quotas:
-            vol = key[:key.index("_")]
             self._vol_reserved[vol] = self._vol_reserved.get(vol, 0) + size
         write = self.stores[i].write
         if isinstance(data, AreaSpan):
@@ -195,7 +175,8 @@ class Cache(Rebuild, Eviction, Upkeep):
                                lazy=True)
         return True, reason
 
-    def _admit(self, key: str, size: int, owner: int | None) -> str:
+    def _admit(self, key: str, vol: str, size: int, owner: int | None,
+               slot_owner: int | None) -> str:
         i = self.layout.dir_index(key)
         if not self.health.healthy[i]:
             return "unhealthy"
@@ -207,9 +188,10 @@ class Cache(Rebuild, Eviction, Upkeep):
             return "exists"
         if size > self.caps[i].capacity:
             return "too_large"
-        if not self._volume_known(key[:key.index("_")]):
-            return "too_many_volumes"
-        reason = self.fill.offer(key, size, owner)
+        reason = self.slots.claim(vol, slot_owner)
+        if reason is not None:
+            return reason
+        reason = self.fill.offer(key, size, owner, vol)
         if reason is not None:
             return reason
         reason = self._make_room(i, key, size)
@@ -242,10 +224,19 @@ class Cache(Rebuild, Eviction, Upkeep):
             self._count_evictions("vanished", 1, hit[1])
 
     def _written(self, i: int, key: str, size: int, _: Any, exc: BaseException | None) -> None:
+        indexed = False
+        try:
+            indexed = self._index_written(i, key, size, exc)
+        finally:  # a write that failed or was cancelled may leave its volume empty
+            if not indexed:
+                self._forget_if_gone(key[:key.index("_")])
+
+    def _index_written(self, i: int, key: str, size: int, exc: BaseException | None) -> bool:
+        """Account for a finished write; whether its block is indexed now."""
         pending = self.fill.finish(key)
         self.caps[i].release(size)
         if self.quotas:
-            vol = key[:key.index("_")]
+            vol = pending.volume
             left = self._vol_reserved.get(vol, 0) - size
             if left > 0:
                 self._vol_reserved[vol] = left
@@ -255,7 +246,7 @@ class Cache(Rebuild, Eviction, Upkeep):
             self.counters["slot_rewrites"] += 1
             log.warning("dropped the put of %s: %s (its reader rewrote the slot it named)",
                         key, exc)
-            return
+            return False
         if exc is not None:
             self.counters["write_errors"] += 1
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -263,11 +254,11 @@ class Cache(Rebuild, Eviction, Upkeep):
                 self._space_due[i] = 0.0
             elif self.health.error(i, exc):
                 self._health_changed()
-            return
+            return False
         self.health.ok(i)
         if pending.cancelled:
             self._unlink(i, [key])
-            return
+            return False
         now = int(time.time())
         count = pending.count  # the policy's, at admission (1 under plain LRU)
         self.index.add(key, i, size, now, count)
@@ -280,6 +271,7 @@ class Cache(Rebuild, Eviction, Upkeep):
         # land; trim it now, not at the next statvfs tick, so a dir at rest
         # is below its high watermark and a restart indexes what it left.
         self._trim(i)
+        return True
 
     def evict_key(self, key: str) -> int:
         self.fill.cancel_key(key)

@@ -31,6 +31,9 @@ _VALUE_FLAGS = (
     ("--max-reply-bytes-per-uid", "SIZE", "Unread reply bytes per peer uid [default: 64M]."),
     ("--fill-queue-share", "0.5", "Share of the fill queue one peer uid may hold [default: 0.5]."),
     ("--max-volumes", "N", "Distinct volumes indexed and counted at once [default: 4096]."),
+    ("--max-volumes-per-uid", "N",
+     "Of --max-volumes, how many one non-admin peer uid may bring in; a volume's slot is "
+     "freed when its last block leaves; 0 = no per-uid limit [default: 800]."),
     ("--high-watermark", "0.98", "A full dir is kept at this share of its limit [default: 0.98]."),
     ("--low-watermark", "0.95",
      "A dir found above the high watermark is trimmed to this [default: 0.95]."),

@@ -66,6 +66,9 @@ class Config:
     max_reply_bytes_per_uid: int = 64 << 20
     fill_queue_share: float = 0.5
     max_volumes: int = 4096  # distinct volume names indexed and counted at once
+    # of them, how many one non-admin uid may bring in (volumeslots); four
+    # uids at it leave a fifth its whole share. 0 = no per-uid limit
+    max_volumes_per_uid: int = 800
     high_watermark: float = 0.98
     low_watermark: float = 0.95
     min_free_bytes: int = 1 << 30
@@ -141,6 +144,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "max_reply_bytes_per_uid": ("max_reply_bytes_per_uid", convert.size),
     "fill_queue_share": ("fill_queue_share", convert.ratio),
     "max_volumes": ("max_volumes", convert.count),
+    "max_volumes_per_uid": ("max_volumes_per_uid", convert.count),
     "high_watermark": ("high_watermark", convert.ratio),
     "low_watermark": ("low_watermark", convert.ratio),
     "min_free_bytes": ("min_free_bytes", convert.size),

@@ -15,7 +15,8 @@ a timer runs it, within `LAZY_DELAY`.
 `FillQueue` bounds the bytes of puts accepted but not yet written, in all
 and per peer uid (`fill_queue_share` of it). A put over either bound is
 dropped and counted (fills are best effort: the reader already has its
-bytes). A key already queued is not queued again.
+bytes). A key already queued is not queued again. It counts each volume's
+queued puts too (a volume with some keeps its slot).
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ class DirWorker:
 class Pending:
     size: int
     owner: int | None = None  # uid of the peer that put it (None: held to no share)
+    volume: str = ""  # the key's volume (its queued puts are counted)
     cancelled: bool = False  # evicted while queued: delete instead of indexing
     count: int = 1  # accesses the block is indexed with (the policy's count at admission)
 
@@ -151,12 +153,15 @@ class FillQueue:
         self.queued_bytes = 0
         self.pending: dict[str, Pending] = {}
         self.owned: dict[int | None, int] = {}  # owner -> bytes queued (owners with some only)
+        self.volumes: dict[str, int] = {}  # volume -> puts queued (volumes with some only)
         self.drops = 0
         self.over_share = 0
         self.duplicates = 0
 
-    def offer(self, key: str, size: int, owner: int | None = None) -> str | None:
-        """Queue `key`, or return why not ("duplicate", "over_share", "queue_full")."""
+    def offer(self, key: str, size: int, owner: int | None = None,
+              volume: str | None = None) -> str | None:
+        """Queue `key` (of `volume`, the part before its first "_", given if
+        known), or return why not ("duplicate", "over_share", "queue_full")."""
         if key in self.pending:
             self.duplicates += 1
             return "duplicate"
@@ -167,9 +172,11 @@ class FillQueue:
         if self.queued_bytes + size > self.limit:
             self.drops += 1
             return "queue_full"
-        self.pending[key] = Pending(size, owner)
+        vol = key[:key.index("_")] if volume is None else volume
+        self.pending[key] = Pending(size, owner, vol)
         self.queued_bytes += size
         self.owned[owner] = held + size
+        self.volumes[vol] = self.volumes.get(vol, 0) + 1
         return None
 
     def finish(self, key: str) -> Pending:
@@ -180,6 +187,11 @@ class FillQueue:
             self.owned[p.owner] = left
         else:
             del self.owned[p.owner]
+        queued = self.volumes[p.volume] - 1
+        if queued:
+            self.volumes[p.volume] = queued
+        else:
+            del self.volumes[p.volume]
         return p
 
     def cancel(self, match: Callable[[str], bool]) -> int:

@@ -12,7 +12,9 @@ Layout, chosen for memory (target <= 250 bytes of RSS per entry):
 - one `SortedList` of all keys (the same str objects), for ordered listing and
   cheap range evictions: all keys of a volume start with `vol_`, of an inode
   with `vol_inode_`, and '_' cannot occur in a volume name.
-- per-volume `[entries, bytes]` counters, kept exactly in step.
+- per-volume `[entries, bytes]` counters, kept exactly in step; the
+  optional `on_volume_added` / `on_volume_emptied` callbacks hear of a volume's
+  first block and of its last one leaving (the cache's volume slots).
 
 The index does no I/O and knows nothing of capacity; `cache.Cache` decides
 what to evict and the dir workers delete the files.
@@ -21,7 +23,7 @@ what to evict and the dir workers delete the files.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from sortedcontainers import SortedList
 
@@ -58,11 +60,14 @@ class DirIndex:
 class Index:
     """key -> (dir, size, last touch) over several dirs, with LRU per dir."""
 
-    def __init__(self, ndirs: int):
+    def __init__(self, ndirs: int, on_volume_added: Callable[[str], None] | None = None,
+                 on_volume_emptied: Callable[[str], None] | None = None):
         self.dirs = [DirIndex() for _ in range(ndirs)]
         self.keys = SortedList()
         self.volumes: dict[str, list[int]] = {}
         self._values: dict[int, int] = {}
+        self._added = on_volume_added or _ignore
+        self._emptied = on_volume_emptied or _ignore
 
     def _pack(self, size: int, touched: int) -> int:
         """`size << 32 | touched`, the low 4 bits of `touched` being the
@@ -147,6 +152,7 @@ class Index:
             c = volumes.get(vol)
             if c is None:
                 volumes[vol] = [1, size]
+                self._added(vol)
             else:
                 c[0] += 1
                 c[1] += size
@@ -224,7 +230,10 @@ class Index:
                 d.lru.clear()
                 d.used_bytes = 0
             self.keys.clear()
+            emptied = list(self.volumes)
             self.volumes.clear()
+            for vol in emptied:
+                self._emptied(vol)
             return out
         keys = list(self.range(prefix))
         out = []
@@ -265,8 +274,14 @@ class Index:
         c = self.volumes.get(vol)
         if c is None:
             self.volumes[vol] = [n, size]
+            self._added(vol)
         else:
             c[0] += n
             c[1] += size
             if c[0] == 0:
                 del self.volumes[vol]
+                self._emptied(vol)
+
+
+def _ignore(_: str) -> None:
+    pass

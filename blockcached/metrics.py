@@ -164,6 +164,10 @@ def _totals(s: dict[str, Any]) -> Iterator[Metric]:
     yield _c("blockcache_policy_demoted_total", "Cached blocks whose count the stale rule "
              "dropped to 0 (no longer hit: any block asked for before is admitted over them)",
              p.get("demoted", 0))
+    slots = s.get("volume_slots") or {}
+    yield _g("blockcache_volume_slots", "Volumes with blocks cached or puts queued (of "
+             "max_volumes)", slots.get("held", 0))
+    yield _g("blockcache_volume_slots_limit", "max_volumes", slots.get("limit", 0))
     yield _g("blockcache_entries", "Blocks in the cache", s.get("entries", 0))
     yield _g("blockcache_used_bytes", "Bytes of blocks in the cache", s.get("used_bytes", 0))
     yield _g("blockcache_capacity_bytes", "Configured capacity over all dirs",
@@ -190,7 +194,8 @@ def _totals(s: dict[str, Any]) -> Iterator[Metric]:
     yield err
     refused = CounterMetricFamily("blockcache_refused_total", "Requests and connections refused "
                                   "because their peer uid was over its share (connections, "
-                                  "reply_bytes, over_share, too_many_volumes)", labels=["kind"])
+                                  "reply_bytes, over_share, too_many_volumes, volume_share, "
+                                  "read_budget)", labels=["kind"])
     for kind, n in sorted((s.get("refused") or {}).items()):
         refused.add_metric([kind], n)
     yield refused

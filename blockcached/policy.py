@@ -23,7 +23,7 @@ end of each window (a quarter of the entries' accesses) the stale rule
 (`staleness`) looks whether the oldest cached blocks are still hit, and
 demotes those that are not to a count of 0. A put into a full dir pays for
 all this with one call, `miss(key)`, a put into a dir with room with none
-(issue #21: a put's cost stays near plain LRU's): nothing runs per hit or
+(so a put costs about what it costs under plain LRU): nothing runs per hit or
 per write, and the cache's counters are read only at an upkeep.
 
 What the policy knows of cached blocks survives a restart in the block

@@ -38,6 +38,7 @@ _REFUSALS = {
     "reply_bytes": "has max_reply_bytes_per_uid bytes of replies unread",
     "over_share": "holds its fill_queue_share of the fill queue",
     "too_many_volumes": "put a block of a new volume while max_volumes are cached",
+    "volume_share": "put a block of a new volume while owning max_volumes_per_uid volumes",
     "read_budget": "holds its share of the read budget for large frames (the frame waits)",
 }
 
@@ -217,11 +218,14 @@ class Service:
             header = blockfile.BlockHeader.parse(
                 data if span is None else span.head(blockfile.HEADER_SIZE))
             header.check_file_size(len(data))
-            accepted, reason = self.cache.put(key, data, peer.uid)
+            accepted, reason = self.cache.put(key, data, peer.uid, self.access.is_admin(peer))
         finally:
             if span is not None and not accepted:  # never queued: its slot is free now
                 span.release()
-        if reason in _REFUSALS:
+        if reason == "volume_share":
+            self.refusals.note(reason, peer, f"{key} (it owns {self.cfg.max_volumes_per_uid}; "
+                                             f"raise max_volumes_per_uid, or evict its volumes)")
+        elif reason in _REFUSALS:
             self.refusals.note(reason, peer, key)
         return {"accepted": accepted, "reason": reason}
 

@@ -150,6 +150,7 @@ class Upkeep:
             "layout_epoch": self.epoch,
             "dirs": dirs,
             "volumes": self._volume_stats(),
+            "volume_slots": self.slots.stats(),
         }
 
     def _volume_stats(self) -> dict[str, dict[str, int]]:

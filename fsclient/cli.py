@@ -51,6 +51,9 @@ def main(ctx: click.Context, log_level: str, log_format: str) -> None:
 @click.argument("mountpoint", required=False)
 @click.option("--volume", help="Volume name (the cache key namespace): [a-z0-9.-].")
 @click.option("--key-file", help="Volume key file (fsclient keygen).")
+@click.option("--key-fd", type=click.IntRange(0), metavar="N",
+              help="An open descriptor of the volume key file, instead of --key-file: "
+                   "the mount never opens the key by path.")
 @click.option("--socket", help="blockcached socket [default: $BLOCKCACHE_SOCKET or "
                                "/run/blockcache/blockcached.sock].")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
@@ -81,14 +84,17 @@ def main(ctx: click.Context, log_level: str, log_format: str) -> None:
                    "blockcached's socket.")
 @click.option("--ready-fd", type=int, hidden=True)
 @click.option("--serve-fd", type=int, hidden=True)
+@click.option("--key-from-keeper", is_flag=True, hidden=True)  # (successor.KEY_FLAG)
 @click.pass_context
 def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume: str | None,
-          key_file: str | None, socket: str | None, config_file: str | None,
-          block_size: str | None, meta_ttl: str | None, dir_ttl: tuple[str, ...],
-          readahead_blocks: int | None, options: tuple[str, ...], foreground: bool,
+          key_file: str | None, key_fd: int | None, socket: str | None,
+          config_file: str | None, block_size: str | None, meta_ttl: str | None,
+          dir_ttl: tuple[str, ...], readahead_blocks: int | None, options: tuple[str, ...],
+          foreground: bool,
           log_file: str | None, metrics_addr: str | None, mount_log_level: str | None,
           mount_log_format: str | None, server_user: str | None,
-          server_groups: tuple[int, ...], ready_fd: int | None, serve_fd: int | None) -> None:
+          server_groups: tuple[int, ...], ready_fd: int | None, serve_fd: int | None,
+          key_from_keeper: bool) -> None:
     """Mount SOURCE (a local path or fsspec URL) on MOUNTPOINT, read-only.
 
     Returns once the mount answers; with --foreground, serves until unmounted
@@ -98,7 +104,21 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
     """
     from . import mount as mounting
     from .keeper import keeping
+    from .keeper.privileges import not_dumpable
 
+    if serve_fd is not None or foreground:
+        # first: a server or keeper holds the volume key, which its uid must not read
+        not_dumpable()
+    link = None
+    if serve_fd is not None:
+        from .keeper.handoff import KeeperLink
+        link = KeeperLink(serve_fd)
+        if key_from_keeper:  # (`mountkey`: a server never opens the key file)
+            try:
+                key_fd = link.key()
+            except OSError as exc:
+                mounting.Readiness(ready_fd).error(f"the keeper sent no volume key: {exc}")
+                sys.exit(1)
     if mount_log_level or mount_log_format:
         setup_logging(mount_log_level or ctx.obj["log_level"],
                       mount_log_format or ctx.obj["log_format"])
@@ -109,12 +129,11 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
             socket=socket, block_size=block_size, meta_ttl=meta_ttl,
             readahead_blocks=readahead_blocks, metrics_addr=metrics_addr,
             dir_ttl=[parse_dir_ttl_flag(d) for d in dir_ttl], options=options,
-            server_user=server_user, server_groups=list(server_groups) or None)
+            server_user=server_user, server_groups=list(server_groups) or None, key_fd=key_fd)
     except BlockcacheError as exc:
         fail(str(exc))
-    if serve_fd is not None:
-        from .keeper.handoff import KeeperLink
-        code = mounting.run(cfg, mounting.Readiness(ready_fd), KeeperLink(serve_fd))
+    if link is not None:
+        code = mounting.run(cfg, mounting.Readiness(ready_fd), link)
     elif foreground:
         code = keeping.run(cfg, sys.argv[1:], ready_fd)
     else:

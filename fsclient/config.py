@@ -33,6 +33,7 @@ whether an open may keep the kernel page cache (only when TTL > 0).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -54,6 +55,8 @@ MIN_BLOCK_SIZE = 64 << 10
 MAX_BLOCK_SIZE = 16 << 20
 # Options we set ourselves or that would make the mount writable or unsafe.
 _RESERVED_OPTIONS = {"rw", "fsname", "subtype"}
+# a comma not inside double quotes (an even number of quotes follows it)
+_QUOTED_COMMA = re.compile(r',(?=(?:[^"]*"[^"]*")*[^"]*$)')
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ class MountConfig:
     volume: str
     source: str
     mountpoint: str
-    key_file: str
+    key_file: str | None  # None: the key comes as `key_fd` only
     socket: str | None = None
     block_size: int = DEFAULT_BLOCK_SIZE
     ttl: TtlPolicy = field(default_factory=TtlPolicy)
@@ -120,6 +123,9 @@ class MountConfig:
     metrics_addr: str | None = None  # HOST:PORT of this mount's Prometheus endpoint
     # The server's uid, gid and groups, capabilities dropped (the keeper, root, mounts)
     server_user: Credentials | None = None
+    # An open descriptor of the key file (`--key-fd`), inherited from the
+    # caller: read at offset 0, never reopened by path (a server's key)
+    key_fd: int | None = None
 
     @property
     def meta_ttl(self) -> float:
@@ -159,10 +165,12 @@ def parse_dir_ttl_flag(text: str) -> tuple[str, float]:
 
 
 def split_options(values: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """`-o a,b -o c` -> ("a", "b", "c"), with empty items dropped."""
+    """`-o a,b -o c` -> ("a", "b", "c"), with empty items dropped. A comma
+    inside double quotes stays in its option, as mount(8) and the kernel read
+    it: `context="system_u:object_r:t:s0:c1,c2"` is one option."""
     out = []
     for v in values:
-        for item in str(v).split(","):
+        for item in _QUOTED_COMMA.split(str(v)):
             item = item.strip()
             if item:
                 out.append(item)
@@ -205,6 +213,9 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         prefix, seconds = pair
         dir_ttl[prefix] = seconds
     options = list(split_options(options)) + list(split_options(flags.pop("options", None) or ()))
+    key_fd = flags.pop("key_fd", None)
+    if key_fd is not None:
+        _check_key_fd(key_fd)
     for k, v in flags.items():
         if k not in _KEYS:
             raise ConfigError(f"unknown setting {k}")
@@ -236,8 +247,7 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         volume=volume,
         source=_str(data, "source", True),
         mountpoint=mountpoint,
-        # absolute: the mount records it for `warmup --mount`, run from anywhere
-        key_file=os.path.abspath(_str(data, "key_file", True)),
+        key_file=_key_file(data, key_fd),
         socket=_str(data, "socket", False),
         block_size=block_size,
         ttl=TtlPolicy.build(data.get("meta_ttl", DEFAULT_META_TTL), dir_ttl),
@@ -254,7 +264,22 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         store_pages=convert.boolean(data.get("store_pages", True), "store_pages"),
         metrics_addr=convert.address(data.get("metrics_addr"), "metrics_addr"),
         server_user=_server_user(data),
+        key_fd=key_fd,
     )
+
+
+def _check_key_fd(key_fd: Any) -> None:
+    try:
+        os.fstat(key_fd)
+    except (OSError, TypeError, ValueError):
+        raise ConfigError(f"--key-fd {key_fd!r} is not an open descriptor; give the number "
+                          f"of one the key file is open on, e.g. --key-fd 3 3<KEYFILE") from None
+
+
+def _key_file(data: dict[str, Any], key_fd: int | None) -> str | None:
+    path = _str(data, "key_file", key_fd is None)
+    # absolute: the mount records it for `warmup --mount`, run from anywhere
+    return os.path.abspath(path) if path is not None else None
 
 
 def _server_user(data: dict[str, Any]) -> Credentials | None:

@@ -64,6 +64,9 @@ class BlockcacheFS:
         self.dir_handles: dict[int, tuple[FileInfo, ...]] = {}
         self._dir_fh = HandleNumbers()  # numbers that name the snapshot (see handleids)
         self.dirs_adopted = 0  # directory handles opened before this server, listed again
+        # the keeper that handed this server the connection (its pid, as it
+        # said): the mount vouches for it to askers of another uid (`control`)
+        self.keeper = 0
         # requests per operation and workers busy: the session's, once it runs
         self.op_counts: Callable[[], dict[str, int]] = dict
         self.handoffs: Callable[[], int] = int  # waits handed off with their thread
@@ -102,7 +105,7 @@ class BlockcacheFS:
                 "nodes_recovered": self.nodes.recovered, **self._saved_stats(),
                 "handles_recovered": files.adopted + self.dirs_adopted,
                 "ops": self.op_counts(), "waits_handed_off": self.handoffs(),
-                "fuse_minor": self.fuse_minor()}
+                "keeper": self.keeper, "fuse_minor": self.fuse_minor()}
 
     def _saved_stats(self) -> dict:
         saved = self.nodes.saved

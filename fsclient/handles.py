@@ -4,19 +4,24 @@
   reads that version.
 - A small file (up to WHOLE_FILE_MAX, within one block) is read whole. When
   its cache file is in the page cache it is read at open
-  (`Volume.readinto_nowait`, which cannot wait on a disk) and, when no other
+  (its reader's `read_nowait`, which cannot wait on a disk) and, when no other
   handle of it is open, handed to the kernel's page cache before the open
   answers (`_store`), so its reads need no request. Otherwise its first read
   request reads it whole; later reads are slices of that.
+- Every read goes through the handle's reader (`Volume.open_handle`: its
+  version, its one sequential detector, the chunk path of random reads,
+  read-ahead and the block files it holds), which waits only inside the
+  session's `blocking` (the worker hands its channel on first), and only
+  for what is not in memory: a warm read is answered without a wait, each
+  chunk decrypted once.
 - A sequential reader of a larger file has each read decrypted straight
   into a reply buffer reused from read to read (`replies`), outside the
   handle's lock, so two workers (`threads = 2`) serve two reads of one
-  file at once; it prefetches the next `readahead_blocks` blocks, once per
-  block crossed.
-- Random reads go through the reader's chunk cache (a `VolumeFile` per
-  handle: the decrypted pages and runs `Volume`'s random reads keep, and its
-  held block files), reading the whole chunks around their range; the
-  chunks' other pages go to the kernel's page cache (`pagestore`).
+  file at once; its reader prefetches the next `readahead_blocks` blocks,
+  once per block crossed.
+- A random read is answered with the whole chunks around its range
+  (`FileHandle.read_around`); the chunks' other pages go to the kernel's
+  page cache (`pagestore`).
 
 Reads of one handle take its lock (the kernel may send several at once);
 reads of different handles run side by side.
@@ -38,13 +43,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from blockcache_client import Volume
+from blockcache_client import FileInfo, Volume
 from blockcache_client.common.bufferpool import BufferPool
-from blockcache_client.reader.chunks import CHUNKED_READ_MAX
-from blockcache_client.reader.options import chunk_size
-from blockcache_client.reader.sequential import SEQ_SLACK, Stream
-from blockcache_client.reader.volumefile import VolumeFile
-from blockcache_client.sources.fileinfo import FileInfo
+from blockcache_client.reader import FileHandle
 
 from .config import MountConfig
 from .handleids import HandleNumbers, file_tag, tag_of
@@ -61,7 +62,7 @@ log = logging.getLogger(__name__)
 WHOLE_FILE_MAX = 1 << 20
 # A read this large continuing the last one is sequential at once (the
 # kernel's readahead asks for 128 KiB and more); smaller ones from the third
-# in a row.
+# in a row. A handle's first read is not (the kernel reads ahead of any open).
 SEQ_READ_MIN = 128 << 10
 # How long a read waits for another read of its handle before the wait is
 # handed off with its thread (see `_locked`): longer than a block's decrypt.
@@ -74,12 +75,14 @@ _VERSION_STRIPES = 64  # version locks (`answering`), inodes spread over them
 
 
 class Handle:
-    """An open file: the pinned FileInfo, its read state and the lock its reads take."""
+    """An open file: the pinned FileInfo, its reader, its whole bytes if
+    it is small, and the lock its reads take."""
 
-    __slots__ = ("path", "info", "node", "inode", "stream", "prefetched_until",
-                 "data", "file", "lock", "waits", "warm", "generation")
+    __slots__ = ("path", "info", "node", "inode", "data", "reader", "lock", "waits",
+                 "generation")
 
-    def __init__(self, path: str, info: FileInfo, inode: int, node: Node, generation: int = -1):
+    def __init__(self, path: str, info: FileInfo, inode: int, node: Node, reader: FileHandle,
+                 generation: int = -1):
         self.path = path
         self.generation = generation  # the node's at open, for page-cache stores (`pagestore`)
         self.info = info
@@ -90,12 +93,7 @@ class Handle:
         # request reads it with no second try (the first try's readahead may
         # have brought the pages in, but not because they were warm)
         self.waits = False
-        self.file: VolumeFile | None = None  # random reads: the reader's chunk cache
-        # indexes of blocks a read found cached: random reads of them need no
-        # wait (see `_read_chunked`)
-        self.warm: set[int] = set()
-        self.stream = Stream()  # the read pattern: sequential from the second read in a row
-        self.prefetched_until = 0
+        self.reader = reader  # the reader's open handle: every read of the file
         self.lock = threading.Lock()
 
 
@@ -130,8 +128,6 @@ class OpenFiles:
         # where sequential reads are decrypted and answered from: a buffer is
         # taken again only once no view of it is left (the reply written)
         self.replies = BufferPool(REPLY_BYTES, REPLY_BYTES_KEPT, page_aligned=True)
-        # the unit blocks are sealed in: a random read decrypts whole chunks
-        self.chunk = chunk_size(cfg.block_size)
         # a random read's other pages of its chunks, into the kernel's page cache
         self.pages = ChunkStore()
 
@@ -171,7 +167,7 @@ class OpenFiles:
             self._count("kept_opens")
         else:  # the kernel drops the inode's pages: no older open's store may land after
             self.pages.raise_generation(inode, node)
-        h = self.handles[fh] = Handle(path, info, inode, node,
+        h = self.handles[fh] = Handle(path, info, inode, node, self._reader(path, info),
                                       self.pages.generation_of(node, info.size))
         opens = self.nodes.opened(node)
         if 0 < info.size <= self.whole_file_max and not keep:
@@ -179,7 +175,7 @@ class OpenFiles:
             # buffer, whose bytes the kernel copies before this call returns.
             storable = self.store is not None and opens == 1 and node.size == info.size
             buf = self._spare(info.size) if storable else bytearray(info.size)
-            data = self._load_nowait(path, info, buf)
+            data = self._load_nowait(h, buf)
             if data is None:
                 h.waits = True  # the first read request reads it, on its own thread
             elif storable and self._store(inode, data):
@@ -197,7 +193,7 @@ class OpenFiles:
         with self._lock:
             h = self.handles.get(fh)
             if h is None:
-                h = self.handles[fh] = Handle(path, info, inode, node)
+                h = self.handles[fh] = Handle(path, info, inode, node, self._reader(path, info))
                 self.adopted += 1
             else:
                 return h
@@ -217,38 +213,40 @@ class OpenFiles:
                 raise FuseError(errno.ESTALE)
             yield
 
+    def _reader(self, path: str, info: FileInfo) -> FileHandle:
+        """The reader's handle of a new open: a run starts at the second read
+        in a row (the kernel's readahead reads the first), and prefetches the
+        mount's `readahead_blocks`."""
+        return self.volume.open_handle(path, info, seq_start=SEQ_READ_MIN, from_zero=False,
+                                       ahead_blocks=self.cfg.readahead_blocks,
+                                       on_ahead=self._ahead)
+
+    def _ahead(self) -> None:
+        self._count("prefetches")
+
     def release(self, fh: int) -> Handle | None:
         h = self.handles.pop(fh, None)
         if h is None:
             return None
         with h.lock:
-            if h.file is not None:
-                h.file.close()
-                h.file = None
+            h.reader.close()
         return h
 
-    def _load(self, path: str, off: int, size: int, info: FileInfo,
-              buf: bytearray | memoryview | None = None) -> memoryview:
-        """[off, off+size) of `path` (pinned to `info`) as a view of `buf` (a
-        fresh buffer if None): cached blocks decrypt straight into it, and
-        replies to the kernel are slices of it, so the bytes are copied once
-        from the cache file and once to the kernel, nothing more."""
-        if buf is None:
-            buf = bytearray(size)
-        n = self.volume.readinto(path, off, buf, info=info)
-        return memoryview(buf)[:n]
-
-    def _load_nowait(self, path: str, info: FileInfo,
-                     buf: bytearray | memoryview) -> memoryview | None:
-        """The whole (small) file, when the volume can read it without waiting:
+    def _load_nowait(self, h: Handle, buf: bytearray | memoryview) -> memoryview | None:
+        """The whole (small) file, when the reader can read it without waiting:
         its block in the memory LRU, or its cache file's path and pages in the
-        kernel's caches (`readinto_nowait`). None otherwise: an open then
-        answers at once and the first read waits for the read."""
-        n = self._nowait(path, 0, buf, info)
+        kernel's caches. None otherwise: an open then answers at once and the
+        first read waits for the read."""
+        view = memoryview(buf)
+        try:
+            n = h.reader.read_nowait(0, view)
+        except Exception as exc:  # the blocking read reports real errors
+            log.debug("no-wait read of %s: %s", h.path, exc)
+            return None
         if n is None:
             return None
         self._count("inline_loads")
-        return memoryview(buf)[:n]
+        return view[:n]
 
     def _store(self, inode: int, data: memoryview) -> bool:
         """Put a whole small file, read at its open, into the kernel's page
@@ -300,16 +298,18 @@ class OpenFiles:
                 if data is None:
                     buf = bytearray(h.info.size)
                     # (a kept open whose pages the kernel lost: first the same try)
-                    data = None if h.waits else self._load_nowait(h.path, h.info, buf)
-                    if data is None:
+                    data = None if h.waits else self._load_nowait(h, buf)
+                    if data is None:  # (decrypted straight into `buf`, replies slices of it)
                         with self.blocking():
-                            data = self._load(h.path, 0, h.info.size, h.info, buf)
+                            data = memoryview(buf)[:h.reader.read(0, len(buf), memoryview(buf))]
                     h.data = data
         if data is not None:
             return data[off:off + size]
+        reader = h.reader
         with self._locked(h):
-            if not self._follow(h, off, size) or size < self.chunk:
-                return self._read_chunked(h, off, size)
+            if not reader.note(off, size) or size < reader.chunk_size:
+                lo, data = reader.read_around(off, size, self.blocking)
+                return self._chunks_read(h, lo, data, off, size)
         return self._read_stream(h, off, size)
 
     @contextlib.contextmanager
@@ -326,45 +326,6 @@ class OpenFiles:
         finally:
             h.lock.release()
 
-    def _read_chunked(self, h: Handle, off: int, size: int) -> memoryview:
-        """[off, off+size) through the reader's chunk cache (under `h.lock`),
-        as a view of the whole chunks around it.
-
-        The read decrypts those chunks anyway; asking for all of them makes
-        the chunk cache keep them as one run (`chunks.spans`), where a small
-        read would keep only its own pages, which the kernel's page cache
-        already holds (it asks for a page once). A later read of another
-        page of the chunk is then a lookup, and the answer is a slice of the
-        kept run, never a copy."""
-        f = h.file
-        if f is None:
-            f = h.file = VolumeFile(self.volume, h.path, h.info)
-        c = self.chunk
-        lo = off - off % c
-        hi = min(h.info.size, off + size + -(off + size) % c)
-        if hi - lo > CHUNKED_READ_MAX:  # a large read: just its range
-            lo, hi = off, off + size
-        bs = self.cfg.block_size
-        block = lo // bs
-        if block not in h.warm:
-            # The handle's first read of this block: is it cached, its pages
-            # in memory? The no-wait read (of the block's first chunk: it
-            # reads from a block's start only) says so; else it is a wait.
-            boff = block * bs
-            first = bytearray(min(c, h.info.size - boff))
-            if self._nowait(h.path, boff, first, h.info) is not None:
-                h.warm.add(block)
-                if hi <= boff + c:
-                    return self._chunks_read(h, boff, memoryview(first), off, size)
-            else:
-                with self.blocking():
-                    f.seek(lo)
-                    data = memoryview(f.read(hi - lo))
-                h.warm.add(block)
-                return self._chunks_read(h, lo, data, off, size)
-        f.seek(lo)
-        return self._chunks_read(h, lo, memoryview(f.read(hi - lo)), off, size)
-
     def _chunks_read(self, h: Handle, lo: int, data: memoryview, off: int,
                      size: int) -> memoryview:
         """The read's [off, off+size) of `data` (the file at `lo`); the rest
@@ -374,65 +335,15 @@ class OpenFiles:
                              off, off + size)
         return data[off - lo:off - lo + size]
 
-    def _nowait(self, path: str, off: int, buf: bytearray, info: FileInfo) -> int | None:
-        """`Volume.readinto_nowait` of [off, off+len(buf)); None if it would wait."""
-        try:
-            return self.volume.readinto_nowait(path, off, buf, info=info)
-        except Exception as exc:  # the blocking read reports real errors
-            log.debug("no-wait read of %s: %s", path, exc)
-            return None
-
     def _read_stream(self, h: Handle, off: int, size: int) -> memoryview:
         """[off, off+size) of a sequential reader, decrypted straight into a
-        reply buffer (`replies`). Not under `h.lock`: the volume's reads are
-        thread-safe and the handle's version is fixed. Each block's part is
-        read without waiting when its bytes are in memory; the first that
-        is not, and the rest with it, in a wait (`blocking`). The view
-        returned is the only one left of its buffer once this returns, so
-        the buffer is reused only after the reply is written; a failed read
-        raises and its buffer's bytes are never sent."""
+        reply buffer (`replies`). Not under `h.lock`: the reader's reads are
+        thread-safe and the handle's version is fixed. Blocks whose bytes are
+        in memory are read without a wait; the first that is not, and the
+        rest with it, in a wait (`blocking`). The view returned is the only
+        one left of its buffer once this returns, so the buffer is reused
+        only after the reply is written; a failed read raises and its
+        buffer's bytes are never sent."""
         buf = self.replies.take() if size <= REPLY_BYTES else memoryview(bytearray(size))
-        bs = self.cfg.block_size
-        pos = 0
-        while pos < size:
-            at = off + pos
-            n = min(size - pos, bs - at % bs)
-            got = self._nowait(h.path, at, buf[pos:pos + n], h.info)
-            if got is None:
-                with self.blocking():
-                    pos += self.volume.readinto(h.path, at, buf[pos:size], info=h.info)
-                break
-            pos += got
-            if got < n:  # end of file
-                break
-        return buf[:pos]
-
-    def _follow(self, h: Handle, off: int, size: int) -> bool:
-        """Track the handle's read pattern; True if this read continues a
-        sequential run: a large read (the kernel's readahead) right after the
-        last one, or the third small read in a row stepping forward. Two
-        small reads near each other are no run: random 4 KiB reads meet by
-        chance, and a run reads whole blocks. Sequential runs also prefetch
-        the next blocks."""
-        stream = h.stream
-        if not stream.advance(off, off + size, SEQ_SLACK) or (
-                size < SEQ_READ_MIN and stream.streak < 2):
-            h.prefetched_until = 0
-            return False
-        if self.cfg.readahead_blocks:
-            self._readahead(h, off)
-        return True
-
-    def _readahead(self, h: Handle, off: int) -> None:
-        bs = self.cfg.block_size
-        first = (off // bs + 1) * bs
-        end = min(h.info.size, first + self.cfg.readahead_blocks * bs)
-        start = max(first, h.prefetched_until)
-        if start >= end:
-            return
-        h.prefetched_until = end
-        self._count("prefetches")
-        try:  # (with `info`, only queues the fetch: never waits on the remote)
-            self.volume.prefetch(h.path, start, end - start, info=h.info)
-        except Exception as exc:
-            log.debug("prefetch failed (reads are unaffected): %s", exc)
+        n = h.reader.read(off, size, buf[:size], self.blocking, noted=True)
+        return buf[:n]

@@ -58,6 +58,8 @@ COUNTERS = {
                           "cached blocks the daemon refused (the volume's access rules)"),
     "cold_opens": ("blockcache_client_cold_opens_total", "Files of a cold directory opened "
                    "by their first block's GET, without a stat (Volume.open only)"),
+    "chunks_decrypted": ("blockcache_client_chunks_decrypted_total", "Chunks of cached "
+                         "blocks a hit decrypted (the cache disk's, not the tier's)"),
     "cluster_hits": ("blockcache_client_cluster_hits_total", "Blocks or ranges found in the "
                      "cluster tier"),
     "cluster_misses": ("blockcache_client_cluster_misses_total", "Blocks or ranges not found "

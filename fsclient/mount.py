@@ -26,7 +26,6 @@ or, failing that, ends the connection, leaving a dead mount that the next
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import select
@@ -35,20 +34,21 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from blockcache_client.contract import protocol
 from blockcache_client.contract.errors import BlockcacheError, DaemonError, DaemonUnavailable
 from blockcache_client.daemonclient.client import Client
-from blockcache_client.volumekey import load_key_file
 
 from . import mountpoint as mp
 from .config import MountConfig
+from .gctune import tune_gc
 from .keeper import successor
-from .keeper.fdstore import Passing, pass_on
+from .keeper.fdstore import PASSED_ON, Passing, pass_on
 from .keeper.handoff import HANDED_OVER, RESTART_SIGNAL, Connection, KeeperLink
 from .keeper.saved import SavedState, SavedStateError
+from .mountkey import check_key, inherited, volume_key
 from .mountpoint import MountError
 from .session import mount as fusemount
 
@@ -61,12 +61,6 @@ READY_TIMEOUT = 90.0
 # two requests and a 4 MiB block 32. 1 MiB (the largest request libfuse
 # takes) serves a whole small file, or a quarter block, per request.
 KERNEL_READAHEAD_KB = 1024
-# Container allocations between two young-generation collections (Python's
-# default: 700, at which a warm small file's few lasting allocations made the
-# loop collect every few hundred files, walking older generations now and
-# then). Garbage cycles are rare here (reference counting frees each
-# request's objects), so collecting less often costs little memory.
-GC_YOUNG_THRESHOLD = 10_000
 # A server handing over waits this long for the requests it handles; those left
 # are resent to its successor (before FUSE 7.40 answered EINTR: `Session.drain`).
 HANDOVER_DRAIN = 20.0
@@ -146,7 +140,7 @@ def open_volume(cfg: MountConfig) -> Any:
     def make() -> Any:
         # meta_ttl=0: the mount's own caches hold its metadata (per-prefix
         # TTLs) and ask the volume for fresh answers; it keeps none twice
-        return Volume(cfg.volume, cfg.source, cfg.key_file, socket_path=cfg.socket,
+        return Volume(cfg.volume, cfg.source, volume_key(cfg), socket_path=cfg.socket,
                       block_size=cfg.block_size, meta_ttl=0,
                       fill_queue_bytes=cfg.fill_queue_bytes,
                       memory_cache_bytes=cfg.memory_cache_bytes, **cfg.storage_options)
@@ -174,7 +168,7 @@ def run(cfg: MountConfig, readiness: Readiness, link: KeeperLink) -> int:
 
     mountpoint = mp.absolute(cfg.mountpoint)
     try:
-        load_key_file(cfg.key_file)
+        check_key(cfg)
         check_daemon(cfg, readiness)
         volume = open_volume(cfg)
     except BlockcacheError as exc:
@@ -192,6 +186,7 @@ def run(cfg: MountConfig, readiness: Readiness, link: KeeperLink) -> int:
                             f"available, and are you root or is fusermount3 setuid?)")
             return 1
         fs.nodes.saved = state
+        fs.keeper = conn.keeper
         session = Session(fs, cfg.threads, terms=None if conn.fresh else state.terms)
         session.on_init = state.save_terms
         fs.attach(session)
@@ -212,17 +207,6 @@ def run(cfg: MountConfig, readiness: Readiness, link: KeeperLink) -> int:
         volume.close()
         if conn is not None:
             conn.close()
-
-
-def tune_gc() -> None:
-    """Collect once, move everything made while mounting (modules, the
-    volume, config) out of the collector's reach for good (gc.freeze: it
-    is never garbage, and every older-generation collection walked all of
-    it), and collect the young generation less often."""
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: Readiness,
@@ -250,7 +234,7 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
     def on_keeper_lost() -> None:
         # (ending or handing over already: no keeper is wanted)
         if not conn.stored and not stop.is_set() and successor.take_over(
-                sys.argv[1:], conn.fuse_fds, conn.saved_fd, mountpoint):
+                sys.argv[1:], conn.fuse_fds, conn.saved_fd, mountpoint, fs.cfg.key_fd):
             return on_handover()  # to the keeper this server started
         # ending the process closes the last descriptors of the connection (but
         # systemd's): the kernel aborts it, and the mount answers ENOTCONN
@@ -343,12 +327,14 @@ def _ready(session: Any, fs: Any, mountpoint: str, readiness: Readiness,
 
 def spawn(argv: list[str], cfg: MountConfig, log_file: str | None,
           ready_timeout: float = READY_TIMEOUT, detach: bool = True,
-          passed: Passing | None = None) -> tuple[subprocess.Popen | None, str | None]:
+          passed: Passing | None = None, env: Mapping[str, str] | None = None
+          ) -> tuple[subprocess.Popen | None, str | None]:
     """Start `fsclient <argv> --foreground` as a child and wait for readiness.
 
     Returns (child, None) once it is READY, or (None, reason) after making
     sure the failed child is gone and left nothing mounted. `detach`: the child
-    in its own session (Ctrl-C misses it); `passed`: a connection for it to keep.
+    in its own session (Ctrl-C misses it); `passed`: a connection for it to keep;
+    `env`: its whole environment (None: ours), plus those passing the connection.
     """
     # Never touch a mount that was there before: only one our child made.
     premounted = mp.is_mounted(cfg.mountpoint)
@@ -356,9 +342,12 @@ def spawn(argv: list[str], cfg: MountConfig, log_file: str | None,
     cmd = [sys.executable, "-m", "fsclient.cli", *argv, "--foreground", "--ready-fd", str(w)]
     out = open(log_file, "ab") if log_file else open(os.devnull, "wb")
     passing = passed or pass_on()  # a kept connection is for the keeper (Type=forking)
+    child_env = passing.env if env is None else {**env, **{
+        k: v for k, v in (passing.env or {}).items() if k.startswith("LISTEN_") or k == PASSED_ON}}
     try:
         child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                 env=passing.env, start_new_session=detach, **passing.popen(w))
+                                 env=child_env, start_new_session=detach,
+                                 **passing.popen(w, *inherited(cfg)))
     finally:
         os.close(w)
         out.close()

@@ -9,5 +9,5 @@
 The `[cluster]` settings, as the daemon hands them out in `hello`, are
 `blockcache_client.contract.cluster`. The reader's use of the tier (read
 order, authentication, hand-off to the daemon) is
-`blockcache_client.reader.tier`.
+`blockcache_client.reader.misses.tier`.
 """

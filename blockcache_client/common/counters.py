@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-# the cluster tier (reader/tier.py): blocks or ranges found and not found,
+# the cluster tier (reader/misses/tier.py): blocks or ranges found and not found,
 # item bytes received, server failures, bad items removed, fills to the tier
 CLUSTER_COUNTERS = (
     "cluster_hits", "cluster_misses", "cluster_bytes", "cluster_errors", "cluster_bad",
@@ -14,7 +14,7 @@ VOLUME_COUNTERS = (
     "hits", "misses", "hit_bytes", "miss_bytes", "memory_hits", "backend_bytes",
     "backend_requests", "fills_sent", "fills_dropped", "integrity_failures",
     "daemon_unavailable", "prefetches", "prefetches_dropped", "prefetches_cancelled",
-    "version_checks", "chunk_hits", "evictions_refused", "cold_opens",
+    "version_checks", "chunk_hits", "evictions_refused", "cold_opens", "chunks_decrypted",
     *CLUSTER_COUNTERS,
 )
 PENDING_HITS = 256  # lock-free chunk hits counted before they are added up

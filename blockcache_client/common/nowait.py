@@ -1,8 +1,9 @@
 """Opening and reading cache files only when the kernel can answer from memory.
 
-An event loop (the FUSE client's) may serve a cache hit itself, without a
-thread hop, only if doing so can never block on the cache disk: a slow or
-hung disk must not freeze the mount. Linux says so exactly:
+A FUSE worker serves a cache hit on its own thread, without handing its
+channel to another one first (`blocking`), only if doing so can never block
+on the cache disk: a slow or hung disk must not freeze the mount. Linux
+says so exactly:
 
 - `open_cached(path)`: openat2(2) with RESOLVE_CACHED resolves every path
   component from the dentry cache or fails with EAGAIN (BlockingIOError)

@@ -86,7 +86,7 @@ SLOT_POLL = 0.001
 
 
 class Seal(Protocol):
-    """Seals a block for the daemon (`reader.fills.Sealer`)."""
+    """Seals a block for the daemon (`reader.misses.fills.Sealer`)."""
 
     def __call__(self, key: str, plaintext: bytes | memoryview,
                  into: memoryview | None = None) -> bytes | memoryview: ...

@@ -1,17 +1,22 @@
-"""The read path of `Volume`, one concern a module.
+"""The read path of `Volume`: what a read starts in at the top, the parts in rooms.
 
-`Volume.read` walks down this package once: `metadata` (the file's version)
--> block keys -> `hits` (the memory LRU, `memory`, then the cache disk) or
-`fetch` (the source, once per block at a time: `singleflight`; `fills` seals
-what it brought for the daemon) -> back to the caller. Hits, the tier and
-the sealer share one cache of derived block ciphers (`ciphers`). Small
-random reads go through `chunkhits`: decrypted chunks kept in the memory LRU
-(`chunks`), block files held open for open handles (`blockfds`); an open
-handle serves its repeat hits of kept chunks itself (`handlehits`).
-`sequential` decides how many blocks a miss may bring, and `prefetch`
-fetches ahead in the background. No module calls back up.
+Top: `volume` (the `Volume` facade), `volumefile` (its file object), `handle`
+(`FileHandle`, one open file: its version, its one sequential detector, the
+chunk path of random reads, read-ahead and the block files it holds; the
+FUSE client reads through it too), `readpath` (the walk of one read over
+its blocks), `parts` (the typed view of a volume's pieces the rooms are
+handed, never the `Volume`), `options`, `prefetchahead` (`prefetch_ahead`).
 
-Beside the read path: `ahead` (`prefetch_ahead`) walks an epoch's order ahead
-of readers in other processes, putting each file into the host cache with
-`hostfill`, and yields it once the daemon has written it.
+Rooms, each importing only those below it (pyproject's import contracts):
+- `ahead/`: what is fetched before a read asks (`sequential` runs and
+  windows, `prefetch`, `hostfill` for `prefetch_ahead`);
+- `misses/`: what the source or the tier is asked for (`metadata`,
+  `coldopen`, `fetch` once per block, `tier`, `fills` sealing for the daemon);
+- `hits/`: what this host holds (`blockhits`: the memory LRU, then the cache
+  disk; `chunks`, `chunkhits`, `blockfds`, `handlehits`: small random reads;
+  `ciphers`, `decrypt`).
 """
+
+from .handle import FileHandle
+
+__all__ = ["FileHandle"]

@@ -19,6 +19,9 @@ COALESCE_BYTES = 32 << 20
 # ...and that window comes in parts of this size (Mountpoint's default part),
 # fetched in parallel: a reader waits for its first part only
 PART_BYTES = 8 << 20
+# Seconds a block handed to the daemon may take to reach its path: a host
+# fill (`hostfill`) and a handle waiting to hold the file (`handlehits`)
+WRITE_WAIT = 10.0
 
 
 def check_block_size(name: str, block_size: object) -> int:

@@ -50,10 +50,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
 import weakref
 
 from ..common.counters import Counters
-from ..common.filledbytes import FilledBytes, release
 from ..common.forks import generation as _forks
 from ..contract import blockfile, protocol
 from ..contract.blockkey import KeyNamer, check_volume_name
@@ -61,22 +61,25 @@ from ..contract.errors import DaemonError, DaemonUnavailable
 from ..daemonclient.link import DaemonLink
 from ..sources.backend import Backend
 from ..sources.fileinfo import FileInfo, normalize
-from ..volumekey import load_key_file
+from ..volumekey import load_key
 from . import options
-from .blockfds import BlockFiles
-from .chunkhits import ChunkCache, ChunkedHits
-from .ciphers import Ciphers
-from .coldopen import ColdOpens
-from .decrypt import ParallelDecrypt
-from .fetch import Fetcher
-from .fills import Sealer
-from .handlehits import HandleBlocks
-from .hits import HitReader
-from .memory import BlockMemory
-from .metadata import Metadata
-from .prefetch import Prefetcher
-from .sequential import SequentialReads
-from .tier import TierReads
+from .ahead.hostfill import ByteBudget, HostFill
+from .ahead.prefetch import Prefetcher
+from .ahead.sequential import SEQ_START, SequentialReads
+from .handle import FileHandle
+from .hits.blockfds import BlockFiles
+from .hits.blockhits import HitReader
+from .hits.chunkhits import ChunkCache, ChunkedHits
+from .hits.ciphers import Ciphers
+from .hits.decrypt import ParallelDecrypt
+from .hits.memory import BlockMemory
+from .misses.coldopen import ColdOpens
+from .misses.fetch import Fetcher
+from .misses.fills import Sealer
+from .misses.metadata import Metadata
+from .misses.tier import TierReads
+from .parts import ReadParts
+from .readpath import ReadPath
 from .volumefile import VolumeFile
 
 log = logging.getLogger(__name__)
@@ -101,8 +104,8 @@ class Volume:
     of the socket's dir; see `client`). All methods are thread-safe.
     """
 
-    def __init__(self, name: str, source: str, key_file: str, socket_path: str | None = None,
-                 block_size: int = 4 << 20, meta_ttl: float = 60.0,
+    def __init__(self, name: str, source: str, key_file: str | int,
+                 socket_path: str | None = None, block_size: int = 4 << 20, meta_ttl: float = 60.0,
                  fill_queue_bytes: int = 256 << 20, memory_cache_bytes: int = 64 << 20,
                  daemon_uid: int | None = None, chunk_cache: bool = True, **storage_options):
         self.name = check_volume_name(name)
@@ -113,7 +116,7 @@ class Volume:
         self._storage_options = dict(storage_options)
         self.block_size = options.check_block_size(name, block_size)
         self.meta_ttl = float(meta_ttl)
-        self._volume_key = load_key_file(key_file)
+        self._volume_key = load_key(key_file)  # (a path, or a descriptor: `load_key`)
         # block names derive from the key too: equal on every host with it, opaque to
         # others; a same-named volume under another key is another namespace
         self.names = KeyNamer(self._volume_key)
@@ -168,6 +171,16 @@ class Volume:
                                       self._fetcher, self.counters)
         self._sequential = SequentialReads(self.block_size, self._window, self._hits.held,
                                            self._prefetcher.ahead)
+        self._path = ReadPath(ReadParts(
+            self.name, self.block_size, self._window, self._hits, self._fetcher,
+            self._sequential, self._prefetcher, self._files, self._link, self.counters,
+            self._chunk_size, self._key_prefix))
+
+    def _live_path(self) -> ReadPath:
+        """This process's read path (`_proc`'s checks first)."""
+        if self._fork_gen != _forks[0] or self._closed:
+            self._proc()
+        return self._path
 
     def _proc(self) -> None:
         if self._fork_gen != _forks[0]:
@@ -198,8 +211,8 @@ class Volume:
     def __reduce__(self):
         # A spawn/forkserver worker (a DataLoader's) gets a new Volume built
         # from the same arguments: the key is read again from its file there.
-        if self._closed:
-            raise ValueError(f"volume {self.name} is closed: a closed volume cannot be pickled")
+        if self._closed or isinstance(self._init_args[2], int):  # (a descriptor is ours)
+            raise ValueError(f"cannot pickle volume {self.name}: closed, or keyed by a descriptor")
         return (_rebuild_volume, (self._init_args, self._storage_options))
 
     # -- metadata ----------------------------------------------------------------
@@ -264,42 +277,19 @@ class Volume:
         self._proc()
         options.check_range(path, offset, size)
         rel, info = self._resolve(path, info)
-        return self._read_pinned(rel, offset, size, info)
+        return self._read(rel, offset, size, info)
 
-    def _read_pinned(self, rel: str, offset: int, size: int, info: FileInfo,
-                     out: memoryview | None = None, holder: HandleBlocks | None = None):
-        """`read` after its checks (VolumeFile calls this directly, `holder`
-        its `HandleBlocks`: block files kept open). With `out` (a writable byte view of
-        `size` bytes) the bytes are stored there and their count returned."""
-        if self._fork_gen != _forks[0] or self._closed:
-            self._proc()
+    def _read(self, rel: str, offset: int, size: int, info: FileInfo,
+              out: memoryview | None = None):
+        """`read` after its checks: the file version's sequential run
+        (`SequentialReads.follow`), then `ReadPath.read`."""
         end = min(offset + size, info.size)
-        if offset >= end:
-            return b"" if out is None else 0
-        bs = self.block_size
-        first = offset // bs
-        last = (end - 1) // bs
         prefix = self._key_prefix(rel, info.version)
         st = None
-        if self._window > 1 and info.size > bs:
-            st = self._sequential.follow(prefix, offset, end, last > first)
-        if first == last and st is None:
-            boff = first * bs
-            return self._read_block(rel, info, prefix, boff, offset - boff, end - boff, out,
-                                    1, holder)
-        chunky = st is None or not st.streaming  # a stream's chunks are not read again
-        whole = FilledBytes(end - offset) if out is None and last > first else None
-        out = whole.view if whole is not None else out
-        got = pos = 0
-        for b in range(first, last + 1):  # one block only if `out` is None
-            boff = b * bs
-            run = 1 if st is None else self._sequential.plan(st, rel, info, prefix, b, last)
-            lo, hi = max(offset, boff) - boff, min(end, boff + bs) - boff
-            part = None if out is None else out[pos:pos + hi - lo]
-            got = self._read_block(rel, info, prefix, boff, lo, hi, part, run, holder, chunky)
-            release(part)  # an idle decrypt helper may still hold it: not the buffer
-            pos += hi - lo
-        return whole.value() if whole is not None else got if out is None else pos
+        bs = self.block_size
+        if self._window > 1 and info.size > bs and offset < end:
+            st = self._sequential.follow(prefix, offset, end, (end - 1) // bs > offset // bs)
+        return self._path.read(rel, info, prefix, offset, size, st, out)
 
     def readinto(self, path: str, offset: int, buffer, info: FileInfo | None = None) -> int:
         """Read into a writable buffer; returns the number of bytes stored
@@ -310,16 +300,17 @@ class Volume:
         self._proc()
         options.check_range(path, offset, len(view))
         rel, info = self._resolve(path, info)
-        return self._read_pinned(rel, offset, len(view), info, view)
+        return self._read(rel, offset, len(view), info, view)
 
     def readinto_nowait(self, path: str, offset: int, buffer, info: FileInfo) -> int | None:
         """`readinto` of a range within one block, only if it needs no wait:
-        the block is in the memory LRU, or its cache file's path and bytes are
-        in the kernel's caches. None otherwise (a miss, pages not in memory, a
-        bad or short file, a second block, no kernel support): nothing is then
-        counted or evicted, and `readinto` on a thread does the real read and
-        decides. Never touches the backend, never blocks on a disk: an event
-        loop may call it."""
+        the block is in the memory LRU (or its chunks are), or its cache
+        file's path and bytes are in the kernel's caches. None otherwise (a
+        miss, pages not in memory, a bad or short file, a second block, no
+        kernel support): nothing is then counted or evicted, and `readinto`
+        does the real read and decides. Never touches the backend, never
+        blocks on a disk: a thread that must not wait may call it (an open
+        handle's reads do so themselves: `FileHandle`'s `blocking`)."""
         view = memoryview(buffer).cast("B")
         self._proc()
         options.check_range(path, offset, len(view))
@@ -327,15 +318,13 @@ class Volume:
         end = min(offset + len(view), info.size)
         if offset >= end:
             return 0
-        bs = self.block_size
-        boff = offset - offset % bs
-        if end > boff + bs:
+        if (end - 1) // self.block_size != offset // self.block_size:
             return None
-        key = self._key_prefix(rel, info.version) + format(boff, "016x")
-        return self._hits.read(key, self._block_len(info, boff), offset - boff, end - boff, view,
-                              nowait=True)
+        got = self._path.read_nowait(rel, info, self._key_prefix(rel, info.version), offset,
+                                     view[:end - offset])
+        return got if got == end - offset else None
 
-    def open(self, path: str):
+    def open(self, path: str) -> VolumeFile:
         """A read-only binary file object (read, readinto, seek, tell) pinned
         to the version of `path` seen now (`metadata`, or `coldopen`)."""
         # A path the metadata cache holds fresh is canonical, so a dataset
@@ -343,35 +332,39 @@ class Volume:
         if type(path) is str and self._fork_gen == _forks[0] and not self._closed:
             info = self._meta.cached(path)
             if info is not None and not info.is_dir:
-                return VolumeFile(self, path, info)
+                return VolumeFile(self._handle(path, info))
         rel = normalize(path)
         self._proc()
         got = self._cold.open(rel, self._key_prefix, self._fetcher.keep)
-        return VolumeFile(self, rel, *(got or self._resolve(rel, None)[1:]))
+        return VolumeFile(self._handle(rel, *(got or self._resolve(rel, None)[1:])))
+
+    def open_handle(self, path: str, info: FileInfo | None = None, *,
+                    seq_start: int = SEQ_START, from_zero: bool = True, ahead_blocks: int = 0,
+                    on_ahead=None) -> FileHandle:
+        """An open handle of `path` pinned to `info` (default: the version
+        seen now): what `open`'s file object reads through, for a caller
+        that keeps its own position (the FUSE client). `seq_start`,
+        `from_zero`, `ahead_blocks`, `on_ahead`: see `FileHandle`."""
+        rel, info = self._resolve(path, info)
+        return self._handle(rel, info, None, seq_start=seq_start, from_zero=from_zero,
+                            ahead_blocks=ahead_blocks, on_ahead=on_ahead)
+
+    def _handle(self, rel: str, info: FileInfo, first: bytes | None = None,
+                **how) -> FileHandle:
+        return FileHandle(self._live_path, rel, info, first, chunk_size=self._chunk_size, **how)
+
+    def host_fill(self, budget: ByteBudget, cancelled: threading.Event) -> HostFill:
+        """What `prefetch_ahead` puts files into the host cache with, in this
+        process (`hostfill`)."""
+        key, chunk = self._volume_key, self._chunk_size
+
+        def seal(block_key: str, data: bytes) -> memoryview:  # (`seal` without its copy)
+            return blockfile.seal_into(block_key, data, key, chunk)[0]
+        return HostFill(self._live_path().parts, seal, self.socket_path, self._daemon_uid,
+                        budget, cancelled)
 
     def _block_len(self, info: FileInfo, boff: int) -> int:
         return min(self.block_size, info.size - boff)
-
-    def _read_block(self, rel: str, info: FileInfo, prefix: str, boff: int,
-                    lo: int, hi: int, out: memoryview | None = None, run: int = 1,
-                    holder: HandleBlocks | None = None, chunky: bool = True):
-        """Plaintext [lo, hi) of the block at `boff` (as `deliver`). A miss may
-        fetch up to `run` blocks in one request. `holder`: `HitReader.read`;
-        `chunky`: not part of a stream, so its chunks may be kept (`chunks`)."""
-        key = prefix + format(boff, "016x")
-        blen = info.size - boff  # `_block_len`, inline: the hit path's every call counts
-        blen = blen if blen < self.block_size else self.block_size
-        chunks = self._hits.chunks
-        keep = chunky and chunks is not None and chunks.cache.wants(key, blen, lo, hi)
-        got = self._hits.read(key, blen, lo, hi, out, False, holder, keep)
-        if got is not None:
-            return got
-        got = self._fetcher.read(rel, info, key, boff, lo, hi, out, run, keep,
-                                 chunks.fetched if keep else None)
-        self.counters.add2("misses", "miss_bytes", hi - lo)  # not local: tier or source
-        if keep and holder is not None:  # its file is held once this fill lands
-            holder.expect(boff // self.block_size)
-        return got
 
     # -- cache control -----------------------------------------------------------
 

@@ -12,15 +12,17 @@ from typing import Any
 from .. import mountpoint as mp
 from ..mountpoint import MountError
 from ..session.structs import RESEND_MINOR
-from .control import ask
+from .control import Impostor, ask
 
 RESTART_TIMEOUT = 120.0
 
 
-def _ask(path: str, op: str, timeout: float) -> dict[str, Any]:
+def _ask(path: str, op: str, timeout: float, expect_pid: int | None) -> dict[str, Any]:
     path = mp.absolute(path)
     try:
-        answer = ask(path, op, timeout)
+        answer = ask(path, op, timeout, expect_pid)
+    except Impostor:
+        raise  # (a MountError too: its message names the holder and the fix)
     except (ConnectionRefusedError, FileNotFoundError):
         raise MountError(f"no fsclient keeper serves {path}; is it mounted by "
                          f"`fsclient mount`?") from None
@@ -31,15 +33,18 @@ def _ask(path: str, op: str, timeout: float) -> dict[str, Any]:
     return answer
 
 
-def restart(path: str, timeout: float = RESTART_TIMEOUT) -> dict[str, Any]:
+def restart(path: str, timeout: float = RESTART_TIMEOUT,
+            expect_pid: int | None = None) -> dict[str, Any]:
     """Replace the server of the mount on `path` without unmounting; the keeper's
-    status once the new server answers."""
-    return _ask(path, "restart", timeout)
+    status once the new server answers. Impostor if the keeper is not one we
+    trust (root or our uid; pid `expect_pid` if given: `control.check`)."""
+    return _ask(path, "restart", timeout, expect_pid)
 
 
-def status(path: str) -> dict[str, Any]:
-    """The keeper's and the server's pids and the restarts of the mount on `path`."""
-    return _ask(path, "status", 10.0)
+def status(path: str, expect_pid: int | None = None) -> dict[str, Any]:
+    """The keeper's and the server's pids and the restarts of the mount on
+    `path`; Impostor as for `restart`."""
+    return _ask(path, "status", 10.0, expect_pid)
 
 
 def recovered(path: str) -> dict[str, int]:

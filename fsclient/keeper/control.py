@@ -1,7 +1,18 @@
 """A keeper's control socket: where `fsclient restart`, `fsclient mount` on a
 kept mount point and the CSI plugin ask the keeper of a mount point for
-`restart`, `status` or `surrender` (`keeper.Keeper._on_control`). One request
-per connection, each a `handoff` message; the answer likewise.
+`restart`, `status` or `surrender` (`desk.ControlDesk`). One request per
+connection, each a `handoff` message; the answer likewise.
+
+Naming: an abstract socket (no file to leave behind) named by a digest of
+the absolute mount point, so its length does not grow with the path (a
+kubelet's targets are 130+ bytes; sun_path holds 107).
+
+Trust, both ways, by SO_PEERCRED (the kernel's word, not the peer's):
+- the keeper answers root and its own uid only (`desk`);
+- the asker acts only on a keeper that is root or its own uid, and, given
+  `expect_pid`, that pid (or one of another uid that the mount itself names
+  as its keeper: `check`); it checks before it sends anything, so a
+  squatter on the name is asked nothing and handed nothing (`Impostor`).
 
 `surrender` answers with the connection itself: {"ok": ..., "fuse": n} and
 the n /dev/fuse descriptors, then the saved-state memfd. The asker keeps the
@@ -11,22 +22,57 @@ control connection open and passes it on to the keeper that takes over (as
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
-from typing import Any
+import struct
+import threading
+from typing import Any, NamedTuple
 
+from ..mountpoint import MountError
 from . import handoff
 from .fdstore import FUSE_NAME, PREDECESSOR_NAME, SAVED_NAME
 
+# The name before the digest: keepers of earlier versions named their socket
+# by the mount point itself; asks fall back to that name (an upgrade).
+_PREFIX = "\0fsclient-keeper:"
+_SUN_PATH_MAX = 107
+MOUNT_TIMEOUT = 5.0  # the mount's time to name its keeper (`mount_keeper`)
+
+
+class Impostor(OSError, MountError):
+    """The control name of a mount point is held by a process this asker does
+    not trust (another uid, or not the pid it expected). Nothing was asked of
+    it, and nothing it sent is kept."""
+
+
+class Peer(NamedTuple):
+    """Who is at the other end of a unix socket (SO_PEERCRED)."""
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer(sock: socket.socket) -> Peer:
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return Peer(*struct.unpack("3i", raw))
+
 
 def control_address(mountpoint: str) -> str:
-    """The keeper's control socket: abstract (no file to leave behind), named
-    by the absolute mount point."""
-    return "\0fsclient-keeper:" + mountpoint
+    """The keeper's control socket: abstract, named by a digest of the
+    absolute mount point (any length of path fits)."""
+    return _PREFIX + hashlib.sha256(os.fsencode(mountpoint)).hexdigest()
+
+
+def _legacy_address(mountpoint: str) -> str | None:
+    name = _PREFIX + mountpoint
+    return name if len(os.fsencode(name)) <= _SUN_PATH_MAX else None
 
 
 def listen(mountpoint: str) -> socket.socket | None:
-    """The control socket, or None if another keeper holds this mount point's."""
+    """The control socket, or None if another process holds this mount point's
+    (`holder` says who)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
         sock.bind(control_address(mountpoint))
@@ -37,11 +83,97 @@ def listen(mountpoint: str) -> socket.socket | None:
     return sock
 
 
-def ask(mountpoint: str, op: str, timeout: float) -> dict[str, Any]:
-    """Send `op` to the keeper of `mountpoint`; its answer. OSError if none listens."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-        sock.settimeout(timeout)
+def holder(mountpoint: str) -> Peer | None:
+    """Who listens on `mountpoint`'s control name (asked nothing), or None."""
+    try:
+        sock = _connect(mountpoint, 5.0)
+    except OSError:
+        return None
+    with sock:
+        return peer(sock)
+
+
+def describe_holder(mountpoint: str) -> str:
+    """"held by pid P uid U", for errors about a name that is taken."""
+    who = holder(mountpoint)
+    return f"held by pid {who.pid} uid {who.uid}" if who else "held by a process gone now"
+
+
+def _connect(mountpoint: str, timeout: float) -> socket.socket:
+    """A connection to the control name (or, for a keeper of an earlier
+    version, its name by path). OSError if none listens."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    sock.settimeout(timeout)
+    try:
         sock.connect(control_address(mountpoint))
+        return sock
+    except (ConnectionRefusedError, FileNotFoundError):
+        legacy = _legacy_address(mountpoint)
+        if legacy is None:
+            sock.close()
+            raise
+        try:
+            sock.connect(legacy)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    except BaseException:
+        sock.close()
+        raise
+
+
+def check(sock: socket.socket, mountpoint: str, expect_pid: int | None) -> Peer:
+    """The keeper at the other end of `sock`, if this process trusts it: root
+    or our own uid, and `expect_pid` if given. Else close `sock` and raise
+    Impostor. A pid of 0 means the peer is in a pid namespace we cannot see
+    (SO_PEERCRED cannot name it): then only its uid is checked.
+
+    One keeper of another uid is trusted: the one the mount itself names
+    (`mount_keeper`), which only the server on the mount's connection can
+    answer. It is the keeper a server started as its own uid when its keeper
+    died (`successor`)."""
+    who = peer(sock)
+    me = os.getuid()
+    trusted = who.uid in (0, me) and (expect_pid is None or who.pid in (0, expect_pid))
+    if not trusted and expect_pid is None and who.pid > 0:
+        trusted = mount_keeper(mountpoint) == who.pid
+    if trusted:
+        return who
+    sock.close()
+    expected = f"root or uid {me}" + (f", pid {expect_pid}" if expect_pid is not None else "")
+    raise Impostor(f"the control socket of {mountpoint} is held by pid {who.pid} uid "
+                   f"{who.uid}, not by a keeper this process trusts ({expected}); nothing "
+                   f"was asked of it. Find what that process is (ps -p {who.pid}), stop it, "
+                   f"then mount {mountpoint} again")
+
+
+def mount_keeper(mountpoint: str, timeout: float = MOUNT_TIMEOUT) -> int:
+    """The pid of the keeper that the server of the mount on `mountpoint`
+    says handed it the connection (the root's `user.blockcache.stats`,
+    answered through the kernel); 0 if it does not answer in `timeout`."""
+    box: list[int] = []
+
+    def read() -> None:
+        try:
+            stats = json.loads(os.getxattr(mountpoint, "user.blockcache.stats"))
+            box.append(int(stats["fsclient"]["keeper"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+
+    t = threading.Thread(target=read, name="mount-keeper", daemon=True)
+    t.start()
+    t.join(timeout)  # (a hung mount: the thread is left behind)
+    return box[0] if box else 0
+
+
+def ask(mountpoint: str, op: str, timeout: float,
+        expect_pid: int | None = None) -> dict[str, Any]:
+    """Send `op` to the keeper of `mountpoint`; its answer. OSError if none
+    listens, Impostor if the one that listens is not trusted (`check`)."""
+    sock = _connect(mountpoint, timeout)
+    check(sock, mountpoint, expect_pid)
+    with sock:
         handoff.send(sock, {"op": op})
         message, fds = handoff.receive(sock)
         for fd in fds:
@@ -74,13 +206,13 @@ class Surrendered:
         self.sock.close()
 
 
-def surrender(mountpoint: str, timeout: float) -> Surrendered:
+def surrender(mountpoint: str, timeout: float, expect_pid: int | None = None) -> Surrendered:
     """Ask the keeper of `mountpoint` for its connection. OSError if none
-    listens; ValueError with the keeper's reason if it refuses."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    listens; Impostor if an untrusted process holds its name (`check`: it is
+    asked nothing); ValueError with the keeper's reason if it refuses."""
+    sock = _connect(mountpoint, timeout)
+    check(sock, mountpoint, expect_pid)
     try:
-        sock.settimeout(timeout)
-        sock.connect(control_address(mountpoint))
         handoff.send(sock, {"op": "surrender"})
         message, fds = handoff.receive(sock)
         sock.settimeout(None)

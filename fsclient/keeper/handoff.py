@@ -1,6 +1,8 @@
 """The keeper and its server talk over one SOCK_SEQPACKET socket pair (one
 message per send, descriptors by SCM_RIGHTS). Every message is JSON:
 
+    server -> keeper  {"op": "key"}         (first, once it is not dumpable) the volume key
+    keeper -> server  {"key": true} + its descriptor, or {"error": "..."}
     server -> keeper  {"op": "connect"}     the volume is open: hand me the connection
     keeper -> server  {"fresh": bool, "restarts": n, "keeper": pid, "stored": bool,
                        "root": bool}
@@ -99,6 +101,19 @@ class KeeperLink:
     def __init__(self, fd: int):
         self.sock = socket.socket(fileno=fd)
         self.sock.set_inheritable(False)
+
+    def key(self) -> int:
+        """A descriptor of the volume key, which the keeper opened (the server
+        may not open the file); OSError with the keeper's reason."""
+        send(self.sock, {"op": "key"})
+        message, fds = receive(self.sock)
+        if message is None:
+            raise ConnectionError("the keeper is gone")
+        if "error" in message or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise OSError(message.get("error", "the keeper sent no key"))
+        return fds[0]
 
     def connect(self) -> Connection:
         """The mount's connection; OSError with the keeper's reason if it has none."""

@@ -13,9 +13,10 @@ starts servers, hands them the descriptors (`handoff`), and waits.
 - A server that exits 0 has ended the mount (unmounted, SIGTERM): the keeper
   exits 0 too. The first server failing before it serves ends the keeper with
   its code, and the keeper unmounts what it mounted.
-- `restart` (its control socket, `control`): a new server opens its volume
-  while the old one serves on; then the old one is told to hand over (stop
-  taking requests, finish its own, exit), and the new one gets the connection.
+- `restart` (its control socket, `control`; who may ask: `desk`): a new
+  server opens its volume while the old one serves on; then the old one is
+  told to hand over (stop taking requests, finish its own, exit), and the new
+  one gets the connection.
 - SIGTERM/SIGINT end the mount: the server unmounts. Under systemd with the
   connection in its fd store (`fdstore`), a unit's restart sends RESTART_SIGNAL
   (RestartKillSignal=): the server hands over, the store keeps the connection,
@@ -49,7 +50,7 @@ from typing import Any
 from ..session import mount as fusemount
 from ..session.channel import Channel
 from . import handoff, saved
-from .control import listen
+from .desk import ControlDesk
 from .fdstore import FdStore
 from .privileges import Credentials, drop
 
@@ -69,12 +70,14 @@ class Server:
         self.connected = False
 
 
-class Keeper:
-    """Holds one mount's connection and keeps a server on it."""
+class Keeper(ControlDesk):
+    """Holds one mount's connection and keeps a server on it (its control
+    socket's requests: `desk`)."""
 
     def __init__(self, mountpoint: str, options: list[str], channels: int,
                  command: Callable[[int, int | None], list[str]],
-                 store: FdStore | None = None, run_as: Credentials | None = None):
+                 store: FdStore | None = None, run_as: Credentials | None = None,
+                 key_fd: int = -1):
         self.mountpoint = mountpoint
         self.options = options
         self.channels = max(1, channels)
@@ -83,6 +86,8 @@ class Keeper:
         self.fds: list[int] = []  # the mount's descriptor, then its clones
         self.saved_fd = -1
         self.run_as = run_as  # the server's uid and groups, capabilities dropped
+        # the volume key, which each server asks for once it is not dumpable ("key")
+        self.key_fd = key_fd
         self.restarts = 0
         self.server: Server | None = None
         self.successor: Server | None = None  # a restart's new server, until it takes over
@@ -143,10 +148,10 @@ class Keeper:
             return []
 
     def close(self) -> None:
-        for fd in [*self.fds, self.saved_fd]:
+        for fd in [*self.fds, self.saved_fd, self.key_fd]:
             if fd >= 0:
                 os.close(fd)
-        self.fds, self.saved_fd = [], -1
+        self.fds, self.saved_fd, self.key_fd = [], -1, -1
         for sock in (self.control, self.predecessor, self.asker, self.left_to):
             if sock is not None:
                 sock.close()
@@ -195,7 +200,12 @@ class Keeper:
         if message is None:
             return
         op = message.get("op")
-        if op == "connect":
+        if op == "key":  # (asked once the server is not dumpable: `mountkey`)
+            if self.key_fd >= 0:
+                handoff.send(server.sock, {"key": True}, [self.key_fd])
+            else:
+                handoff.send(server.sock, {"error": "this keeper holds no volume key"})
+        elif op == "connect":
             if server is self.successor:
                 self._hand_over()
             elif self.keeping:  # surrendered: the connection is the new keeper's now
@@ -241,48 +251,6 @@ class Keeper:
         if pending is not None and pending is self.server and pending.proc.poll() is None:
             self._connect(pending)
 
-    def surrender(self, asker: socket.socket) -> None:
-        """Send `asker` the connection; hand the server over once it acks."""
-        server = self.server
-        if not self.fds or server is None or not server.serving or self.terminate or \
-                self.successor is not None or self.asker is not None or \
-                self.predecessor is not None:
-            handoff.send(asker, {"error": "the mount is not serving steadily now; try again"})
-            asker.close()
-            return
-        handoff.send(asker, {"ok": True, **self.status(), "fuse": len(self.fds)},
-                     [*self.fds, self.saved_fd])
-        # the taker binds the control socket; we bind it again if the asker leaves
-        if self.control is not None:
-            self.control.close()
-            self.control = None
-        self.asker = asker
-
-    def _on_asker(self) -> None:
-        assert self.asker is not None
-        message, fds = handoff.receive(self.asker)
-        for fd in fds:
-            os.close(fd)
-        if message is None:
-            log.warning("keeper %d: the asker of surrender left before its ack; %s is kept "
-                        "here as before", os.getpid(), self.mountpoint)
-            self.asker.close()
-            self.asker = None
-            self.control = listen(self.mountpoint)
-            if self.control is None:
-                log.warning("cannot listen on the control socket of %s again", self.mountpoint)
-        elif message.get("op") == "ack":
-            log.info("keeper %d: surrendered %s; the server hands over", os.getpid(),
-                     self.mountpoint)
-            self.left_to, self.asker = self.asker, None
-            self.terminate = self.keeping = True
-            for s in (self.server, self.successor):
-                if s is not None and s.proc.poll() is None:
-                    if s.connected:
-                        handoff.send(s.sock, {"op": "handover"})
-                    else:
-                        s.proc.kill()
-
     def _hand_over(self) -> None:
         """The successor has its volume open: stop the old server, then connect it."""
         old, new = self.server, self.successor
@@ -301,24 +269,6 @@ class Keeper:
         self.server, self.successor = new, None
         self.restarts += 1
         self._connect(new)
-
-    def restart(self, caller: socket.socket | None) -> None:
-        """Start a successor; `caller` gets {"ok": ...} once it serves."""
-        if not self.fds or self.server is None or not self.served:
-            if caller is not None:
-                handoff.send(caller, {"error": "the mount is not serving yet; try again"})
-                caller.close()
-            return
-        if caller is not None:
-            self.waiters.append(caller)
-        if self.successor is None:
-            self.successor = self._spawn()
-
-    def status(self) -> dict[str, Any]:
-        server = self.server
-        return {"keeper": os.getpid(), "server": server.proc.pid if server else None,
-                "serving": bool(server and server.serving), "restarts": self.restarts,
-                "mountpoint": self.mountpoint}
 
     # the loop
 
@@ -423,28 +373,6 @@ class Keeper:
         if code == 0 or (self.terminate and self.served):
             return 0
         return code if code > 0 else 1
-
-    def _on_control(self) -> None:
-        assert self.control is not None
-        try:
-            conn, _ = self.control.accept()
-        except OSError:
-            return
-        message, fds = handoff.receive(conn)
-        for fd in fds:
-            os.close(fd)
-        op = (message or {}).get("op")
-        if op == "restart":
-            self.restart(conn)
-        elif op == "surrender":
-            self.surrender(conn)
-        elif op == "status":
-            handoff.send(conn, {"ok": True, **self.status()})
-            conn.close()
-        else:
-            handoff.send(conn, {"error": f"unknown request {op!r}"})
-            conn.close()
-
 
 def _describe(code: int) -> str:
     return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"

@@ -10,6 +10,11 @@ is single-threaded). In that order:
   uid from 0 clears the permitted, effective and ambient sets;
 - no_new_privs: exec never gains privileges again (fusermount3 stays unprivileged).
 
+After exec (which makes a process dumpable again) every server and keeper
+calls `not_dumpable` first thing, before it reads its key: a process of the
+same uid may then neither read its memory (/proc/PID/mem, ptrace) nor its
+environment, nor take its descriptors (pidfd_getfd), and no core is dumped.
+
 The server needs nothing else: the keeper hands it every descriptor it uses
 on the connection and an O_PATH descriptor of the mount's root
 (`handoff`), so it need not even search the mount point's parent dirs.
@@ -21,6 +26,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 
+PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 CAP_LAST_CAP = "/proc/sys/kernel/cap_last_cap"
@@ -76,3 +82,11 @@ def _no_new_privs() -> None:
     if _prctl(PR_SET_NO_NEW_PRIVS, 1) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"cannot set no_new_privs: {os.strerror(err)}")
+
+
+def not_dumpable() -> None:
+    """PR_SET_DUMPABLE 0: this process's memory, environment and descriptors
+    are root's to see, even for its own uid (it holds a volume key)."""
+    if _prctl(PR_SET_DUMPABLE, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot clear the dumpable flag: {os.strerror(err)}")

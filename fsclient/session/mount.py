@@ -2,7 +2,8 @@
 
 - As root: mount(2) with `fd=N,rootmode=40000,user_id=U,group_id=G` plus the
   kernel's own FUSE options (`allow_other`, `default_permissions`, `max_read=`,
-  `blksize=`); the generic options (`ro`, `noatime`, `nosuid`, ...) become mount
+  `blksize=`) and SELinux's (`context="LABEL"`, `fscontext=`, `defcontext=`,
+  `rootcontext=`); the generic options (`ro`, `noatime`, `nosuid`, ...) become mount
   flags, `fsname=` the mount's source and `subtype=` its type (`fuse.SUBTYPE`).
 - Otherwise: `fusermount3` (setuid root) mounts, and hands the /dev/fuse
   descriptor back over the socket named by `_FUSE_COMMFD` (SCM_RIGHTS).
@@ -15,6 +16,7 @@ and the connection's abort (fusectl).
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import shutil
@@ -39,6 +41,10 @@ CLEARING_OPTIONS = {"suid": MS_NOSUID, "dev": MS_NODEV, "exec": MS_NOEXEC, "asyn
 # Options the kernel's FUSE file system takes itself (fs/fuse/inode.c).
 KERNEL_OPTIONS = {"allow_other", "default_permissions"}
 KERNEL_VALUE_OPTIONS = {"max_read", "blksize"}
+# SELinux's labels, which the LSM takes out of mount(2)'s data before FUSE
+# parses it (security_sb_eat_lsm_opts); a value with commas is in double
+# quotes, kept. A kernel without SELinux refuses them (EINVAL).
+LSM_OPTIONS = {"context", "fscontext", "defcontext", "rootcontext"}
 SEND_FD_TIMEOUT = 30.0
 
 log = logging.getLogger(__name__)
@@ -54,11 +60,12 @@ def check_options(options: Iterable[str]) -> None:
     for opt in options:
         name = opt.split("=", 1)[0]
         if name in ("fsname", "subtype") or name in FLAG_OPTIONS or name in CLEARING_OPTIONS \
-                or name in KERNEL_OPTIONS or name in KERNEL_VALUE_OPTIONS:
+                or name in KERNEL_OPTIONS or name in KERNEL_VALUE_OPTIONS \
+                or name in LSM_OPTIONS:
             continue
         raise ValueError(f"mount option {opt!r} is not known; use mount flags (nosuid, nodev, "
-                         f"noexec, noatime, ...), allow_other, default_permissions, max_read=N "
-                         f"or blksize=N")
+                         f"noexec, noatime, ...), allow_other, default_permissions, max_read=N, "
+                         f"blksize=N or an SELinux context=\"LABEL\"")
 
 
 def split(options: Iterable[str]) -> tuple[int, list[str], str, str]:
@@ -99,8 +106,11 @@ def mount(mountpoint: str, options: Iterable[str], use_fusermount: bool | None =
                    data.encode()) != 0:
         err = ctypes.get_errno()
         os.close(fd)
+        labels = [o for o in kernel if o.partition("=")[0] in LSM_OPTIONS]
+        hint = (f" ({', '.join(labels)}: only a kernel running SELinux takes these)"
+                if err == errno.EINVAL and labels else "")
         raise MountFailed(err, f"mount(2) of {fsname} on {mountpoint} failed: "
-                               f"{os.strerror(err)}")
+                               f"{os.strerror(err)}{hint}")
     return fd
 
 

@@ -141,6 +141,67 @@ def test_fill_queue_share_and_volume_bound(engines):
     assert set(e.cache.stats()["volumes"]) == {"v", "x"}
 
 
+def test_volume_slots_per_uid_and_forgetting(engines):
+    """A uid brings in at most max_volumes_per_uid volumes, an admin's count to
+    no uid, and a volume whose blocks are gone frees its slot (its counters
+    stay while there is room); a rebuild finds volumes owned by nobody."""
+    e = engines([1 << 20], max_volumes=4, max_volumes_per_uid=2, fill_queue_bytes=10_000)
+
+    def put(vol: str, owner: int, admin: bool = False, size: int = 100) -> str:
+        k = key(vol=vol)
+        return e.cache.put(k, block(k, size), owner=owner, admin=admin)[1]
+
+    assert [put(v, 1000) for v in ("a", "b", "c")] == ["queued", "queued", "volume_share"]
+    assert put("d", 2000) == "queued"  # another uid has a share of its own
+    assert put("e", 1000, admin=True) == "queued"  # an admin's volume counts to no uid
+    assert put("f", 2000) == "too_many_volumes"  # max_volumes still bounds them all
+    e.settle()
+    assert e.cache.stats()["volume_slots"] == {"held": 4, "limit": 4, "per_uid": 2,
+                                               "owners": 2, "unowned": 1}
+    e.cache.evict_prefix("a")
+    e.cache.evict_key(key(vol="b"))
+    assert e.cache.stats()["volume_slots"]["held"] == 2
+    # a new volume none of whose puts got in holds no slot; its counters stay
+    assert put("g", 1000, size=20_000) == "queue_full"
+    s = e.cache.stats()
+    assert s["volume_slots"]["held"] == 2 and s["volumes"]["g"]["puts"] == 1
+    assert [put(v, 1000) for v in ("h", "i", "j")] == ["queued", "queued", "volume_share"]
+    e.settle()
+    again = engines([1 << 20], sub="e", max_volumes=4, max_volumes_per_uid=2)
+    assert again.cache.stats()["volume_slots"] == {"held": 4, "limit": 4, "per_uid": 2,
+                                                   "owners": 0, "unowned": 4}
+
+
+def test_volume_slots_after_a_failed_write_and_past_the_limit(engines, caplog):
+    """A new volume whose only write failed holds no slot; a rebuild finding
+    more volumes than max_volumes holds them all (logged once) and refuses
+    new ones until some leave."""
+    e = engines([1 << 20], max_volumes=4, max_volumes_per_uid=2)
+    real_write = e.cache.stores[0].write
+
+    def failing(key, data):
+        raise OSError(5, "Input/output error")
+    e.cache.stores[0].write = failing
+    k = key(vol="lost")
+    assert e.cache.put(k, block(k), owner=1000) == (True, "queued")
+    e.settle()
+    assert e.cache.stats()["volume_slots"]["held"] == 0
+    e.cache.stores[0].write = real_write
+    for v in ("a", "b", "c", "d"):
+        k = key(vol=v)
+        assert e.cache.put(k, block(k)) == (True, "queued")
+    e.settle()
+    with caplog.at_level("WARNING", logger="blockcached.volumeslots"):
+        again = engines([1 << 20], sub="e", max_volumes=2)
+    assert again.cache.stats()["volume_slots"]["held"] == 4
+    assert sum("more than max_volumes (2)" in r.message for r in caplog.records) == 1
+    k = key(vol="new")
+    assert again.cache.put(k, block(k), owner=1000) == (False, "too_many_volumes")
+    for v in ("a", "b", "c"):
+        again.cache.evict_prefix(v)
+    assert again.cache.put(k, block(k), owner=1000) == (True, "queued")
+
+
 def test_put_reasons(engines):
     e = engines([20_000], fill_queue_bytes=10_000)
     k1, k2, k3 = key(inode=1), key(inode=2), key(inode=3)

@@ -83,16 +83,18 @@ def test_defaults_and_env_socket(tmp_path, monkeypatch):
 def test_access_and_limits(tmp_path):
     toml = ('admin_uids = []\nunlisted_volumes = "admin"\nmax_connections_per_uid = 8\n'
             'max_reply_bytes_per_uid = "4M"\nfill_queue_share = 0.25\nmax_volumes = 10\n'
+            'max_volumes_per_uid = 3\n'
             '[volumes.imagenet]\nuids = [1000, "root"]\ngids = ["0"]\n'
             '[[cache_dirs]]\npath = "/a"\n')
     c = cfg_of(tmp_path, toml, "--volume-access", "coco=uid:7,gid:8")
     assert c.admin_uids == frozenset() and c.unlisted_volumes == "admin"
     assert (c.max_connections_per_uid, c.max_reply_bytes_per_uid) == (8, 4 << 20)
-    assert (c.fill_queue_share, c.max_volumes) == (0.25, 10)
+    assert (c.fill_queue_share, c.max_volumes, c.max_volumes_per_uid) == (0.25, 10, 3)
     assert c.volumes["imagenet"].uids == {1000, 0} and c.volumes["imagenet"].gids == {0}
     assert c.volumes["coco"].uids == {7} and c.volumes["coco"].gids == {8}
     d = cfg_of(tmp_path, None, "--cache-dir", "/a")
     assert d.admin_uids == {0} and d.volumes == {} and d.unlisted_volumes == "open"
+    assert d.max_volumes_per_uid == 800
     assert cfg_of(tmp_path, None, "--cache-dir", "/a", "--admin-uid", "").admin_uids == frozenset()
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from blockcache_client.volumekey import generate_key_file
 from devtools.daemon import DaemonProcess
-from tests.csi.plugin import Plugin, cleanup, server_python, socket_group
+from tests.csi.plugin import Plugin, cleanup, kubelet_keys, server_python, socket_group
 
 BLOCK = "256K"
 
@@ -56,13 +56,21 @@ class World:
         os.makedirs(parent)
         return os.path.join(parent, "mount")
 
-    def context(self, volume: str = "data", **more: str) -> dict[str, str]:
-        return {"source": self.source, "volume": volume, "blockSize": BLOCK, **more}
+    def context(self, volume: str = "data", namespace: str = "default",
+                **more: str) -> dict[str, str]:
+        """A volume_context as the kubelet sends it for an inline volume of a
+        pod in `namespace`."""
+        return {"source": self.source, "volume": volume, "blockSize": BLOCK,
+                **kubelet_keys(namespace), **more}
 
-    def plugin(self, state: str = "state", name: str = "plugin", **kw) -> Plugin:
-        return Plugin(self.python, self.env, self.base, os.path.join(self.base, state),
+    def plugin(self, state: str = "state", name: str = "plugin",
+               args: tuple[str, ...] = (), env: dict[str, str] | None = None, **kw) -> Plugin:
+        """A plugin that allows `self.source` to every namespace, and `args`;
+        `env`: added to its environment."""
+        return Plugin(self.python, {**self.env, **(env or {})}, self.base,
+                      os.path.join(self.base, state),
                       self.daemon.socket_path, os.path.join(self.base, f"{name}.log"),
-                      name=name, **kw)
+                      name=name, args=("--allow-source", self.source, *args), **kw)
 
 
 @pytest.fixture(scope="module")

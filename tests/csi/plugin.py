@@ -9,6 +9,7 @@ The targets sit under a 0750 root dir, as the kubelet's pod dirs do.
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import pwd
@@ -111,6 +112,21 @@ def cleanup(base: str, spare: tuple[int, ...] = ()) -> None:
             pass
 
 
+def kubelet_keys(namespace: str, ephemeral: bool = True) -> dict[str, str]:
+    """The keys the kubelet adds to a volume_context (podInfoOnMount), over the pod's."""
+    return {"csi.storage.k8s.io/pod.namespace": namespace,
+            "csi.storage.k8s.io/pod.name": "pod", "csi.storage.k8s.io/pod.uid": "uid-1",
+            "csi.storage.k8s.io/serviceAccount.name": "default",
+            "csi.storage.k8s.io/ephemeral": "true" if ephemeral else "false"}
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """/proc/PID/environ as a dict."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        pairs = [item.partition(b"=") for item in f.read().split(b"\0") if item]
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
 def status_of(pid: int) -> dict[str, str]:
     """/proc/PID/status as a dict."""
     with open(f"/proc/{pid}/status") as f:
@@ -171,8 +187,9 @@ class Plugin:
         return csi_pb2_grpc.NodeStub(self.channel)
 
     def publish(self, volume_id: str, target: str, context: dict[str, str],
-                key: str | None, mode: int = Mode.MULTI_NODE_READER_ONLY, **extra):
-        secrets = {} if key is None else {"key": key}
+                key: str | None, mode: int = Mode.MULTI_NODE_READER_ONLY,
+                secrets: dict[str, str] | None = None, **extra):
+        secrets = dict(secrets or {}, **({} if key is None else {"key": key}))
         cap = extra.pop("volume_capability", csi_pb2.VolumeCapability(
             mount=csi_pb2.VolumeCapability.MountVolume(),
             access_mode=csi_pb2.VolumeCapability.AccessMode(mode=mode)))
@@ -223,6 +240,23 @@ def dead(pid: int) -> bool:
             return f.read().rpartition(b")")[2].split()[0] == b"Z"
     except OSError:
         return True
+
+
+def kill_mount(target: str) -> dict:
+    """Kill `target`'s keeper and server together (stopped first, so neither
+    starts the other again): the mount is dead (ENOTCONN). Their status."""
+    st = keeping.status(target)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in (st["keeper"], st["server"]):
+            os.kill(pid, sig)
+    wait_dead(st["keeper"])
+    try:
+        os.listdir(target)
+    except OSError as exc:
+        assert exc.errno in (errno.ENOTCONN, errno.ECONNABORTED), exc
+    else:
+        raise AssertionError(f"{target} still answers after its keeper and server died")
+    return st
 
 
 def wait_dead(pid: int, timeout: float = 15.0) -> None:

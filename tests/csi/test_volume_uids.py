@@ -1,7 +1,9 @@
-"""`--volume-uid VOLUME=UID[:GID]`: the servers of that blockcache volume run
-as a uid of their own, apart from every other volume's (the shared
---server-uid), with a key file only they may read; a restarted plugin takes
-them over as the same uid. Bad entries are refused at start, naming the fix."""
+"""The operator chooses each server's uid, never the pod: `--namespace-uid
+NAMESPACE=UID[:GID]` by the namespace the kubelet names, `--pv-uid
+VOLUME_HANDLE=UID[:GID]` by a static PV's volumeHandle. A pod of another
+namespace that names the victim's volume gets the default uid, and cannot
+read the victim's data; a restarted plugin takes a mount over as the same
+uid. Bad entries, and the retired `--volume-uid`, are refused at start."""
 
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ import sys
 
 import pytest
 
-from tests.csi.plugin import NOBODY, REPO, keeper_status, status_of
+from tests.csi.plugin import NOBODY, REPO, keeper_status, kubelet_keys, status_of
 from tests.support.trees import snapshot
 
-TENANT = 40001  # a uid no account has: the volume's servers alone
+VICTIM = 40001  # uids no account has: the victims' servers alone
+STATIC = 40002
 
 
 def _start_error(*args: str) -> subprocess.CompletedProcess:
@@ -24,62 +27,95 @@ def _start_error(*args: str) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("entry, says", [
-    ("imagenet", "is not VOLUME=UID or VOLUME=UID:GID"),
-    ("imagenet=0", "never runs as root"),
-    ("Bad_Name=20001", "invalid volume name"),
-    (f"imagenet={NOBODY.pw_uid}", "give volume imagenet a uid of its own"),
+@pytest.mark.parametrize("flag, entry, says", [
+    ("--namespace-uid", "victims", "is not NAME=UID or NAME=UID:GID"),
+    ("--namespace-uid", "victims=0", "never runs as root"),
+    ("--namespace-uid", "Bad_Name=20001", "not a namespace name"),
+    ("--namespace-uid", f"victims={NOBODY.pw_uid}", "give victims a uid of its own"),
+    ("--pv-uid", "pv-1=0:5", "never runs as root"),
 ])
-def test_a_bad_volume_uid_is_refused_at_start(entry, says):
-    out = _start_error("--volume-uid", entry)
+def test_a_bad_uid_entry_is_refused_at_start(flag, entry, says):
+    out = _start_error(flag, entry)
     assert out.returncode == 2, out.stderr
-    assert "--volume-uid" in out.stderr and says in out.stderr, out.stderr
+    assert flag in out.stderr and says in out.stderr, out.stderr
 
 
-def test_two_uids_for_one_volume_are_refused():
-    out = _start_error("--volume-uid", "imagenet=20001", "--volume-uid", "imagenet=20002")
+def test_two_uids_for_one_namespace_are_refused():
+    out = _start_error("--namespace-uid", "a=20001", "--namespace-uid", "a=20002")
     assert out.returncode == 2 and "two uids" in out.stderr, out.stderr
+
+
+def test_the_retired_volume_uid_names_its_successors():
+    out = _start_error("--volume-uid", "victim=20001")
+    assert out.returncode == 2, out.stderr
+    assert "--namespace-uid" in out.stderr and "--pv-uid" in out.stderr, out.stderr
+
+
+def _uids(target: str) -> list[str]:
+    return status_of(keeper_status(target)["server"])["Uid"].split()
 
 
 @pytest.mark.fuse
 @pytest.mark.timeout(180)
-def test_a_volume_uid_runs_that_volumes_servers_apart(world):
-    args = ("--volume-uid", f"tenant-a={TENANT}")
+def test_a_pod_cannot_choose_another_namespaces_uid(world):
+    # the victim's data: readable by its uid alone; every namespace may name it
+    # as a source (the operator relies on uids here, not on the source policy)
+    private = os.path.join(world.base, "victim-data")
+    subprocess.run(["cp", "-a", world.source, private], check=True, timeout=60)
+    subprocess.run(["chown", "-R", f"{VICTIM}:{VICTIM}", private], check=True, timeout=60)
+    os.chmod(private, 0o700)
+    args = ("--namespace-uid", f"victim={VICTIM}", "--pv-uid", f"pv-victim={STATIC}",
+            "--allow-source", private)
     plugin = world.plugin(state="state-uids", name="uids", args=args).start()
     successor = None
-    own, shared = world.target(), world.target()
+    own, forged, static = world.target(), world.target(), world.target()
     try:
-        plugin.publish("vol-own", own, world.context("tenant-a"), world.key)
-        plugin.publish("vol-shared", shared, world.context("data"), world.key)
-        assert snapshot(own) == snapshot(world.source) == snapshot(shared)
-        ids = {t: status_of(keeper_status(t)["server"]) for t in (own, shared)}
-        assert ids[own]["Uid"].split() == [str(TENANT)] * 4
-        assert ids[own]["Gid"].split() == [str(TENANT)] * 4
-        assert ids[shared]["Uid"].split() == [str(NOBODY.pw_uid)] * 4
+        victim = dict(world.context("victim", namespace="victim"), source=private)
+        plugin.publish("vol-own", own, victim, world.key)
+        assert snapshot(own) == snapshot(world.source)
+        assert _uids(own) == [str(VICTIM)] * 4
 
-        # each key file is its own server's alone; the dir lists none
+        # a pod of namespace mallory names the victim's volume (and, inline, a
+        # volume_id equal to the victim's PV handle): its server runs as nobody
+        mallory = world.context("victim", namespace="mallory")
+        plugin.publish("pv-victim", forged, mallory, world.key)
+        assert _uids(forged) == [str(NOBODY.pw_uid)] * 4
+        plugin.unpublish("pv-victim", forged)
+        # ... and the victim's data is shut to it: the mount lists and reads nothing
+        plugin.publish("vol-steal", forged, dict(mallory, source=private), world.key)
+        assert _uids(forged) == [str(NOBODY.pw_uid)] * 4
+        for attempt in (lambda: os.listdir(forged),
+                        lambda: open(os.path.join(forged, "big.bin"), "rb").read(1)):
+            with pytest.raises(PermissionError):
+                attempt()
+        plugin.unpublish("vol-steal", forged)
+
+        # the operator's static PV, by its handle: its own uid
+        pv = dict(mallory, **kubelet_keys("mallory", ephemeral=False))
+        plugin.publish("pv-victim", static, pv, world.key)
+        assert _uids(static) == [str(STATIC)] * 4
+
+        # each key file is root's alone: neither server's uid opens any
         keys = os.path.join(world.base, "state-uids", "keys")
-        st = os.stat(keys)
-        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o711)
-        owners = {os.stat(os.path.join(keys, n)).st_uid: os.path.join(keys, n)
-                  for n in os.listdir(keys)}
-        assert set(owners) == {TENANT, NOBODY.pw_uid}
-        for reader, other in ((NOBODY.pw_uid, owners[TENANT]),
-                              (TENANT, owners[NOBODY.pw_uid])):
-            cat = subprocess.run(["cat", other], user=reader, group=reader, extra_groups=[],
-                                 capture_output=True, timeout=30)
-            assert cat.returncode != 0, f"uid {reader} read {other}"
+        assert (os.stat(keys).st_uid, stat.S_IMODE(os.stat(keys).st_mode)) == (0, 0o700)
+        for name in os.listdir(keys):
+            st = os.stat(os.path.join(keys, name))
+            assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600), name
+            for reader in (NOBODY.pw_uid, VICTIM, STATIC):
+                cat = subprocess.run(["cat", os.path.join(keys, name)], user=reader,
+                                     group=reader, extra_groups=[], capture_output=True,
+                                     timeout=30)
+                assert cat.returncode != 0, f"uid {reader} read {name}"
 
-        # a restarted plugin (an upgrade) takes the mount over as the same uid
+        # a restarted plugin (an upgrade) takes the mounts over as the same uids
         before = keeper_status(own)
         plugin.stop()
         successor = world.plugin(state="state-uids", name="uids2", args=args).start()
-        after = keeper_status(own)
-        assert after["keeper"] != before["keeper"]
-        assert status_of(after["server"])["Uid"].split()[0] == str(TENANT)
+        assert keeper_status(own)["keeper"] != before["keeper"]
+        assert _uids(own)[0] == str(VICTIM) and _uids(static)[0] == str(STATIC)
         assert snapshot(own) == snapshot(world.source)
         successor.unpublish("vol-own", own)
-        successor.unpublish("vol-shared", shared)
+        successor.unpublish("pv-victim", static)
     finally:
         for p in (successor, plugin):
             if p is not None:

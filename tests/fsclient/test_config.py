@@ -106,6 +106,9 @@ def test_flag_parsers():
         with pytest.raises(ConfigError, match="--dir-ttl"):
             parse_dir_ttl_flag(bad)
     assert split_options(["a,b", " c ", ""]) == ("a", "b", "c")
+    # a comma inside double quotes stays (an SELinux level's categories)
+    assert split_options(['ro,context="u:r:t:s0:c1,c2",noatime']) == (
+        "ro", 'context="u:r:t:s0:c1,c2"', "noatime")
 
 
 def test_config_is_frozen():

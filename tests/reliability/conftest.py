@@ -1,16 +1,14 @@
 """Fixtures for the reliability suite: a sample dataset, volume keys, real
-daemons and mounts that are always stopped, and a child dropped to `nobody`."""
+daemons and mounts that are always stopped, and a child dropped to `nobody` or another uid."""
 
 from __future__ import annotations
 
+import grp
 import hashlib
 import json
 import os
-import pickle
 import pwd
 import random
-import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +17,7 @@ import pytest
 from blockcache_client.contract import blockfile
 from blockcache_client.volumekey import generate_key_file
 from devtools.daemon import DaemonProcess
+from tests.support.uids import ChildError, as_uid  # noqa: F401  (ChildError re-exported)
 from tests.support.waiting import wait_for as wait_until  # noqa: F401  (re-exported)
 
 BS = 64 << 10  # the smallest block size fsclient accepts: many blocks from little data
@@ -58,61 +57,21 @@ def key_file(tmp_path) -> str:
     return path
 
 
+def socket_group() -> int:
+    """A group nobody is not in: the daemon's socket group in tests whose
+    children (other uids) join it as their gid."""
+    nogroup = pwd.getpwnam("nobody").pw_gid
+    return next(g.gr_gid for g in grp.getgrall() if g.gr_gid not in (0, nogroup))
+
+
 def as_nobody(fn: Callable[..., Any], *args: Any, timeout: float = 30.0,
               gid: int | None = None) -> Any:
     """Run fn(*args) in a forked child that dropped to uid nobody, gid nobody's
     (or `gid`), no supplementary groups; return its result, or raise what it
-    raised.
-
-    Forked, not exec'd: the venv's interpreter lives under /root, which nobody
-    cannot execute."""
+    raised (ChildError)."""
     nobody = pwd.getpwnam("nobody")
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never returns into pytest
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(nobody.pw_gid if gid is None else gid)
-            os.setuid(nobody.pw_uid)
-            try:
-                out = ("ok", fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - reported to the parent
-                out = ("err", (type(exc).__name__, getattr(exc, "errno", None), str(exc),
-                               traceback.format_exc()))
-            with os.fdopen(w, "wb") as f:
-                pickle.dump(out, f)
-        finally:
-            os._exit(0)
-    os.close(w)
-    deadline = time.monotonic() + timeout
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    while True:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            raise TimeoutError("child running as nobody did not finish")
-        time.sleep(0.01)
-    if not data:
-        raise ChildError("NoResult", None, "the child running as nobody died", "")
-    kind, value = pickle.loads(data)
-    if kind == "err":
-        raise ChildError(*value)
-    return value
-
-
-class ChildError(Exception):
-    """What a function run by `as_nobody` raised: type name, errno, message."""
-
-    def __init__(self, kind: str, errno_: int | None, message: str, tb: str):
-        super().__init__(f"{kind}: {message}\n{tb}")
-        self.kind = kind
-        self.errno = errno_
-        self.message = message
+    return as_uid(nobody.pw_uid, nobody.pw_gid if gid is None else gid, fn, *args,
+                  timeout=timeout)
 
 
 def peak_rss_kib(pid: int) -> int:

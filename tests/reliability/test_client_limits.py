@@ -5,9 +5,7 @@ must keep being answered."""
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import resource
 import signal
 import socket
@@ -23,7 +21,7 @@ from blockcache_client.daemonclient.client import Client
 from blockcached.config import Config
 from blockcached.connlimits import ADMIN_RESERVED, MAX_CONNECTIONS
 from devtools.daemon import DaemonProcess
-from tests.reliability.conftest import as_nobody, needs_fuse, needs_root, record
+from tests.reliability.conftest import as_nobody, needs_fuse, needs_root, record, socket_group
 from tests.support.faultyfs import FaultyMount
 from tests.support.pipeline import pipeline
 
@@ -116,11 +114,6 @@ def test_evictions_during_a_rebuild_do_not_freeze_the_loop(tmp_path):
         d.stop()
 
 
-def _socket_group() -> int:
-    nogroup = pwd.getpwnam("nobody").pw_gid
-    return next(g.gr_gid for g in grp.getgrall() if g.gr_gid not in (0, nogroup))
-
-
 def _bystander(path: str) -> dict:
     """Another tenant (uid nobody) at the same moment: answered in full."""
     with Client(path, timeout=10) as c:
@@ -136,7 +129,7 @@ def test_connections_reply_bytes_and_list_pages_per_uid(tmp_path, shared_dir):
     n_blocks = 12_000
     keys = sorted(str(BlockKey("vol", 1000 + i, 0xabc, 0)) for i in range(n_blocks))
     d = DaemonProcess(tmp_path, cache_dirs=[(os.path.join(shared_dir, "cache"), "1G")],
-                      extra_args=["--socket-group", str(_socket_group()),
+                      extra_args=["--socket-group", str(socket_group()),
                                   "--max-connections-per-uid", "16",
                                   "--max-reply-bytes-per-uid", "2M"])
     d.socket_path = os.path.join(shared_dir, "bc.sock")
@@ -168,7 +161,7 @@ def test_connections_reply_bytes_and_list_pages_per_uid(tmp_path, shared_dir):
             c.list(None, protocol.LIST_PAGE)  # uid 0 is over its unread reply bytes
         assert err.value.code == "busy"
         # another uid is unaffected, meanwhile
-        other = as_nobody(_bystander, d.socket_path, gid=_socket_group())
+        other = as_nobody(_bystander, d.socket_path, gid=socket_group())
         assert other["keys"] == protocol.LIST_PAGE and other["truncated"]
         s = c.stats()
         assert s["refused"]["connections"] >= 1 and s["refused"]["reply_bytes"] >= 1
@@ -200,7 +193,7 @@ def test_fill_queue_share_per_uid(tmp_path, shared_dir):
     while uid nobody's put is still queued."""
     fm = FaultyMount(str(tmp_path / "real"), str(tmp_path / "faulty"))
     d = DaemonProcess(tmp_path, cache_dirs=[(tmp_path / "faulty", "64M")],
-                      extra_args=["--socket-group", str(_socket_group()), "--io-timeout", "60",
+                      extra_args=["--socket-group", str(socket_group()), "--io-timeout", "60",
                                   "--fill-queue-bytes", "4M", "--fill-queue-share", "0.25"])
     d.socket_path = os.path.join(shared_dir, "bc.sock")
     try:
@@ -214,7 +207,7 @@ def test_fill_queue_share_per_uid(tmp_path, shared_dir):
             reasons.append(c.put(k, blockfile.seal(k, b"h" * (256 << 10), bytes(32)))[1])
         assert reasons == ["queued"] * 3 + ["over_share"] * 5, reasons
         assert as_nobody(_put_one, d.socket_path, str(BlockKey("other", 1, 1, 0)),
-                         gid=_socket_group()) == "queued"
+                         gid=socket_group()) == "queued"
         s = c.stats()
         assert s["put_results"]["over_share"] == 5 and s["refused"]["over_share"] == 5
         assert s["queue"]["entries"] == 4
@@ -254,7 +247,7 @@ class Hog:
                 os.close(self._release)
                 resource.setrlimit(resource.RLIMIT_NOFILE, (most + 64, most + 64))
                 os.setgroups([])
-                os.setgid(_socket_group())
+                os.setgid(socket_group())
                 os.setuid(uid)
                 held = []
                 while len(held) < most:
@@ -290,7 +283,7 @@ def test_four_uids_at_their_cap_leave_root_and_a_fifth_uid_room(tmp_path, shared
     last ADMIN_RESERVED of the daemon's connections are for admins only.
     Before: 1,024 per uid, so four uids took all 4,096 and refused root."""
     d = DaemonProcess(tmp_path, cache_dirs=[(os.path.join(shared_dir, "cache"), "64M")],
-                      extra_args=["--socket-group", str(_socket_group())])
+                      extra_args=["--socket-group", str(socket_group())])
     d.socket_path = os.path.join(shared_dir, "bc.sock")
     d.start()
     hogs: list[Hog] = []

@@ -4,7 +4,6 @@ tenants using one volume name with different keys."""
 
 from __future__ import annotations
 
-import grp
 import os
 import pwd
 
@@ -13,22 +12,16 @@ from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.errors import DaemonError
 from blockcache_client.daemonclient.client import Client
 from devtools.daemon import DaemonProcess
-from tests.reliability.conftest import as_nobody, needs_root, record
+from tests.reliability.conftest import as_nobody, needs_root, record, socket_group
 
 pytestmark = needs_root
 
 VICTIM_KEY = bytes(range(32))
 
 
-def _socket_group() -> int:
-    """A group nobody is not in: the socket's, given to the child as its gid."""
-    nogroup = pwd.getpwnam("nobody").pw_gid
-    return next(g.gr_gid for g in grp.getgrall() if g.gr_gid not in (0, nogroup))
-
-
 def _start(tmp_path, shared_dir, *extra: str) -> DaemonProcess:
     d = DaemonProcess(tmp_path, cache_dirs=[(os.path.join(shared_dir, "cache"), "64M")],
-                      extra_args=["--socket-group", str(_socket_group()), *extra])
+                      extra_args=["--socket-group", str(socket_group()), *extra])
     d.socket_path = os.path.join(shared_dir, "bc.sock")
     return d.start()
 
@@ -72,7 +65,7 @@ def test_default_open_host_lets_any_peer_evict_by_inode(tmp_path, shared_dir):
     d = _start(tmp_path, shared_dir)
     try:
         _fill(d, "victim")
-        got = as_nobody(_attack, d.socket_path, "victim", gid=_socket_group())
+        got = as_nobody(_attack, d.socket_path, "victim", gid=socket_group())
         assert got["list"] == "ok 4" and got["evict inode"] == "ok 3"  # key 0 went first
         assert got["evict volume"] == "permission_denied"
     finally:
@@ -85,7 +78,7 @@ def test_cross_tenant_list_and_evict_refused(tmp_path, shared_dir):
                "--volume-access", f"mine=uid:{nobody}")
     try:
         keys = _fill(d, "victim")
-        got = as_nobody(_attack, d.socket_path, "victim", gid=_socket_group())
+        got = as_nobody(_attack, d.socket_path, "victim", gid=socket_group())
         denied = "permission_denied"
         assert got == {"list": denied, "list all": denied, "evict key": denied,
                        "evict inode": denied, "evict volume": denied, "put": denied,
@@ -94,7 +87,7 @@ def test_cross_tenant_list_and_evict_refused(tmp_path, shared_dir):
         c = d.client()
         assert c.list("victim", 100)["keys"] == keys  # nothing of the victim's was touched
         assert as_nobody(lambda p: Client(p, timeout=5).list("mine", 10)["keys"],
-                         d.socket_path, gid=_socket_group()) == [str(BlockKey("mine", 1, 1, 0))]
+                         d.socket_path, gid=socket_group()) == [str(BlockKey("mine", 1, 1, 0))]
         s = c.stats()
         assert s["errors"]["permission_denied"] >= 6
         record("cross_tenant_bypass", attempts=6, refused=6, victim_blocks_left=len(keys))
@@ -140,7 +133,7 @@ def test_a_tenant_cannot_list_the_tree_or_see_another_volume(tmp_path, shared_di
         d.client().ping(cluster={"volume": "victim", "counters": {"cluster_hits": 1}})
         before = d.client().stats()["volumes"]["victim"]["touches"]
         got = as_nobody(_look_around, d.socket_path, d.cache_dirs[0], victim_key, own_key,
-                        gid=_socket_group())
+                        gid=socket_group())
         assert got == {"list blocks": "denied", "list fan-out": "denied",
                        "list leaf": "denied", "stat by name": True,
                        "stats volumes": ["mine"], "stats cluster volumes": [],
@@ -168,7 +161,7 @@ def test_admin_rule_is_configurable(tmp_path, shared_dir):
     """With admin_uids empty, root (the fsclient sidecar) is no admin: it may
     use the volumes it is listed for, not evict others' or everything; the
     admin group still may."""
-    admin = _socket_group()
+    admin = socket_group()
     d = _start(tmp_path, shared_dir, "--admin-uid", "", "--admin-gid", str(admin),
                "--volume-access", "victim=uid:0")
     try:

@@ -54,7 +54,8 @@ class FsclientMount:
 
     def __init__(self, source: str, mountpoint: str, key_file: str, socket: str | None,
                  volume: str = "testvol", args: Sequence[str] = (), log_path: str | None = None,
-                 own_session: bool = False):
+                 own_session: bool = False, python: str = sys.executable,
+                 environ: dict[str, str] | None = None):
         self.source = str(source)
         self.mountpoint = str(mountpoint)
         self.key_file = str(key_file)
@@ -65,9 +66,11 @@ class FsclientMount:
         self.proc: subprocess.Popen | None = None
         self.warnings: list[str] = []
         self.own_session = own_session  # a process group of its own, to kill as one
+        # the interpreter and environment (one another uid may run: `--server-user`)
+        self.python, self.environ = python, environ
 
     def argv(self) -> list[str]:
-        a = [sys.executable, "-m", "fsclient.cli", "--log-level", "debug", "mount",
+        a = [self.python, "-m", "fsclient.cli", "--log-level", "debug", "mount",
              self.source, self.mountpoint, "--volume", self.volume,
              "--key-file", self.key_file]
         if self.socket:
@@ -85,7 +88,7 @@ class FsclientMount:
         RuntimeError with the reason and the log if not ready."""
         os.makedirs(self.mountpoint, exist_ok=True)
         r, w = os.pipe()
-        passing = passed or Passing(env())
+        passing = passed or Passing(self.environ or env())
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(self.argv() + ["--ready-fd", str(w)],
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,

@@ -286,7 +286,7 @@ def test_switched_off_keeps_no_chunks(local_source, key_file, daemon):
 
 def test_block_files_held_open_are_bounded_and_closed(local_source, key_file, daemon,
                                                       monkeypatch):
-    from blockcache_client.reader import blockfds
+    from blockcache_client.reader.hits import blockfds
     monkeypatch.setattr(blockfds, "OPEN_LIMIT", 2)
     data = random.Random(10).randbytes(4 * BS)
     filled(local_source, key_file, daemon, "f.bin", data)

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from blockcache_client.reader.readpath import ReadPath
 from tests.support.chunkvolumes import (
     BS,
     CHUNK,
@@ -24,7 +25,7 @@ def full_path_refused(vol, monkeypatch):
     """Make the full read path fail loudly: what still reads was served by the handle."""
     def refuse(*args, **kw):
         raise AssertionError("the full read path ran")
-    monkeypatch.setattr(vol, "_read_pinned", refuse)
+    monkeypatch.setattr(ReadPath, "read", refuse)
 
 
 def test_repeat_reads_of_a_held_file_skip_the_read_path(local_source, key_file, daemon,
@@ -60,7 +61,7 @@ def test_a_closed_and_reused_descriptor_is_not_trusted(local_source, key_file, d
     went to another file; the block was then evicted and filled with new
     bytes. The handle must not take the other file's link count for its
     block's: it reads the new block."""
-    from blockcache_client.reader import blockfds
+    from blockcache_client.reader.hits import blockfds
     monkeypatch.setattr(blockfds, "OPEN_LIMIT", 1)
     old = random.Random(21).randbytes(2 * BS)
     new = random.Random(22).randbytes(2 * BS)
@@ -71,7 +72,7 @@ def test_a_closed_and_reused_descriptor_is_not_trusted(local_source, key_file, d
         with vol.open("f.bin") as f:
             f.seek(off)
             assert f.read(n) == old[off:off + n]  # block 0 held open, chunk kept
-            (ent,) = f._blocks.open.values()
+            (ent,) = f._handle._blocks.open.values()
             f.seek(BS + off)
             assert f.read(n) == old[BS + off:BS + off + n]  # pushes block 0's file out
             assert ent.closed
@@ -177,7 +178,7 @@ def test_a_block_fetched_here_is_held_once_its_fill_landed(local_source, key_fil
                     f.seek(off)
                     assert f.read(4096) == data[off:off + 4096]
             after = vol.stats()
-            assert after["open_block_files"] == 1 and not f._blocks.fetched
+            assert after["open_block_files"] == 1 and not f._handle._blocks.fetched
         assert after["chunk_hits"] - before["chunk_hits"] == (2 if fetched_by == "volume" else 1)
         assert after["misses"] == 1
 
@@ -210,3 +211,20 @@ def test_a_block_whose_fill_lost_is_not_looked_for_at_every_memory_hit(
                 assert f.read(4096) == data[off:off + 4096]
         assert len(looked) == 1
         assert vol.stats()["open_block_files"] == 0
+
+
+def test_a_warm_4k_random_read_decrypts_one_chunk(local_source, key_file, daemon):
+    data = random.Random(24).randbytes(2 * BS)
+    filled(local_source, key_file, daemon, "f.bin", data)
+    with volume(local_source, key_file, daemon) as vol:  # nothing of it in memory
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the daemon")
+        decrypted = vol.stats()["chunks_decrypted"]
+        with vol.open("f.bin") as f:
+            off = BS + 3 * CHUNK + 100  # the handle's first read, not in its block's chunk 0
+            f.seek(off)
+            assert f.read(4096) == data[off:off + 4096]
+            assert vol.stats()["chunks_decrypted"] - decrypted == 1
+        off = 7 * CHUNK + 4000  # across no chunk boundary: one chunk again
+        assert vol.read("f.bin", off, 4096) == data[off:off + 4096]
+        assert vol.stats()["chunks_decrypted"] - decrypted == 2
+        assert vol.stats()["misses"] == 0

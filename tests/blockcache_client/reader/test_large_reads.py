@@ -1,6 +1,6 @@
 """Large files read whole: the bytes equal the source's for every read size and offset
 pattern, cold and warm (where a read's chunks decrypt on several threads:
-reader.decrypt), with a block evicted mid-read, and with the
+reader.hits.decrypt), with a block evicted mid-read, and with the
 source changed mid-read (ESTALE, never bytes of two versions)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from blockcache_client import Volume
 from blockcache_client.contract import blockfile
 from blockcache_client.contract.errors import FormatError, IntegrityError
-from blockcache_client.reader.decrypt import ParallelDecrypt
+from blockcache_client.reader.hits.decrypt import ParallelDecrypt
 from tests.support.waiting import wait_for
 
 BS = 1 << 20

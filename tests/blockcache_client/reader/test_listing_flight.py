@@ -1,4 +1,4 @@
-"""Concurrent identical listings are one request (reader.metadata's single-flight):
+"""Concurrent identical listings are one request (reader.misses.metadata's single-flight):
 many threads stat-ing a cold directory at once list it once, and each gets its answer."""
 
 from __future__ import annotations

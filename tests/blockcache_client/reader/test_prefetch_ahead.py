@@ -18,7 +18,7 @@ import pytest
 
 import devtools.latencyfs  # noqa: F401  (registers latency::)
 from blockcache_client import Volume, prefetch_ahead
-from blockcache_client.reader import hostfill
+from blockcache_client.reader.ahead import hostfill
 from tests.support.waiting import wait_for
 
 BS = 64 << 10

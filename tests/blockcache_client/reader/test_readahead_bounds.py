@@ -9,7 +9,7 @@ import threading
 import time
 
 from blockcache_client import Volume
-from blockcache_client.reader import prefetch
+from blockcache_client.reader.ahead import prefetch
 from tests.support.waiting import wait_for
 
 BS = 1 << 20

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockcache_client.reader.blockfds import BlockFiles
-from blockcache_client.reader.chunks import UNSEALED, ChunkCache
-from blockcache_client.reader.memory import PIECE_OVERHEAD, BlockMemory
+from blockcache_client.reader.hits.blockfds import BlockFiles
+from blockcache_client.reader.hits.chunks import UNSEALED, ChunkCache
+from blockcache_client.reader.hits.memory import PIECE_OVERHEAD, BlockMemory
 
 CAP = 1000
 OVERHEAD = 16  # a small piece overhead, so the budget sees it in sequences of tiny pieces
@@ -131,7 +131,7 @@ def test_pages_are_charged_their_bookkeeping():
 
 @pytest.mark.parametrize("soft,limit", [(20000, 1024), (1024, 256), (40, 10)])
 def test_block_files_kept_open_leave_most_of_the_open_files_limit(monkeypatch, soft, limit):
-    from blockcache_client.reader import blockfds
+    from blockcache_client.reader.hits import blockfds
     monkeypatch.setattr(blockfds.resource, "getrlimit", lambda what: (soft, 1 << 20))
     assert BlockFiles().limit == limit
 

@@ -8,7 +8,7 @@ import random
 
 from blockcache_client.contract.blockfile import HEADER_SIZE
 from blockcache_client.contract.blockkey import BlockKey, KeyNamer
-from blockcache_client.reader import ciphers as hits_mod
+from blockcache_client.reader.hits import ciphers as hits_mod
 from blockcache_client.volumekey import load_key_file
 from tests.support.volumes import BS, cached_block_path, settle, volume, wait_connected
 

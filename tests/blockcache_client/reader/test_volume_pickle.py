@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import os
 import pickle
 import random
 
@@ -64,3 +65,21 @@ def test_a_closed_volume_is_not_pickled(local_source, key_file):
     vol.close()
     with pytest.raises(ValueError, match="closed"):
         pickle.dumps(vol)
+
+
+def test_a_volume_keyed_by_a_descriptor_reads_but_is_not_pickled(local_source, key_file):
+    """A key given as an open descriptor (fsclient's servers, which may not
+    open the key file) is read at offset 0; no other process could read it."""
+    local_source.write("a.bin", b"y" * 100)
+    fd = os.open(key_file, os.O_RDONLY)
+    try:
+        vol = volume(local_source, fd)
+        try:
+            assert vol.read("a.bin", 0, 10) == b"y" * 10
+            assert os.lseek(fd, 0, os.SEEK_CUR) == 0  # (pread: read again, the same)
+            with pytest.raises(ValueError, match="descriptor"):
+                pickle.dumps(vol)
+        finally:
+            vol.close()
+    finally:
+        os.close(fd)

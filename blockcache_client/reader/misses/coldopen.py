@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..sources.backend import Backend
-from ..sources.fileinfo import FileInfo
-from .hits import HitReader
+from ...sources.backend import Backend
+from ...sources.fileinfo import FileInfo
+from ..hits.blockhits import HitReader
 from .metadata import META_LIMIT, Metadata
 
 _COLD_LIMIT = META_LIMIT // 64  # cold directories remembered before starting over

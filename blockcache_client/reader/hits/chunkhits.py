@@ -6,7 +6,9 @@ block, not a nowait probe). The block file is the one a handle holds open
 pieces kept (`chunks`): those are served from memory, else the chunks the
 read touches are read with one pread, decrypted, and what the read keeps
 of them is kept. Judged like every hit (`hits`): a missing file is a miss,
-a bad one is evicted through the daemon.
+a bad one is evicted through the daemon. A `nowait` read opens and reads
+only from the kernel's caches (`hits`): where that is not enough it is
+None, nothing judged, and the caller's blocking read decides.
 
 A chunk in memory was authenticated when it was decrypted (or was sealed by
 this process): as long as the file in place carries the same header, it is
@@ -20,13 +22,14 @@ import errno
 import logging
 import os
 
-from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, file_size
-from ..contract.errors import FormatError, IntegrityError
-from ..contract.layout import Layout
-from .blockfds import BlockFiles, OpenBlock
+from ...common.nowait import Unsupported
+from ...common.nowait import open_cached as nowait_open
+from ...contract.blockfile import HEADER_SIZE, TAG_SIZE, file_size
+from ...contract.errors import FormatError, IntegrityError
+from ...contract.layout import Layout
+from .blockfds import BlockFiles, Holder, OpenBlock
+from .blockhits import O_BLOCK_FILE, HitReader, check_block_stat
 from .chunks import ChunkCache, assemble, cut, lookup
-from .handlehits import HandleBlocks
-from .hits import _O_RDONLY, HitReader, check_block_stat
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,7 @@ class ChunkedHits:
         self._cipher = hits.ciphers.cipher
         self.counters = hits.counters
         self._bad_block = hits.bad_block
+        self._hits = hits  # whether the kernel reads without waiting (`HitReader.nowait`)
         self.cache = cache
         self.files = files
         self._peek = cache.mem.peek
@@ -52,7 +56,7 @@ class ChunkedHits:
         self.cache.saw(key, data, head if held is data else None, lo, hi)
 
     def read(self, layout: Layout, key: str, blen: int, lo: int, hi: int,
-             out: memoryview | None, holder: HandleBlocks | None):
+             out: memoryview | None, holder: Holder | None, nowait: bool = False):
         """Plaintext [lo, hi) (lo < hi <= blen) of `key`'s cached block
         (bytes, or the length stored in `out`), or None for a miss; a hit is
         counted and touched. `holder`: an open handle's blocks; the handle
@@ -68,7 +72,7 @@ class ChunkedHits:
                 path = layout.path(key)
                 if path is None:  # its cache dir is unhealthy
                     return None
-                fd, head, size = self._open(path, key)
+                fd, head, size = self._open(path, key, nowait)
                 if fd < 0:
                     return None
                 if holder is None:
@@ -82,12 +86,19 @@ class ChunkedHits:
                 self.counters.add3("hits", "hit_bytes", hi - lo, "chunk_hits")
                 self._link.touch(key)
                 return assemble(found[0], found[1], lo, hi, out)
-            plain = self._decrypt(fd, key, head, size, blen, first, end)
+            plain = self._decrypt(fd, key, head, size, blen, first, end, nowait)
+            if plain is None:  # pages not all in memory: the blocking read decides
+                return None
             self.cache.keep(key, head, blen, plain, first * c, lo, hi)
             self.counters.add2("hits", "hit_bytes", hi - lo)
             self._link.touch(key)
             return cut(plain, lo - first * c, hi - lo, out)
         except (FormatError, IntegrityError, OSError) as exc:
+            if nowait:  # judged once, by the blocking read that follows
+                if isinstance(exc, Unsupported) or getattr(exc, "errno", None) in (
+                        errno.EOPNOTSUPP, errno.EINVAL):
+                    self._hits.nowait_refused(exc)
+                return None
             if ent is not None:  # stale or bad: not lent again
                 self.files.give_back(ent, drop=True)
                 holder.forget(key)
@@ -103,7 +114,7 @@ class ChunkedHits:
             elif mine >= 0:
                 os.close(mine)
 
-    def hold(self, key: str, head: bytes, holder: HandleBlocks) -> OpenBlock | None:
+    def hold(self, key: str, head: bytes, holder: Holder) -> OpenBlock | None:
         """A handle read `key`'s block from memory, or fetched it, and this
         process sealed it with `head`: once its fill has landed (the file in
         place has that header), keep the file open for the handle, so its
@@ -127,12 +138,13 @@ class ChunkedHits:
         self.files.give_back(ent)
         return ent
 
-    def _open(self, path: str, key: str) -> tuple[int, bytes, int]:
+    def _open(self, path: str, key: str, nowait: bool = False) -> tuple[int, bytes, int]:
         """(fd, header bytes, file size) of the block file at `path`; fd -1
-        if there is none. FormatError (after closing it) for a file that is
+        if there is none (or, `nowait`, if its path or header is not in the
+        kernel's caches). FormatError (after closing it) for a file that is
         not the daemon's regular file, or whose header is short."""
         try:
-            fd = os.open(path, _O_RDONLY)
+            fd = nowait_open(path, O_BLOCK_FILE) if nowait else os.open(path, O_BLOCK_FILE)
         except FileNotFoundError:
             return -1, b"", 0
         except OSError as exc:
@@ -142,7 +154,15 @@ class ChunkedHits:
         try:
             st = os.fstat(fd)
             check_block_stat(st, self._link.daemon_uid, path)
-            head = os.pread(fd, HEADER_SIZE, 0)
+            if nowait:
+                head = bytearray(HEADER_SIZE)
+                got = os.preadv(fd, [head], 0, os.RWF_NOWAIT)
+                if got != HEADER_SIZE:
+                    os.close(fd)
+                    return -1, b"", 0
+                head = bytes(head)
+            else:
+                head = os.pread(fd, HEADER_SIZE, 0)
             if len(head) != HEADER_SIZE:
                 raise FormatError(f"block file {path} is {st.st_size} bytes: no whole header")
         except BaseException:
@@ -151,9 +171,9 @@ class ChunkedHits:
         return fd, head, st.st_size
 
     def _decrypt(self, fd: int, key: str, head: bytes, size: int, blen: int, first: int,
-                 end: int) -> bytes:
+                 end: int, nowait: bool = False) -> bytes | None:
         """The plaintext of chunks [first, end), read with one pread and
-        authenticated."""
+        authenticated; None if `nowait` and its pages are not all in memory."""
         c = self._chunk_size
         cipher = self._cipher(key, head, blen)
         want = file_size(blen, c)
@@ -161,5 +181,12 @@ class ChunkedHits:
             raise FormatError(f"block file is {size} bytes; its header says {want}")
         step = c + TAG_SIZE
         start = HEADER_SIZE + first * step
-        data = os.pread(fd, min(size, HEADER_SIZE + end * step) - start, start)
+        want = min(size, HEADER_SIZE + end * step) - start
+        if nowait:
+            data = bytearray(want)
+            if os.preadv(fd, [data], start, os.RWF_NOWAIT) != want:
+                return None
+        else:
+            data = os.pread(fd, want, start)
+        self.counters.add("chunks_decrypted", end - first)
         return cipher.open_chunks(first, end, data)

@@ -36,19 +36,34 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
+from typing import Protocol
 
-from ..contract import blockfile
-from ..contract.errors import DaemonError, DaemonUnavailable
-from ..daemonclient.client import Client
-from ..sources.backend import FileInfo
+from ...contract.errors import DaemonError, DaemonUnavailable
+from ...daemonclient.client import Client
+from ...daemonclient.link import DaemonLink
+from ...sources.backend import FileInfo
+from ..hits.blockhits import HitReader
+from ..misses.fetch import Fetcher
+from ..options import WRITE_WAIT
 
 log = logging.getLogger(__name__)
 
 PUT_TIMEOUT = 5.0         # seconds one put may take on the wire
-WRITE_WAIT = 10.0         # seconds an accepted block may take to reach its path
 BUSY_RETRIES = 5          # puts retried while the daemon's queue is full
 _BUSY = frozenset({"queue_full", "over_share"})
 _ON_ITS_WAY = frozenset({"queued", "duplicate"})  # accepted, or another writer's is queued
+
+
+class FillParts(Protocol):
+    """What a host fill uses of its volume in this process (`parts.ReadParts`)."""
+
+    block_size: int
+    window: int                            # blocks one source request may bring
+    hits: HitReader                        # is a block cached
+    fetcher: Fetcher                       # the source's reads
+    link: DaemonLink                       # the daemon's layout
+    key_prefix: Callable[[str, str], str]  # (path, version) -> the blocks' key prefix
 
 
 class Cancelled(Exception):
@@ -85,24 +100,25 @@ class ByteBudget:
 
 class HostFill:
     """Puts files of one `Volume` into the host cache (thread-safe; built in
-    and used by the process that owns the volume)."""
+    and used by the process that owns the volume: `Volume.host_fill`)."""
 
-    def __init__(self, volume, budget: ByteBudget, cancelled: threading.Event):
-        volume._proc()  # this process's parts, built anew after a fork
-        self.block_size = volume.block_size
-        self._key_prefix = volume._key_prefix
-        self._hits = volume._hits
-        self._fetcher = volume._fetcher
-        self._link = volume._link
-        self._volume_key = volume._volume_key
-        self._chunk_size = volume._chunk_size
+    def __init__(self, parts: FillParts, seal: Callable[[str, bytes], memoryview],
+                 socket_path: str, daemon_uid: int | None, budget: ByteBudget,
+                 cancelled: threading.Event):
+        """`parts`: this process's pieces of the volume; `seal(key,
+        plaintext)`: the block file's bytes, sealed under the volume key."""
+        self.block_size = parts.block_size
+        self._key_prefix = parts.key_prefix
+        self._hits = parts.hits
+        self._fetcher = parts.fetcher
+        self._link = parts.link
+        self._seal = seal
         # blocks one source request may bring: the reader's sequential window,
         # and at most half the budget (a run is held twice: plain and sealed)
-        self._run = max(1, min(volume._window, budget.limit // (4 * volume.block_size)))
+        self._run = max(1, min(parts.window, budget.limit // (4 * parts.block_size)))
         self._budget = budget
         self._cancelled = cancelled
-        self._connect = lambda: Client(volume.socket_path, timeout=PUT_TIMEOUT,
-                                       daemon_uid=volume._daemon_uid)
+        self._connect = lambda: Client(socket_path, timeout=PUT_TIMEOUT, daemon_uid=daemon_uid)
         # idle connections: a Client carries one request at a time, so puts
         # sharing one would queue behind each other's round trips; there are
         # at most as many as puts ever ran at once (<= the threads)
@@ -178,10 +194,6 @@ class HostFill:
         finally:
             with self._lock:
                 self.reading -= 1
-
-    def _seal(self, key: str, data: bytes) -> memoryview:
-        """The block file's bytes (`seal` without its copy into `bytes`)."""
-        return blockfile.seal_into(key, data, self._volume_key, self._chunk_size)[0]
 
     def _put(self, key: str, blob: memoryview) -> bool:
         """Hand one sealed block to the daemon; True if it is on its way to

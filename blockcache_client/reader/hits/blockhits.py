@@ -9,8 +9,9 @@ the caller's buffer, else the same reused buffer is copied out once into the
 bytes returned. A read of `decrypt.PARALLEL_MIN` or more is read and
 decrypted unit by unit on every core instead (`decrypt`), its file's length
 checked against its header first. `nowait` reads only where the kernel answers from memory
-(`nowait`: openat2 RESOLVE_CACHED, preadv2 RWF_NOWAIT), so an event loop
-can serve a warm hit itself and never wait on a slow cache disk.
+(`nowait`: openat2 RESOLVE_CACHED, preadv2 RWF_NOWAIT), so a caller that must
+not wait (a FUSE worker hands its channel on first: `handle`) serves a warm
+hit at once and waits only for what is not in memory.
 
 A missing, truncated, foreign or forged block, a link or FIFO or another
 uid's file at a block path, an unhealthy dir or no daemon: a miss (counted),
@@ -24,17 +25,17 @@ import logging
 import os
 import stat
 
-from ..common import nowait
-from ..common.aligned import PAGE, aligned
-from ..common.counters import Counters
-from ..common.nowait import Unsupported
-from ..common.nowait import open_cached as nowait_open
-from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, chunk_span, file_size
-from ..contract.errors import FormatError, IntegrityError
-from ..daemonclient.link import DaemonLink
+from ...common import nowait
+from ...common.aligned import PAGE, aligned
+from ...common.counters import Counters
+from ...common.nowait import Unsupported
+from ...common.nowait import open_cached as nowait_open
+from ...contract.blockfile import HEADER_SIZE, TAG_SIZE, chunk_span, file_size
+from ...contract.errors import FormatError, IntegrityError
+from ...daemonclient.link import DaemonLink
+from .blockfds import Holder
 from .ciphers import Ciphers
 from .decrypt import PARALLEL_MIN, ParallelDecrypt
-from .handlehits import HandleBlocks
 from .memory import BlockMemory
 
 log = logging.getLogger(__name__)
@@ -42,14 +43,14 @@ log = logging.getLogger(__name__)
 # No O_NOATIME: open(2) refuses it with EPERM unless the caller owns the file
 # (or has CAP_FOWNER), so every hit of a reader that is not the daemon's uid
 # became a miss. relatime already skips nearly every atime write.
-# O_NONBLOCK: a FIFO planted in the cache tree must not block the open (on
-# fsclient's event loop that would hang the mount); it is refused by fstat.
+# O_NONBLOCK: a FIFO planted in the cache tree must not block the open (it
+# would hang the reading thread, a FUSE worker's too); it is refused by fstat.
 # O_NOFOLLOW: a symlink at the block path is refused (ELOOP); a symlinked dir
 # above it can lead only to a regular file of the daemon's uid (fstat), which
 # must still authenticate. (RESOLVE_NO_SYMLINKS would refuse those too, but
 # also a symlink in the configured cache dir path, and through ctypes it
 # costs several microseconds more per hit than os.open.)
-_O_RDONLY = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW
+O_BLOCK_FILE = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW
 
 # Cache-hit reads go through reusable buffers (the ciphertext, and the
 # plaintext when the caller wants bytes): a few idle ones are kept in a list,
@@ -118,7 +119,7 @@ class HitReader:
         self.decrypt = decrypt  # large reads' chunks on every core
 
     def read(self, key: str, blen: int, lo: int, hi: int, out: memoryview | None,
-             nowait: bool = False, holder: HandleBlocks | None = None, keep: bool = False):
+             nowait: bool = False, holder: Holder | None = None, keep: bool = False):
         """Plaintext [lo, hi) of `key`'s block (`blen` bytes) from the memory
         LRU or the cache disk, counted as a hit (bytes, or the length stored
         in `out`); None for a miss. `nowait`: only what the kernel's caches
@@ -144,8 +145,8 @@ class HitReader:
             return None
         if nowait and not self.nowait:
             return None
-        if keep and not nowait:  # counts its hits itself
-            return chunks.read(layout, key, blen, lo, hi, out, holder)
+        if keep:  # counts its hits itself
+            return chunks.read(layout, key, blen, lo, hi, out, holder, nowait)
         got = self._read_file(layout.path(key), key, blen, lo, hi, out, nowait=nowait)
         if got is not None:
             self.counters.add2("hits", "hit_bytes", hi - lo)
@@ -179,12 +180,12 @@ class HitReader:
         if path is None:  # its cache dir is unhealthy
             return None
         try:
-            fd = nowait_open(path, _O_RDONLY) if nowait else os.open(path, _O_RDONLY)
+            fd = nowait_open(path, O_BLOCK_FILE) if nowait else os.open(path, O_BLOCK_FILE)
         except FileNotFoundError:
             return None
         except OSError as exc:
             if isinstance(exc, Unsupported):
-                self._nowait_refused(exc)
+                self.nowait_refused(exc)
             elif exc.errno == errno.ELOOP and not nowait:  # a symlink in the cache tree
                 self.bad_block(key, f"a symlink on its path {path}")
                 return None
@@ -200,6 +201,8 @@ class HitReader:
                 if st.st_size != file_size(blen, self.chunk_size):
                     raise FormatError(f"block file is {st.st_size} bytes; its header says "
                                       f"{file_size(blen, self.chunk_size)}")
+                self.counters.add("chunks_decrypted", (lo + n - 1) // self.chunk_size
+                                  - lo // self.chunk_size + 1)
                 if out is not None:  # `out` itself when it fits: a caller may release it
                     self.decrypt.read_file_into(cipher, fd, lo, out if len(out) == n else out[:n])
                     return n
@@ -256,6 +259,7 @@ class HitReader:
             if len(body) != stop - start:  # one byte over: longer; under: truncated
                 raise FormatError(f"block file is shorter or longer than its header says "
                                   f"({len(body)} bytes where {stop - start} belong)")
+            self.counters.add("chunks_decrypted", end - first)
             if out is None:
                 plain = scratch[plain_at:plain_at + n]
                 cipher.read_range_into(lo, body, plain)
@@ -269,7 +273,7 @@ class HitReader:
             return None
         except OSError as exc:  # a failing cache disk is a miss, never an error
             if nowait and exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-                self._nowait_refused(exc)
+                self.nowait_refused(exc)
             log.debug("cannot read cached block %s: %s", path, exc)
             return None
         finally:
@@ -284,7 +288,7 @@ class HitReader:
         log.warning("cached block %s is bad (%s); evicting it and reading the backend", key, why)
         self.link.evict_later(key)
 
-    def _nowait_refused(self, exc: OSError) -> None:
+    def nowait_refused(self, exc: OSError) -> None:
         if self.nowait:
             self.nowait = False
             log.info("volume %s: the cache dir cannot be read without blocking (%s); "

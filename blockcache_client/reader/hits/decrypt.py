@@ -39,9 +39,9 @@ from __future__ import annotations
 import os
 import threading
 
-from ..common.aligned import PAGE, aligned
-from ..contract.blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
-from ..contract.errors import FormatError
+from ...common.aligned import PAGE, aligned
+from ...contract.blockfile import HEADER_SIZE, TAG_SIZE, BlockCipher, chunk_span
+from ...contract.errors import FormatError
 
 PARALLEL_MIN = 256 << 10   # smaller reads: the hand-off would cost more than it saves
 UNIT_CHUNKS = 4            # chunks a thread takes at a time (256 KiB of 64 KiB chunks)

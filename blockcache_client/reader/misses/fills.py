@@ -7,10 +7,10 @@ on the reader's thread for a small block with nothing queued ahead of it).
 
 from __future__ import annotations
 
-from ..contract import blockfile
-from ..contract.blockfile import HEADER_SIZE
-from .chunks import ChunkCache
-from .ciphers import Ciphers
+from ...contract import blockfile
+from ...contract.blockfile import HEADER_SIZE
+from ..hits.chunks import ChunkCache
+from ..hits.ciphers import Ciphers
 
 
 class Sealer:

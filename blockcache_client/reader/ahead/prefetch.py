@@ -14,11 +14,11 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..common.counters import Counters
-from ..sources.fileinfo import FileInfo
-from .fetch import Fetcher
-from .hits import HitReader
-from .options import part_blocks
+from ...common.counters import Counters
+from ...sources.fileinfo import FileInfo
+from ..hits.blockhits import HitReader
+from ..misses.fetch import Fetcher
+from ..options import part_blocks
 from .sequential import Stream
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import threading
 
-from ..contract.blockfile import BlockCipher, key_id
-from ..contract.errors import FormatError
+from ...contract.blockfile import BlockCipher, key_id
+from ...contract.errors import FormatError
 
 CIPHER_LIMIT = 4096       # derived per-block ciphers kept (saves an HKDF per hit)
 

@@ -32,14 +32,14 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 
-from ..common.bufferpool import BufferPool
-from ..common.counters import Counters
-from ..daemonclient.link import DaemonLink
-from ..sources.backend import Backend
-from ..sources.fileinfo import FileInfo
-from .hits import deliver
-from .memory import BlockMemory
-from .options import buffer_bytes
+from ...common.bufferpool import BufferPool
+from ...common.counters import Counters
+from ...daemonclient.link import DaemonLink
+from ...sources.backend import Backend
+from ...sources.fileinfo import FileInfo
+from ..hits.blockhits import deliver
+from ..hits.memory import BlockMemory
+from ..options import buffer_bytes
 from .singleflight import SingleFlight
 from .tier import TierReads
 

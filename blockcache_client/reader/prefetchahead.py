@@ -43,7 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..common.counters import Counters
-from .hostfill import ByteBudget, Cancelled, HostFill
+from .ahead.hostfill import ByteBudget, Cancelled
 from .volume import Volume
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class _Run:
         self.volume = volume
         self.cancelled = threading.Event()
         self.budget = ByteBudget(max_bytes)
-        self.fill = HostFill(volume, self.budget, self.cancelled)
+        self.fill = volume.host_fill(self.budget, self.cancelled)
         self.counts = Counters(AHEAD_COUNTERS)
         self.pool = ThreadPoolExecutor(depth, thread_name_prefix="blockcache-ahead")
         self._lock = threading.Lock()

@@ -21,8 +21,8 @@ import errno
 import logging
 import time
 
-from ..sources.backend import Backend
-from ..sources.fileinfo import FileInfo
+from ...sources.backend import Backend
+from ...sources.fileinfo import FileInfo
 from .singleflight import SingleFlight
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..sources.fileinfo import FileInfo
-from .options import part_blocks
+from ...sources.fileinfo import FileInfo
+from ..options import part_blocks
 
 SEQ_START = 256 << 10     # a read this large at offset 0 (or continuing one) is sequential
 # "continues the previous read": starts this close to its end (the reader
@@ -99,15 +99,24 @@ class SequentialReads:
             if len(self._streams) >= STREAMS_LIMIT:
                 self._streams.clear()
             st = self._streams[prefix] = Stream()
-        big = end - offset >= SEQ_START
+        return st if self.note(st, offset, end) or multi else None
+
+    def note(self, st: Stream, offset: int, end: int, start: int = SEQ_START,
+             from_zero: bool = True) -> bool:
+        """Note a read of [offset, end) in `st` (one open handle's, or one file
+        version's): True if it is sequential. `start`: a read this large
+        continuing the run is sequential at once; `from_zero`: so is one at
+        offset 0 (a FUSE mount's first read is the kernel's readahead, not
+        yet a run)."""
+        big = end - offset >= start
         if st.advance(offset, end, self._slack):
             # a random small read may land next to the last one by chance:
             # only a third one in a row (or a large one) makes it a stream
             st.streaming = st.streak >= 2 or big
         else:
-            st.streaming = offset == 0 and big
+            st.streaming = from_zero and offset == 0 and big
             st.issued = offset // self.block_size  # a new run: nothing fetched for it yet
-        return st if st.streaming or multi else None
+        return st.streaming
 
     def cancel(self, prefix: str) -> None:
         """Stop the read-ahead of one file version (its reader closed or sought)."""

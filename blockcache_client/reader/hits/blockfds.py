@@ -26,6 +26,7 @@ import os
 import resource
 import threading
 from collections import OrderedDict
+from typing import Protocol
 
 OPEN_LIMIT = 1024  # block files kept open per process and volume
 NOFILE_SHARE = 4   # at most 1/NOFILE_SHARE of the soft RLIMIT_NOFILE: the rest is the caller's
@@ -55,6 +56,22 @@ class OpenBlock:
         self.doomed = False  # out of the table: closed once no read uses it
         self.closed = False
         self.touched = -1   # the `DaemonLink.touch_round` its last hit was reported in
+
+
+class Holder(Protocol):
+    """An open handle's side of the table (`handlehits.HandleBlocks`): what
+    the hit path tells it about the block files it reads."""
+
+    keys: set[str]  # the block files the table keeps open for it (`borrow`'s `owner`)
+
+    def remember(self, key: str, ent: OpenBlock) -> None:
+        """A chunked read of `key` succeeded with the open file `ent`."""
+
+    def forget(self, key: str) -> None:
+        """`key`'s file turned out stale or bad."""
+
+    def hold_bound(self, key: str, head: bytes) -> None:
+        """The handle read `key`'s block from memory, sealed here with `head`."""
 
 
 class BlockFiles:

@@ -31,16 +31,16 @@ from __future__ import annotations
 
 import logging
 
-from ..cluster.items import Geometry, Landing, fits, item_key, split
-from ..cluster.pool import Pool, pool_for
-from ..common.counters import Counters
-from ..contract.blockfile import TAG_SIZE, chunk_span
-from ..contract.cluster import ClusterConfig
-from ..contract.errors import FormatError, IntegrityError
-from ..daemonclient.link import DaemonLink
-from ..daemonclient.readerarea import Slot
-from .ciphers import Ciphers
-from .hits import Scratch
+from ...cluster.items import Geometry, Landing, fits, item_key, split
+from ...cluster.pool import Pool, pool_for
+from ...common.counters import Counters
+from ...contract.blockfile import TAG_SIZE, chunk_span
+from ...contract.cluster import ClusterConfig
+from ...contract.errors import FormatError, IntegrityError
+from ...daemonclient.link import DaemonLink
+from ...daemonclient.readerarea import Slot
+from ..hits.blockhits import Scratch
+from ..hits.ciphers import Ciphers
 
 log = logging.getLogger(__name__)
 

@@ -16,34 +16,34 @@ Never stale: the fstat is the table's revalidation (a block file evicted or
 replaced has no link left), and an entry the table has let go of (`doomed`,
 checked after the fstat, so its descriptor number was not yet closed and
 reused when the fstat ran) is forgotten. Anything else (a piece not kept, a
-read across blocks or larger than `CHUNKED_READ_MAX`, no daemon, a forked or
-closed volume) returns None and takes the full path, which counts, decrypts,
-judges and remembers again.
-
-Reads served here need no fetch, so the sequential detector does not see
-them: a stream that reaches blocks not held is detected anew there.
+read across blocks or larger than `CHUNKED_READ_MAX`, no daemon) returns
+None and takes the full path, which counts, decrypts, judges and remembers
+again. The handle (`handle`) makes a new one in a forked child.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
-from ..common.forks import generation as _forks
-from ..sources.fileinfo import FileInfo
-from .blockfds import OpenBlock
+from ...sources.fileinfo import FileInfo
+from ..options import WRITE_WAIT
+from .blockfds import BlockFiles, OpenBlock
+from .blockhits import HitReader
 from .chunks import CHUNKED_READ_MAX, PAGE, assemble, cut, lookup
-from .hostfill import WRITE_WAIT
 
 
 class HandleBlocks:
     """The block files one open handle uses: the owner set of `blockfds` and
     the open file of each block it read through the chunk cache."""
 
-    __slots__ = ("keys", "open", "fetched", "_given_up", "_volume", "_rel", "_version",
-                 "_size", "_block_size")
+    __slots__ = ("keys", "open", "fetched", "_given_up", "_hits", "_key_prefix", "_rel",
+                 "_version", "_size", "_block_size")
 
-    def __init__(self, volume, rel: str, info: FileInfo) -> None:
+    def __init__(self, hits: HitReader, key_prefix: Callable[[str, str], str],
+                 block_size: int, rel: str, info: FileInfo) -> None:
+        """`key_prefix(path, version)`: the version's block key prefix."""
         self.keys: set[str] = set()  # block files the table keeps open for this handle
         # block index -> the open file its chunks are under (one version: the
         # index names the block)
@@ -54,11 +54,12 @@ class HandleBlocks:
         # blocks whose files are not to be held: another fill's is in place,
         # or ours never landed (each read would try again in vain)
         self._given_up: set[int] = set()
-        self._volume = volume
+        self._hits = hits
+        self._key_prefix = key_prefix
         self._rel = rel
         self._version = info.version
         self._size = info.size
-        self._block_size = volume.block_size
+        self._block_size = block_size
 
     def remember(self, key: str, ent: OpenBlock) -> None:
         """A chunked read of `key` succeeded with the open file `ent`."""
@@ -85,15 +86,13 @@ class HandleBlocks:
         if b in self.open or b in self._given_up:
             return
         self.fetched.setdefault(b, time.monotonic() + WRITE_WAIT)
-        self._hold(self._volume, b, key, head)
+        self._hold(b, key, head)
 
     def read(self, pos: int, size: int, out: memoryview | None):
         """Bytes [pos, pos + size) of the file (or their count, stored in
         `out`) from pages or chunks kept in memory, counted as a chunk hit;
         None if the full read path must decide (nothing counted then)."""
-        vol = self._volume
-        if not (self.open or self.fetched) or vol._fork_gen != _forks[0] or vol._closed \
-                or size > CHUNKED_READ_MAX:
+        if not (self.open or self.fetched) or size > CHUNKED_READ_MAX:
             return None
         end = pos + size
         if end > self._size:
@@ -106,10 +105,10 @@ class HandleBlocks:
         if ent is None:
             if b not in self.fetched:
                 return None
-            ent = self._hold(vol, b)
+            ent = self._hold(b)
             if ent is None:
                 return None
-        hits = vol._hits
+        hits = self._hits
         link = hits.link
         if link.layout is None:  # no daemon: misses, as on the full path
             return None
@@ -143,28 +142,29 @@ class HandleBlocks:
             return cut(piece, lo - start, hi - lo, out)
         return assemble(found[0], found[1], lo, hi, out)
 
-    def _hold(self, vol, b: int, key: str | None = None,
+    def _hold(self, b: int, key: str | None = None,
               head: bytes | None = None) -> OpenBlock | None:
         """The file of block `b` (`fetched`), held now if this process's fill
         of it, sealed with `head` (by default the one `sealed_head` knows),
         has landed (`ChunkedHits.hold`). A block not sealed here is not tried
         again; one whose fill lost to another's file, or has not landed by its
         time, is given up; one whose fill is on its way is tried at the next read."""
-        chunks = vol._hits.chunks
+        hits = self._hits
+        chunks = hits.chunks
         if key is None:
-            key = vol._key_prefix(self._rel, self._version) + format(b * self._block_size,
-                                                                    "016x")
+            key = self._key_prefix(self._rel, self._version) + format(
+                b * self._block_size, "016x")
         if head is None and chunks is not None:
             head = chunks.cache.sealed_head(key)
         ent = chunks.hold(key, head, self) if head is not None else None
         if ent is not None or head is None:
             self.fetched.pop(b, None)
-        elif vol._hits.is_cached(key) or time.monotonic() > self.fetched.get(b, 0.0):
+        elif hits.is_cached(key) or time.monotonic() > self.fetched.get(b, 0.0):
             self.fetched.pop(b, None)
             self._given_up.add(b)
         return ent
 
-    def close(self, files) -> None:
+    def close(self, files: BlockFiles) -> None:
         """The handle closed: `files` (the volume's `BlockFiles`) may close
         the block files no other handle uses."""
         self.open.clear()

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import threading
 
-from ..contract.blockfile import MIN_CHUNK
+from ...contract.blockfile import MIN_CHUNK
 from .memory import BlockMemory
 
 CHUNKED_READ_MAX = 256 << 10  # larger reads stream: their chunks are not kept

@@ -1,0 +1,182 @@
+"""The keeper's control socket: named so that any mount point fits (a
+kubelet's are 130+ bytes), and trusted both ways. The keeper answers only
+root and its own uid; the asker acts only on a keeper that is root or its
+own uid (and the pid it expects). A squatter on a mount point's control
+name, another uid, is refused by `fsclient status`, `restart`, `mount` and
+`control.surrender`, is asked nothing, and the pid it names is not signalled."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import subprocess
+import uuid
+
+import pytest
+
+from fsclient import keeper as keeping
+from fsclient.keeper import control, handoff
+from tests.support.fsclient_mounts import fsclient, is_mounted
+from tests.support.keepers import serving
+from tests.support.uids import as_uid
+
+pytestmark = pytest.mark.fuse
+
+INTRUDER = 12345
+WAIT = 60.0
+
+
+def _kubelet_target(tmp_path) -> str:
+    """A mount point shaped as a kubelet's CSI target, at least 150 bytes."""
+    path = str(tmp_path / "var/lib/kubelet/pods" / str(uuid.uuid4()) /
+               "volumes/kubernetes.io~csi" / f"pvc-{uuid.uuid4()}" / "mount")
+    assert len(os.fsencode(path)) >= 150, path
+    return path
+
+
+def test_a_mount_point_of_150_bytes_mounts_reads_restarts_and_unmounts(tree, daemon, mounts,
+                                                                     tmp_path):
+    target = _kubelet_target(tmp_path)
+    m = mounts(tree, daemon.socket_path, name=os.path.relpath(target, tmp_path))
+    assert m.mountpoint == target and is_mounted(target)
+    want = (tree / "big.bin").read_bytes()
+    assert open(os.path.join(target, "big.bin"), "rb").read() == want
+    res = fsclient("status", "--json", target)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["keeper"] == m.proc.pid
+    before = serving(target)
+    res = fsclient("restart", target)
+    assert res.returncode == 0, res.stderr
+    assert serving(target) != before
+    assert open(os.path.join(target, "dir0/sub0/file0.bin"), "rb").read() == \
+        (tree / "dir0/sub0/file0.bin").read_bytes()
+    res = fsclient("umount", target)
+    assert res.returncode == 0, res.stderr
+    assert not is_mounted(target)
+    assert m.proc.wait(30) == 0
+
+
+def _ask_raw(mountpoint: str, op: str) -> tuple[dict | None, int]:
+    """Ask the control socket `op` as the plain protocol would: (answer, how
+    many descriptors came with it); the descriptors are closed."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.settimeout(10)
+        sock.connect(control.control_address(mountpoint))
+        handoff.send(sock, {"op": op})
+        message, fds = handoff.receive(sock)
+    for fd in fds:
+        os.close(fd)
+    return message, len(fds)
+
+
+def test_another_uid_gets_nothing_from_a_keeper(tree, daemon, mounts):
+    m = mounts(tree, daemon.socket_path)
+    server = serving(m.mountpoint)
+    for op in ("surrender", "status", "restart"):
+        answer, fds = as_uid(INTRUDER, INTRUDER, _ask_raw, m.mountpoint, op)
+        assert fds == 0, (op, answer)
+        assert answer == {"error": f"uid {INTRUDER} may not ask this keeper"}, (op, answer)
+    assert "a control request from a uid other than root" in m.log()
+    assert f"uid {INTRUDER}" in m.log()
+    # nothing changed hands: the same keeper and server serve, asked by root
+    status = keeping.status(m.mountpoint, expect_pid=m.proc.pid)
+    assert status["server"] == server and status["restarts"] == 0
+    assert os.listdir(m.mountpoint)
+
+
+def test_a_keeper_not_of_the_expected_pid_is_an_impostor(tree, daemon, mounts):
+    m = mounts(tree, daemon.socket_path)
+    with pytest.raises(keeping.Impostor) as exc:
+        keeping.status(m.mountpoint, expect_pid=m.proc.pid + 100000)
+    assert f"pid {m.proc.pid} uid 0" in str(exc.value)
+    with pytest.raises(keeping.Impostor):
+        keeping.surrender(m.mountpoint, 10, expect_pid=m.proc.pid + 100000)
+    assert "surrendered" not in m.log()
+    assert keeping.status(m.mountpoint, expect_pid=m.proc.pid)["keeper"] == m.proc.pid
+
+
+def _squat(mountpoint: str, victim: int, fuse: int, report: int) -> None:
+    """As the squatter: hold `mountpoint`'s control name and answer every
+    request as a keeper of pid `victim` would, `surrender` with the /dev/fuse
+    descriptor `fuse`; each request it gets is written to `report`."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.bind(control.control_address(mountpoint))
+    sock.listen(8)
+    os.write(report, b"listening\n")
+    saved = os.memfd_create("saved")
+    status = {"ok": True, "keeper": victim, "server": victim, "serving": True,
+              "restarts": 0, "mountpoint": mountpoint}
+    while True:
+        conn, _ = sock.accept()
+        message, _fds = handoff.receive(conn)
+        os.write(report, json.dumps(message).encode() + b"\n")
+        try:
+            if (message or {}).get("op") == "surrender":
+                handoff.send(conn, {**status, "fuse": 1}, [fuse, saved])
+            else:
+                handoff.send(conn, status)
+        except OSError:
+            pass
+        conn.close()
+
+
+def _reported(r: int, timeout: float) -> bytes:
+    """What the squatter wrote to its report pipe within `timeout`."""
+    out = b""
+    while select.select([r], [], [], timeout)[0]:
+        chunk = os.read(r, 4096)
+        if not chunk:
+            break
+        out += chunk
+        timeout = 0.0
+    return out
+
+
+def test_a_squatter_of_another_uid_is_refused_and_nothing_is_signalled(tree, key_file, daemon,
+                                                                     tmp_path):
+    mp = str(tmp_path / "mnt")
+    os.makedirs(mp)
+    r, w = os.pipe()
+    victim = subprocess.Popen(["sleep", "300"])
+    squatter = os.fork()
+    if squatter == 0:  # the squatter: uid 12345, never returns into pytest
+        try:
+            os.close(r)
+            fuse = os.open("/dev/fuse", os.O_RDWR)  # (root's to open here: kept across the drop)
+            os.setgroups([])
+            os.setresgid(INTRUDER, INTRUDER, INTRUDER)
+            os.setresuid(INTRUDER, INTRUDER, INTRUDER)
+            _squat(mp, victim.pid, fuse, w)
+        finally:
+            os._exit(1)
+    os.close(w)
+    try:
+        assert _reported(r, WAIT) == b"listening\n"
+        holder = f"pid {squatter} uid {INTRUDER}"
+        for args in (["status", mp], ["status", "--json", mp], ["restart", mp]):
+            res = fsclient(*args)
+            assert res.returncode == 1, (args, res.stdout)
+            assert holder in res.stderr and "Traceback" not in res.stderr, (args, res.stderr)
+        with pytest.raises(control.Impostor) as exc:
+            control.surrender(mp, 10)
+        assert holder in str(exc.value)
+        with pytest.raises(keeping.Impostor):
+            keeping.status(mp)
+        res = fsclient("mount", str(tree), mp, "--volume", "testvol", "--key-file",
+                       str(key_file), "--socket", daemon.socket_path)
+        assert res.returncode == 1, res.stderr
+        assert holder in res.stderr, res.stderr
+        assert not is_mounted(mp)
+        # connected to and checked, but asked nothing; nothing was signalled
+        asked = _reported(r, 0.5).splitlines()
+        assert asked and set(asked) == {b"null"}, asked
+        assert victim.poll() is None
+        assert os.waitpid(squatter, os.WNOHANG) == (0, 0)
+    finally:
+        os.kill(squatter, 9)
+        os.waitpid(squatter, 0)
+        victim.kill()
+        victim.wait()
+        os.close(r)

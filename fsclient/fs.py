@@ -70,6 +70,7 @@ class BlockcacheFS:
         # requests per operation and workers busy: the session's, once it runs
         self.op_counts: Callable[[], dict[str, int]] = dict
         self.handoffs: Callable[[], int] = int  # waits handed off with their thread
+        self.fuse_minor: Callable[[], int | None] = lambda: None  # the minor agreed at INIT
         self.eio_log = EioLog()
         self.blocking: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
@@ -83,6 +84,7 @@ class BlockcacheFS:
         which hands the worker's channel on."""
         self.op_counts = session.op_counts
         self.handoffs = lambda: session.handoffs
+        self.fuse_minor = lambda: session.terms.minor if session.terms is not None else None
         self.blocking = self.lookups.blocking = self.open_files.blocking = session.blocking
         # (also after a takeover: handles opened before it never store, see pagestore)
         saved = self.nodes.saved
@@ -103,7 +105,7 @@ class BlockcacheFS:
                 "nodes_recovered": self.nodes.recovered, **self._saved_stats(),
                 "handles_recovered": files.adopted + self.dirs_adopted,
                 "ops": self.op_counts(), "waits_handed_off": self.handoffs(),
-                "keeper": self.keeper}
+                "keeper": self.keeper, "fuse_minor": self.fuse_minor()}
 
     def _saved_stats(self) -> dict:
         saved = self.nodes.saved

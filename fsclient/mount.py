@@ -26,7 +26,6 @@ or, failing that, ends the connection, leaving a dead mount that the next
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import select
@@ -44,6 +43,7 @@ from blockcache_client.daemonclient.client import Client
 
 from . import mountpoint as mp
 from .config import MountConfig
+from .gctune import tune_gc
 from .keeper import successor
 from .keeper.fdstore import Passing, pass_on
 from .keeper.handoff import HANDED_OVER, RESTART_SIGNAL, Connection, KeeperLink
@@ -61,14 +61,8 @@ READY_TIMEOUT = 90.0
 # two requests and a 4 MiB block 32. 1 MiB (the largest request libfuse
 # takes) serves a whole small file, or a quarter block, per request.
 KERNEL_READAHEAD_KB = 1024
-# Container allocations between two young-generation collections (Python's
-# default: 700, at which a warm small file's few lasting allocations made the
-# loop collect every few hundred files, walking older generations now and
-# then). Garbage cycles are rare here (reference counting frees each
-# request's objects), so collecting less often costs little memory.
-GC_YOUNG_THRESHOLD = 10_000
-# A server handing over waits this long for the requests it is handling; any
-# left unanswered are resent to its successor.
+# A server handing over waits this long for the requests it handles; those left
+# are resent to its successor (before FUSE 7.40 answered EINTR: `Session.drain`).
 HANDOVER_DRAIN = 20.0
 
 
@@ -215,17 +209,6 @@ def run(cfg: MountConfig, readiness: Readiness, link: KeeperLink) -> int:
             conn.close()
 
 
-def tune_gc() -> None:
-    """Collect once, move everything made while mounting (modules, the
-    volume, config) out of the collector's reach for good (gc.freeze: it
-    is never garbage, and every older-generation collection walked all of
-    it), and collect the young generation less often."""
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
-
-
 def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: Readiness,
            link: KeeperLink) -> int:
     """Serve until a signal, DESTROY, an unmount from outside (then unmount), or
@@ -264,7 +247,7 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
     previous = {sig: signal.signal(sig, on_signal)
                 for sig in (signal.SIGTERM, signal.SIGINT, RESTART_SIGNAL)}
     tune_gc()
-    session.start(conn.fuse_fds[0], conn.fuse_fds[1:])
+    session.start(conn.fuse_fds[0], conn.fuse_fds[1:], taken_over=not conn.fresh)
     if not conn.fresh:
         resent = session.resend()
         fs.nodes.recovered = 0
@@ -285,8 +268,9 @@ def _serve(session: Any, conn: Connection, fs: Any, mountpoint: str, readiness: 
         # (a live mount this server could not probe is never unmounted: the
         # keeper starts another server, which is resent what is left)
         answered = session.drain(HANDOVER_DRAIN)
-        log.info("handed %s over (%s)", mountpoint,
-                 "all requests answered" if answered else "some left to the successor")
+        log.info("handed %s over (%s; %d read while handing over)", mountpoint,
+                 "all requests answered" if answered else "some left to the successor",
+                 session.read_draining)
         return HANDED_OVER if handover.is_set() else 1
     session.stop()
     if mp.is_mounted(mountpoint):
@@ -320,6 +304,9 @@ def _ready(session: Any, fs: Any, mountpoint: str, readiness: Readiness,
     def probe() -> None:
         try:
             box.append(os.stat(root_fd if root_fd >= 0 else mountpoint))
+            if not fresh:  # (a request the kernel never answers from its caches: a
+                # session taken over without resend answers its predecessor's first)
+                os.statvfs(root_fd if root_fd >= 0 else mountpoint)
         except OSError as exc:
             box.append(exc)
 

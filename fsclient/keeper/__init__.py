@@ -19,10 +19,11 @@ else of fsclient's keeper or session: an import contract).
 
 from ..mountpoint import MountError
 from ..session.mount import set_kernel_readahead, unmount_lazy
-from .client import recovered, restart, status
+from .client import guarantee, recovered, restart, status
 from .control import Impostor, Surrendered, surrender
 from .fdstore import hand_on
 from .privileges import Credentials
 
-__all__ = ["Credentials", "Impostor", "MountError", "Surrendered", "hand_on", "recovered",
-           "restart", "set_kernel_readahead", "status", "surrender", "unmount_lazy"]
+__all__ = ["Credentials", "Impostor", "MountError", "Surrendered", "guarantee", "hand_on",
+           "recovered", "restart", "set_kernel_readahead", "status", "surrender",
+           "unmount_lazy"]

@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import mountpoint as mp
 from ..mountpoint import MountError
+from ..session.structs import RESEND_MINOR
 from .control import Impostor, ask
 
 RESTART_TIMEOUT = 120.0
@@ -59,4 +60,19 @@ def recovered(path: str) -> dict[str, int]:
     except (OSError, ValueError, KeyError):
         return {}
     return {k: stats[k] for k in ("nodes_recovered", "handles_recovered", "saved_nodes",
-                                  "saved_bytes", "saved_compactions") if k in stats}
+                                  "saved_bytes", "saved_compactions", "fuse_minor")
+            if k in stats}
+
+
+def guarantee(fuse_minor: int | None) -> str:
+    """What a restart, a takeover or a killed server costs a reader on a mount
+    that speaks FUSE 7.`fuse_minor` (fsclient/DESIGN.md, "The keeper")."""
+    if fuse_minor is None:
+        return "unknown (the mount did not answer)"
+    if fuse_minor >= RESEND_MINOR:
+        return (f"no failed read on restart, takeover or kill -9 "
+                f"(FUSE 7.{fuse_minor}: the kernel resends a killed server's requests)")
+    return (f"no failed read on restart or takeover; a kill -9 answers the killed "
+            f"server's requests EINTR (page-cache reads are read again, synchronous "
+            f"ones fail EINTR, which Python's open and read retry) (FUSE 7.{fuse_minor}: no resend "
+            f"before 7.{RESEND_MINOR}, Linux 6.9)")

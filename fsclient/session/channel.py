@@ -15,6 +15,7 @@ message boundaries serves (a SOCK_SEQPACKET socket in the protocol tests).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -30,6 +31,14 @@ GONE = frozenset({errno.ENODEV, errno.ECONNABORTED, errno.EBADF})
 AGAIN = frozenset({errno.EINTR, errno.EAGAIN, errno.ENOENT})
 
 
+# read(2) straight from libc, GIL released: unlike os.readv it returns EINTR to
+# the caller instead of retrying, so a signal can stop a reader (`read_or_wake`).
+_libc = ctypes.CDLL(None, use_errno=True)
+_read = _libc.read
+_read.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+_read.restype = ctypes.c_ssize_t
+
+
 def open_device() -> int:
     """A new /dev/fuse descriptor (close-on-exec)."""
     return os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
@@ -38,13 +47,15 @@ def open_device() -> int:
 class Channel:
     """One descriptor of the connection and the request buffer read into."""
 
-    __slots__ = ("fd", "buf", "view", "owned")
+    __slots__ = ("fd", "buf", "view", "owned", "_cbuf", "_address")
 
     def __init__(self, fd: int, buffer_size: int, owned: bool = True):
         self.fd = fd
         self.buf = bytearray(buffer_size)
         self.view = memoryview(self.buf)
         self.owned = owned  # closed with the channel (the mount's own fd is not)
+        self._cbuf = None  # `buf` as ctypes sees it (held: `buf` never resizes then)
+        self._address = 0  # and its address, for `read_or_wake`
 
     @classmethod
     def clone(cls, fd: int, buffer_size: int) -> Channel:
@@ -69,6 +80,25 @@ class Channel:
                 if exc.errno in GONE:
                     return 0
                 raise
+
+    def read_or_wake(self) -> int:
+        """`read`, but -1 when a signal interrupts the wait (the caller looks at
+        why it was woken): a thread stopped so has read nothing."""
+        if self._cbuf is None:
+            self._cbuf = (ctypes.c_char * len(self.buf)).from_buffer(self.buf)
+            self._address = ctypes.addressof(self._cbuf)
+        while True:
+            n = _read(self.fd, self._address, len(self.buf))
+            if n >= 0:
+                return n
+            code = ctypes.get_errno()
+            if code == errno.EINTR:
+                return -1
+            if code in AGAIN:
+                continue
+            if code in GONE:
+                return 0
+            raise OSError(code, os.strerror(code))
 
     def reply(self, unique: int, parts: Sequence[bytes | memoryview | bytearray] = ()) -> bool:
         """Answer request `unique` with the concatenation of `parts`. False if the

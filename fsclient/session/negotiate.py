@@ -13,11 +13,18 @@ What a read-only cache asks for, when the kernel offers it:
 - `max_pages` 256 (1 MiB reads, with the mount's 1 MiB readahead window),
 - cached symlink targets, lookups of "." and ".." (NFS export), automatic
   invalidation of cached pages when a file's size or mtime changes.
+
+`FSCLIENT_FUSE_MINOR` (a test and diagnostic knob, not a setting): speak at most
+that minor, as a kernel of that version would, and take the INIT flags it offers
+as that kernel would offer them. `FSCLIENT_FUSE_MINOR=39` on Linux 6.9+ is how an
+older kernel's mount (no FUSE_NOTIFY_RESEND) is tested; the kernel follows the
+minor the server answers, and the session never resends below 7.40.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from . import structs as s
@@ -32,6 +39,7 @@ MAX_BACKGROUND = 64
 CONGESTION_THRESHOLD = 48
 WANTED = (s.ASYNC_READ | s.PARALLEL_DIROPS | s.DO_READDIRPLUS | s.MAX_PAGES
           | s.CACHE_SYMLINKS | s.EXPORT_SUPPORT | s.AUTO_INVAL_DATA | s.ASYNC_DIO)
+FORCED_MINOR = "FSCLIENT_FUSE_MINOR"
 
 
 class ProtocolError(Exception):
@@ -55,6 +63,12 @@ class Negotiated:
 
     def has(self, flag: int) -> bool:
         return bool(self.flags & flag)
+
+    @property
+    def resends(self) -> bool:
+        """The kernel queues again, when asked, what a dead server had read
+        (FUSE_NOTIFY_RESEND, 7.40): without it a server must answer all it read."""
+        return self.minor >= s.RESEND_MINOR
 
     def buffer_size(self) -> int:
         """The request buffer each channel reads into: a header, the largest
@@ -89,6 +103,10 @@ def negotiate(body: bytes | memoryview) -> tuple[Negotiated, bytes]:
         raise ProtocolError(f"the kernel speaks FUSE 7.{minor}; fsclient needs 7.{s.MIN_MINOR} "
                             f"or newer (Linux 5.4+)")
     offered = flags | (flags2 << 32 if flags & s.INIT_EXT else 0)
+    forced = forced_minor()
+    if forced is not None and forced < minor:
+        minor = forced
+        offered &= s.flags_of_minor(minor)
     terms = Negotiated(major=s.KERNEL_MAJOR, minor=min(minor, s.KERNEL_MINOR),
                        flags=flags & WANTED, offered=offered, max_readahead=readahead,
                        max_write=MAX_WRITE, max_pages=MAX_PAGES if flags & s.MAX_PAGES else 0,
@@ -97,3 +115,19 @@ def negotiate(body: bytes | memoryview) -> tuple[Negotiated, bytes]:
                             terms.max_background, terms.congestion_threshold, terms.max_write,
                             terms.time_gran, terms.max_pages, 0, 0, 0, 0)
     return terms, reply
+
+
+def forced_minor() -> int | None:
+    """The minor FSCLIENT_FUSE_MINOR caps the session at, or None (unset);
+    ProtocolError naming the variable for a value no kernel fsclient serves speaks."""
+    raw = os.environ.get(FORCED_MINOR, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not s.MIN_MINOR <= value <= s.KERNEL_MINOR:
+        raise ProtocolError(f"{FORCED_MINOR}={raw!r} is not a FUSE minor fsclient speaks "
+                            f"({s.MIN_MINOR} to {s.KERNEL_MINOR}); unset it, or set e.g. 39")
+    return value

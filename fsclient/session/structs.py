@@ -82,6 +82,16 @@ FOPEN_NOFLUSH = 1 << 5  # 7.35: no FLUSH at close (older kernels ignore it and s
 NOTIFY_STORE = 4
 NOTIFY_RESEND = 7  # 7.40: requests read but not answered are queued again
 RESEND_MINOR = 40
+# INIT flags (flags | flags2 << 32) that first came with 7.40 and later: bit 37 on
+# (PASSTHROUGH, NO_EXPORT_SUPPORT, HAS_RESEND 7.40; ALLOW_IDMAP 7.41;
+# OVER_IO_URING 7.42; REQUEST_TIMEOUT 7.43). Older kernels offer none of them.
+_FLAGS_SINCE_7_40 = ~((1 << 37) - 1)
+
+
+def flags_of_minor(minor: int) -> int:
+    """The mask of INIT flags a kernel of protocol 7.`minor` may offer (exact
+    for the 7.40 boundary, the one fsclient's behaviour turns on)."""
+    return ~0 if minor >= RESEND_MINOR else ~_FLAGS_SINCE_7_40
 
 # FUSE_DEV_IOC_CLONE = _IOR(229, 0, uint32_t)
 DEV_IOC_CLONE = 0x8004E500

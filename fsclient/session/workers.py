@@ -27,6 +27,15 @@ yet: an INTERRUPT whose request is not found is answered EAGAIN, and the kernel
 sends it again while the request still waits (for one already answered it drops
 the EAGAIN).
 
+Kernels before 7.40 cannot resend (`Negotiated.resends`): a request a server read
+and left unanswered waits until the connection ends. There a server that stops
+answers everything it read first (`drain`): its readers are woken out of their
+reads by WAKE_SIGNAL (a thread stopped so has read nothing), a request already
+read is answered, and only then does the server go. What a killed server had
+read, the next one answers EINTR before anything else (`stranded`); and an
+INTERRUPT whose request no worker holds is tried on every channel before EAGAIN,
+for one older than that sweep: a signal to its reader then ends its wait.
+
 What must hold:
 - Nothing but INIT is served before INIT is answered (EIO, as libfuse does).
 - A request too short for its header is dropped (answered EIO when its unique can
@@ -44,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -51,8 +61,9 @@ from typing import Any
 
 from . import structs as s
 from .channel import Channel
-from .negotiate import MAX_WRITE, Negotiated, ProtocolError, negotiate
+from .negotiate import FORCED_MINOR, MAX_WRITE, Negotiated, ProtocolError, forced_minor, negotiate
 from .requests import Dispatcher, Operations
+from .stranded import sweep
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +71,22 @@ _OPCODES = 64  # per-opcode counters; larger opcodes count under 0
 # Requests waiting (a remote fetch, a listing) on threads of their own at once,
 # at most; past that a wait holds its worker.
 MAX_WAITING = 64
+# Sent to a worker thread blocked in its read to stop it (`drain`, before 7.40);
+# its handler does nothing: the read returns EINTR, having taken no request.
+WAKE_SIGNAL = signal.SIGRTMIN + 2
 
 
 class Worker:
     """One thread's channel and its counters."""
 
-    __slots__ = ("channel", "thread", "ops", "busy")
+    __slots__ = ("channel", "thread", "ops", "busy", "reading")
 
     def __init__(self, channel: Channel):
         self.channel = channel
         self.thread: threading.Thread | None = None
         self.ops = [0] * _OPCODES
         self.busy = False
+        self.reading = False  # in a read that WAKE_SIGNAL ends
 
 
 class Session:
@@ -97,17 +112,26 @@ class Session:
         self._running = 0  # threads reading a channel, or answering a request handed off
         self._waiting = 0  # requests handed off with their thread (`blocking`), not answered
         self.handoffs = 0  # requests handed off so far
+        self.read_draining = 0  # requests read while draining (answered before 7.40)
         self._local = threading.local()  # .worker: the Worker whose channel this thread reads
         self._draining = False  # handing over: a request read now is left to the successor
+        # (or answered, before 7.40); the reads are wakeable until the terms say
+        # the kernel resends, and with them, a drain stops the readers
+        self._wakeable = terms is None or not terms.resends
+        self._sweeping = False  # a takeover with no resend: the first request sweeps
         self._lock = threading.Lock()
 
     # lifecycle
 
-    def start(self, fd: int, channel_fds: Sequence[int] = ()) -> None:
+    def start(self, fd: int, channel_fds: Sequence[int] = (), taken_over: bool = False) -> None:
         """Start the workers: the first on the mount's descriptor `fd` (which the
         caller keeps and closes), the rest on `channel_fds` (the keeper's clones,
-        also kept by the caller) and then on clones made here."""
+        also kept by the caller) and then on clones made here. `taken_over`: a
+        server served this connection before; with no resend (before 7.40) the
+        first worker answers what it left (`stranded`), then starts the others."""
         self.fd = fd
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(WAKE_SIGNAL, _woken)  # (a handler only the main thread can set)
         channels = [Channel(self.fd, self.buffer_size, owned=False)]
         channels += [Channel(c, self.buffer_size, owned=False)
                      for c in channel_fds[:self.nworkers - 1]]
@@ -125,8 +149,28 @@ class Session:
             w.thread = threading.Thread(target=self._run, args=(w,), daemon=True,
                                         name=f"fuse-worker-{i}")
             self.workers.append(w)
-        self._running = len(self.workers)
-        for w in self.workers:
+        self._sweeping = taken_over and self.terms is not None and not self.terms.resends
+        self._running = 1 if self._sweeping else len(self.workers)
+        for w in self.workers[:1] if self._sweeping else self.workers:
+            w.thread.start()  # type: ignore[union-attr]
+
+    def _sweep(self, first: int) -> None:
+        """Answer what a killed server left (`stranded.sweep`), then start the
+        workers held back (none of them has read a request below `first`)."""
+        self._sweeping = False
+        took = time.monotonic()
+        answered = sweep((w.channel for w in self.workers), first)
+        took = time.monotonic() - took
+        if answered:
+            log.warning("answered EINTR %d requests a server before this one read and "
+                        "left (no resend before FUSE 7.40; swept below %d in %.2fs)",
+                        answered, first, took)
+        else:
+            log.info("no request left by the server before (swept below %d in %.2fs)",
+                     first, took)
+        with self._lock:
+            self._running += len(self.workers) - 1
+        for w in self.workers[1:]:
             w.thread.start()  # type: ignore[union-attr]
 
     def stop(self) -> None:
@@ -165,14 +209,48 @@ class Session:
 
     def drain(self, timeout: float) -> bool:
         """Stop taking requests and wait for those being handled; True if all
-        were answered. Workers blocked in a read stay there: a request one of
-        them takes now is left unanswered, for the successor's resend."""
+        were answered. From 7.40 workers blocked in a read stay there: a
+        request one of them takes now is left unanswered, for the successor's
+        resend. Before 7.40 (`answers_all`) every reader is stopped and what
+        it read answered; what a handler still holds at `timeout` is answered
+        EINTR (the reader's syscall fails EINTR, which Python retries, and the
+        retry goes to the successor), as nothing would ever answer it."""
         self._draining = True
         self.ended.set()
         deadline = time.monotonic() + timeout
-        while self.busy() and time.monotonic() < deadline:
+        if not self.answers_all():
+            while self.busy() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            return not self.busy()
+        while not self._stopped() and time.monotonic() < deadline:
+            self._wake_readers()
             time.sleep(0.005)
-        return not self.busy()
+        if self._stopped():
+            return True
+        left = dict(self._inflight)
+        for unique, ch in left.items():
+            ch.error(unique, errno.EINTR)
+        log.warning("%d requests still handled after %gs of draining answered EINTR (no "
+                    "resend before FUSE 7.40)", len(left), timeout)
+        return False
+
+    def answers_all(self) -> bool:
+        """A server that stops must answer what it read: the kernel cannot
+        resend it (before 7.40), and WAKE_SIGNAL can stop the readers."""
+        return self.terms is not None and not self.terms.resends and \
+            signal.getsignal(WAKE_SIGNAL) is _woken
+
+    def _stopped(self) -> bool:
+        """No thread reads a channel or handles a request."""
+        return self._waiting == 0 and not any(
+            w.thread is not None and w.thread.is_alive() for w in self.workers)
+
+    def _wake_readers(self) -> None:
+        for w in self.workers:
+            t = w.thread
+            if w.reading and t is not None and t.ident is not None and t.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pthread_kill(t.ident, WAKE_SIGNAL)
 
     def notify_store(self, nodeid: int, offset: int, data: bytes | memoryview) -> None:
         """Put file data into the kernel's page cache (see `Channel.notify_store`)."""
@@ -226,13 +304,24 @@ class Session:
         local.worker = w
         try:
             while not self.ended.is_set():
-                n = ch.read()
+                if self._wakeable:
+                    w.reading = True  # (before the check: `drain` wakes it, or it stops)
+                    n = -1 if self.ended.is_set() else ch.read_or_wake()
+                    w.reading = False
+                    if n < 0:
+                        continue  # woken: the loop's check says why
+                else:
+                    n = ch.read()
                 if n == 0:
                     break
                 w.busy = True  # (before the check: `drain` then waits for it, or it stops)
+                if self._sweeping and n >= s.IN_HEADER.size:
+                    self._sweep(s.IN_HEADER.unpack_from(ch.view)[2])
                 if self._draining:
-                    w.busy = False  # left unanswered: the successor has it resent
-                    break
+                    self.read_draining += 1
+                    if not self._wakeable:
+                        w.busy = False  # left unanswered: the successor has it resent
+                        break
                 try:
                     self._serve(ch, n, w)
                 finally:
@@ -298,8 +387,11 @@ class Session:
         if self.on_init is not None:
             self.on_init(terms)
         self.terms = terms
-        log.info("FUSE %d.%d (kernel offers 7.%d): flags %#x, max_pages %d", terms.major,
-                 terms.minor, s.INIT_IN_OLD.unpack_from(body)[1], terms.flags, terms.max_pages)
+        self._wakeable = not terms.resends
+        log.info("FUSE %d.%d (kernel offers 7.%d%s): flags %#x, max_pages %d", terms.major,
+                 terms.minor, s.INIT_IN_OLD.unpack_from(body)[1],
+                 f", {FORCED_MINOR} caps it" if forced_minor() is not None else "",
+                 terms.flags, terms.max_pages)
         ch.reply(unique, (reply,))
 
     def _interrupt(self, ch: Channel, unique: int, body: memoryview) -> None:
@@ -307,8 +399,15 @@ class Session:
         held = self._inflight.get(target)
         if held is not None:
             held.error(target, errno.EINTR)
+        elif self._wakeable and any(w.channel.error(target, errno.EINTR)
+                                    for w in self.workers):
+            pass  # (before 7.40) a request a killed server read: nothing else ends it
         else:  # answered already, or read by a worker not yet at `_serve`'s register
             ch.error(unique, errno.EAGAIN)
+
+
+def _woken(_signum: int, _frame: Any) -> None:
+    """WAKE_SIGNAL's handler: the interrupted read is the point."""
 
 
 # The buffer size before INIT: what `negotiate` will grant.

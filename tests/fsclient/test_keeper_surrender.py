@@ -16,11 +16,9 @@ from contextlib import suppress
 import pytest
 
 from fsclient import keeper as keeping
-from fsclient.keeper import control
-from fsclient.keeper.fdstore import hand_on
 from tests.fsclient.conftest import BLOCK
 from tests.support.fsclient_mounts import REPO, FsclientMount, env
-from tests.support.keepers import Reader, serving
+from tests.support.keepers import Reader, serving, surrender_to
 
 pytestmark = pytest.mark.fuse
 
@@ -49,14 +47,7 @@ def test_surrender_hands_a_live_mount_to_a_new_keeper(tree, key_file, daemon, tm
         reader = Reader(mp, tree, tmp_path)
         time.sleep(1.0)  # the reader is under way: files open, cwd in the mount
         old_server = serving(mp)
-        surrendered = control.surrender(mp, WAIT)
-        assert surrendered.answer["keeper"] == old.proc.pid
-        passing = hand_on(surrendered.named(), env())
-        try:
-            new.start(passing)  # READY: the new keeper's server serves
-        finally:
-            passing.close()
-            surrendered.close()
+        assert surrender_to(mp, new, WAIT)["keeper"] == old.proc.pid
         assert "stays mounted" in old.log()  # its server handed over, the keeper left
         # as a container runtime would: the old keeper's whole group, kill -9
         _kill_group(old)

@@ -207,6 +207,54 @@ def test_reads_forgets_and_interrupts(kernel):
     assert session.ended.wait(TIMEOUT)
 
 
+def init_7_39(sock) -> None:
+    """INIT from a kernel before resend (Linux < 6.9)."""
+    u = send(sock, s.INIT, s.INIT_IN.pack(7, 39, 131072, 0xFFFFFFFF, 0))
+    assert answer(sock)[:2] == (u, 0)
+
+
+def test_before_7_40_a_drain_stops_every_reader_and_answers_what_it_read(kernel):
+    sock, ops, session = kernel
+    init_7_39(sock)
+    stuck = send(sock, s.READ, s.READ_IN.pack(7, 1, 10, 0, 0, 0, 0), nodeid=2)
+    assert wait_until(lambda: session.busy() == 1)
+    done: list = []
+    drain = threading.Thread(target=lambda: done.append(session.drain(TIMEOUT)))
+    drain.start()
+    time.sleep(0.2)
+    assert not done  # the read it holds is answered before it goes
+    ops.gate.set()
+    assert answer(sock)[:2] == (stuck, 0)
+    drain.join(TIMEOUT)
+    assert done == [True]
+    # every worker has stopped reading, though the channel is still open: a
+    # request sent now is read by no one (its successor's)
+    assert session.join(0.5)
+    send(sock, s.LOOKUP, b"f\0")
+    sock.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        answer(sock)
+
+
+def test_before_7_40_a_request_still_held_when_the_drain_ends_is_answered_eintr(kernel):
+    # nothing would ever answer it after this server: EINTR, which Python retries
+    sock, ops, session = kernel
+    init_7_39(sock)
+    stuck = send(sock, s.READ, s.READ_IN.pack(7, 1, 10, 0, 0, 0, 0), nodeid=2)
+    assert wait_until(lambda: session.busy() == 1)
+    assert session.drain(0.3) is False
+    assert answer(sock)[:2] == (stuck, -errno.EINTR)
+
+
+def test_before_7_40_an_interrupt_of_a_request_no_worker_holds_ends_it(kernel):
+    # a request a killed server read waits on the channel it came from: the
+    # INTERRUPT its reader's signal sends is answered EINTR on every channel
+    sock, _, _ = kernel
+    init_7_39(sock)
+    send(sock, s.INTERRUPT, s.INTERRUPT_IN.pack(4242))
+    assert answer(sock)[:2] == (4242, -errno.EINTR)
+
+
 def test_a_read_whose_answer_is_refused_gets_its_error(kernel):
     """A read the file system will not answer with bytes (`answering` raises:
     a later open replaced its version) gets that error, and reads of other

@@ -102,3 +102,26 @@ def test_terms_round_trip_for_the_next_process():
     assert again == terms
     with pytest.raises(ValueError, match="unknown keys"):
         Negotiated.from_dict({**terms.to_dict(), "surprise": 1})
+
+
+def test_fsclient_fuse_minor_speaks_as_an_older_kernel(monkeypatch):
+    # FSCLIENT_FUSE_MINOR=39 on a 7.45 kernel: 7.39 answered, no resend, and
+    # none of the INIT flags 7.40 brought (passthrough, has_resend: bits 37 on)
+    monkeypatch.setenv("FSCLIENT_FUSE_MINOR", "39")
+    terms, reply = negotiate(_init_body(flags2=0xFFFFFFFF))
+    assert terms.minor == 39 and s.INIT_OUT.unpack(reply)[1] == 39
+    assert not terms.resends and terms.flags == WANTED
+    assert terms.offered >> 37 == 0 and terms.offered >> 32 & 0x1F == 0x1F
+    # never above what the kernel speaks
+    terms, _ = negotiate(_init_body(minor=36))
+    assert terms.minor == 36
+    monkeypatch.delenv("FSCLIENT_FUSE_MINOR")
+    terms, _ = negotiate(_init_body(flags2=0xFFFFFFFF))
+    assert terms.minor == 45 and terms.resends and terms.offered >> 37
+
+
+@pytest.mark.parametrize("value", ["abc", "30", "46", "-1"])
+def test_a_bad_fsclient_fuse_minor_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv("FSCLIENT_FUSE_MINOR", value)
+    with pytest.raises(ProtocolError, match="FSCLIENT_FUSE_MINOR=.* unset it"):
+        negotiate(_init_body())

@@ -1,10 +1,10 @@
-"""The mount process's garbage-collector settings (mount.tune_gc)."""
+"""The mount process's garbage-collector settings (gctune.tune_gc)."""
 
 from __future__ import annotations
 
 import gc
 
-from fsclient.mount import GC_YOUNG_THRESHOLD, tune_gc
+from fsclient.gctune import GC_YOUNG_THRESHOLD, tune_gc
 
 
 def test_tune_gc_freezes_startup_objects_and_collects_young_ones_less_often():

@@ -83,3 +83,20 @@ def copy_connected_sockets(pid: int) -> list[int]:
                 listening.add(fields[6])
     return copy_fds(pid, lambda target: target.startswith("socket:[")
                     and target[8:-1] not in listening)
+
+
+def surrender_to(mountpoint: str, new, timeout: float = 60.0) -> dict:
+    """As a new CSI plugin takes a mount over: ask its keeper to surrender, and
+    start the keeper `new` (an unstarted FsclientMount) with the connection;
+    returns once `new`'s server serves, with the old keeper's answer."""
+    from fsclient.keeper import control
+    from fsclient.keeper.fdstore import hand_on
+
+    surrendered = control.surrender(mountpoint, timeout)
+    passing = hand_on(surrendered.named(), env())
+    try:
+        new.start(passing)  # READY: the new keeper's server serves
+    finally:
+        passing.close()
+        surrendered.close()
+    return surrendered.answer

@@ -96,7 +96,7 @@ class BlockcacheFS:
                 pages.enable(session.notify_fd, saved.fd)
             # (its notifications, too, are written by the page store's child)
             self.pruner.attach(pages.notify, lambda: session.terms.minor if session.terms else 0,
-                               session.blocking)
+                               session.blocking, lambda: bool(session.workers))
         pages.blocking = session.blocking
 
     def mount_stats(self) -> dict:

@@ -89,12 +89,18 @@ class NodePruner:
         self._thread: threading.Thread | None = None
         self._start = threading.Lock()
         self._warned = False  # (a failure is logged once)
+        self._serving: Callable[[], bool] = lambda: True
         nodes.grew = self._grew
 
     def attach(self, notify: Callable[[int, bytes], None], minor: Callable[[], int],
-               blocking: Callable[[], contextlib.AbstractContextManager]) -> None:
+               blocking: Callable[[], contextlib.AbstractContextManager],
+               serving: Callable[[], bool]) -> None:
+        """Ask through `notify` once `serving()` (the session's workers run:
+        the child writes on their descriptor). A server that took the mount
+        over may find more nodes in the saved state than its cap: it asks then."""
         self.notify, self.minor, self.blocking = notify, minor, blocking
-        if self.pressure() >= self.high:  # (a takeover: the saved state may be full)
+        self._serving = serving
+        if self.pressure() >= self.high:
             self._grew(0)
 
     def stop(self) -> None:
@@ -141,6 +147,9 @@ class NodePruner:
         self._wake.set()
 
     def _run(self) -> None:
+        while not self._serving():
+            if self._stopped.wait(0.05):
+                return
         while not self._stopped.is_set():
             self._wake.wait()
             self._wake.clear()

@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
+from contextlib import suppress
 
 import pytest
 
 from fsclient import keeper as keeping
 from fsclient.config import build_config
+from fsclient.keeper import control
+from fsclient.keeper.fdstore import hand_on
 from fsclient.memory import CACHE_ENTRY_BYTES, NODE_BYTES, bound
 from fsclient.pruner import FORGET_BY, saved_cap
-from tests.support.fsclient_mounts import fsclient
+from tests.fsclient.conftest import BLOCK
+from tests.support.fsclient_mounts import FsclientMount, env, fsclient
 
 pytestmark = pytest.mark.fuse
 
@@ -116,3 +121,60 @@ def test_a_walk_over_many_files_stays_within_the_caps(tmp_path, daemon, mounts, 
     stats = json.loads(os.getxattr(mnt, "user.blockcache.stats"))["fsclient"]
     assert stats["prune_via"] == forget_by
     assert stats["nodes_asked_to_forget"] > 0
+
+
+def test_a_server_taking_over_more_nodes_than_its_cap_asks_the_kernel_to_forget(
+        tmp_path, daemon, key_file):
+    """A mount served with no tight cap (an older server, or a larger
+    `max_nodes`) is taken over by a server with a cap of 1,000: it finds
+    3,000 nodes in the saved state, never met by a lookup of its own, and
+    has the kernel forget them until its table and saved state are under
+    the cap; a file held open through the takeover still reads."""
+    root = tmp_path / "remote"
+    for d in range(3):
+        (root / f"d{d}").mkdir(parents=True)
+        for i in range(1000):
+            (root / f"d{d}" / f"f{i:04d}").touch()
+    data = os.urandom(50_000)
+    (root / "held.bin").write_bytes(data)
+    mp = str(tmp_path / "mnt")
+
+    def keeper(name: str, *args: str) -> FsclientMount:
+        return FsclientMount(root, mp, key_file, daemon.socket_path,
+                             args=["--block-size", str(BLOCK), "--meta-ttl", "60", *args],
+                             log_path=str(tmp_path / f"{name}.log"), own_session=True)
+
+    old, new = keeper("old"), keeper("new", "--max-nodes", "1000")
+    try:
+        old.start()
+        held = open(os.path.join(mp, "held.bin"), "rb")
+        try:
+            for d in range(3):
+                for i in range(1000):
+                    os.lstat(os.path.join(mp, f"d{d}", f"f{i:04d}"))
+            assert keeping.recovered(mp)["saved_nodes"] >= 3000
+            surrendered = control.surrender(mp, 60)
+            passing = hand_on(surrendered.named(), env())
+            try:
+                new.start(passing)
+            finally:
+                passing.close()
+            deadline = time.monotonic() + 30  # (a few rounds: under a second when idle)
+            while True:
+                now = keeping.recovered(mp)
+                if now["max_nodes"] == 1000 and now["saved_nodes"] <= 1000 \
+                        and now["nodes"] <= 1000:
+                    break
+                assert time.monotonic() < deadline, (now, new.log()[-3000:])
+                time.sleep(0.2)
+            assert now["saved_bytes"] <= now["saved_cap_bytes"]
+            assert held.read() == data
+        finally:
+            held.close()
+        assert os.stat(os.path.join(mp, "d2", "f0999")).st_size == 0  # looked up afresh
+    finally:
+        for m in (new, old):
+            m.stop()
+            if m.proc is not None:
+                with suppress(ProcessLookupError):
+                    os.killpg(m.proc.pid, signal.SIGKILL)

@@ -25,7 +25,9 @@ the entries past the room with node id 0 (the kernel then instantiates no
 dentry and looks the name up when it is used), and a lookup that finds the
 table full waits for forgets, its worker's channel handed on (`blocking`),
 at most ROOM_WAIT (a round takes milliseconds, but seconds on a host whose
-cores are all busy); past that it goes on, counted in `over_cap`.
+cores are all busy); past that, or at once when no round freed anything
+of late (every node open, a cwd or mmapped), it goes on, counted in
+`over_cap`.
 
 The saved state is bounded with it: its live records are at most
 `max_nodes` x SAVED_NODE_BYTES (a mean path of 99 bytes; longer paths count
@@ -56,6 +58,7 @@ LOW = 0.75  # ...and asks the kernel to forget down to this share
 ROOM_WAIT = 5.0  # a lookup that finds the table full waits this long for forgets
 ROUND_WAIT = 0.2  # after a round, at most this long for the kernel's forgets
 PRUNE_BATCH = 4096  # node ids per FUSE_NOTIFY_PRUNE
+STUCK_ROUNDS = 3  # rounds in a row that freed nothing: the kernel will not let go
 SAVED_NODE_BYTES = 128  # a saved record's mean size the cap allows (29 + the path)
 FORGET_BY = "FSCLIENT_FORGET_BY"  # "inval_entry": never FUSE_NOTIFY_PRUNE
 
@@ -89,6 +92,10 @@ class NodePruner:
         self._thread: threading.Thread | None = None
         self._start = threading.Lock()
         self._warned = False  # (a failure is logged once)
+        # the last round freed nothing: a lookup into a full table then goes
+        # on at once rather than wait for forgets that are not coming
+        self._stuck = False
+        self._idle_rounds = 0  # rounds in a row that freed nothing
         self._serving: Callable[[], bool] = lambda: True
         nodes.grew = self._grew
 
@@ -126,11 +133,14 @@ class NodePruner:
         forgets, at most ROOM_WAIT."""
         if self.notify is None or self.room() > 0:
             return
+        if self._stuck:  # (nothing the kernel would let go: open files, cwds)
+            self.over_cap += 1
+            return
         self._wake.set()
         with self.blocking():
             deadline = time.monotonic() + ROOM_WAIT
             while self.room() <= 0:
-                if time.monotonic() >= deadline:
+                if self._stuck or time.monotonic() >= deadline:
                     self.over_cap += 1
                     return
                 time.sleep(0.005)
@@ -167,15 +177,27 @@ class NodePruner:
                 return
             victims = self.nodes.least_recent(before - self.low)
             if not victims:
+                self._stuck = True
                 return
             if not self._ask(victims):
                 return
             self.rounds += 1
+            # progress: victims forgotten (the table's size also counts new lookups)
             deadline = time.monotonic() + ROUND_WAIT
-            while self.pressure() >= before and time.monotonic() < deadline:
+            while not (freed := self._freed(victims)) and time.monotonic() < deadline:
                 time.sleep(0.005)
-            if self.pressure() >= before:  # (the kernel keeps them: cwds, mmaps; others next)
+            if freed:
+                self._idle_rounds = 0
+            else:  # (the kernel keeps them: cwds, mmaps; others next)
+                self._idle_rounds += 1
                 self._stopped.wait(5 * ROUND_WAIT)
+            self._stuck = self._idle_rounds >= STUCK_ROUNDS
+
+    def _freed(self, victims: list[tuple[int, str]]) -> bool:
+        """Whether the kernel has forgotten any of `victims`."""
+        saved = self.nodes.saved
+        return any(inode not in self.nodes and (saved is None or inode not in saved.paths)
+                   for inode, _ in victims)
 
     def _ask(self, victims: list[tuple[int, str]]) -> bool:
         """Ask the kernel to forget `victims`; False if it cannot be asked."""

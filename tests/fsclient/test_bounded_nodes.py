@@ -178,3 +178,27 @@ def test_a_server_taking_over_more_nodes_than_its_cap_asks_the_kernel_to_forget(
             if m.proc is not None:
                 with suppress(ProcessLookupError):
                     os.killpg(m.proc.pid, signal.SIGKILL)
+
+
+def test_more_open_files_than_the_cap_are_kept_and_lookups_go_on(tmp_path, daemon, mounts):
+    """Open files are never forgotten, even past the cap: with 300 files held
+    open under a cap of 100 nothing is left to ask for, and lookups go on at
+    once (counted over the cap) instead of each waiting for forgets."""
+    root = tmp_path / "remote"
+    root.mkdir()
+    for i in range(300):
+        (root / f"f{i:03d}").write_bytes(b"%d" % i)
+    m = mounts(root, daemon.socket_path, args=["--max-nodes", "100", "--meta-ttl", "60"])
+    held = []
+    start = time.monotonic()
+    try:
+        for i in range(300):
+            held.append(open(os.path.join(m.mountpoint, f"f{i:03d}"), "rb"))
+        assert time.monotonic() - start < 30  # (a 5 s wait each would take 17 minutes)
+        for i, f in enumerate(held):
+            assert f.read() == b"%d" % i
+        stats = json.loads(os.getxattr(m.mountpoint, "user.blockcache.stats"))["fsclient"]
+        assert stats["nodes"] >= 300 and stats["lookups_over_cap"] > 0, stats
+    finally:
+        for f in held:
+            f.close()

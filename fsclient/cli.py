@@ -82,6 +82,10 @@ def main(ctx: click.Context, log_level: str, log_format: str) -> None:
 @click.option("--server-group", "server_groups", multiple=True, type=int, metavar="GID",
               help="A supplementary group of the server (repeatable), e.g. the group of "
                    "blockcached's socket.")
+@click.option("--max-nodes", type=int, metavar="N",
+              help="Files and directories the server keeps track of at once, at most; past "
+                   "that it asks the kernel to forget the least recently used "
+                   "(memory: fsclient/DESIGN.md) [default: 50000].")
 @click.option("--ready-fd", type=int, hidden=True)
 @click.option("--serve-fd", type=int, hidden=True)
 @click.option("--key-from-keeper", is_flag=True, hidden=True)  # (successor.KEY_FLAG)
@@ -93,8 +97,8 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
           foreground: bool,
           log_file: str | None, metrics_addr: str | None, mount_log_level: str | None,
           mount_log_format: str | None, server_user: str | None,
-          server_groups: tuple[int, ...], ready_fd: int | None, serve_fd: int | None,
-          key_from_keeper: bool) -> None:
+          server_groups: tuple[int, ...], max_nodes: int | None, ready_fd: int | None,
+          serve_fd: int | None, key_from_keeper: bool) -> None:
     """Mount SOURCE (a local path or fsspec URL) on MOUNTPOINT, read-only.
 
     Returns once the mount answers; with --foreground, serves until unmounted
@@ -129,7 +133,8 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
             socket=socket, block_size=block_size, meta_ttl=meta_ttl,
             readahead_blocks=readahead_blocks, metrics_addr=metrics_addr,
             dir_ttl=[parse_dir_ttl_flag(d) for d in dir_ttl], options=options,
-            server_user=server_user, server_groups=list(server_groups) or None, key_fd=key_fd)
+            server_user=server_user, server_groups=list(server_groups) or None, key_fd=key_fd,
+            max_nodes=max_nodes)
     except BlockcacheError as exc:
         fail(str(exc))
     if link is not None:
@@ -161,9 +166,11 @@ def restart(mountpoint: str) -> None:
 @click.argument("mountpoint", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(mountpoint: str, as_json: bool) -> None:
-    """The keeper's and the server's pids, the restarts, the node ids and
-    open handles the server recovered from the servers before it, and what a
-    restart or a killed server costs a reader on this kernel (FUSE minor)."""
+    """The keeper's and the server's pids, the restarts, the node ids and open
+    handles the server recovered from the servers before it, what bounds it
+    (its RSS and memory bound, its nodes and their cap, --max-nodes; the saved
+    state's size and cap), and what a restart or a killed server costs a
+    reader on this kernel (FUSE minor)."""
     import json
 
     from . import keeper
@@ -183,7 +190,12 @@ def status(mountpoint: str, as_json: bool) -> None:
                    f"{answer.get('nodes_recovered', '?')} nodes and "
                    f"{answer.get('handles_recovered', '?')} handles recovered, "
                    f"{answer.get('saved_nodes', '?')} nodes saved in "
-                   f"{answer.get('saved_bytes', '?')} bytes; restart: {answer['restart']}")
+                   f"{answer.get('saved_bytes', '?')} bytes "
+                   f"(at most {answer.get('saved_cap_bytes', '?')}); server RSS "
+                   f"{answer.get('server_rss_bytes', '?')} bytes (bound "
+                   f"{answer.get('server_rss_bound_bytes', '?')}), "
+                   f"{answer.get('nodes', '?')} nodes of {answer.get('max_nodes', '?')}; "
+                   f"restart: {answer['restart']}")
 
 
 @main.command()

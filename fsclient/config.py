@@ -15,6 +15,7 @@ error, never ignored, so a typo cannot silently change caching behaviour.
     allow_other = false
     readahead_blocks = 2
     store_pages = true         # random reads put their chunk's other pages in the page cache
+    max_nodes = 50000          # files and dirs tracked at once; past it the kernel forgets some
     options = []               # extra FUSE mount options (-o)
     metrics_addr = "127.0.0.1:9102"   # Prometheus endpoint of this mount (default: off)
     server_user = "65534:65534"       # root mounts, the server runs as UID:GID (default: as is)
@@ -48,6 +49,9 @@ from .keeper.privileges import Credentials
 from .session.mount import check_options as check_mount_options
 
 DEFAULT_BLOCK_SIZE = 4 << 20
+# Nodes (files and dirs the kernel holds) a server tracks at once: its memory
+# bound (fsclient/DESIGN.md, "Memory is bounded") is built on it.
+DEFAULT_MAX_NODES = 50_000
 DEFAULT_META_TTL = 60.0
 # Block sizes the reader supports: at least 64 KiB (one AEAD chunk), at most 16 MiB
 # (blockfile.MAX_PLAINTEXT), so one block always fits one put frame.
@@ -120,6 +124,8 @@ class MountConfig:
     # random reads hand their chunks' other pages to the page cache (`pagestore`;
     # a child process writes them, so a killed server never waits on one)
     store_pages: bool = True
+    # nodes tracked at once, at most: past it the kernel is asked to forget (`pruner`)
+    max_nodes: int = DEFAULT_MAX_NODES
     metrics_addr: str | None = None  # HOST:PORT of this mount's Prometheus endpoint
     # The server's uid, gid and groups, capabilities dropped (the keeper, root, mounts)
     server_user: Credentials | None = None
@@ -146,7 +152,7 @@ class MountConfig:
 _KEYS = {"volume", "source", "mountpoint", "key_file", "socket", "block_size", "meta_ttl",
          "allow_other", "readahead_blocks", "options", "dir_ttl", "storage_options",
          "memory_cache_bytes", "fill_queue_bytes", "meta_cache_entries", "threads",
-         "metrics_addr", "server_user", "server_groups", "store_pages"}
+         "metrics_addr", "server_user", "server_groups", "store_pages", "max_nodes"}
 # Old spellings, still read (with a warning naming the new key).
 _RENAMED = {"memory_cache": "memory_cache_bytes", "fill_queue": "fill_queue_bytes"}
 
@@ -261,6 +267,7 @@ def build_config(file_data: Mapping[str, Any] | None = None,
                                       "fill_queue_bytes"),
         meta_cache_entries=_int(data, "meta_cache_entries", 200_000, 100, 100_000_000),
         threads=_int(data, "threads", 1, 1, 512),
+        max_nodes=_int(data, "max_nodes", DEFAULT_MAX_NODES, 100, 10_000_000),
         store_pages=convert.boolean(data.get("store_pages", True), "store_pages"),
         metrics_addr=convert.address(data.get("metrics_addr"), "metrics_addr"),
         server_user=_server_user(data),

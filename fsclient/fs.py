@@ -3,7 +3,8 @@
 state. Every handler runs on the worker thread that read its request.
 
 - `inodes.InodeTable`: the inodes the kernel knows (stable keyed hashes of
-  paths, the numbers block keys use), bounded by the kernel's own inode cache.
+  paths, the numbers block keys use), at most `max_nodes`: past that
+  `pruner.NodePruner` asks the kernel to forget the least recently used.
 - `lookups.Lookups`: FileInfos by TTL from the metadata cache, background
   directory listings, then the volume (asked for fresh answers, `max_age=0`:
   the metadata cache is the one place the TTL is applied). The same TTL is
@@ -36,7 +37,9 @@ from .handleids import HandleNumbers, listing_tag, tag_of
 from .handles import OpenFiles
 from .inodes import InodeTable
 from .lookups import Lookups
+from .memory import bound, rss_bytes
 from .metacache import MetaCache, parent_of
+from .pruner import NodePruner, saved_cap
 from .session import Attributes, DirReply, FuseError
 from .session.structs import pack_statfs
 from .xattrs import ENOATTR, XATTR_PREFIX, Xattrs
@@ -56,6 +59,7 @@ class BlockcacheFS:
         self.cfg = cfg
         self.meta = MetaCache(cfg.ttl, cfg.meta_cache_entries)
         self.nodes = InodeTable(volume)
+        self.pruner = NodePruner(self.nodes, cfg.max_nodes)  # (the kernel forgets past the cap)
         self.lookups = Lookups(volume, self.meta)
         self.open_files = OpenFiles(volume, cfg, self.nodes)
         self.nodes.resized = self.open_files.pages.raise_generation
@@ -75,6 +79,7 @@ class BlockcacheFS:
         self.blocking: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def close(self) -> None:
+        self.pruner.stop()
         self.open_files.pages.stop()
         self.lookups.close()
 
@@ -88,16 +93,22 @@ class BlockcacheFS:
         self.blocking = self.lookups.blocking = self.open_files.blocking = session.blocking
         # (also after a takeover: handles opened before it never store, see pagestore)
         saved = self.nodes.saved
+        pages = self.open_files.pages
         if saved is not None:  # (a store of the server before may still land)
-            self.open_files.pages.await_predecessors(saved.fd)
+            pages.await_predecessors(saved.fd)
+            pages.connect(session.notify_fd, saved.fd)
             if self.cfg.store_pages:
-                self.open_files.pages.enable(session.notify_fd, saved.fd)
-        self.open_files.pages.blocking = session.blocking
+                pages.enable(session.notify_fd, saved.fd)
+            # (its notifications, too, are written by the page store's child)
+            self.pruner.attach(pages.notify, lambda: session.terms.minor if session.terms else 0,
+                               session.blocking, lambda: bool(session.workers))
+        pages.blocking = session.blocking
 
     def mount_stats(self) -> dict:
         """This mount's own counters (`user.blockcache.stats`, under "fsclient")."""
         files = self.open_files
         return {**self.meta.stats(), "inodes": len(self.nodes), "open_files": len(files),
+                **self._bound_stats(),
                 "prefetches": files.prefetches, "inline_loads": files.inline_loads,
                 "kept_opens": files.kept_opens, "stored_opens": files.stored_opens,
                 "stale_answers": files.stale_answers,
@@ -112,7 +123,17 @@ class BlockcacheFS:
         if saved is None:
             return {}
         return {"saved_nodes": len(saved.paths), "saved_bytes": saved.size(),
+                "saved_cap_bytes": saved_cap(self.cfg.max_nodes),
                 "saved_compactions": saved.compactions}
+
+    def _bound_stats(self) -> dict:
+        """The server's memory and what bounds it (fsclient/DESIGN.md)."""
+        pruner = self.pruner
+        return {"server_rss_bytes": rss_bytes(),
+                "server_rss_bound_bytes": bound(self.cfg)["total"], "nodes": self.nodes.held(),
+                "max_nodes": pruner.cap, "nodes_peak": self.nodes.peak,
+                "nodes_asked_to_forget": pruner.asked, "prune_rounds": pruner.rounds,
+                "prune_via": pruner.via, "lookups_over_cap": pruner.over_cap}
 
     def path_of_request(self, op: str, args: tuple) -> str:
         """The path a failed request was about, for its log line."""
@@ -179,7 +200,10 @@ class BlockcacheFS:
             negative.st_ino = 0  # a negative entry the kernel caches for entry_timeout
             negative.entry_timeout = ttl
             return negative
-        inode = self.nodes.remember(path, info.size)
+        inode = self.nodes.inode_of(path)
+        if inode not in self.nodes:
+            self.pruner.wait_for_room()
+        inode = self.nodes.remember(path, info.size, inode)
         if inode is None:
             raise FuseError(errno.EIO)
         if info.is_dir:
@@ -224,14 +248,18 @@ class BlockcacheFS:
         entries = self.dir_handles.get(fh)
         if entries is None:
             entries = self._adopt_dir(fh, inode)
+        # past the node table's room, readdirplus entries are bare (see pruner)
+        room = self.pruner.room() if out.plus else 0
         for i in range(start_id, len(entries)):
             e = entries[i]
             inode = self.nodes.inode_of(e.path)
             if not self.nodes.shown(inode, e.path):
                 continue
-            if not out.add(os.fsencode(e.name), self._attrs(e, inode), i + 1):
+            bare = out.plus and room <= 0 and inode not in self.nodes
+            if not out.add(os.fsencode(e.name), self._attrs(e, inode), i + 1, bare):
                 break
-            if out.plus:  # readdirplus: every entry the kernel accepted counts as a lookup
+            if out.plus and not bare:  # every entry the kernel accepted counts as a lookup
+                room -= 1
                 self.nodes.remember(e.path, e.size, inode)
 
     def _adopt_dir(self, fh: int, inode: int) -> tuple[FileInfo, ...]:

@@ -4,10 +4,13 @@ Inode numbers are `Volume.inode(path)`: stable keyed hashes of the path, the
 same numbers the reader puts in block keys, on every host with the volume key
 and every restart. An
 entry is added by a successful lookup or readdirplus entry and dropped when
-`forget` brings its lookup count to zero, so the table is bounded by the
-kernel's own inode cache. A node with open handles stays until their release
-(its open count guards the page-cache store). Every worker thread uses it: the
-counts change under one lock, held for a few dict operations.
+`forget` brings its lookup count to zero, so the table follows the kernel's
+own inode cache; `pruner.NodePruner` keeps that under the mount's
+`max_nodes` by asking the kernel to forget the least recently looked-up
+nodes, taken from the front of the table (a lookup moves its node to the
+back). A node with open handles stays until their release (its open count
+guards the page-cache store) and is never asked for. Every worker thread
+uses it: the counts change under one lock, held for a few dict operations.
 
 Under a keeper (`keeper.keeper`), every node's path and lookup count are
 also kept in the mount's saved state (`keeper.saved`): the count raised
@@ -55,9 +58,10 @@ class Node:
 class InodeTable:
     """inode -> Node for the inodes the kernel holds, the root always."""
 
-    __slots__ = ("_nodes", "_volume", "_lock", "saved", "recovered", "resized")
+    __slots__ = ("_nodes", "_volume", "_lock", "saved", "recovered", "resized", "grew", "peak")
 
     def __init__(self, volume: Volume, saved: SavedState | None = None):
+        # in order of last lookup, the least recent first (the pruner's victims)
         self._nodes: dict[int, Node] = {ROOT_INODE: Node("", 1)}
         self._volume = volume
         self._lock = threading.Lock()
@@ -66,6 +70,15 @@ class InodeTable:
         # called (inode, node) when the size the kernel is told changes, before
         # it is told, outside the table's lock (the page store's generation)
         self.resized: Callable[[int, Node], None] | None = None
+        self.grew: Callable[[int], None] | None = None  # called with `held()` after an add
+        self.peak = 1  # the most nodes held at once
+
+    def held(self) -> int:
+        """Nodes the kernel holds, as far as this server knows: the table's,
+        or the saved state's when it names more (nodes from before a takeover
+        that this server has not met yet)."""
+        saved = len(self.saved.paths) if self.saved is not None else 0
+        return max(len(self._nodes), saved)
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -129,6 +142,7 @@ class InodeTable:
         now has; None on an inode-hash collision (the entry is then not shown)."""
         if inode is None:
             inode = self.inode_of(path)
+        added = False
         with self._lock:
             node = self._nodes.get(inode)
             if node is not None and node.path != path:
@@ -137,10 +151,17 @@ class InodeTable:
                 lookups = self.saved.looked_up(inode, path) if self.saved is not None else 0
                 if node is None:
                     node = self._nodes[inode] = Node(path, lookups or 1)
+                    added = True
                 else:
                     node.lookups = lookups or node.lookups + 1
+                    self._nodes[inode] = self._nodes.pop(inode)  # (the most recent now)
             if node is not None:
                 old, node.size = node.size, size
+        if added:
+            held = self.held()
+            self.peak = max(self.peak, held)
+            if self.grew is not None:
+                self.grew(held)
         if node is not None:
             if 0 <= old != size and self.resized is not None:
                 self.resized(inode, node)
@@ -180,3 +201,28 @@ class InodeTable:
             node.opens -= 1
             if node.opens <= 0 and node.lookups <= 0 and self._nodes.get(inode) is node:
                 del self._nodes[inode]
+
+    def least_recent(self, n: int) -> list[tuple[int, str]]:
+        """Up to `n` (inode, path) of the nodes looked up least recently that
+        the kernel may forget: not the root, not open. Each is moved to the
+        back, so a node the kernel keeps anyway (a process's cwd, an mmap) is
+        not asked for again in the next round. Nodes the saved state names
+        from before a takeover, not met here yet, come first."""
+        out: list[tuple[int, str]] = []
+        saved = self.saved
+        with self._lock:
+            if saved is not None and len(saved.paths) > len(self._nodes):
+                for inode, path in list(saved.paths.items()):
+                    if len(out) >= n:
+                        break
+                    if inode not in self._nodes and inode != ROOT_INODE:
+                        out.append((inode, path))
+            for inode in list(self._nodes):
+                if len(out) >= n:
+                    break
+                node = self._nodes[inode]
+                if inode == ROOT_INODE or node.opens > 0 or node.lookups <= 0:
+                    continue
+                out.append((inode, node.path))
+                self._nodes[inode] = self._nodes.pop(inode)
+        return out

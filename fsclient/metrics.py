@@ -139,6 +139,18 @@ class MountCollector(Collector):
             yield fam
         mount = self.fs.mount_stats()
         for name, doc, key in (
+                ("blockcache_fuse_rss_bytes", "The FUSE server's resident memory",
+                 "server_rss_bytes"),
+                ("blockcache_fuse_rss_bound_bytes", "The most memory the FUSE server holds "
+                 "with its settings", "server_rss_bound_bytes"),
+                ("blockcache_fuse_max_nodes", "Inodes the server tracks at most (max_nodes)",
+                 "max_nodes")):
+            fam = GaugeMetricFamily(name, doc, labels=["volume"])
+            fam.add_metric(v, mount[key])
+            yield fam
+        for name, doc, key in (
+                ("blockcache_fuse_nodes_asked_to_forget_total", "Inodes the kernel was asked "
+                 "to forget to keep the node table under max_nodes", "nodes_asked_to_forget"),
                 ("blockcache_fuse_nodes_recovered_total", "Inodes the kernel held that this "
                  "server took over from the one before it", "nodes_recovered"),
                 ("blockcache_fuse_handles_recovered_total", "Open file and directory handles "

@@ -69,7 +69,8 @@ class ChunkStore:
         self.store: Callable[[int, int, memoryview], None] | None = None
         self._fuse_fd: Callable[[], int] = lambda: -1
         self._saved_fd = -1
-        self._storer: Storer | None = None  # started by the first store
+        self._storer: Storer | None = None  # started by the first store or notification
+        self._stopped = False
         # set once no earlier server's store can land (`await_predecessors`)
         self._predecessors_gone = threading.Event()
         self._predecessors_gone.set()
@@ -87,21 +88,36 @@ class ChunkStore:
         self.stored_pages = 0  # pages handed to the kernel
         self.skipped = 0  # stores refused: a newer open or size since (or the queue full)
 
-    def enable(self, fuse_fd: Callable[[], int], saved_fd: int) -> None:
-        """Store from now on, by a child writing on `fuse_fd()` (a descriptor
-        of the connection, once it serves), started at the first store;
+    def connect(self, fuse_fd: Callable[[], int], saved_fd: int) -> None:
+        """Notifications go through a child writing on `fuse_fd()` (a
+        descriptor of the connection, once it serves), started at the first;
         `saved_fd`: the mount's saved-state memfd, the child holds a lock on."""
         self._fuse_fd, self._saved_fd = fuse_fd, saved_fd
+
+    def enable(self, fuse_fd: Callable[[], int], saved_fd: int) -> None:
+        """Store from now on, through the child (`connect`)."""
+        self.connect(fuse_fd, saved_fd)
         self.store = self._store_by_child
 
+    def notify(self, code: int, body: bytes) -> None:
+        """Any other notification, written by the same child (`Storer.notify`):
+        one that may wait in the kernel never pins this process."""
+        self._child().notify(code, body)
+
     def _store_by_child(self, nodeid: int, offset: int, data: memoryview) -> None:
-        if self._storer is None:
-            try:
-                self._storer = Storer(self._fuse_fd(), self._saved_fd)
-            except OSError as exc:  # (EPIPE: `_write` turns the store off)
-                raise OSError(errno.EPIPE, f"cannot start the page-store process: {exc}") \
-                    from exc
-        self._storer.store(nodeid, offset, data)
+        self._child().store(nodeid, offset, data)
+
+    def _child(self) -> Storer:
+        with self._start:
+            if self._stopped or self._saved_fd < 0:
+                raise OSError(errno.EPIPE, "the page-store process has stopped")
+            if self._storer is None:
+                try:
+                    self._storer = Storer(self._fuse_fd(), self._saved_fd)
+                except OSError as exc:  # (EPIPE: `_write` turns the store off)
+                    raise OSError(errno.EPIPE, f"cannot start the page-store process: "
+                                               f"{exc}") from exc
+            return self._storer
 
     def await_predecessors(self, saved_fd: int) -> None:
         """Hold every generation raise until no store of an earlier server
@@ -191,7 +207,9 @@ class ChunkStore:
         self.store = None
         if self._writing.acquire(timeout=timeout):
             self._writing.release()
-        storer, self._storer = self._storer, None
+        with self._start:
+            self._stopped = True
+            storer, self._storer = self._storer, None
         if storer is not None:
             storer.close()
 

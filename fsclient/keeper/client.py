@@ -49,9 +49,9 @@ def status(path: str, expect_pid: int | None = None) -> dict[str, Any]:
 
 def recovered(path: str) -> dict[str, int]:
     """What the serving server took over from the ones before it (node ids found
-    in the saved state, open handles made again) and what the saved state holds
-    now (from the root's `user.blockcache.stats`); empty if the mount does not
-    answer."""
+    in the saved state, open handles made again), what the saved state holds
+    now, and the server's memory and node table against their bounds (from the
+    root's `user.blockcache.stats`); empty if the mount does not answer."""
     try:
         from ..xattrs import XATTR_STATS  # (xattrs imports the node table, which imports us)
 
@@ -60,7 +60,9 @@ def recovered(path: str) -> dict[str, int]:
     except (OSError, ValueError, KeyError):
         return {}
     return {k: stats[k] for k in ("nodes_recovered", "handles_recovered", "saved_nodes",
-                                  "saved_bytes", "saved_compactions", "fuse_minor")
+                                  "saved_bytes", "saved_cap_bytes", "saved_compactions",
+                                  "server_rss_bytes", "server_rss_bound_bytes", "nodes",
+                                  "max_nodes", "nodes_peak", "fuse_minor")
             if k in stats}
 
 

@@ -262,6 +262,10 @@ class SavedState:
         """Bytes of the live log (its records and the header's page)."""
         return PAGE + self._end - self._log
 
+    def live_bytes(self) -> int:
+        """Bytes of the live log's records whose count is above zero."""
+        return self._end - self._log - self._dead
+
     def close(self) -> None:
         self._counts.release()
         self._map.close()

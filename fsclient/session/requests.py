@@ -24,6 +24,7 @@ from .channel import Channel
 log = logging.getLogger(__name__)
 
 _READ_HEAD = struct.Struct("<QQI")  # fuse_read_in's fh, offset and size
+_NO_ENTRY = bytes(s.ENTRY_SIZE)  # a readdirplus entry_out of node id 0
 
 
 class FuseError(Exception):
@@ -45,14 +46,16 @@ class DirReply:
         self.left = size
         self.plus = plus
 
-    def add(self, name: bytes, attrs: s.Attributes, next_off: int) -> bool:
-        """Add one entry; False (and nothing added) if it does not fit."""
+    def add(self, name: bytes, attrs: s.Attributes, next_off: int, bare: bool = False) -> bool:
+        """Add one entry; False (and nothing added) if it does not fit. A
+        `bare` readdirplus entry has node id 0: the kernel takes no lookup of
+        it (and makes no dentry), and looks the name up when it is used."""
         need = s.dirent_size(name, self.plus)
         if need > self.left:
             return False
         self.left -= need
         if self.plus:
-            self.buf += s.pack_entry(attrs)
+            self.buf += _NO_ENTRY if bare else s.pack_entry(attrs)
         self.buf += s.pack_dirent(name, attrs.st_ino, next_off, attrs.st_mode)
         return True
 

@@ -21,6 +21,10 @@ older server's store is left.
 The exchange, on a SOCK_SEQPACKET pair: the server copies the bytes into a
 shared memfd (`SLOT` bytes) and sends (nodeid, offset, length); the child
 writes the notification from the memfd and sends back 0 or the errno.
+Node id 0 (no inode has it) carries any other notification: `offset` is its
+code and the memfd its body, written as it is (`notify`: the node table's
+prunes, whose INVAL_ENTRY waits for the parent directory's lock, which a
+lookup waiting for this server holds).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 
 from . import structs as s
 
@@ -55,6 +60,7 @@ class Storer:
         os.ftruncate(self._memfd, SLOT)
         self._slot = mmap.mmap(self._memfd, SLOT)
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._exchange = threading.Lock()  # one store or notification at a time
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", __name__, str(fuse_fd), str(theirs.fileno()),
@@ -69,15 +75,24 @@ class Storer:
             os.close(lock)
 
     def store(self, nodeid: int, offset: int, data: bytes | memoryview) -> None:
+        self._exchange_one(nodeid, offset, data)
+
+    def notify(self, code: int, body: bytes) -> None:
+        """Write the notification `code` with `body` (after its header) through
+        the child; OSError as the kernel answers it."""
+        self._exchange_one(0, code, body)
+
+    def _exchange_one(self, nodeid: int, offset: int, data: bytes | memoryview) -> None:
         n = len(data)
         if n > SLOT:
-            raise OSError(errno.EINVAL, f"a page-cache store of {n} bytes is over {SLOT}")
-        self._slot[:n] = data
-        try:
-            self._sock.send(REQUEST.pack(nodeid, offset, n))
-            answer = self._sock.recv(ANSWER.size)
-        except OSError as exc:
-            raise OSError(errno.EPIPE, f"the page-store process has gone ({exc})") from exc
+            raise OSError(errno.EINVAL, f"a notification of {n} bytes is over {SLOT}")
+        with self._exchange:
+            self._slot[:n] = data
+            try:
+                self._sock.send(REQUEST.pack(nodeid, offset, n))
+                answer = self._sock.recv(ANSWER.size)
+            except OSError as exc:
+                raise OSError(errno.EPIPE, f"the page-store process has gone ({exc})") from exc
         if len(answer) != ANSWER.size:
             raise OSError(errno.EPIPE, "the page-store process has gone")
         code = ANSWER.unpack(answer)[0]
@@ -124,10 +139,13 @@ def serve(fuse_fd: int, sock_fd: int, memfd: int) -> None:
         if len(request) != REQUEST.size:
             return  # the server closed its end, or died
         nodeid, offset, n = REQUEST.unpack(request)
-        head = s.NOTIFY_STORE_OUT.pack(nodeid, offset, n, 0)
+        if nodeid:
+            code, head = s.NOTIFY_STORE, s.NOTIFY_STORE_OUT.pack(nodeid, offset, n, 0)
+        else:  # any other notification: `offset` is its code, the slot its body
+            code, head = offset, b""
         total = s.OUT_HEADER.size + len(head) + n
         try:
-            os.writev(fuse_fd, [s.OUT_HEADER.pack(total, s.NOTIFY_STORE, 0), head, slot[:n]])
+            os.writev(fuse_fd, [s.OUT_HEADER.pack(total, code, 0), head, slot[:n]])
             code = 0
         except OSError as exc:
             code = exc.errno or errno.EIO

@@ -79,9 +79,12 @@ FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_NOFLUSH = 1 << 5  # 7.35: no FLUSH at close (older kernels ignore it and send one)
 
 # enum fuse_notify_code
+NOTIFY_INVAL_ENTRY = 3  # drop a dentry (parent, name): its inode, once unused, is forgotten
 NOTIFY_STORE = 4
 NOTIFY_RESEND = 7  # 7.40: requests read but not answered are queued again
 RESEND_MINOR = 40
+NOTIFY_PRUNE = 9  # 7.45 (Linux 6.18): drop the unused dentries of node ids, no parent lock
+PRUNE_MINOR = 45
 # INIT flags (flags | flags2 << 32) that first came with 7.40 and later: bit 37 on
 # (PASSTHROUGH, NO_EXPORT_SUPPORT, HAS_RESEND 7.40; ALLOW_IDMAP 7.41;
 # OVER_IO_URING 7.42; REQUEST_TIMEOUT 7.43). Older kernels offer none of them.
@@ -126,6 +129,8 @@ ACCESS_IN = struct.Struct("<II")               # fuse_access_in, 8
 INTERRUPT_IN = struct.Struct("<Q")             # fuse_interrupt_in, 8
 STATFS_OUT = struct.Struct("<5Q4I24x")         # fuse_statfs_out (fuse_kstatfs), 80
 NOTIFY_STORE_OUT = struct.Struct("<QQII")      # fuse_notify_store_out, 24
+NOTIFY_INVAL_ENTRY_OUT = struct.Struct("<QII")  # fuse_notify_inval_entry_out, 16
+NOTIFY_PRUNE_OUT = struct.Struct("<IIQ")       # fuse_notify_prune_out, 16 (then u64 ids)
 
 ENTRY_SIZE = ENTRY_HEAD.size + ATTR.size       # fuse_entry_out, 128
 ATTR_OUT_SIZE = ATTR_OUT_HEAD.size + ATTR.size  # fuse_attr_out, 104

@@ -154,7 +154,6 @@ def test_plugin_mounts_fuse_as_root(csi_node, plugin):
     assert mount(plugin, "dev-fuse")["mountPath"] == "/dev/fuse"
     # the image runs as the daemon's uid; mounting takes root
     assert plugin["securityContext"]["runAsUser"] == 0
-    assert "memory" not in plugin["resources"].get("limits", {})
     # restarting the plugin's container would end every mount on the node
     assert "livenessProbe" not in plugin
 
@@ -259,3 +258,23 @@ def test_examples_share_the_key_secret_and_namespace(example_objs, static_objs, 
     (inline,), (static,) = csi_sources(example_objs), csi_sources(static_objs)
     assert inline["nodePublishSecretRef"]["name"] == static["nodePublishSecretRef"]["name"]
     assert static["nodePublishSecretRef"]["namespace"] == ns
+
+
+MOUNTS_PER_NODE = 8  # what csi-node.yaml's memory is sized for (its comment)
+PLUGIN_BYTES = 96 << 20
+
+
+def test_plugin_memory_is_the_bound_of_its_mounts(plugin):
+    """Request and limit are the plugin plus 8 mounts at fsclient's memory
+    bound with the settings the plugin gives its servers (a limit below it
+    risks an OOM kill of the whole container, every mount with it)."""
+    from fsclient.config import build_config
+    from fsclient.memory import mount_bound
+
+    cfg = build_config({}, volume="v", source="/data", mountpoint="/mnt", key_file="k")
+    need = MOUNTS_PER_NODE * mount_bound(cfg) + PLUGIN_BYTES
+    res = plugin["resources"]
+    assert res["requests"]["memory"] == res["limits"]["memory"]
+    number, unit = re.fullmatch(r"(\d+)(Mi|Gi)", res["limits"]["memory"]).groups()
+    limit = int(number) << (20 if unit == "Mi" else 30)
+    assert need <= limit < need + (16 << 20), (need, limit)

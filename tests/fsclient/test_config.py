@@ -38,6 +38,8 @@ def test_the_documented_example_loads(tmp_path):
     assert cfg.ttl.ttl_for("code") == 0
     assert cfg.ttl.ttl_for("train/0001.jpg") == 60
     assert "allow_other" not in cfg.fuse_options() and "ro" in cfg.fuse_options()
+    assert cfg.max_nodes == 50_000 == build_config(BASE).max_nodes
+    assert build_config(BASE, max_nodes=2000).max_nodes == 2000
 
 
 def test_flags_override_the_file():
@@ -70,6 +72,8 @@ def test_longest_prefix_wins_and_prefixes_are_directories():
     ({"dir_ttl": {"a/": "x"}}, "dir_ttl"),
     ({"allow_other": "yes"}, "allow_other"),
     ({"readahead_blocks": 1000}, "readahead_blocks"),
+    ({"max_nodes": 10}, "max_nodes"),
+    ({"max_nodes": "many"}, "max_nodes"),
     ({"options": ["rw"]}, "not allowed"),
     ({"options": "allow_other"}, "options"),
     ({"storage_options": 3}, "storage_options"),

@@ -43,6 +43,11 @@ def test_mount_metrics_parse_and_move_with_reads(mount, tree, daemon):
                  "blockcache_fuse_handles_recovered_total",
                  "blockcache_fuse_stale_answers_total"):
         assert before[(name, (("volume", VOLUME),))] == 0
+    # the server's memory against its bound, the node table's cap
+    assert 0 < value(before, "blockcache_fuse_rss_bytes", volume=VOLUME) \
+        < value(before, "blockcache_fuse_rss_bound_bytes", volume=VOLUME)
+    assert value(before, "blockcache_fuse_max_nodes", volume=VOLUME) == 50_000
+    assert value(before, "blockcache_fuse_nodes_asked_to_forget_total", volume=VOLUME) == 0
 
     unread = "dir2/f6.bin"  # listed with its dir, removed at the source before its read
     read = {p: s for p, s in files.items() if p != unread}

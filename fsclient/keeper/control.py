@@ -11,6 +11,7 @@ control connection open and passes it on to the keeper that takes over (as
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 from typing import Any
@@ -21,8 +22,12 @@ from .fdstore import FUSE_NAME, PREDECESSOR_NAME, SAVED_NAME
 
 def control_address(mountpoint: str) -> str:
     """The keeper's control socket: abstract (no file to leave behind), named
-    by the absolute mount point."""
-    return "\0fsclient-keeper:" + mountpoint
+    by the absolute mount point, or by its hash where the name would not fit
+    an AF_UNIX address (107 bytes: a kubelet's target paths are longer)."""
+    name = "\0fsclient-keeper:" + mountpoint
+    if len(os.fsencode(name)) <= 107:
+        return name
+    return "\0fsclient-keeper:sha256:" + hashlib.sha256(os.fsencode(mountpoint)).hexdigest()
 
 
 def listen(mountpoint: str) -> socket.socket | None:

@@ -17,6 +17,9 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import grpc
 
@@ -121,35 +124,128 @@ def keeper_status(target: str) -> dict:
     return keeping.status(target)
 
 
+def _start(argv: list[str], env: dict[str, str], cwd: str, log_path: str) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                env=env, cwd=cwd, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen | None, sig: int) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@contextmanager
+def running(process: Any) -> Iterator[Any]:
+    """A started KeeperHost or Plugin, stopped at the end (its log printed:
+    pytest shows it when a test failed)."""
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(process.log())
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids whose parent is `pid`."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if int(status_of(int(name))["PPid"]) == pid:
+                    out.append(int(name))
+            except (OSError, KeyError):
+                pass
+    return out
+
+
+def pid_one(proc: subprocess.Popen, timeout: float = 10.0) -> int:
+    """The pid, as we see it, of the PID 1 that `unshare --pid --fork` (`proc`)
+    started in its new pid namespace."""
+    box: list[int] = []
+    wait_for(lambda: box.extend(children_of(proc.pid)) or bool(box), timeout,
+             f"the child of unshare {proc.pid}")
+    return box[0]
+
+
+class KeeperHost:
+    """`python -m blockcache_csi keepers` on a unix socket. `wrap`: a command
+    it runs under (`unshare --pid --fork`: PID 1 of its own pid namespace)."""
+
+    def __init__(self, python: str, env: dict[str, str], base: str, socket_path: str,
+                 log_path: str, args: tuple[str, ...] = (), wrap: tuple[str, ...] = ()):
+        self.python, self.env, self.base = python, env, base
+        self.socket, self.log_path, self.args, self.wrap = socket_path, log_path, args, wrap
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, ready_file: str | None = None, wait: bool = True) -> KeeperHost:
+        argv = [*self.wrap, self.python, "-m", "blockcache_csi", "keepers", "--socket",
+                self.socket, *self.args]
+        if ready_file:
+            argv += ["--ready-file", ready_file]
+        self.proc = _start(argv, self.env, self.base, self.log_path)
+        if wait:
+            wait_for(lambda: self.answers(), START_TIMEOUT, "the keeper host's socket")
+        return self
+
+    def answers(self) -> bool:
+        from blockcache_csi.keepers import KeeperHost as Client
+
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"the keeper host exited:\n{self.log()}")
+        try:
+            Client(self.socket).list()
+            return True
+        except Exception:
+            return False
+
+    @property
+    def pid(self) -> int:
+        """Its pid as we see it (PID 1 of its namespace, if wrapped by unshare)."""
+        assert self.proc is not None
+        return pid_one(self.proc) if self.wrap else self.proc.pid
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-6000:]
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        _stop(self.proc, sig)
+
+
 class Plugin:
-    """`python -m blockcache_csi` on a unix socket, and a client of it."""
+    """`python -m blockcache_csi` on a unix socket, and a client of it. `wrap`:
+    a command it runs under (`unshare --pid --fork`, a cgroup's `sh -c`)."""
 
     def __init__(self, python: str, env: dict[str, str], base: str, state_dir: str,
                  daemon_socket: str, log_path: str, node_id: str = "node-1",
-                 by_env: bool = False, name: str = "csi", args: tuple[str, ...] = ()):
+                 by_env: bool = False, name: str = "csi", args: tuple[str, ...] = (),
+                 keepers: str = "", wrap: tuple[str, ...] = ()):
         self.python, self.env, self.base = python, env, base
         self.socket = os.path.join(base, name, "csi.sock")
         self.endpoint = f"unix://{self.socket}"
         self.state_dir, self.daemon_socket = state_dir, daemon_socket
         self.log_path, self.node_id, self.by_env = log_path, node_id, by_env
-        self.args = args
+        self.args, self.keepers, self.wrap = args, keepers, wrap
         self.proc: subprocess.Popen | None = None
         self.channel: grpc.Channel | None = None
 
     def start(self) -> Plugin:
-        argv = [self.python, "-m", "blockcache_csi", "--state-dir", self.state_dir,
-                "--socket", self.daemon_socket, *self.args]
+        argv = [*self.wrap, self.python, "-m", "blockcache_csi", "--state-dir",
+                self.state_dir, "--socket", self.daemon_socket, *self.args]
+        if self.keepers:
+            argv += ["--keepers-socket", self.keepers]
         env = dict(self.env)
         if self.by_env:  # as the manifest passes them
             env.update(CSI_ENDPOINT=self.endpoint, NODE_ID=self.node_id)
         else:
             argv += ["--endpoint", self.endpoint, "--node-id", self.node_id]
-        log = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         env=env, cwd=self.base, start_new_session=True)
-        finally:
-            log.close()
+        self.proc = _start(argv, env, self.base, self.log_path)
         self.channel = grpc.insecure_channel(self.endpoint)
         try:
             grpc.channel_ready_future(self.channel).result(timeout=START_TIMEOUT)
@@ -190,13 +286,7 @@ class Plugin:
         if self.channel is not None:
             self.channel.close()
             self.channel = None
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        _stop(self.proc, sig)
 
 
 def wait_new_server(target: str, other_than: int, timeout: float = 30.0) -> int:

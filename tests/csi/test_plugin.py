@@ -227,7 +227,8 @@ def test_a_killed_server_or_keeper_fails_no_read(world, plugin, tmp_path):
     wait_dead(replaced["keeper"])
 
 
-def test_a_restarted_plugin_keeps_its_mounts_and_mounts_again_those_without_a_server(world):
+def test_a_restarted_plugin_keeps_its_mounts_and_mounts_again_those_without_a_server(
+        world, keepers):
     first = world.plugin(state="state-restart", name="restart").start()
     kept, orphan = world.target(), world.target()
     try:
@@ -238,7 +239,8 @@ def test_a_restarted_plugin_keeps_its_mounts_and_mounts_again_those_without_a_se
         first.stop(signal.SIGKILL)  # a crash: nothing is handed over
         print(first.log())  # shown when the test failed
         assert snapshot(kept) == snapshot(world.source)  # served on meanwhile
-        # the orphan's keeper and server die with the plugin: its mount is dead
+        # the orphan's keeper and server die (as with an older plugin's
+        # container, which held them): its mount is dead
         dying = keeper_status(orphan)
         for pid in (dying["keeper"], dying["server"]):
             os.kill(pid, signal.SIGKILL)
@@ -249,12 +251,13 @@ def test_a_restarted_plugin_keeps_its_mounts_and_mounts_again_those_without_a_se
 
         second = world.plugin(state="state-restart", name="restart", by_env=True).start()
         try:
-            after = keeper_status(kept)  # taken over: a keeper of the new plugin's
-            assert after["keeper"] != before["keeper"] and after["server"] != before["server"]
-            assert status_of(after["keeper"])["PPid"] == str(second.proc.pid)
+            after = keeper_status(kept)  # kept: the same keeper, the keeper host's
+            assert after["keeper"] == before["keeper"] and after["server"] == before["server"]
+            assert status_of(after["keeper"])["PPid"] == str(keepers.pid)
             assert snapshot(orphan) == snapshot(world.source)
             renewed = keeper_status(orphan)
             assert renewed["keeper"] != dying["keeper"]
+            assert status_of(renewed["keeper"])["PPid"] == str(keepers.pid)
             assert status_of(renewed["server"])["Uid"].split()[0] == "65534"
             # the new plugin knows both: a repeated publish is OK, unpublish ends them
             second.publish("vol-kept", kept, world.context("kept"), world.key)

@@ -43,7 +43,7 @@ def test_two_uids_for_one_volume_are_refused():
 
 @pytest.mark.fuse
 @pytest.mark.timeout(180)
-def test_a_volume_uid_runs_that_volumes_servers_apart(world):
+def test_a_volume_uid_runs_that_volumes_servers_apart(world, keepers):
     args = ("--volume-uid", f"tenant-a={TENANT}")
     plugin = world.plugin(state="state-uids", name="uids", args=args).start()
     successor = None
@@ -70,12 +70,12 @@ def test_a_volume_uid_runs_that_volumes_servers_apart(world):
                                  capture_output=True, timeout=30)
             assert cat.returncode != 0, f"uid {reader} read {other}"
 
-        # a restarted plugin (an upgrade) takes the mount over as the same uid
+        # a restarted plugin (an upgrade) keeps the mount: the same keeper and uid
         before = keeper_status(own)
         plugin.stop()
         successor = world.plugin(state="state-uids", name="uids2", args=args).start()
         after = keeper_status(own)
-        assert after["keeper"] != before["keeper"]
+        assert after["keeper"] == before["keeper"]
         assert status_of(after["server"])["Uid"].split()[0] == str(TENANT)
         assert snapshot(own) == snapshot(world.source)
         successor.unpublish("vol-own", own)

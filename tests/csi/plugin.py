@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -321,3 +322,61 @@ def wait_dead(pid: int, timeout: float = 15.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"process {pid} still runs after {timeout:g}s")
         time.sleep(0.05)
+
+
+def keepers_under(host_pid: int) -> dict[str, int]:
+    """{target: keeper pid} of the keepers whose parent is `host_pid` (pids as
+    we see them: the host may be PID 1 of a namespace of its own)."""
+    out = {}
+    for pid in children_of(host_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "fsclient.cli" in argv and "mount" in argv and "--serve-fd" not in argv:
+            out[argv[argv.index("mount") + 2]] = pid
+    return out
+
+
+class Busy:
+    """A keeper busy with a restart (so it refuses to surrender) until `release`:
+    `fsclient restart` of `target`, with the new server stopped (SIGSTOP)
+    before it asks for the connection. `keeper`: its pid as we see it."""
+
+    def __init__(self, target: str, keeper: int):
+        self.target, self.keeper = target, keeper
+        serving = set(children_of(keeper))  # (pids as we see them, whatever its namespace)
+        self.result: list = []
+        self.thread = threading.Thread(target=self._restart, daemon=True)
+        self.thread.start()
+        box: list[int] = []
+
+        def new_server() -> bool:
+            box[:] = [p for p in children_of(keeper) if p not in serving]
+            return bool(box)
+
+        wait_for(new_server, 10, f"the restart's server under keeper {keeper}")
+        self.stopped = box[0]
+        os.kill(self.stopped, signal.SIGSTOP)
+
+    def _restart(self) -> None:
+        try:
+            self.result.append(keeping.restart(self.target, 60))
+        except Exception as exc:  # reported by `release`
+            self.result.append(exc)
+
+    def refuses(self) -> bool:
+        from fsclient.keeper import surrender
+
+        try:
+            surrender(self.target, 10).close()  # (never acked: it serves on)
+        except ValueError:
+            return True
+        return False
+
+    def release(self) -> dict:
+        os.kill(self.stopped, signal.SIGCONT)
+        self.thread.join(90)
+        assert self.result and isinstance(self.result[0], dict), self.result
+        return self.result[0]

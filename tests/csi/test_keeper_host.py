@@ -234,6 +234,9 @@ def test_a_new_keeper_host_takes_every_keeper_over_before_it_is_ready(world, tmp
         stack.callback(lambda: busy.release() if busy.thread.is_alive() else None)
         assert busy.refuses()
 
+        old_socket = f"{sock}.old-host"  # (to ask it once its successor has the path)
+        os.link(sock, old_socket)
+        stack.callback(lambda: os.path.exists(old_socket) and os.unlink(old_socket))
         stack.enter_context(running(new.start(ready_file=ready, wait=False)))
         wait_for(lambda: "not ours yet" in new.log(), 60, "the new host to retry the busy one")
         new_pid = new.pid
@@ -247,6 +250,13 @@ def test_a_new_keeper_host_takes_every_keeper_over_before_it_is_ready(world, tmp
         wait_for(lambda: os.path.exists(ready), 90, "the new host's ready file")
         assert set(keepers_under(new_pid)) == {*targets, raced}
         assert {k["mountpoint"] for k in HostClient(sock).list()} == {*targets, raced}
+        # the old host now sends a spawn to its successor, starting nothing
+        late = world.target()
+        answer = HostClient(old_socket)._once(
+            {"op": "spawn", "argv": ["mount", world.source, late], "env": {},
+             "mountpoint": late, "source": world.source, "fds": []}, 30, ())
+        assert answer[-1].get("replaced") is True, answer
+        assert late not in keepers_under(old_pid)
         # the old pod goes: everything in its pid namespace dies with its PID 1
         os.kill(old_pid, signal.SIGKILL)
         wait_dead(old_pid)

@@ -109,7 +109,8 @@ class KeeperCgroups:
         try:
             _write(os.path.join(where, "memory.oom.group"), "0")
         except OSError as exc:
-            log.info("memory.oom.group of %s stays as it is: %s", where, exc)
+            log.warning("memory.oom.group of %s stays as it is (%s): an OOM of the whole "
+                        "container kills every keeper", where, exc)
         subtree = os.path.join(where, "cgroup.subtree_control")
         if "memory" not in _read(subtree).split():
             try:

@@ -21,6 +21,7 @@ it allocates is charged elsewhere.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import secrets
@@ -81,8 +82,8 @@ class KeeperCgroups:
         self.kind = ""  # "v2", "v1", or "" (none)
         self.base = ""
         self._token = secrets.token_hex(4)  # two hosts may share a cgroup (tests, a surge)
-        self._count = 0
-        self._leftover: set[str] = set()
+        self._numbers = itertools.count(1)
+        self._made: set[str] = set()  # ours, until removed
 
     def setup(self) -> str:
         """Find where keepers' cgroups can go; a line saying what was found."""
@@ -127,10 +128,10 @@ class KeeperCgroups:
         """A new keeper's cgroup, limits set; None without cgroups (or if it fails)."""
         if not self.kind:
             return None
-        self._count += 1
-        path = os.path.join(self.base, f"keeper-{self._token}-{self._count}")
+        path = os.path.join(self.base, f"keeper-{self._token}-{next(self._numbers)}")
         try:
             os.mkdir(path)
+            self._made.add(path)
             if self.kind == "v2":
                 _write(os.path.join(path, "memory.oom.group"), "0")
                 _write(os.path.join(path, "memory.max"), str(self.limit) if self.limit else "max")
@@ -145,23 +146,25 @@ class KeeperCgroups:
 
     def remove(self, path: str | None) -> None:
         """Remove a keeper's cgroup once empty (its server may still be handing
-        over: tried again by `sweep`)."""
+        over, its keeper still running: tried again by `sweep`)."""
         if path is None:
             return
         try:
             os.rmdir(path)
-            self._leftover.discard(path)
         except FileNotFoundError:
-            self._leftover.discard(path)
+            pass
         except OSError as exc:
             if exc.errno == errno.EBUSY:
-                self._leftover.add(path)
-            else:
-                log.warning("cannot remove cgroup %s: %s", path, exc)
-                self._leftover.discard(path)
+                return
+            log.warning("cannot remove cgroup %s: %s", path, exc)
+        self._made.discard(path)
 
-    def sweep(self) -> None:
-        for path in list(self._leftover):
+    def made(self) -> set[str]:
+        return set(self._made)
+
+    def sweep(self, ended: set[str] | None = None) -> None:
+        """Remove the empty cgroups of ours (of `ended` keepers only, if given)."""
+        for path in list(self._made if ended is None else ended & self._made):
             self.remove(path)
 
 

@@ -71,6 +71,7 @@ class Children:
         self._lock = threading.Lock()
         self._by_pid: dict[int, Child] = {}
         self._starting: list[Child] = []
+        self._ended_cgroups: set[str] = set()  # of ended keepers, until empty
 
     # what the host answers
 
@@ -203,8 +204,11 @@ class Children:
                 child.ended.set()
                 log.info("keeper %d of %s ended (%s)", pid, child.mountpoint,
                          _describe(child.code))
-                self.cgroups.remove(child.cgroup)
-        self.cgroups.sweep()
+                if child.cgroup is not None:
+                    self._ended_cgroups.add(child.cgroup)
+        if self._ended_cgroups:
+            self.cgroups.sweep(self._ended_cgroups)
+            self._ended_cgroups &= self.cgroups.made()
 
 
 def _describe(code: int | None) -> str:

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 PR_SET_CHILD_SUBREAPER = 36
 LOOP_INTERVAL = 0.2
+REQUEST_TIMEOUT = 30.0  # an asker's time to send its request
 
 
 class HostError(Exception):
@@ -107,14 +108,17 @@ class Host:
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
+            conn.settimeout(REQUEST_TIMEOUT)
+            message, fds = wire.receive(conn)  # (read first: a refusal must reach it)
             try:
                 wire.require_root(conn, "the asker")
             except wire.PeerRefused as exc:
                 log.warning("%s", exc)
+                wire.close_all(fds)
                 with contextlib.suppress(OSError):
                     wire.send(conn, {"error": "only root may ask the keeper host"})
                 return
-            message, fds = wire.receive(conn)
+            conn.settimeout(None)
             try:
                 for answer in self._answer(message or {}, fds):
                     wire.send(conn, answer)

@@ -20,6 +20,7 @@ from tests.csi.plugin import (
     KeeperHost,
     Plugin,
     cleanup,
+    remove_keeper_cgroups,
     running,
     server_python,
     socket_group,
@@ -104,6 +105,7 @@ def world():
     finally:
         try:
             cleanup(base, spare=(w.daemon.proc.pid,) if w.daemon.proc else ())
+            remove_keeper_cgroups()
         finally:
             w.daemon.stop()
             if not os.environ.get("CSI_TEST_KEEP"):

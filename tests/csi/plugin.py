@@ -19,7 +19,7 @@ import sysconfig
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import grpc
@@ -101,9 +101,30 @@ def mounts_under(base: str) -> list[str]:
     return [p for p in points if p.startswith(base + "/")]
 
 
+FUSECTL = "/sys/fs/fuse/connections"
+
+
+def _abort_connections(base: str) -> None:
+    """Abort the FUSE connections mounted under `base`: a server's page-cache
+    storer (`fsclient.session.storer`) may wait uninterruptibly for a read
+    that no server will answer once everything is killed at once."""
+    if not os.listdir(FUSECTL):
+        subprocess.run(["mount", "-t", "fusectl", "none", FUSECTL], capture_output=True,
+                       timeout=30)
+    with open("/proc/self/mountinfo") as f:
+        devices = [line.split(" ")[2] for line in f if line.split(" ")[4].startswith(base + "/")
+                   and " - fuse" in line]
+    for device in devices:
+        with suppress(OSError):
+            with open(os.path.join(FUSECTL, device.split(":")[1], "abort"), "w") as f:
+                f.write("1")
+
+
 def cleanup(base: str, spare: tuple[int, ...] = ()) -> None:
-    """Unmount everything under `base` and kill every process of ours there
-    but `spare`."""
+    """Abort and unmount every FUSE mount under `base`, and kill every process
+    of ours there but `spare`."""
+    with suppress(OSError):
+        _abort_connections(base)
     for path in sorted(mounts_under(base), reverse=True):
         subprocess.run(["umount", "-l", path], capture_output=True, timeout=30)
     for pid in own_processes(base):
@@ -115,6 +136,30 @@ def cleanup(base: str, spare: tuple[int, ...] = ()) -> None:
             pass
 
 
+def remove_keeper_cgroups(timeout: float = 10.0) -> None:
+    """The keeper hosts' cgroups (`keeper-*`) beside ours in the v1 memory
+    hierarchy, once the processes `cleanup` killed have left them (a host
+    removes its own, but not when it is killed, nor those of keepers it left)."""
+    with open("/proc/self/cgroup") as f:
+        path = next((line.rstrip("\n").split(":", 2)[2] for line in f
+                     if "memory" in line.split(":")[1].split(",")), None)
+    if path is None:
+        return
+    base = "/sys/fs/cgroup/memory" + path
+    deadline = time.monotonic() + timeout
+    while True:
+        left = []
+        for name in os.listdir(base) if os.path.isdir(base) else []:
+            if name.startswith("keeper-"):
+                try:
+                    os.rmdir(os.path.join(base, name))
+                except OSError:
+                    left.append(name)
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+
+
 def status_of(pid: int) -> dict[str, str]:
     """/proc/PID/status as a dict."""
     with open(f"/proc/{pid}/status") as f:
@@ -123,6 +168,12 @@ def status_of(pid: int) -> dict[str, str]:
 
 def keeper_status(target: str) -> dict:
     return keeping.status(target)
+
+
+def pids(target: str) -> tuple[int, int]:
+    """(keeper, server) of the mount on `target`."""
+    st = keeping.status(target)
+    return st["keeper"], st["server"]
 
 
 def _start(argv: list[str], env: dict[str, str], cwd: str, log_path: str) -> subprocess.Popen:

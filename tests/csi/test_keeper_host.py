@@ -11,8 +11,11 @@ then die. A plugin keeps asking a keeper that refuses to surrender.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import stat
+import subprocess
 import threading
 import time
 import uuid
@@ -23,12 +26,14 @@ import pytest
 from blockcache_csi.keepers import KeeperHost as HostClient
 from fsclient.mountpoint import MountError
 from tests.csi.plugin import (
+    NOBODY,
     Busy,
     children_of,
     keeper_status,
     keepers_under,
     mounts_under,
     pid_one,
+    pids,
     running,
     status_of,
     wait_dead,
@@ -83,12 +88,12 @@ def test_the_plugins_container_dying_costs_no_mount_a_read(world, keepers, tmp_p
     targets = [world.target(), world.target()]
     readers: list[Reader] = []
     with ExitStack() as stack:
-        stack.callback(lambda: cgroup and os.path.isdir(cgroup) and _rmdir(cgroup))
+        stack.callback(lambda: cgroup and _remove_cgroup(cgroup))
         plugin = stack.enter_context(running(world.plugin(
             state=f"state-{how}", name=f"{how}-1", wrap=wrap).start()))
         for i, target in enumerate(targets):
             plugin.publish(f"vol-{i}", target, world.context(f"dying{i}"), world.key)
-        before = {t: keeper_status(t) for t in targets}
+        before = {t: pids(t) for t in targets}
         for target in targets:
             readers.append(Reader(target, world.source, tmp_path))
             stack.callback(readers[-1].kill)
@@ -105,13 +110,13 @@ def test_the_plugins_container_dying_costs_no_mount_a_read(world, keepers, tmp_p
         plugin.proc.wait(10)
         time.sleep(1.0)
         for target in targets:  # every keeper and server lives on, the host's
-            assert keeper_status(target) == before[target]
-            assert status_of(before[target]["keeper"])["PPid"] == str(keepers.pid)
+            assert pids(target) == before[target]
+            assert status_of(before[target][0])["PPid"] == str(keepers.pid)
 
         second = stack.enter_context(running(world.plugin(
             state=f"state-{how}", name=f"{how}-2").start()))
         for target in targets:
-            assert keeper_status(target) == before[target]  # kept, not taken over
+            assert pids(target) == before[target]  # kept, not taken over
         third = world.target()
         second.publish("vol-new", third, world.context("dying-new"), world.key)
         second.unpublish("vol-new", third)
@@ -120,7 +125,7 @@ def test_the_plugins_container_dying_costs_no_mount_a_read(world, keepers, tmp_p
             _clean(reader.finish())
         for i, target in enumerate(targets):
             second.unpublish(f"vol-{i}", target)
-            wait_dead(before[target]["keeper"])
+            wait_dead(before[target][0])
 
 
 def _serving_keeper(target: str) -> int | None:
@@ -131,9 +136,16 @@ def _serving_keeper(target: str) -> int | None:
     return st["keeper"] if st["serving"] else None
 
 
-def _rmdir(path: str) -> None:
+def _remove_cgroup(path: str) -> None:
+    """Kill whatever is left in the test's cgroup, and remove it."""
     with suppress(OSError):
-        os.rmdir(path)
+        with open(os.path.join(path, "cgroup.kill"), "w") as f:
+            f.write("1")
+    deadline = time.monotonic() + 10
+    while os.path.isdir(path) and time.monotonic() < deadline:
+        with suppress(OSError):
+            os.rmdir(path)
+        time.sleep(0.1)
 
 
 def _memory_cgroup(pid: int) -> str:
@@ -199,7 +211,8 @@ def test_one_server_past_its_memory_limit_is_killed_alone(world, tmp_path):
         after = {t: keeper_status(t) for t in targets}
         assert after[targets[0]]["keeper"] == before[targets[0]]["keeper"]
         assert after[targets[0]]["server"] != before[targets[0]]["server"]
-        assert after[targets[1]] == before[targets[1]]  # untouched
+        assert (after[targets[1]]["keeper"], after[targets[1]]["server"]) == \
+            (before[targets[1]]["keeper"], before[targets[1]]["server"])  # untouched
         assert _oom_kills(cgroups[targets[1]]) == 0
         tallies = [reader.finish() for reader in readers]
         _clean(tallies[1])
@@ -309,3 +322,35 @@ def test_a_plugin_keeps_asking_a_keeper_that_refuses_to_surrender(world, keepers
         _clean(reader.finish())
         second.unpublish("vol-r", target)
         wait_dead(taken["keeper"])
+
+
+ASK_AS_OTHER = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.settimeout(30)
+s.connect(sys.argv[1])
+s.send(json.dumps({"op": "list"}).encode())
+print(s.recv(65536).decode())
+"""
+
+
+def test_the_keeper_host_answers_root_only(world, keepers, tmp_path):
+    """Its socket is 0600 in a 0700 dir; even through a link another uid may
+    open, it answers no one but root (SO_PEERCRED)."""
+    folder = os.path.dirname(keepers.socket)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(keepers.socket).st_mode) == 0o600
+    opened = os.path.join(world.base, "keepers-opened.sock")
+    os.link(keepers.socket, opened)
+    try:
+        os.chmod(opened, 0o666)  # (the same inode: a misconfigured socket, say)
+        asked = subprocess.run([world.python, "-c", ASK_AS_OTHER, opened], user=NOBODY.pw_uid,
+                               group=NOBODY.pw_gid, extra_groups=[], env=world.env,
+                               capture_output=True, text=True, timeout=60)
+    finally:
+        os.chmod(opened, 0o600)
+        os.unlink(opened)
+    assert asked.returncode == 0, asked.stderr
+    assert json.loads(asked.stdout) == {"error": "only root may ask the keeper host"}
+    assert f"uid {NOBODY.pw_uid}, not root; refused" in keepers.log()
+    assert HostClient(keepers.socket).list() is not None  # root is answered

@@ -176,6 +176,15 @@ def pids(target: str) -> tuple[int, int]:
     return st["keeper"], st["server"]
 
 
+def _tail(path: str) -> str:
+    """The end of a log file ("" until the process has made it)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-6000:]
+    except FileNotFoundError:
+        return ""
+
+
 def _start(argv: list[str], env: dict[str, str], cwd: str, log_path: str) -> subprocess.Popen:
     with open(log_path, "ab") as log:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -263,8 +272,7 @@ class KeeperHost:
         return pid_one(self.proc) if self.wrap else self.proc.pid
 
     def log(self) -> str:
-        with open(self.log_path, errors="replace") as f:
-            return f.read()[-6000:]
+        return _tail(self.log_path)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         _stop(self.proc, sig)
@@ -307,8 +315,7 @@ class Plugin:
         return self
 
     def log(self) -> str:
-        with open(self.log_path, errors="replace") as f:
-            return f.read()[-6000:]
+        return _tail(self.log_path)
 
     @property
     def identity(self) -> csi_pb2_grpc.IdentityStub:

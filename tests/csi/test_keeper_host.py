@@ -54,6 +54,7 @@ def _reading(readers: list[Reader], targets: list[str]) -> None:
 
 
 def _clean(tally: dict) -> None:
+    print("reader:", {k: tally.get(k) for k in ("ok", "failed", "wrong", "worst", "stalled")})
     assert tally["ok"] > 0 and tally["failed"] == {} and tally["wrong"] == 0, tally
 
 

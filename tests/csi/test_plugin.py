@@ -64,8 +64,23 @@ def test_help_names_every_option():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
     for option in ("--endpoint", "--node-id", "--state-dir", "--server-uid", "--server-gid",
-                   "--volume-uid", "--socket", "--ready-file", "CSI_ENDPOINT", "NODE_ID"):
+                   "--volume-uid", "--socket", "--ready-file", "--keepers-socket",
+                   "CSI_ENDPOINT", "NODE_ID"):
         assert option in out.stdout
+
+
+def test_the_keeper_host_names_its_options_and_refuses_a_bad_size():
+    run = [sys.executable, "-m", "blockcache_csi", "keepers"]
+    out = subprocess.run([*run, "--help"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0
+    for option in ("--socket", "--server-memory", "--ready-file"):
+        assert option in out.stdout
+    bad = subprocess.run([*run, "--server-memory", "lots"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2
+    assert "--server-memory" in bad.stderr and "512M" in bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 def test_identity_and_node_info(plugin):

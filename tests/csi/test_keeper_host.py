@@ -23,6 +23,7 @@ from contextlib import ExitStack, suppress
 
 import pytest
 
+from blockcache_csi.keepers import HostError
 from blockcache_csi.keepers import KeeperHost as HostClient
 from fsclient.mountpoint import MountError
 from tests.csi.plugin import (
@@ -90,11 +91,17 @@ def test_the_plugins_container_dying_costs_no_mount_a_read(world, keepers, tmp_p
     readers: list[Reader] = []
     with ExitStack() as stack:
         stack.callback(lambda: cgroup and _remove_cgroup(cgroup))
-        plugin = stack.enter_context(running(world.plugin(
-            state=f"state-{how}", name=f"{how}-1", wrap=wrap).start()))
+        plugin = world.plugin(state=f"state-{how}", name=f"{how}-1", wrap=wrap)
+        plugin.env = {**plugin.env, "PLUGIN_ONLY": "not for servers"}
+        stack.enter_context(running(plugin.start()))
         for i, target in enumerate(targets):
             plugin.publish(f"vol-{i}", target, world.context(f"dying{i}"), world.key)
         before = {t: pids(t) for t in targets}
+        host = HostClient(keepers.socket)
+        for keeper, server in before.values():
+            assert host.alive(keeper)
+            for pid in (keeper, server):  # an environment the plugin built, not its own
+                assert b"PLUGIN_ONLY" not in open(f"/proc/{pid}/environ", "rb").read()
         for target in targets:
             readers.append(Reader(target, world.source, tmp_path))
             stack.callback(readers[-1].kill)
@@ -127,6 +134,7 @@ def test_the_plugins_container_dying_costs_no_mount_a_read(world, keepers, tmp_p
         for i, target in enumerate(targets):
             second.unpublish(f"vol-{i}", target)
             wait_dead(before[target][0])
+            assert not host.alive(before[target][0])
 
 
 def _serving_keeper(target: str) -> int | None:
@@ -354,4 +362,10 @@ def test_the_keeper_host_answers_root_only(world, keepers, tmp_path):
     assert asked.returncode == 0, asked.stderr
     assert json.loads(asked.stdout) == {"error": "only root may ask the keeper host"}
     assert f"uid {NOBODY.pw_uid}, not root; refused" in keepers.log()
-    assert HostClient(keepers.socket).list() is not None  # root is answered
+    host = HostClient(keepers.socket)
+    assert host.list() is not None  # root is answered
+    # and it stops its own keepers only
+    with pytest.raises(HostError) as info:
+        host.stop(os.getpid())
+    assert "is no keeper of this host" in str(info.value)
+    assert not host.alive(os.getpid())

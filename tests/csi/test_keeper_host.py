@@ -310,6 +310,10 @@ def test_a_plugin_keeps_asking_a_keeper_that_refuses_to_surrender(world, keepers
         stray = keeper_status(target)["keeper"]
         host = HostClient(keepers.socket)
         assert target not in {k["mountpoint"] for k in host.list()}  # not the host's
+        # its parent, the server before, hands over and exits: the orphan is
+        # the host's to reap (a subreaper, as its container's PID 1 would be)
+        wait_for(lambda: status_of(stray)["PPid"] == str(keepers.pid), 60,
+                 "the stray keeper to be the host's orphan")
         reader = Reader(target, world.source, tmp_path)
         stack.callback(reader.kill)
         _reading([reader], [target])
@@ -328,6 +332,7 @@ def test_a_plugin_keeps_asking_a_keeper_that_refuses_to_surrender(world, keepers
         wait_for(lambda: os.path.exists(ready), 30, "the plugin's ready file")
         taken = keeper_status(target)
         assert host.keeper_of(target) == taken["keeper"] != stray
+        wait_for(lambda: not os.path.exists(f"/proc/{stray}"), 60, "the host to reap it")
         _clean(reader.finish())
         second.unpublish("vol-r", target)
         wait_dead(taken["keeper"])

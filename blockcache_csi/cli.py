@@ -163,7 +163,7 @@ def keepers(path: str, server_memory: str, ready_file: str | None, log_level: st
     """
     from blockcache_client.contract.units import parse_size
 
-    from .keepers.host import Host, HostError
+    from .keepers.host import Host, HostStartError
 
     setup_logging(log_level, log_format)
     try:
@@ -174,7 +174,7 @@ def keepers(path: str, server_memory: str, ready_file: str | None, log_level: st
     log.info("%s keeper host %s starting", DRIVER_NAME, VERSION)
     try:
         code = Host(path, limit, ready_file).run()
-    except (HostError, OSError) as exc:
+    except (HostStartError, OSError) as exc:
         click.echo(f"blockcache-csi: error: {exc}", err=True)
         sys.exit(1)
     sys.exit(code)

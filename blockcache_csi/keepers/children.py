@@ -125,6 +125,7 @@ class Children:
                 self._starting.remove(child)
                 self._by_pid[proc.pid] = child
         except (OSError, subprocess.SubprocessError) as exc:
+            os.close(r)
             self.forget(child)
             self.cgroups.remove(child.cgroup)
             raise SpawnError(f"cannot start a keeper: {exc}") from None

@@ -35,7 +35,7 @@ LOOP_INTERVAL = 0.2
 REQUEST_TIMEOUT = 30.0  # an asker's time to send its request
 
 
-class HostError(Exception):
+class HostStartError(Exception):
     """The host cannot start; the message names the thing and the fix."""
 
 
@@ -63,7 +63,7 @@ class Host:
         os.makedirs(folder, 0o700, exist_ok=True)
         st = os.lstat(folder)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
-            raise HostError(f"{folder} must be a directory owned by root, for the keeper "
+            raise HostStartError(f"{folder} must be a directory owned by root, for the keeper "
                             f"host's socket; remove it or choose another --socket")
         if st.st_mode & 0o077:
             os.chmod(folder, 0o700)  # only root enters, whatever the socket's mode
@@ -75,8 +75,9 @@ class Host:
             sock.bind(bound)
         except OSError as exc:
             sock.close()
-            raise HostError(f"cannot listen on {bound}: {exc.strerror}; is --socket's dir "
-                            f"writable?") from None
+            raise HostStartError(f"cannot listen on {bound}: {exc.strerror or exc}; choose a "
+                                 f"--socket in a writable dir, short enough for a unix "
+                                 f"socket (108 bytes)") from None
         os.chmod(bound, 0o600)
         sock.listen(64)
         self.listener = sock

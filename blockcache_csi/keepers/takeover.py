@@ -22,7 +22,7 @@ RETRY_LOG_EVERY = 30.0
 
 
 class NoKeeper(Exception):
-    """Nothing answers on the mount point's control socket."""
+    """Nothing listens on the mount point's control socket."""
 
 
 class Refused(Exception):
@@ -35,8 +35,10 @@ def take_over(mountpoint: str, start: Callable[[list[tuple[str, int]]], T]) -> T
         surrendered = fskeeper.surrender(mountpoint, SURRENDER_TIMEOUT)
     except ValueError as exc:
         raise Refused(str(exc)) from None
-    except OSError as exc:
+    except (ConnectionRefusedError, FileNotFoundError) as exc:
         raise NoKeeper(str(exc)) from None
+    except OSError as exc:  # alive but slow (a handover in progress): not gone
+        raise Refused(f"it did not answer: {exc}") from None
     try:
         return start(surrendered.named())
     finally:

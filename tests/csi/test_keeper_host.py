@@ -21,6 +21,7 @@ import time
 import uuid
 from contextlib import ExitStack, suppress
 
+import grpc
 import pytest
 
 from blockcache_csi.keepers import HostError
@@ -374,3 +375,21 @@ def test_the_keeper_host_answers_root_only(world, keepers, tmp_path):
         host.stop(os.getpid())
     assert "is no keeper of this host" in str(info.value)
     assert not host.alive(os.getpid())
+
+
+def test_without_its_keeper_host_a_publish_says_what_to_run(world):
+    host = world.keeper_host(name="gone-keepers",
+                             socket_path=os.path.join(world.base, "gone", "keepers.sock"))
+    target = world.target()
+    with ExitStack() as stack:
+        stack.enter_context(running(host.start()))
+        plugin = stack.enter_context(running(world.plugin(
+            state="state-gone", name="gone", keepers=host.socket).start()))
+        host.stop()
+        with pytest.raises(grpc.RpcError) as info:
+            plugin.publish("vol-g", target, world.context("gone"), world.key)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert host.socket in info.value.details()
+        assert "blockcache-csi-keepers" in info.value.details()
+        assert target not in mounts_under(os.path.dirname(target))
+        assert not os.listdir(os.path.join(world.base, "state-gone", "mounts"))  # no record

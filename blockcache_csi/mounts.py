@@ -1,36 +1,35 @@
-"""The mounts the plugin keeps: publish, unpublish, take over at a start.
+"""The mounts the plugin keeps: publish, unpublish, keep at a start.
 
 Each published target is one `fsclient mount` keeper (root: it opens
 /dev/fuse and mounts) whose FUSE server runs as its volume's server uid
-(`servers`) with no capabilities (`fsclient.keeper.privileges`). The
-keeper restarts a server that dies, with no failed read; it runs in its own
-session, so it outlives the plugin's process. A plugin that starts takes every live mount over: the
-keeper there surrenders its connection (`fsclient.keeper.control`) to a new
-keeper this plugin starts, so that no mount depends on a container that an
-upgrade replaces. A target whose keeper is gone gets a new one (fsclient
-recovers the dead mount point first). One lock per target serializes the
-calls on it.
+(`servers`) with no capabilities (`fsclient.keeper.privileges`). The plugin
+never starts or signals a keeper itself: the keeper host does
+(`keepers`), a process in a container of its own, so no mount depends on
+the plugin's container. The plugin may not even see the keepers' pids (its
+own pid namespace): every pid stays in the host. A plugin that starts keeps
+every mount the host holds; a live mount whose keeper is not the host's (an
+older plugin's, or one its server started when its keeper died) is
+surrendered to a keeper the host starts; a target left without one gets a
+new one (fsclient recovers the dead mount point first). One lock per target
+serializes the calls on it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from fsclient import keeper as fskeeper
 from fsclient import mount as fsmount
 from fsclient import mountpoint as mp
-from fsclient.keeper import Credentials, hand_on, set_kernel_readahead, unmount_lazy
+from fsclient.keeper import Credentials, set_kernel_readahead, unmount_lazy
 
 from .environment import ServerEnvironment, SourceCredentials
 from .errors import CsiError
+from .keepers import Backoff, HostError, HostUnavailable, KeeperHost, NoKeeper, Refused, take_over
 from .servers import ServerUsers
 from .state import StateDir
 from .volstats import StatfsWithDeadline, Usage
@@ -38,33 +37,25 @@ from .volumes import Publication, mount_command
 
 log = logging.getLogger(__name__)
 
-STOP_TIMEOUT = 10.0  # a keeper's time to end once its mount is gone
 ADOPT_WORKERS = 4
-SURRENDER_TIMEOUT = 30.0  # a live keeper's time to answer `surrender`
 
 
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rpartition(b")")[2].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
+def _unavailable(exc: Exception) -> CsiError:
+    return CsiError(grpc.StatusCode.UNAVAILABLE, str(exc))
 
 
 class Mounts:
     """The targets this node's plugin has published."""
 
     def __init__(self, state: StateDir, servers: ServerUsers, socket: str | None,
-                 log_file: str | None, environment: ServerEnvironment | None = None):
+                 keepers: KeeperHost, environment: ServerEnvironment | None = None):
         self.state = state
         self.servers = servers
-        self.environment = environment or ServerEnvironment()  # what keepers run with
         self.socket = socket
-        self.log_file = log_file  # where keepers and servers log (the plugin's stderr)
+        self.keepers = keepers
+        self.environment = environment or ServerEnvironment()  # what keepers run with
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
-        self._children: dict[int, subprocess.Popen] = {}  # keepers started here, to reap
         self._statfs = StatfsWithDeadline()
 
     def _lock(self, target: str) -> threading.Lock:
@@ -73,6 +64,13 @@ class Mounts:
 
     def _server(self, pub: Publication) -> Credentials:
         return self.servers.credentials(pub, self.socket)
+
+    def _command(self, pub: Publication,
+                 credentials: SourceCredentials) -> tuple[list[str], dict[str, str]]:
+        """The keeper's `fsclient mount` arguments and its whole environment."""
+        argv, _, env = mount_command(pub, self.state.key_file(pub.target), self.socket,
+                                     self._server(pub), credentials, self.environment)
+        return argv, env
 
     # publish
 
@@ -88,7 +86,7 @@ class Mounts:
                                        " and other settings or key" if
                                        known.volume_id == pub.volume_id else "") +
                                    "; unpublish it first, or publish at another target path")
-                if self._kept(pub.target):
+                if self._keep(pub, patient=False):
                     return  # a repeated publish of the same volume
                 log.warning("%s is recorded but has no keeper; mounting it again", pub.target)
             else:
@@ -103,36 +101,65 @@ class Mounts:
 
     def _start(self, pub: Publication, key: bytes, credentials: SourceCredentials,
                remove_on_failure: bool) -> None:
-        """Record `pub`, then start its keeper and wait until the mount answers."""
+        """Record `pub`, then have the host start its keeper; returns once the
+        mount answers."""
         if mp.find_mount(pub.target) is None:  # a dead mount stays: fsclient recovers it
             os.makedirs(pub.target, 0o755, exist_ok=True)
-        server = self._server(pub)
         self.state.save_credentials(pub.target, credentials)
         self.state.save(pub, key)
-        argv, cfg, env = mount_command(pub, self.state.key_file(pub.target), self.socket,
-                                       server, credentials, self.environment)
-        child, why = fsmount.spawn(argv, cfg, self.log_file, detach=True, env=env)
-        if child is None:
+        try:
+            argv, env = self._command(pub, credentials)
+            pid = self.keepers.spawn(argv, env, pub.target, pub.get("source") or "")
+        except (HostError, HostUnavailable) as exc:
             if remove_on_failure:
                 self.state.remove(pub.target)
+            if isinstance(exc, HostUnavailable):
+                raise _unavailable(exc) from None
             raise CsiError(grpc.StatusCode.INTERNAL,
                            f"mounting volume {pub.volume_id} ({pub.get('source')}) on "
-                           f"{pub.target} failed: {why}")
-        with self._guard:
-            self._children[child.pid] = child
+                           f"{pub.target} failed: {exc}") from None
         # the server, not root, may not set the mount's readahead window
         set_kernel_readahead(os.stat(pub.target).st_dev, fsmount.KERNEL_READAHEAD_KB)
-        log.info("published volume %s on %s (keeper %d)", pub.volume_id, pub.target, child.pid)
+        log.info("published volume %s on %s (keeper %d of the host)", pub.volume_id,
+                 pub.target, pid)
 
-    @staticmethod
-    def _keeper(target: str) -> int | None:
+    def _host_keeper(self, target: str) -> int | None:
         try:
-            return int(fskeeper.status(target)["keeper"])
-        except (mp.MountError, KeyError, ValueError):
-            return None
+            return self.keepers.keeper_of(target)
+        except (HostError, HostUnavailable) as exc:
+            raise _unavailable(exc) from None
 
-    def _kept(self, target: str) -> bool:
-        return self._keeper(target) is not None
+    def _keep(self, pub: Publication, patient: bool) -> bool:
+        """Whether `pub`'s mount is kept: by a keeper of the host, or by a live
+        keeper of another (then surrendered to one of the host's). `patient`:
+        a keeper that will not surrender now is asked again until it does."""
+        if self._host_keeper(pub.target) is not None:
+            return True
+        backoff = Backoff()
+        while True:
+            try:
+                self._take_over(pub)
+                return True
+            except NoKeeper:
+                return False
+            except Refused as exc:
+                if not patient:
+                    raise CsiError(grpc.StatusCode.UNAVAILABLE,
+                                   f"the keeper of {pub.target} is busy ({exc}); "
+                                   f"try again") from None
+                backoff.wait(f"the keeper of {pub.target} does not surrender it", exc)
+            except (HostError, HostUnavailable) as exc:
+                # (the new keeper never acked: the old one serves on)
+                log.error("%s stays with its keeper: the keeper host could not take it "
+                          "over: %s", pub.target, exc)
+                return True
+
+    def _take_over(self, pub: Publication) -> None:
+        argv, env = self._command(pub, self.state.credentials(pub.target))
+        pid = take_over(pub.target, lambda named: self.keepers.spawn(
+            argv, env, pub.target, pub.get("source") or "", named))
+        log.info("took %s over: volume %s, keeper %d of the host", pub.target,
+                 pub.volume_id, pid)
 
     # unpublish
 
@@ -143,7 +170,11 @@ class Mounts:
                 raise CsiError(grpc.StatusCode.NOT_FOUND,
                                f"{target} holds volume {known.volume_id}, not {volume_id}; "
                                f"unpublish it with its own volume_id")
-            keeper = self._keeper(target)
+            try:
+                keeper = self.keepers.keeper_of(target)
+            except (HostError, HostUnavailable) as exc:
+                keeper = None  # it ends with its mount all the same
+                log.warning("unpublishing %s without the keeper host: %s", target, exc)
             for _ in range(8):  # mounts stacked on the target, ours on top
                 if mp.find_mount(target) is None:
                     break
@@ -153,34 +184,13 @@ class Mounts:
                     raise CsiError(grpc.StatusCode.INTERNAL,
                                    f"cannot unmount {target}: {exc}") from None
             if keeper is not None:
-                self._stop(keeper)
+                try:
+                    self.keepers.stop(keeper)
+                except (HostError, HostUnavailable) as exc:
+                    log.warning("the keeper of %s was not stopped: %s", target, exc)
             self.state.remove(target)
             self._remove_target(target)
             log.info("unpublished volume %s from %s", volume_id, target)
-
-    def _stop(self, pid: int) -> None:
-        """Wait for keeper `pid` to end (its server ends with the mount); make it."""
-        for sig in (None, signal.SIGTERM, signal.SIGKILL):
-            if sig is not None:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + STOP_TIMEOUT
-            while time.monotonic() < deadline:
-                if not self._running(pid):
-                    return
-                time.sleep(0.05)
-            log.warning("keeper %d has not ended within %gs of its unmount", pid, STOP_TIMEOUT)
-
-    def _running(self, pid: int) -> bool:
-        with self._guard:
-            child = self._children.get(pid)
-        if child is not None and child.poll() is not None:
-            with self._guard:
-                self._children.pop(pid, None)
-            return False
-        return _alive(pid)
 
     @staticmethod
     def _remove_target(target: str) -> None:
@@ -214,18 +224,29 @@ class Mounts:
     # after a restart
 
     def adopt(self) -> None:
-        """Take every recorded mount over: a live keeper surrenders it to a new
-        keeper of ours; a mount without one gets a new one."""
+        """Keep every recorded mount: the host's keepers stay as they are; a live
+        keeper of another is surrendered to one of the host's (asked again
+        while it refuses); a mount without one gets a new one. Returns when
+        every record is handled (then the plugin may say it is ready)."""
+        backoff = Backoff()
+        while True:
+            try:
+                kept = {k["mountpoint"] for k in self.keepers.list() if k["ready"]}
+                break
+            except (HostError, HostUnavailable) as exc:
+                backoff.wait("the keeper host does not answer", exc)
+        log.info("the keeper host holds %d mounts", len(kept))
         with ThreadPoolExecutor(ADOPT_WORKERS, thread_name_prefix="adopt") as pool:
-            list(pool.map(self._adopt, self.state.records()))
+            list(pool.map(lambda pub: self._adopt(pub, kept), self.state.records()))
 
-    def _adopt(self, pub: Publication) -> None:
+    def _adopt(self, pub: Publication, kept: set[str]) -> None:
         with self._lock(pub.target):
-            keeper = self._keeper(pub.target)
-            if keeper is not None:
-                self._take_over(pub, keeper)
-                if self._kept(pub.target):
+            try:
+                if pub.target in kept or self._keep(pub, patient=True):
                     return
+            except CsiError as exc:
+                log.error("%s", exc.message)
+                return
             if mp.find_mount(pub.target) is None and not os.path.lexists(pub.target):
                 log.info("forgetting %s: its target path is gone", pub.target)
                 self.state.remove(pub.target)
@@ -242,50 +263,3 @@ class Mounts:
                             remove_on_failure=False)
             except CsiError as exc:
                 log.error("%s", exc.message)
-
-    def _take_over(self, pub: Publication, keeper: int) -> None:
-        """Have `keeper` surrender `pub`'s live mount to a new keeper of ours; if
-        that fails before the new one acks, the old one serves on."""
-        try:
-            surrendered = fskeeper.surrender(pub.target, SURRENDER_TIMEOUT)
-        except (OSError, ValueError) as exc:
-            log.warning("%s stays with keeper %d, which did not surrender it: %s", pub.target,
-                        keeper, exc)
-            return
-        try:
-            server = self._server(pub)
-            argv, cfg, env = mount_command(pub, self.state.key_file(pub.target), self.socket,
-                                           server, self.state.credentials(pub.target),
-                                           self.environment)
-            passing = hand_on(surrendered.named())
-            try:
-                child, why = fsmount.spawn(argv, cfg, self.log_file, detach=True,
-                                           passed=passing, env=env)
-            finally:
-                passing.close()
-        except CsiError as exc:
-            child, why = None, exc.message
-        except OSError as exc:  # no descriptor left to pass them on, say
-            child, why = None, str(exc)
-        finally:
-            surrendered.close()  # the new keeper has its own copies, or none is needed
-        if child is None:
-            log.error("taking %s over from keeper %d failed: %s", pub.target, keeper, why)
-            return
-        with self._guard:
-            self._children[child.pid] = child
-        log.info("took %s over from keeper %d: volume %s, keeper %d", pub.target, keeper,
-                 pub.volume_id, child.pid)
-
-    def reap(self) -> None:
-        """Collect keepers that ended (and, as PID 1, any orphan)."""
-        with self._guard:
-            done = [pid for pid, child in self._children.items() if child.poll() is not None]
-            for pid in done:
-                del self._children[pid]
-        if os.getpid() == 1:
-            try:
-                while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                    pass
-            except ChildProcessError:
-                pass

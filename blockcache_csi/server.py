@@ -1,7 +1,7 @@
 """The gRPC server on the kubelet's unix socket, and the plugin's life: take
 over the mounts a previous plugin left, serve (and say so in the ready file,
 the pod's readiness), and on SIGTERM stop serving while every mount goes on
-(its keeper outlives the plugin)."""
+(its keeper is the keeper host's, not ours)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 WORKERS = 8  # the kubelet's calls at once (publishes of different targets run side by side)
 GRACE = 5.0  # seconds a call in progress gets once SIGTERM arrives
-REAP_INTERVAL = 1.0
+POLL_INTERVAL = 1.0
 
 
 class EndpointError(ValueError):
@@ -90,7 +90,7 @@ def serve(endpoint: str, mounts: Mounts, node_id: str, ready_file: str | None = 
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
-        log.info("%s: stopping; the mounts stay, kept by their keepers",
+        log.info("%s: stopping; the mounts stay, kept by the keeper host",
                  signal.Signals(signum).name)
         stop.set()
 
@@ -107,8 +107,7 @@ def serve(endpoint: str, mounts: Mounts, node_id: str, ready_file: str | None = 
     try:
         if registrar is not None:  # only now: the kubelet may publish at once
             registrar.start()
-        while not stop.wait(REAP_INTERVAL):
-            mounts.reap()
+        while not stop.wait(POLL_INTERVAL):
             if registrar is not None:
                 registrar.poll()
     finally:  # a registration that cannot bind ends the plugin, as cleanly

@@ -1,7 +1,8 @@
 """Fixtures for the CSI plugin's tests: one real blockcached, a source tree,
-a volume key and a plugin process shared by the module, with every mount and
-process under the module's dir removed at teardown, whatever happened
-(CSI_TEST_KEEP=1 keeps the dir's logs for a look)."""
+a volume key, a keeper host and a plugin process shared by the module, with
+every mount and process under the module's dir removed at teardown, whatever
+happened (CSI_TEST_KEEP=1 keeps the dir's logs for a look). Targets have
+the kubelet's shape and length (over 150 bytes)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,25 @@ import os
 import random
 import shutil
 import tempfile
+import uuid
 
 import pytest
 
 from blockcache_client.volumekey import generate_key_file
 from devtools.daemon import DaemonProcess
-from tests.csi.plugin import Plugin, cleanup, kubelet_keys, server_python, socket_group
+from tests.csi.plugin import (
+    KeeperHost,
+    Plugin,
+    cleanup,
+    kubelet_keys,
+    remove_keeper_cgroups,
+    running,
+    server_python,
+    socket_group,
+)
 
 BLOCK = "256K"
+MIN_TARGET = 150  # the CSI spec: at least 128 bytes; the kubelet's are about 131
 
 
 def make_source(root: str) -> None:
@@ -39,9 +51,10 @@ class World:
         self.source = os.path.join(base, "source")
         make_source(self.source)
         # the kubelet's pod dirs: 0750 root, which the server may not search
-        self.pods = os.path.join(base, "pods")
+        self.pods = os.path.join(base, "var/lib/kubelet/pods")
         os.makedirs(self.pods, 0o750)
         os.chmod(self.pods, 0o750)
+        self.keepers_socket = os.path.join(base, "keepers", "keepers.sock")
         key_path = os.path.join(base, "volume.key")
         generate_key_file(key_path)
         with open(key_path) as f:
@@ -51,10 +64,15 @@ class World:
         self.targets = 0
 
     def target(self) -> str:
+        """A target as the kubelet's pkg/volume/csi makes it for a PV: PODS/<pod
+        uid>/volumes/kubernetes.io~csi/<pv name>/mount."""
         self.targets += 1
-        parent = os.path.join(self.pods, f"pod{self.targets}", "volumes")
+        parent = os.path.join(self.pods, str(uuid.uuid4()), "volumes", "kubernetes.io~csi",
+                              f"pvc-{uuid.uuid4()}")
         os.makedirs(parent)
-        return os.path.join(parent, "mount")
+        target = os.path.join(parent, "mount")
+        assert len(target) >= MIN_TARGET, target
+        return target
 
     def context(self, volume: str = "data", namespace: str = "default",
                 **more: str) -> dict[str, str]:
@@ -67,10 +85,16 @@ class World:
                args: tuple[str, ...] = (), env: dict[str, str] | None = None, **kw) -> Plugin:
         """A plugin that allows `self.source` to every namespace, and `args`;
         `env`: added to its environment."""
+        kw.setdefault("keepers", self.keepers_socket)
         return Plugin(self.python, {**self.env, **(env or {})}, self.base,
                       os.path.join(self.base, state),
                       self.daemon.socket_path, os.path.join(self.base, f"{name}.log"),
                       name=name, args=("--allow-source", self.source, *args), **kw)
+
+    def keeper_host(self, name: str = "keepers", socket_path: str | None = None,
+                    **kw) -> KeeperHost:
+        return KeeperHost(self.python, self.env, self.base, socket_path or self.keepers_socket,
+                          os.path.join(self.base, f"{name}.log"), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +114,7 @@ def world():
     finally:
         try:
             cleanup(base, spare=(w.daemon.proc.pid,) if w.daemon.proc else ())
+            remove_keeper_cgroups()
         finally:
             w.daemon.stop()
             if not os.environ.get("CSI_TEST_KEEP"):
@@ -97,10 +122,13 @@ def world():
 
 
 @pytest.fixture(scope="module")
-def plugin(world):
-    p = world.plugin().start()
-    try:
+def keepers(world):
+    """The keeper host every plugin of the module asks (at world.keepers_socket)."""
+    with running(world.keeper_host().start()) as host:
+        yield host
+
+
+@pytest.fixture(scope="module")
+def plugin(world, keepers):
+    with running(world.plugin().start()) as p:
         yield p
-    finally:
-        p.stop()
-        print(p.log())  # shown when a test failed

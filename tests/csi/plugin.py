@@ -17,7 +17,11 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
 
 import grpc
 
@@ -98,9 +102,30 @@ def mounts_under(base: str) -> list[str]:
     return [p for p in points if p.startswith(base + "/")]
 
 
+FUSECTL = "/sys/fs/fuse/connections"
+
+
+def _abort_connections(base: str) -> None:
+    """Abort the FUSE connections mounted under `base`: a server's page-cache
+    storer (`fsclient.session.storer`) may wait uninterruptibly for a read
+    that no server will answer once everything is killed at once."""
+    if not os.listdir(FUSECTL):
+        subprocess.run(["mount", "-t", "fusectl", "none", FUSECTL], capture_output=True,
+                       timeout=30)
+    with open("/proc/self/mountinfo") as f:
+        devices = [line.split(" ")[2] for line in f if line.split(" ")[4].startswith(base + "/")
+                   and " - fuse" in line]
+    for device in devices:
+        with suppress(OSError):
+            with open(os.path.join(FUSECTL, device.split(":")[1], "abort"), "w") as f:
+                f.write("1")
+
+
 def cleanup(base: str, spare: tuple[int, ...] = ()) -> None:
-    """Unmount everything under `base` and kill every process of ours there
-    but `spare`."""
+    """Abort and unmount every FUSE mount under `base`, and kill every process
+    of ours there but `spare`."""
+    with suppress(OSError):
+        _abort_connections(base)
     for path in sorted(mounts_under(base), reverse=True):
         subprocess.run(["umount", "-l", path], capture_output=True, timeout=30)
     for pid in own_processes(base):
@@ -127,6 +152,30 @@ def environ_of(pid: int) -> dict[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
 
 
+def remove_keeper_cgroups(timeout: float = 10.0) -> None:
+    """The keeper hosts' cgroups (`keeper-*`) beside ours in the v1 memory
+    hierarchy, once the processes `cleanup` killed have left them (a host
+    removes its own, but not when it is killed, nor those of keepers it left)."""
+    with open("/proc/self/cgroup") as f:
+        path = next((line.rstrip("\n").split(":", 2)[2] for line in f
+                     if "memory" in line.split(":")[1].split(",")), None)
+    if path is None:
+        return
+    base = "/sys/fs/cgroup/memory" + path
+    deadline = time.monotonic() + timeout
+    while True:
+        left = []
+        for name in os.listdir(base) if os.path.isdir(base) else []:
+            if name.startswith("keeper-"):
+                try:
+                    os.rmdir(os.path.join(base, name))
+                except OSError:
+                    left.append(name)
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+
+
 def status_of(pid: int) -> dict[str, str]:
     """/proc/PID/status as a dict."""
     with open(f"/proc/{pid}/status") as f:
@@ -137,35 +186,142 @@ def keeper_status(target: str) -> dict:
     return keeping.status(target)
 
 
+def pids(target: str) -> tuple[int, int]:
+    """(keeper, server) of the mount on `target`."""
+    st = keeping.status(target)
+    return st["keeper"], st["server"]
+
+
+def _tail(path: str) -> str:
+    """The end of a log file ("" until the process has made it)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-6000:]
+    except FileNotFoundError:
+        return ""
+
+
+def _start(argv: list[str], env: dict[str, str], cwd: str, log_path: str) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                env=env, cwd=cwd, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen | None, sig: int) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@contextmanager
+def running(process: Any) -> Iterator[Any]:
+    """A started KeeperHost or Plugin, stopped at the end (its log printed:
+    pytest shows it when a test failed)."""
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(process.log())
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids whose parent is `pid`."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if int(status_of(int(name))["PPid"]) == pid:
+                    out.append(int(name))
+            except (OSError, KeyError):
+                pass
+    return out
+
+
+def pid_one(proc: subprocess.Popen, timeout: float = 10.0) -> int:
+    """The pid, as we see it, of the PID 1 that `unshare --pid --fork` (`proc`)
+    started in its new pid namespace."""
+    box: list[int] = []
+    wait_for(lambda: box.extend(children_of(proc.pid)) or bool(box), timeout,
+             f"the child of unshare {proc.pid}")
+    return box[0]
+
+
+class KeeperHost:
+    """`python -m blockcache_csi keepers` on a unix socket. `wrap`: a command
+    it runs under (`unshare --pid --fork`: PID 1 of its own pid namespace)."""
+
+    def __init__(self, python: str, env: dict[str, str], base: str, socket_path: str,
+                 log_path: str, args: tuple[str, ...] = (), wrap: tuple[str, ...] = ()):
+        self.python, self.env, self.base = python, env, base
+        self.socket, self.log_path, self.args, self.wrap = socket_path, log_path, args, wrap
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, ready_file: str | None = None, wait: bool = True) -> KeeperHost:
+        argv = [*self.wrap, self.python, "-m", "blockcache_csi", "keepers", "--socket",
+                self.socket, *self.args]
+        if ready_file:
+            argv += ["--ready-file", ready_file]
+        self.proc = _start(argv, self.env, self.base, self.log_path)
+        if wait:
+            wait_for(lambda: self.answers(), START_TIMEOUT, "the keeper host's socket")
+        return self
+
+    def answers(self) -> bool:
+        from blockcache_csi.keepers import KeeperHost as Client
+
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"the keeper host exited:\n{self.log()}")
+        try:
+            Client(self.socket).list()
+            return True
+        except Exception:
+            return False
+
+    @property
+    def pid(self) -> int:
+        """Its pid as we see it (PID 1 of its namespace, if wrapped by unshare)."""
+        assert self.proc is not None
+        return pid_one(self.proc) if self.wrap else self.proc.pid
+
+    def log(self) -> str:
+        return _tail(self.log_path)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        _stop(self.proc, sig)
+
+
 class Plugin:
-    """`python -m blockcache_csi` on a unix socket, and a client of it."""
+    """`python -m blockcache_csi` on a unix socket, and a client of it. `wrap`:
+    a command it runs under (`unshare --pid --fork`, a cgroup's `sh -c`)."""
 
     def __init__(self, python: str, env: dict[str, str], base: str, state_dir: str,
                  daemon_socket: str, log_path: str, node_id: str = "node-1",
-                 by_env: bool = False, name: str = "csi", args: tuple[str, ...] = ()):
+                 by_env: bool = False, name: str = "csi", args: tuple[str, ...] = (),
+                 keepers: str = "", wrap: tuple[str, ...] = ()):
         self.python, self.env, self.base = python, env, base
         self.socket = os.path.join(base, name, "csi.sock")
         self.endpoint = f"unix://{self.socket}"
         self.state_dir, self.daemon_socket = state_dir, daemon_socket
         self.log_path, self.node_id, self.by_env = log_path, node_id, by_env
-        self.args = args
+        self.args, self.keepers, self.wrap = args, keepers, wrap
         self.proc: subprocess.Popen | None = None
         self.channel: grpc.Channel | None = None
 
     def start(self) -> Plugin:
-        argv = [self.python, "-m", "blockcache_csi", "--state-dir", self.state_dir,
-                "--socket", self.daemon_socket, *self.args]
+        argv = [*self.wrap, self.python, "-m", "blockcache_csi", "--state-dir",
+                self.state_dir, "--socket", self.daemon_socket, *self.args]
+        if self.keepers:
+            argv += ["--keepers-socket", self.keepers]
         env = dict(self.env)
         if self.by_env:  # as the manifest passes them
             env.update(CSI_ENDPOINT=self.endpoint, NODE_ID=self.node_id)
         else:
             argv += ["--endpoint", self.endpoint, "--node-id", self.node_id]
-        log = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         env=env, cwd=self.base, start_new_session=True)
-        finally:
-            log.close()
+        self.proc = _start(argv, env, self.base, self.log_path)
         self.channel = grpc.insecure_channel(self.endpoint)
         try:
             grpc.channel_ready_future(self.channel).result(timeout=START_TIMEOUT)
@@ -175,8 +331,7 @@ class Plugin:
         return self
 
     def log(self) -> str:
-        with open(self.log_path, errors="replace") as f:
-            return f.read()[-6000:]
+        return _tail(self.log_path)
 
     @property
     def identity(self) -> csi_pb2_grpc.IdentityStub:
@@ -207,13 +362,7 @@ class Plugin:
         if self.channel is not None:
             self.channel.close()
             self.channel = None
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        _stop(self.proc, sig)
 
 
 def wait_new_server(target: str, other_than: int, timeout: float = 30.0) -> int:
@@ -265,3 +414,61 @@ def wait_dead(pid: int, timeout: float = 15.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"process {pid} still runs after {timeout:g}s")
         time.sleep(0.05)
+
+
+def keepers_under(host_pid: int) -> dict[str, int]:
+    """{target: keeper pid} of the keepers whose parent is `host_pid` (pids as
+    we see them: the host may be PID 1 of a namespace of its own)."""
+    out = {}
+    for pid in children_of(host_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "fsclient.cli" in argv and "mount" in argv and "--serve-fd" not in argv:
+            out[argv[argv.index("mount") + 2]] = pid
+    return out
+
+
+class Busy:
+    """A keeper busy with a restart (so it refuses to surrender) until `release`:
+    `fsclient restart` of `target`, with the new server stopped (SIGSTOP)
+    before it asks for the connection. `keeper`: its pid as we see it."""
+
+    def __init__(self, target: str, keeper: int):
+        self.target, self.keeper = target, keeper
+        serving = set(children_of(keeper))  # (pids as we see them, whatever its namespace)
+        self.result: list = []
+        self.thread = threading.Thread(target=self._restart, daemon=True)
+        self.thread.start()
+        box: list[int] = []
+
+        def new_server() -> bool:
+            box[:] = [p for p in children_of(keeper) if p not in serving]
+            return bool(box)
+
+        wait_for(new_server, 10, f"the restart's server under keeper {keeper}")
+        self.stopped = box[0]
+        os.kill(self.stopped, signal.SIGSTOP)
+
+    def _restart(self) -> None:
+        try:
+            self.result.append(keeping.restart(self.target, 60))
+        except Exception as exc:  # reported by `release`
+            self.result.append(exc)
+
+    def refuses(self) -> bool:
+        from fsclient.keeper import surrender
+
+        try:
+            surrender(self.target, 10).close()  # (never acked: it serves on)
+        except ValueError:
+            return True
+        return False
+
+    def release(self) -> dict:
+        os.kill(self.stopped, signal.SIGCONT)
+        self.thread.join(90)
+        assert self.result and isinstance(self.result[0], dict), self.result
+        return self.result[0]

@@ -67,8 +67,23 @@ def test_help_names_every_option():
     for option in ("--endpoint", "--node-id", "--state-dir", "--server-uid", "--server-gid",
                    "--namespace-uid", "--pv-uid", "--allow-source", "--s3-endpoint",
                    "--s3-region", "--allow-node-credentials", "--socket", "--ready-file",
+                   "--keepers-socket",
                    "CSI_ENDPOINT", "NODE_ID"):
         assert option in out.stdout
+
+
+def test_the_keeper_host_names_its_options_and_refuses_a_bad_size():
+    run = [sys.executable, "-m", "blockcache_csi", "keepers"]
+    out = subprocess.run([*run, "--help"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0
+    for option in ("--socket", "--server-memory", "--ready-file"):
+        assert option in out.stdout
+    bad = subprocess.run([*run, "--server-memory", "lots"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2
+    assert "--server-memory" in bad.stderr and "512M" in bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 def test_identity_and_node_info(plugin):
@@ -232,7 +247,8 @@ def test_a_killed_server_or_keeper_fails_no_read(world, plugin, tmp_path):
     wait_dead(replaced["keeper"])
 
 
-def test_a_restarted_plugin_keeps_its_mounts_and_mounts_again_those_without_a_server(world):
+def test_a_restarted_plugin_keeps_its_mounts_and_mounts_again_those_without_a_server(
+        world, keepers):
     first = world.plugin(state="state-restart", name="restart").start()
     kept, orphan = world.target(), world.target()
     try:
@@ -243,17 +259,19 @@ def test_a_restarted_plugin_keeps_its_mounts_and_mounts_again_those_without_a_se
         first.stop(signal.SIGKILL)  # a crash: nothing is handed over
         print(first.log())  # shown when the test failed
         assert snapshot(kept) == snapshot(world.source)  # served on meanwhile
-        # the orphan's keeper and server die with the plugin: its mount is dead
+        # the orphan's keeper and server die (as with an older plugin's
+        # container, which held them): its mount is dead
         dying = kill_mount(orphan)
 
         second = world.plugin(state="state-restart", name="restart", by_env=True).start()
         try:
-            after = keeper_status(kept)  # taken over: a keeper of the new plugin's
-            assert after["keeper"] != before["keeper"] and after["server"] != before["server"]
-            assert status_of(after["keeper"])["PPid"] == str(second.proc.pid)
+            after = keeper_status(kept)  # kept: the same keeper, the keeper host's
+            assert after["keeper"] == before["keeper"] and after["server"] == before["server"]
+            assert status_of(after["keeper"])["PPid"] == str(keepers.pid)
             assert snapshot(orphan) == snapshot(world.source)
             renewed = keeper_status(orphan)
             assert renewed["keeper"] != dying["keeper"]
+            assert status_of(renewed["keeper"])["PPid"] == str(keepers.pid)
             assert status_of(renewed["server"])["Uid"].split()[0] == "65534"
             # the new plugin knows both: a repeated publish is OK, unpublish ends them
             second.publish("vol-kept", kept, world.context("kept"), world.key)

@@ -62,7 +62,7 @@ def _registering(world, name: str, regdir: str):
         "--ready-file", ready)), ready
 
 
-def test_the_kubelet_gets_the_plugins_info_through_a_socket_of_its_own(world):
+def test_the_kubelet_gets_the_plugins_info_through_a_socket_of_its_own(world, keepers):
     regdir = os.path.join(world.base, "registry-info")
     os.makedirs(regdir)
     # a killed plugin's socket: the file stays, nobody listens
@@ -90,7 +90,7 @@ def test_the_kubelet_gets_the_plugins_info_through_a_socket_of_its_own(world):
     assert _own_sockets(regdir) == set()
 
 
-def test_a_sibling_going_makes_it_register_again_and_it_removes_only_its_own(world):
+def test_a_sibling_going_makes_it_register_again_and_it_removes_only_its_own(world, keepers):
     regdir = os.path.join(world.base, "registry-sibling")
     os.makedirs(regdir)
     # node-driver-registrar's fixed name, and another plugin instance's

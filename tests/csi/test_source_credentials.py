@@ -49,7 +49,7 @@ def _environ_text(pid: int) -> str:
     return "\n".join(f"{k}={v}" for k, v in environ_of(pid).items())
 
 
-def test_a_volume_signs_with_its_own_secret_never_the_plugins(world, s3):
+def test_a_volume_signs_with_its_own_secret_never_the_plugins(world, keepers, s3):
     server, operator, tenant = s3
     plugin_env = {"AWS_ACCESS_KEY_ID": operator[0], "AWS_SECRET_ACCESS_KEY": operator[1],
                   "AWS_DEFAULT_REGION": "us-east-1", "BLOCKCACHE_CANARY": "1"}

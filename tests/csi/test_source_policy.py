@@ -100,7 +100,7 @@ def test_an_allowed_source_works_under_any_alias(world, plugin):
             plugin.unpublish(f"vol-{n}", target)
 
 
-def test_rules_per_namespace(world):
+def test_rules_per_namespace(world, keepers):
     copy = os.path.join(world.base, "team-a-data")  # team-a's alone
     subprocess.run(["cp", "-a", os.path.join(world.source, "dir1"), copy], check=True,
                    timeout=60)

@@ -61,7 +61,7 @@ def test_a_saved_key_is_roots_alone(tmp_path):
 
 
 @pytest.mark.fuse
-def test_an_orphan_key_is_removed_at_start(world):
+def test_an_orphan_key_is_removed_at_start(world, keepers):
     state = os.path.join(world.base, "state-orphans")
     keys = os.path.join(state, "keys")
     os.makedirs(keys, 0o711)
@@ -80,7 +80,7 @@ def test_an_orphan_key_is_removed_at_start(world):
 
 
 @pytest.mark.fuse
-def test_a_mount_serves_with_keys_only_root_can_read(world):
+def test_a_mount_serves_with_keys_only_root_can_read(world, keepers):
     # the keeper (root) hands its server the key as a descriptor
     plugin = world.plugin(state="state-keys", name="keys",
                           args=("--namespace-uid", f"tenant-b={TENANT}")).start()

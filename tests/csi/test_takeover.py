@@ -1,9 +1,9 @@
 """An upgrade of the plugin's pod: a new plugin (same state dir, its own
-socket and process group) takes every live mount over at its start, so the
-old plugin's whole container can then be killed, keepers and servers with it,
-while a reader reading through the mount fails no read and reads no wrong
-byte. And two plugins on one socket (a surge): the one that stops first
-leaves the other's socket."""
+socket and process group) finds every live mount kept by the keeper host at
+its start, so the old plugin's whole container can then be killed while a
+reader reading through the mount fails no read and reads no wrong byte. And
+two plugins on one socket (a surge): the one that stops first leaves the
+other's socket."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _kill(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def test_a_new_plugin_takes_the_mounts_over_and_the_old_one_may_die(world, tmp_path):
+def test_a_new_plugin_keeps_the_mounts_and_the_old_one_may_die(world, keepers, tmp_path):
     ready = os.path.join(world.base, "takeover-new.ready")
     old = world.plugin(state="state-takeover", name="takeover-old").start()
     new = world.plugin(state="state-takeover", name="takeover-new", args=("--ready-file", ready))
@@ -55,19 +55,17 @@ def test_a_new_plugin_takes_the_mounts_over_and_the_old_one_may_die(world, tmp_p
                  30, "the reader to start")
         time.sleep(0.5)
         assert not os.path.exists(ready)
-        new.start()  # it listens, and is ready, once it has taken every mount over
+        new.start()  # it listens, and is ready, once it has handled every mount
         after = keeper_status(target)
         assert open(ready).read() == f"{new.proc.pid}\n"
-        assert after["keeper"] != before["keeper"]
-        assert status_of(after["keeper"])["PPid"] == str(new.proc.pid)
+        assert (after["keeper"], after["server"]) == (before["keeper"], before["server"])
+        assert status_of(after["keeper"])["PPid"] == str(keepers.pid)
         assert status_of(after["server"])["Uid"].split()[0] == "65534"
         # the old pod's container stops: every process in it, kill -9 at once
-        # (its keeper and server have left already, so there may be none)
         with suppress(ProcessLookupError):
             os.killpg(old.proc.pid, signal.SIGKILL)
-        _kill([old.proc.pid, before["keeper"], before["server"]])
-        for pid in (old.proc.pid, before["keeper"], before["server"]):
-            wait_dead(pid)
+        _kill([old.proc.pid])
+        wait_dead(old.proc.pid)
         time.sleep(1.0)
         open(stop, "w").close()
         out, err = reader.communicate(timeout=60)
@@ -88,7 +86,7 @@ def test_a_new_plugin_takes_the_mounts_over_and_the_old_one_may_die(world, tmp_p
         print(old.log(), new.log())  # shown when the test failed
 
 
-def test_a_plugin_that_stops_leaves_its_successors_socket(world):
+def test_a_plugin_that_stops_leaves_its_successors_socket(world, keepers):
     """A surge update: the new plugin replaces the socket file while the old
     one serves; the old one, stopping, must not unlink the new one's."""
     first = world.plugin(state="state-surge", name="surge-first").start()

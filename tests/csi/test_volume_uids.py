@@ -57,7 +57,7 @@ def _uids(target: str) -> list[str]:
 
 @pytest.mark.fuse
 @pytest.mark.timeout(180)
-def test_a_pod_cannot_choose_another_namespaces_uid(world):
+def test_a_pod_cannot_choose_another_namespaces_uid(world, keepers):
     # the victim's data: readable by its uid alone; every namespace may name it
     # as a source (the operator relies on uids here, not on the source policy)
     private = os.path.join(world.base, "victim-data")
@@ -107,11 +107,11 @@ def test_a_pod_cannot_choose_another_namespaces_uid(world):
                                      timeout=30)
                 assert cat.returncode != 0, f"uid {reader} read {name}"
 
-        # a restarted plugin (an upgrade) takes the mounts over as the same uids
+        # a restarted plugin (an upgrade) keeps the mounts: the same keepers and uids
         before = keeper_status(own)
         plugin.stop()
         successor = world.plugin(state="state-uids", name="uids2", args=args).start()
-        assert keeper_status(own)["keeper"] != before["keeper"]
+        assert keeper_status(own)["keeper"] == before["keeper"]
         assert _uids(own)[0] == str(VICTIM) and _uids(static)[0] == str(STATIC)
         assert snapshot(own) == snapshot(world.source)
         successor.unpublish("vol-own", own)

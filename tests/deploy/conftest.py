@@ -41,6 +41,12 @@ def csi_node(daemon_objs):
 
 
 @pytest.fixture(scope="module")
+def csi_keepers(daemon_objs):
+    """The CSI driver's keeper host (csi-keepers.yaml)."""
+    return named(daemon_objs, "DaemonSet", "blockcache-csi-keepers")
+
+
+@pytest.fixture(scope="module")
 def memcached(daemon_objs):
     return named(daemon_objs, "DaemonSet", "blockcache-memcached")
 

@@ -1,6 +1,7 @@
 """The CSI driver's manifests: the CSIDriver object, the node plugin's
-DaemonSet (the plugin registers itself with the kubelet), and the examples
-that mount volumes through it.
+DaemonSet (the plugin registers itself with the kubelet), the keeper host's
+DaemonSet (it holds the mounts), and the examples that mount volumes
+through it.
 
 What the kubelet needs to find and call the plugin (the registration path is
 the host path of the plugin's socket), what the plugin needs to mount FUSE
@@ -80,6 +81,11 @@ def plugin(csi_node):
     return container(csi_node, "blockcache-csi")
 
 
+@pytest.fixture(scope="module")
+def keeper_host(csi_keepers):
+    return container(csi_keepers, "blockcache-keepers")
+
+
 def test_csidriver_object(driver):
     assert driver["metadata"]["name"] == DRIVER
     spec = driver["spec"]
@@ -89,7 +95,7 @@ def test_csidriver_object(driver):
     assert spec["fsGroupPolicy"] == "None"          # never a recursive chown of a dataset
 
 
-def test_plugin_runs_the_agreed_command(csi_node, plugin):
+def test_plugin_runs_the_agreed_command(csi_node, plugin, csi_keepers):
     assert plugin["command"][0] == "blockcache-csi"
     flags = args(plugin)
     assert expand(plugin, flags["--endpoint"]) == "unix:///csi/csi.sock"
@@ -97,8 +103,9 @@ def test_plugin_runs_the_agreed_command(csi_node, plugin):
     assert node_id["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert flags["--node-id"] == "$(NODE_ID)"
     assert int(flags["--server-uid"]) != 0 and int(flags["--server-gid"]) != 0
-    # the memcached TLS files (0440) are readable by the servers' group
-    assert pod_spec(csi_node)["securityContext"]["fsGroup"] == int(flags["--server-gid"])
+    # the memcached TLS files (0440) are readable by the servers' group,
+    # in the keeper host's pod, where the servers run
+    assert pod_spec(csi_keepers)["securityContext"]["fsGroup"] == int(flags["--server-gid"])
     # the plugin's state is on the host, so a restarted plugin finds its mounts
     state = flags["--state-dir"]
     assert host_path_of(csi_node, plugin, state) == "/var/lib/blockcache-csi"
@@ -136,32 +143,69 @@ def test_plugin_registers_its_own_socket(csi_node, plugin):
     assert [c["name"] for c in containers(csi_node)] == ["blockcache-csi"]
 
 
-def test_propagation_bidirectional_on_the_plugin_only(daemon_objs, csi_node, plugin):
-    pods = mount(plugin, "kubelet-pods")
-    assert pods["mountPropagation"] == "Bidirectional"
-    assert pods["mountPath"] == volume(csi_node, "kubelet-pods")["hostPath"]["path"] == \
-        f"{KUBELET_DIR}/pods"
-    # the API server accepts Bidirectional only in privileged containers
-    assert plugin["securityContext"]["privileged"] is True
+def test_propagation_bidirectional_on_the_plugin_and_keeper_host_only(
+        daemon_objs, csi_node, plugin, csi_keepers, keeper_host):
+    """The keepers mount at the pods' targets; the plugin unmounts there."""
+    for obj, c in ((csi_node, plugin), (csi_keepers, keeper_host)):
+        pods = mount(c, "kubelet-pods")
+        assert pods["mountPropagation"] == "Bidirectional"
+        assert pods["mountPath"] == volume(obj, "kubelet-pods")["hostPath"]["path"] == \
+            f"{KUBELET_DIR}/pods"
+        # the API server accepts Bidirectional only in privileged containers
+        assert c["securityContext"]["privileged"] is True
     bidirectional = [(o["metadata"]["name"], c["name"]) for o in daemon_objs
                      for c in containers(o) for m in c.get("volumeMounts", [])
                      if m.get("mountPropagation") == "Bidirectional"]
-    assert bidirectional == [("blockcache-csi-node", "blockcache-csi")]
+    assert sorted(bidirectional) == [("blockcache-csi-keepers", "blockcache-keepers"),
+                                     ("blockcache-csi-node", "blockcache-csi")]
 
 
-def test_plugin_mounts_fuse_as_root(csi_node, plugin):
-    assert volume(csi_node, "dev-fuse")["hostPath"] == {"path": "/dev/fuse", "type": "CharDevice"}
-    assert mount(plugin, "dev-fuse")["mountPath"] == "/dev/fuse"
-    # the image runs as the daemon's uid; mounting takes root
-    assert plugin["securityContext"]["runAsUser"] == 0
-    # restarting the plugin's container would end every mount on the node
-    assert "livenessProbe" not in plugin
+def test_the_keeper_host_mounts_fuse_as_root_and_the_plugin_asks_it(
+        csi_node, plugin, csi_keepers, keeper_host):
+    assert volume(csi_keepers, "dev-fuse")["hostPath"] == \
+        {"path": "/dev/fuse", "type": "CharDevice"}
+    assert mount(keeper_host, "dev-fuse")["mountPath"] == "/dev/fuse"
+    assert "dev-fuse" not in {m["name"] for m in plugin["volumeMounts"]}  # it mounts nothing
+    # the image runs as the daemon's uid; mounting (and unmounting) takes root
+    assert plugin["securityContext"]["runAsUser"] == keeper_host["securityContext"][
+        "runAsUser"] == 0
+    assert keeper_host["command"][:2] == ["blockcache-csi", "keepers"]
+    # one socket on the host, which the plugin asks and the keeper host serves
+    asked, served = args(plugin)["--keepers-socket"], args(keeper_host)["--socket"]
+    assert host_path_of(csi_node, plugin, asked) == \
+        host_path_of(csi_keepers, keeper_host, served)
+    # the keys the servers read are where the plugin writes them
+    state = args(plugin)["--state-dir"]
+    assert host_path_of(csi_keepers, keeper_host, state) == host_path_of(csi_node, plugin, state)
+    # restarting the keeper host's container would end every mount on the node
+    assert "livenessProbe" not in keeper_host
+    # the plugin holds no mount: a limit costs none
+    assert plugin["resources"]["limits"]["memory"]
+
+
+def test_the_keeper_host_is_guaranteed_and_upgrades_beside_the_old_one(csi_keepers,
+                                                                       keeper_host):
+    """Guaranteed QoS (requests = limits): evicted and OOM-killed last. An
+    upgrade starts the new host beside the old one, ready only once it has
+    taken every keeper over, on the host's network (the keepers' abstract
+    control sockets)."""
+    res = keeper_host["resources"]
+    assert {"cpu", "memory"} <= set(res["requests"])
+    assert res["requests"] == res["limits"]
+    strategy = csi_keepers["spec"]["updateStrategy"]
+    assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    spec = pod_spec(csi_keepers)
+    assert spec["hostNetwork"] is True
+    ready_file = args(keeper_host)["--ready-file"]
+    assert keeper_host["readinessProbe"]["exec"]["command"] == ["test", "-e", ready_file]
+    assert int(args(keeper_host)["--server-memory"].rstrip("G")) >= 1
 
 
 def test_an_upgrade_starts_the_new_plugin_before_the_old_one_goes(csi_node):
-    """A new plugin pod takes the mounts over from the old pod's keepers, so it
-    must run beside the old one (surge, never 0 available) and reach their
-    abstract control sockets (the host's network namespace)."""
+    """A new plugin pod finds the mounts kept (taking over any kept by a
+    keeper not the keeper host's), so it runs beside the old one (surge,
+    never 0 available) and reaches their abstract control sockets (the
+    host's network namespace)."""
     strategy = csi_node["spec"]["updateStrategy"]
     assert strategy["type"] == "RollingUpdate"
     assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
@@ -260,20 +304,24 @@ def test_examples_share_the_key_secret_and_namespace(example_objs, static_objs, 
     assert static["nodePublishSecretRef"]["namespace"] == ns
 
 
-MOUNTS_PER_NODE = 8  # what csi-node.yaml's memory is sized for (its comment)
-PLUGIN_BYTES = 96 << 20
+MOUNTS_PER_NODE = 8  # what csi-keepers.yaml's memory is sized for (its comment)
+HOST_BYTES = 128 << 20  # the keeper host itself
 
 
-def test_plugin_memory_is_the_bound_of_its_mounts(plugin):
-    """Request and limit are the plugin plus 8 mounts at fsclient's memory
-    bound with the settings the plugin gives its servers (a limit below it
-    risks an OOM kill of the whole container, every mount with it)."""
+def test_keeper_memory_holds_the_bound_of_its_mounts(keeper_host):
+    """Each keeper's cgroup limit (--server-memory) holds a mount at fsclient's
+    memory bound with the settings the plugin gives its servers, and the
+    host's request and limit hold 8 such mounts and the host (a limit below
+    them risks OOM kills of servers)."""
+    from blockcache_client.contract.units import parse_size
     from fsclient.config import build_config
     from fsclient.memory import mount_bound
 
     cfg = build_config({}, volume="v", source="/data", mountpoint="/mnt", key_file="k")
-    need = MOUNTS_PER_NODE * mount_bound(cfg) + PLUGIN_BYTES
-    res = plugin["resources"]
+    per_keeper = parse_size(args(keeper_host)["--server-memory"], "--server-memory")
+    assert mount_bound(cfg) <= per_keeper  # (the server, its keeper and page store)
+    need = MOUNTS_PER_NODE * per_keeper + HOST_BYTES
+    res = keeper_host["resources"]
     assert res["requests"]["memory"] == res["limits"]["memory"]
     number, unit = re.fullmatch(r"(\d+)(Mi|Gi)", res["limits"]["memory"]).groups()
     limit = int(number) << (20 if unit == "Mi" else 30)

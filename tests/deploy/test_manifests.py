@@ -69,7 +69,8 @@ def test_every_object_parses_into_client_models_unchanged(directory):
 
 def test_daemonset_kinds(daemon_objs):
     kinds = sorted(o["kind"] for o in daemon_objs)
-    assert kinds == ["CSIDriver", "ConfigMap", "DaemonSet", "DaemonSet", "DaemonSet", "Namespace",
+    assert kinds == ["CSIDriver", "ConfigMap", "DaemonSet", "DaemonSet", "DaemonSet", "DaemonSet",
+                     "Namespace",
                      "NetworkPolicy", "PriorityClass", "Service", "ServiceAccount",
                      "ServiceAccount"]
     ns = one(daemon_objs, "Namespace")["metadata"]["name"]
@@ -78,23 +79,28 @@ def test_daemonset_kinds(daemon_objs):
             assert o["metadata"]["namespace"] == ns
 
 
-def test_socket_path_agrees_everywhere(daemon_objs, sidecar_objs, ds, csi_node, sidecar_job):
+def test_socket_path_agrees_everywhere(daemon_objs, sidecar_objs, ds, csi_node, csi_keepers,
+                                       sidecar_job):
     sock = daemon_config(daemon_objs, ds)["socket"]
     daemon, sidecar = container(ds, "blockcached"), container(sidecar_job, "fsclient")
     plugin = container(csi_node, "blockcache-csi")
+    keepers = container(csi_keepers, "blockcache-keepers")
     assert env(daemon, "BLOCKCACHE_SOCKET") == sock      # what the probes use
     assert env(sidecar, "BLOCKCACHE_SOCKET") == sock
     assert env(plugin, "BLOCKCACHE_SOCKET") == sock      # its FUSE servers connect there
+    assert env(keepers, "BLOCKCACHE_SOCKET") == sock     # where they run
     assert volume_config(sidecar_objs, sidecar_job)["socket"] == sock
     sock_dir = posixpath.dirname(sock)
     host_dirs = set()
-    for obj, c in ((ds, daemon), (sidecar_job, sidecar), (csi_node, plugin)):
+    for obj, c in ((ds, daemon), (sidecar_job, sidecar), (csi_node, plugin),
+                   (csi_keepers, keepers)):
         m = next(m for m in c["volumeMounts"] if m["mountPath"] == sock_dir)
         host_dirs.add(volume(obj, m["name"])["hostPath"]["path"])
     assert host_dirs == {sock_dir}, "daemon and pods must share the host's socket dir"
 
 
-def test_cache_dirs_agree_and_pods_mount_them_read_only(daemon_objs, ds, csi_node, sidecar_job):
+def test_cache_dirs_agree_and_pods_mount_them_read_only(daemon_objs, ds, csi_keepers,
+                                                        sidecar_job):
     daemon = container(ds, "blockcached")
     cache_dirs = [d["path"] for d in daemon_config(daemon_objs, ds)["cache_dirs"]]
     assert cache_dirs
@@ -102,7 +108,7 @@ def test_cache_dirs_agree_and_pods_mount_them_read_only(daemon_objs, ds, csi_nod
         m = next(m for m in daemon["volumeMounts"] if m["mountPath"] == path)
         assert not m.get("readOnly"), "the daemon writes its cache dir"
         host = volume(ds, m["name"])["hostPath"]["path"]
-        for reader, name in ((sidecar_job, "fsclient"), (csi_node, "blockcache-csi")):
+        for reader, name in ((sidecar_job, "fsclient"), (csi_keepers, "blockcache-keepers")):
             pod_mounts = mounts_of_hostpath(reader, host)
             assert pod_mounts, f"{name}'s pod does not mount the cache dir {host}"
             for c, pm in pod_mounts:
@@ -132,8 +138,8 @@ def test_daemon_has_requests_and_no_memory_limit(ds):
     assert "memory" not in res.get("limits", {})
 
 
-def test_pods_land_on_gpu_nodes(ds, csi_node, job, static_job, sidecar_job):
-    for obj in (ds, csi_node, job, static_job, sidecar_job):
+def test_pods_land_on_gpu_nodes(ds, csi_node, csi_keepers, job, static_job, sidecar_job):
+    for obj in (ds, csi_node, csi_keepers, job, static_job, sidecar_job):
         tolerations = pod_spec(obj)["tolerations"]
         assert any(t["key"] == GPU_TAINT and t["operator"] == "Exists" for t in tolerations)
         # where the daemon runs, and (for CSI volumes) the plugin

@@ -95,16 +95,16 @@ def test_daemon_config_names_the_service(daemon_objs, ds, service):
     assert re.fullmatch(r"\d+s", cluster["dns_refresh"])
 
 
-def test_networkpolicy_admits_only_blockcache_pods(policy, memcached, ds, csi_node, job,
-                                                  sidecar_job, daemon_objs):
+def test_networkpolicy_admits_only_blockcache_pods(policy, memcached, ds, csi_node, csi_keepers,
+                                                  job, sidecar_job, daemon_objs):
     target = pod_labels(memcached)
     ns = one(daemon_objs, "Namespace")["metadata"]["name"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert admits(policy, pod_labels(ds), Peer(namespace=ns), PORT) is None  # daemons untouched
     tier_ns = {"blockcache.io/tier-access": "true"}
     daemon = Peer(pod_labels(ds), ns)
-    # the CSI plugin's FUSE servers read for the pods that mount through it
-    plugin = Peer(pod_labels(csi_node), ns)
+    # the CSI volumes' FUSE servers (the keeper host's) read for the pods
+    plugin = Peer(pod_labels(csi_keepers), ns)
     # the sidecar recipe's training pod reads itself
     reader = Peer(pod_labels(sidecar_job), "ml-team", tier_ns)
     assert admits(policy, target, daemon, PORT)
@@ -114,7 +114,10 @@ def test_networkpolicy_admits_only_blockcache_pods(policy, memcached, ds, csi_no
         "a reader in a namespace without tier access": Peer(pod_labels(sidecar_job), "ml-team"),
         # a pod on the driver's volume reads nothing itself
         "a training pod on a CSI volume": Peer(pod_labels(job), "ml-training", tier_ns),
-        "a plugin-labelled pod of another namespace": Peer(pod_labels(csi_node), "ml-team"),
+        "a keeper-host-labelled pod of another namespace": Peer(pod_labels(csi_keepers),
+                                                                 "ml-team"),
+        # the plugin runs no server: it reads nothing
+        "the CSI plugin": Peer(pod_labels(csi_node), ns),
         "an unlabelled pod in a tier namespace": Peer({"app": "web"}, "ml-team", tier_ns),
         "an unlabelled pod in the daemon's namespace": Peer({"app": "web"}, ns),
         "a daemon-labelled pod of another namespace": Peer(pod_labels(ds), "ml-team"),
@@ -161,7 +164,7 @@ def tls_files(text: str, mount_path: str) -> set[str]:
     return {posixpath.basename(p) for p in re.findall(rf"{re.escape(mount_path)}/([\w.]+)", text)}
 
 
-def test_tls_is_optional_and_mounted_at_one_path(memcached, ds, csi_node, sidecar_job,
+def test_tls_is_optional_and_mounted_at_one_path(memcached, ds, csi_keepers, sidecar_job,
                                                  daemon_objs):
     c = container(memcached, "memcached")
     vol = volume(memcached, "tls")["secret"]
@@ -172,7 +175,7 @@ def test_tls_is_optional_and_mounted_at_one_path(memcached, ds, csi_node, sideca
     assert tls_files(script(c), path) == {"tls.crt", "tls.key", "ca.crt"}
     # the daemon and the readers: the same Secret, optional, read-only, at one path
     paths = set()
-    for workload, name in ((ds, "blockcached"), (csi_node, "blockcache-csi"),
+    for workload, name in ((ds, "blockcached"), (csi_keepers, "blockcache-keepers"),
                            (sidecar_job, "fsclient")):
         secret = volume(workload, "memcached-tls")["secret"]
         assert secret["secretName"] == vol["secretName"] and secret["optional"] is True

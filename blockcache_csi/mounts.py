@@ -29,7 +29,16 @@ from fsclient.keeper import Credentials, set_kernel_readahead, unmount_lazy
 
 from .environment import ServerEnvironment, SourceCredentials
 from .errors import CsiError
-from .keepers import Backoff, HostError, HostUnavailable, KeeperHost, NoKeeper, Refused, take_over
+from .keepers import (
+    Backoff,
+    HostError,
+    HostUnavailable,
+    KeeperHost,
+    NoKeeper,
+    Refused,
+    Squatted,
+    take_over,
+)
 from .servers import ServerUsers
 from .state import StateDir
 from .volstats import StatfsWithDeadline, Usage
@@ -87,6 +96,7 @@ class Mounts:
                                        known.volume_id == pub.volume_id else "") +
                                    "; unpublish it first, or publish at another target path")
                 if self._keep(pub, patient=False):
+                    self._check_mounted(pub)
                     return  # a repeated publish of the same volume
                 log.warning("%s is recorded but has no keeper; mounting it again", pub.target)
             else:
@@ -118,10 +128,24 @@ class Mounts:
             raise CsiError(grpc.StatusCode.INTERNAL,
                            f"mounting volume {pub.volume_id} ({pub.get('source')}) on "
                            f"{pub.target} failed: {exc}") from None
+        self._check_mounted(pub)
         # the server, not root, may not set the mount's readahead window
         set_kernel_readahead(os.stat(pub.target).st_dev, fsmount.KERNEL_READAHEAD_KB)
         log.info("published volume %s on %s (keeper %d of the host)", pub.volume_id,
                  pub.target, pid)
+
+    @staticmethod
+    def _check_mounted(pub: Publication) -> None:
+        """A publish answers OK only with this volume's mount on the target
+        (the mount table, not a keeper's word)."""
+        entry = mp.find_mount(pub.target)
+        want = (mp.FSTYPE, f"blockcache:{pub.get('volume')}")
+        if entry is None or (entry.fstype, entry.source) != want:
+            found = "nothing" if entry is None else f"{entry.source} ({entry.fstype})"
+            raise CsiError(grpc.StatusCode.INTERNAL,
+                           f"{pub.target} holds {found}, not volume {pub.get('volume')}'s "
+                           f"mount, after its keeper said it was ready; see the keeper "
+                           f"host's log")
 
     def _host_keeper(self, target: str) -> int | None:
         try:
@@ -141,6 +165,12 @@ class Mounts:
                 self._take_over(pub)
                 return True
             except NoKeeper:
+                return False
+            except Squatted as exc:  # nothing to take over, and no keeper of ours can bind
+                if not patient:
+                    raise CsiError(grpc.StatusCode.FAILED_PRECONDITION,
+                                   f"{pub.target} cannot be served: {exc}") from None
+                log.error("%s cannot be taken over: %s", pub.target, exc)
                 return False
             except Refused as exc:
                 if not patient:

@@ -29,10 +29,18 @@ class Refused(Exception):
     """The keeper would not surrender now (busy: a restart running, say)."""
 
 
+class Squatted(Exception):
+    """The mount point's control name is held by a process that is not a
+    keeper this plugin trusts (another uid: `fsclient.keeper.Impostor`);
+    nothing was asked of it, and asking again would not help."""
+
+
 def take_over(mountpoint: str, start: Callable[[list[tuple[str, int]]], T]) -> T:
     """`start` a new keeper with the connection of `mountpoint`'s keeper."""
     try:
         surrendered = fskeeper.surrender(mountpoint, SURRENDER_TIMEOUT)
+    except fskeeper.Impostor as exc:
+        raise Squatted(str(exc)) from None
     except ValueError as exc:
         raise Refused(str(exc)) from None
     except (ConnectionRefusedError, FileNotFoundError) as exc:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import socket
-import subprocess
 import uuid
 
 import pytest
@@ -20,6 +18,7 @@ from fsclient import keeper as keeping
 from fsclient.keeper import control, handoff
 from tests.support.fsclient_mounts import fsclient, is_mounted
 from tests.support.keepers import serving
+from tests.support.squatter import squatting
 from tests.support.uids import as_uid
 
 pytestmark = pytest.mark.fuse
@@ -97,64 +96,12 @@ def test_a_keeper_not_of_the_expected_pid_is_an_impostor(tree, daemon, mounts):
     assert keeping.status(m.mountpoint, expect_pid=m.proc.pid)["keeper"] == m.proc.pid
 
 
-def _squat(mountpoint: str, victim: int, fuse: int, report: int) -> None:
-    """As the squatter: hold `mountpoint`'s control name and answer every
-    request as a keeper of pid `victim` would, `surrender` with the /dev/fuse
-    descriptor `fuse`; each request it gets is written to `report`."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    sock.bind(control.control_address(mountpoint))
-    sock.listen(8)
-    os.write(report, b"listening\n")
-    saved = os.memfd_create("saved")
-    status = {"ok": True, "keeper": victim, "server": victim, "serving": True,
-              "restarts": 0, "mountpoint": mountpoint}
-    while True:
-        conn, _ = sock.accept()
-        message, _fds = handoff.receive(conn)
-        os.write(report, json.dumps(message).encode() + b"\n")
-        try:
-            if (message or {}).get("op") == "surrender":
-                handoff.send(conn, {**status, "fuse": 1}, [fuse, saved])
-            else:
-                handoff.send(conn, status)
-        except OSError:
-            pass
-        conn.close()
-
-
-def _reported(r: int, timeout: float) -> bytes:
-    """What the squatter wrote to its report pipe within `timeout`."""
-    out = b""
-    while select.select([r], [], [], timeout)[0]:
-        chunk = os.read(r, 4096)
-        if not chunk:
-            break
-        out += chunk
-        timeout = 0.0
-    return out
-
-
 def test_a_squatter_of_another_uid_is_refused_and_nothing_is_signalled(tree, key_file, daemon,
                                                                      tmp_path):
     mp = str(tmp_path / "mnt")
     os.makedirs(mp)
-    r, w = os.pipe()
-    victim = subprocess.Popen(["sleep", "300"])
-    squatter = os.fork()
-    if squatter == 0:  # the squatter: uid 12345, never returns into pytest
-        try:
-            os.close(r)
-            fuse = os.open("/dev/fuse", os.O_RDWR)  # (root's to open here: kept across the drop)
-            os.setgroups([])
-            os.setresgid(INTRUDER, INTRUDER, INTRUDER)
-            os.setresuid(INTRUDER, INTRUDER, INTRUDER)
-            _squat(mp, victim.pid, fuse, w)
-        finally:
-            os._exit(1)
-    os.close(w)
-    try:
-        assert _reported(r, WAIT) == b"listening\n"
-        holder = f"pid {squatter} uid {INTRUDER}"
+    with squatting(mp, INTRUDER) as squatter:
+        holder = squatter.holder
         for args in (["status", mp], ["status", "--json", mp], ["restart", mp]):
             res = fsclient(*args)
             assert res.returncode == 1, (args, res.stdout)
@@ -170,13 +117,6 @@ def test_a_squatter_of_another_uid_is_refused_and_nothing_is_signalled(tree, key
         assert holder in res.stderr, res.stderr
         assert not is_mounted(mp)
         # connected to and checked, but asked nothing; nothing was signalled
-        asked = _reported(r, 0.5).splitlines()
+        asked = squatter.asked()
         assert asked and set(asked) == {b"null"}, asked
-        assert victim.poll() is None
-        assert os.waitpid(squatter, os.WNOHANG) == (0, 0)
-    finally:
-        os.kill(squatter, 9)
-        os.waitpid(squatter, 0)
-        victim.kill()
-        victim.wait()
-        os.close(r)
+        assert squatter.harmless()

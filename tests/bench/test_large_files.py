@@ -44,9 +44,10 @@ def test_large_files_small_run(tmp_path):
     # (/proc counts 10 ms ticks: a thread of this tiny run may have none, and
     # is then left out; each thread's share is rounded on its own, so the
     # split may exceed the row's CPU by up to a tick a thread)
+    # (the split itself, on a thread busy long enough to be counted, is
+    # `test_systems.py::test_a_worker_splits_its_cpu_by_thread_name`)
     for row in (small, large):
         assert sum(row["threads"].values()) <= row["cpu_s"] + 0.011 * len(row["threads"])
-    assert small["threads"] or large["threads"]
     assert "ms CPU a file: reader" in text and "ms CPU a MiB: reader" in text
     assert "daemon" in large_files.per_item(large) and "S3" in large_files.per_item(large)
     assert f"decrypt, {rows['decrypt']['threads']} threads" in text

@@ -57,3 +57,38 @@ def test_bench_profile_writes_a_profile_per_command(tmp_path, monkeypatch):
     [prof] = out.glob("*-files.pstats")
     funcs = {name for _, _, name in pstats.Stats(str(prof)).stats}
     assert "read_file" in funcs
+
+
+
+def test_a_worker_splits_its_cpu_by_thread_name():
+    """The per-thread CPU a cold row reports: live threads' CPU summed under
+    their name without its number, and the spinning ones carry it."""
+    import threading
+    import time
+
+    from bench import worker
+
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    spun, done = threading.Barrier(3), threading.Event()
+
+    def busy() -> None:
+        spin(0.1)
+        spun.wait(10)
+        done.wait(10)  # a thread that ended leaves /proc: stay until read
+
+    threads = [threading.Thread(target=busy, name=f"blockcache-prefetch_{i}") for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        spun.wait(10)
+        split = worker._threads_cpu()
+    finally:
+        done.set()
+        for t in threads:
+            t.join(10)
+    assert split["blockcache-prefetch"] >= 0.15  # two threads' 0.1 s, in 10 ms ticks
+    assert "blockcache-prefetch_0" not in split and "MainThread" in split

@@ -10,12 +10,15 @@ CLUSTER_COUNTERS = (
     "cluster_hits", "cluster_misses", "cluster_bytes", "cluster_errors", "cluster_bad",
     "cluster_fills_sent", "cluster_fills_dropped",
 )
+# the writer (writer/): bytes written into staged files, uploads made, their
+# bytes and time, and uploads that failed (close or fsync answered EIO)
+WRITE_COUNTERS = ("staged_bytes", "uploads", "uploaded_bytes", "upload_ms", "uploads_failed")
 VOLUME_COUNTERS = (
     "hits", "misses", "hit_bytes", "miss_bytes", "memory_hits", "backend_bytes",
     "backend_requests", "fills_sent", "fills_dropped", "integrity_failures",
     "daemon_unavailable", "prefetches", "prefetches_dropped", "prefetches_cancelled",
     "version_checks", "chunk_hits", "evictions_refused", "cold_opens", "chunks_decrypted",
-    *CLUSTER_COUNTERS,
+    *CLUSTER_COUNTERS, *WRITE_COUNTERS,
 )
 PENDING_HITS = 256  # lock-free chunk hits counted before they are added up
 

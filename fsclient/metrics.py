@@ -175,7 +175,8 @@ class MountCollector(Collector):
         const = {"volume": self.name}
         yield self.backend.latency.family(
             "blockcache_client_backend_request_seconds", "Source request time with retries, "
-            "by kind (stat, list, read, readlink; upload, mkdir, rmdir, unlink, rename)", "kind", const=const)
+            "by kind (stat, list, read, readlink; upload, mkdir, rmdir, unlink, rename)",
+            "kind", const=const)
         with self.backend.latency.lock:
             errors = dict(self.backend.errors)
         fam = CounterMetricFamily("blockcache_client_backend_errors_total", "Source requests "

@@ -18,7 +18,10 @@ options apply (credentials, endpoint, `s3_additional_kwargs` such as SSE).
   object replacing another, never by bytes being written in place.
 - **Directories are markers.** S3 has none: `mkdir` puts the empty object
   `dir/` (as s3fs and the console do), so an empty directory exists and is
-  listed; `rmdir` deletes it once nothing else is under the prefix.
+  listed; `rmdir` deletes it once nothing else is under the prefix. A
+  directory that was only implied by its keys gets its marker before its
+  last file is unlinked or renamed away (`keep_parent`): it stays, as on a
+  local disk, until `rmdir`.
 - **The version written is the version cached.** A PUT or a completed
   upload answers the new ETag; a HEAD right after gives the FileInfo the
   reader's metadata will see, if it holds that ETag (another writer may
@@ -110,11 +113,25 @@ class S3Writes:
 
     def unlink(self, rel: str) -> None:
         bucket, key = self._key(rel)
+        self.keep_parent(rel)
         self.call("unlink", rel, "delete_object", Bucket=bucket, Key=key)
 
+    def keep_parent(self, rel: str) -> None:
+        """Put the marker of `rel`'s directory unless it has one (see the module doc)."""
+        parent = rel.rpartition("/")[0]
+        if not parent:
+            return
+        bucket, key = self._key(parent)
+        try:
+            self.call("stat", parent, "head_object", Bucket=bucket, Key=key + "/")
+        except FileNotFoundError:
+            self.call("mkdir", parent, "put_object", Bucket=bucket, Key=key + "/", Body=b"")
+
     def rename(self, src: str, dst: str, old: FileInfo) -> FileInfo | None:
-        """Copy `src` (the file `old`: the copy is of that ETag or fails) to
-        `dst`, then delete `src`."""
+        """Copy `src` to `dst`, then delete `src`. The new name's FileInfo
+        only if the copy is of `old`'s version: asked of S3 (CopySourceIfMatch:
+        S3 refuses the copy of another version; not every S3-compatible
+        server checks it), and checked after (`src` still that version)."""
         (bucket, key), (dbucket, dkey) = self._key(src), self._key(dst)
         info = None
         if old.size <= COPY_LIMIT:
@@ -126,6 +143,9 @@ class S3Writes:
         else:  # UploadPartCopy in parts, by s3fs
             full, dfull, fs = self.backend.full_path(src), self.backend.full_path(dst), self.fs
             self.backend.call("rename", src, lambda **tkw: fs.copy(full, dfull, **tkw))
+        if info is not None and self.backend.stat(src).version != old.version:
+            info = None  # changed around the copy: which version was copied is unknown
+        self.keep_parent(src)
         try:
             self.call("rename", src, "delete_object", Bucket=bucket, Key=key)
         except OSError as exc:

@@ -8,15 +8,20 @@ records what it saw, and answers chosen GETs with a chosen status instead.
         front.gets                          # [(path, user agent), ...]
         front.requests                      # [(method, path), ...]: every request
         front.connections                   # TCP connections opened to it
+        front.fail_writes(403, "partNumber=2")  # PUTs/POSTs whose path holds it: 403
+        front.stall_writes(5.0, "partNumber=2")  # ...or held 5 s before they go on
+        front.down = True                   # every request: the connection just closes
 
 Lets tests see which client sent a GET and how a reader meets throttling,
-refusals and redirects, with the real server answering everything else.
+refusals and redirects, and how a writer meets a remote that refuses, goes
+down or stalls mid-upload, with the real server answering everything else.
 """
 
 from __future__ import annotations
 
 import http.client
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -31,6 +36,9 @@ class S3Front:
         self.connections = 0  # TCP connections clients opened to the front
         self.regions: list[str] = []  # the region each GET was signed for ("" unsigned)
         self._faults: list[tuple[int, dict]] = []
+        # (path substring, status or None, seconds held) for PUT, POST and DELETE
+        self._write_faults: list[tuple[str, int | None, float]] = []
+        self.down = False
         self._lock = threading.Lock()
         front = self
 
@@ -46,30 +54,39 @@ class S3Front:
                 super().setup()
 
             def _any(self):
+                if front.down:
+                    self.close_connection = True
+                    return
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 with front._lock:
                     front.requests.append((self.command, self.path))
-                if self.command == "GET":
+                fault = None
+                if self.command in ("PUT", "POST", "DELETE"):
+                    fault = front.write_fault(self.path)
+                    if front.down:  # gone while this request was held
+                        self.close_connection = True
+                        return
+                elif self.command == "GET":
                     fault = front.next_fault(self.path, self.headers.get("User-Agent", ""),
                                               self.headers.get("Authorization", ""))
-                    if fault is not None:
-                        status, headers = fault
-                        payload = (f"<Error><Code>Injected{status}</Code>"
-                                   f"<Message>injected by S3Front</Message></Error>").encode()
-                        self.send_response(status)
-                        for k, v in headers.items():
-                            self.send_header(k, v)
-                        self.send_header("Content-Type", "application/xml")
-                        self.send_header("Content-Length", str(len(payload)))
-                        self.end_headers()
-                        self.wfile.write(payload)
-                        return
+                if fault is not None:
+                    status, headers = fault
+                    payload = (f"<Error><Code>Injected{status}</Code>"
+                               f"<Message>injected by S3Front</Message></Error>").encode()
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
                 conn = http.client.HTTPConnection(front.upstream.hostname, front.upstream.port,
                                                   timeout=30)
                 try:
                     headers = {k: v for k, v in self.headers.items()
-                               if k.lower() not in _HOP_BY_HOP}
+                               if k.lower() not in _HOP_BY_HOP and k.lower() != "expect"}
                     conn.request(self.command, self.path, body=body, headers=headers)
                     resp = conn.getresponse()
                     data = resp.read()
@@ -97,6 +114,32 @@ class S3Front:
         """Answer the next `times` GETs with `status` (and `headers`)."""
         with self._lock:
             self._faults.extend([(status, dict(headers or {}))] * times)
+
+    def fail_writes(self, status: int, where: str = "") -> None:
+        """Answer `status` to every PUT, POST or DELETE whose path (with its
+        query) holds `where`, from now on."""
+        with self._lock:
+            self._write_faults.append((where, status, 0.0))
+
+    def stall_writes(self, seconds: float, where: str = "") -> None:
+        """Hold every PUT, POST or DELETE whose path holds `where` for
+        `seconds` before it goes on (a remote slow mid-upload)."""
+        with self._lock:
+            self._write_faults.append((where, None, seconds))
+
+    def clear_writes(self) -> None:
+        with self._lock:
+            self._write_faults.clear()
+
+    def write_fault(self, path: str) -> tuple[int, dict] | None:
+        """The fault for a write request to `path`, after any stall it gets."""
+        with self._lock:
+            found = [f for f in self._write_faults if f[0] in path]
+        for _, _, seconds in found:
+            if seconds:
+                time.sleep(seconds)
+        statuses = [status for _, status, _ in found if status is not None]
+        return (statuses[0], {}) if statuses else None
 
     def next_fault(self, path: str, agent: str, auth: str):
         # "AWS4-HMAC-SHA256 Credential=KEY/DATE/REGION/s3/aws4_request, ..."

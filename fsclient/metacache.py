@@ -165,6 +165,20 @@ class MetaCache:
         self.negative.pop(path)
         self.listings.pop(path)
 
+    def changed(self, path: str, info: FileInfo | None, tree: bool = False) -> None:
+        """A write on this mount changed `path`: hold `info` (the version it
+        uploaded) or nothing (the next stat asks the volume); its
+        directory's listing is dropped, and with `tree` (a directory
+        removed or renamed) everything cached, as entries under it may be."""
+        self.invalidate(path)
+        self.listings.pop(parent_of(path))
+        if tree:
+            self.attrs.clear()
+            self.listings.clear()
+            self.negative.clear()
+        if info is not None:
+            self.put_attr(info)
+
     def keep_cache(self, inode: int, info: FileInfo) -> bool:
         """Record an open of `info`; True when the kernel may keep its page
         cache: the prefix caches metadata (TTL > 0) and the version is the one

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 
+from ..contract.errors import ConfigError
 from ..sources.fileinfo import normalize
 from ..writer.writefile import MODES, WriteFile
 from ..writer.writes import OVERWRITE_HINT, WriteHandle, Writes
@@ -38,6 +39,17 @@ class VolumeWrites:
         self._writes = Writes(name, self.backend, self._volume_key, self._chunk_size,
                               self.counters, written, self._meta.changed,
                               self._write_options)
+
+    def check_writable(self) -> None:
+        """ConfigError now, naming the fix, if writes to this volume cannot
+        work: a source that takes none, or no staging directory (a writable
+        mount checks this at start, rather than at its first write)."""
+        self._proc()
+        try:
+            self._writes.remote()
+        except OSError as exc:
+            raise ConfigError(f"volume {self.name}: {exc.strerror or exc}") from None
+        self._writes.area()
 
     def _open_write(self, path: str, mode: str) -> WriteFile:
         if mode in ("r+b", "rb+", "ab", "a+b", "ab+"):

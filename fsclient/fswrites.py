@@ -185,12 +185,14 @@ class WriteHandlers:
         with self.blocking():
             if flags & s.RENAME_NOREPLACE and self._exists(dst):
                 raise FuseError(errno.EEXIST)
-            is_dir = self.volume.stat(src, max_age=0).is_dir
+            staged = self.writes.staged(src) is not None  # renamed while open (safetensors)
+            is_dir = not staged and self.volume.stat(src, max_age=0).is_dir
             self.volume.rename(src, dst)
         self._changed(src, None, tree=is_dir)
         self._changed(dst, None, tree=is_dir)
         self.meta.put_negative(src)
         self.nodes.moved(src, dst)
+        self.writes.moved(src, dst)
 
     def _exists(self, path: str) -> bool:
         try:

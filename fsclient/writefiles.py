@@ -72,6 +72,13 @@ class WriteFiles:
             found.handle.release()
         return found
 
+    def moved(self, src: str, dst: str) -> None:
+        """A file open here for writing was renamed: its handles follow it."""
+        with self._lock:
+            for w in self.handles.values():
+                if w.path == src:
+                    w.path = dst
+
     def staged(self, path: str) -> FileInfo | None:
         """What a stat of `path` answers while it is staged here: its staged
         size, now as its mtime; None if no handle of it is open."""

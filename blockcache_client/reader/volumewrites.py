@@ -90,7 +90,9 @@ class VolumeWrites:
         self._writes.unlink(normalize(path))
 
     def rename(self, src: str, dst: str) -> None:
-        """Rename a closed file, replacing a file at `dst` (S3: a copy, then a
-        delete: see `sources.s3writes`); its cached blocks follow it."""
+        """Rename a file, replacing a file at `dst` (S3: a copy, then a delete:
+        see `sources.s3writes`); its cached blocks follow it. A file being
+        written in this process may be renamed while open: it is uploaded
+        under the new name when closed."""
         self._proc()
         self._writes.rename(normalize(src), normalize(dst))

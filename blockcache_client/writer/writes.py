@@ -14,9 +14,8 @@ staged bytes.
 
 `mkdir`, `rmdir`, `unlink` and `rename` ask the source first (a fresh stat:
 no cached answer decides a change) and answer as a local file system:
-ENOENT, ENOTDIR, EISDIR, EEXIST, ENOTEMPTY; EBUSY for a rename of a file
-staged here and still open (close it first: its bytes are not in the
-remote yet); EXDEV for a directory renamed on S3 (`mv` then copies it);
+ENOENT, ENOTDIR, EISDIR, EEXIST, ENOTEMPTY; EBUSY for a rename onto a
+file staged here and still open; EXDEV for a directory renamed on S3 (`mv` then copies it);
 EROFS for a source that cannot be written (`remotewrites.writes_for`).
 Unlinking a file still open here drops it: its handles write on, and
 nothing is uploaded. After each change `changed(path, FileInfo or None,
@@ -278,24 +277,31 @@ class Writes:
         with self._lock:
             return any(p.startswith(rel + "/") for p in self._staged)
 
-    def rename(self, src: str, dst: str) -> None:
+    def rename(self, src: str, dst: str) -> FileInfo | None:
         """Rename `src` to `dst`, replacing a file there (DCP's and safetensors'
-        pattern: write a temp file, close it, rename it over the old one)."""
+        pattern: write a temp file, rename it over the old one). A file being
+        written here may be renamed while open (safetensors renames before
+        it closes): its staged bytes are uploaded under the new name."""
         remote = self.remote()
         if src == dst:
-            return
+            return None
         if not src or not dst or dst.startswith(src + "/"):
             raise OSError(errno.EINVAL, f"rename {src or '/'} to {dst or '/'}: not possible")
         with self._lock:
-            busy = src in self._staged or dst in self._staged
+            held = self._staged.get(src)
+            busy = dst in self._staged
         if busy or self._staged_under(src):
-            raise OSError(errno.EBUSY, f"rename {src} to {dst}: being written here; close "
-                                       f"it first (its bytes are in the remote only then)")
+            raise OSError(errno.EBUSY, f"rename {src} to {dst}: {dst} or a file under {src} "
+                                       f"is being written here; close it first")
+        self._check_parent(dst, "rename")
+        target = self._stat(dst)
+        if held is not None:
+            if target is not None and target.is_dir:
+                raise IsADirectoryError(errno.EISDIR, f"rename {src} to {dst}: a directory")
+            return self._rename_staged(held, src, dst)
         old = self._stat(src)
         if old is None:
             raise FileNotFoundError(errno.ENOENT, f"rename {src}: not in {self.backend.source}")
-        self._check_parent(dst, "rename")
-        target = self._stat(dst)
         if old.is_dir:
             if not remote.renames_dirs:
                 raise OSError(errno.EXDEV, f"rename {src}: a directory, which "
@@ -311,6 +317,26 @@ class Writes:
         self.changed(dst, new if not old.is_dir else None, old.is_dir)
         if new is not None and not old.is_dir:
             self.written.renamed(old, new)
+        return new
+
+    def _rename_staged(self, held: _Held, src: str, dst: str) -> FileInfo | None:
+        """Rename a file being written here: what it uploaded before (an
+        fsync) is renamed in the remote; its staged bytes go to `dst` at
+        its next commit."""
+        f = held.file
+        new = None
+        with f.lock:
+            old = self._stat(src) if held.info is not None else None
+            if old is not None and not old.is_dir:
+                new = self.remote().rename(src, dst, old)
+            with self._lock:
+                if self._staged.get(src) is held:
+                    del self._staged[src]
+                self._staged[dst] = held
+            f.rel = dst
+        self.changed(src, None, False)
+        self.changed(dst, new, False)
+        return new
 
 
 class WriteHandle:
@@ -326,6 +352,11 @@ class WriteHandle:
     @property
     def size(self) -> int:
         return self._held.file.size
+
+    @property
+    def path(self) -> str:
+        """Where the file goes (a rename while open moves it)."""
+        return self._held.file.rel
 
     @property
     def staged(self) -> StagedFile:

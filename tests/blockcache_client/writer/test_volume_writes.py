@@ -215,14 +215,41 @@ def test_metadata_changes_answer_as_a_local_file_system(source, key_file, daemon
         with pytest.raises(FileNotFoundError):
             vol.stat("e")
         staged = vol.open("d/open.bin", "wb")
+        other = vol.open("d/other.bin", "wb")
         with pytest.raises(OSError) as err:
-            vol.rename("d/open.bin", "d/other.bin")
+            vol.rename("d/open.bin", "d/other.bin")  # onto a file being written here
         assert err.value.errno == errno.EBUSY and "close it first" in str(err.value)
+        other.discard()
         staged.close()
         vol.unlink("d/f.bin")
         vol.unlink("d/open.bin")
         vol.rmdir("d")
         assert remote_bytes(source, "d/f.bin") is None
+
+
+def test_a_file_renamed_while_open_is_uploaded_under_its_new_name(
+        source, key_file, daemon, tmp_path):
+    """safetensors 0.8 writes `.tmpXXXX`, renames it over the target, then closes."""
+    source.write("model.safetensors", b"the old model")
+    with writer(source, key_file, daemon, tmp_path) as vol:
+        f = vol.open(".tmpAbC", "wb")
+        f.truncate(10)
+        f.write(b"new model!")
+        vol.rename(".tmpAbC", "model.safetensors")
+        assert remote_bytes(source, "model.safetensors") == b"the old model"  # until close
+        assert remote_bytes(source, ".tmpAbC") is None
+        f.close()
+        assert remote_bytes(source, "model.safetensors") == b"new model!"
+        assert remote_bytes(source, ".tmpAbC") is None
+        g = vol.open("log.txt", "wb")  # uploaded once (fsync), then renamed while open
+        g.write(b"first")
+        g.fsync()
+        vol.rename("log.txt", "log.old")
+        assert remote_bytes(source, "log.txt") is None
+        assert remote_bytes(source, "log.old") == b"first"
+        g.write(b" and more")
+        g.close()
+        assert remote_bytes(source, "log.old") == b"first and more"
 
 
 def test_unlinking_a_file_being_written_drops_it(source, key_file, daemon, tmp_path):

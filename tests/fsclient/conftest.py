@@ -9,6 +9,7 @@ import random
 import pytest
 
 from blockcache_client.volumekey import generate_key_file
+from devtools.s3server import S3Server
 from tests.support.fsclient_mounts import FsclientMount
 
 BLOCK = 256 << 10  # small blocks, so modest files span several
@@ -48,6 +49,16 @@ def make_tree(root) -> None:
         f.write(b"odd bytes\n")
     os.symlink("dir0/sub0/file0.bin", os.path.join(root, "link"))
     os.makedirs(os.path.join(root, "empty"))
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server for the test module; always stopped."""
+    server = S3Server()
+    try:
+        yield server.start()
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -31,15 +31,6 @@ MiB = 1 << 20
 NOBODY = 65534
 
 
-@pytest.fixture(scope="module")
-def s3():
-    server = S3Server()
-    try:
-        yield server.start()
-    finally:
-        server.stop()
-
-
 class Remote:
     """A volume's remote, read and written around the mount."""
 
@@ -186,19 +177,6 @@ def _zip(fobj) -> None:
                 entry.write(bytes([i + 1]) * size)
 
 
-def test_zipfile_seeking_back(remote, writable):
-    m = writable()
-    want = io.BytesIO()
-    _zip(want)
-    f = open(os.path.join(m.mountpoint, "model.pt"), "wb")
-    _zip(f)
-    assert remote.read("model.pt") is None
-    f.close()
-    same_everywhere(remote, m.mountpoint, "model.pt", want.getvalue())
-    with zipfile.ZipFile(os.path.join(m.mountpoint, "model.pt")) as z:
-        assert z.testzip() is None and len(z.namelist()) == 4
-
-
 def _tar(fobj) -> None:
     with tarfile.open(fileobj=fobj, mode="w") as t:
         for i, size in enumerate((10, 2 * MiB + 3, 0)):
@@ -207,17 +185,31 @@ def _tar(fobj) -> None:
             t.addfile(info, io.BytesIO(bytes([65 + i]) * size))
 
 
-def test_tarfile(remote, writable):
+def _zip_entries(path: str) -> list[int]:
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None
+        return [i.file_size for i in z.infolist()]
+
+
+def _tar_entries(path: str) -> list[int]:
+    with tarfile.open(path) as t:
+        return [x.size for x in t.getmembers()]
+
+
+@pytest.mark.parametrize("name,write,entries,sizes", [
+    ("model.pt", _zip, _zip_entries, [100, 3 * MiB + 5, 0, 70_000]),
+    ("shard.tar", _tar, _tar_entries, [10, 2 * MiB + 3, 0]),
+], ids=["zipfile-seeking-back", "tarfile"])
+def test_archives(remote, writable, name, write, entries, sizes):
     m = writable()
     want = io.BytesIO()
-    _tar(want)
-    f = open(os.path.join(m.mountpoint, "shard.tar"), "wb")
-    _tar(f)
-    assert remote.read("shard.tar") is None
+    write(want)
+    f = open(os.path.join(m.mountpoint, name), "wb")
+    write(f)
+    assert remote.read(name) is None  # absent until the close returns
     f.close()
-    same_everywhere(remote, m.mountpoint, "shard.tar", want.getvalue())
-    with tarfile.open(os.path.join(m.mountpoint, "shard.tar")) as t:
-        assert [x.size for x in t.getmembers()] == [10, 2 * MiB + 3, 0]
+    same_everywhere(remote, m.mountpoint, name, want.getvalue())
+    assert entries(os.path.join(m.mountpoint, name)) == sizes
 
 
 # -- what else a writable mount does ----------------------------------------------------

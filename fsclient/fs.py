@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
 import sys
@@ -47,6 +48,8 @@ from .session import Attributes, DirReply, FuseError
 from .session.structs import pack_statfs
 from .writefiles import WriteFiles
 from .xattrs import ENOATTR, XATTR_PREFIX, Xattrs
+
+log = logging.getLogger(__name__)
 
 # ops whose first argument is a file or dir handle, not an inode
 _HANDLE_OPS = frozenset({"read", "release", "readdir", "releasedir"})
@@ -81,6 +84,8 @@ class BlockcacheFS(WriteHandlers):
         self.handoffs: Callable[[], int] = int  # waits handed off with their thread
         self.fuse_minor: Callable[[], int | None] = lambda: None  # the minor agreed at INIT
         self.eio_log = EioLog()
+        # drops the kernel's attributes of a node (the session's, once it runs)
+        self.inval_attrs: Callable[[int], None] = lambda inode: None
         self.blocking: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def close(self) -> None:
@@ -96,6 +101,7 @@ class BlockcacheFS(WriteHandlers):
         self.handoffs = lambda: session.handoffs
         self.fuse_minor = lambda: session.terms.minor if session.terms is not None else None
         self.blocking = self.lookups.blocking = self.open_files.blocking = session.blocking
+        self.inval_attrs = session.notify_inval_attrs
         # (also after a takeover: handles opened before it never store, see pagestore)
         saved = self.nodes.saved
         pages = self.open_files.pages
@@ -310,11 +316,30 @@ class BlockcacheFS(WriteHandlers):
             return self.open_write(inode, flags)
         node = self.nodes.node(inode)
         path = node.path
-        info = self.lookups.cached(path) or self.lookups.from_source(path)
+        info = self.lookups.cached(path)
+        if info is not None and self._written_here_since(path, inode):
+            info = None
+        if info is None:
+            info = self.lookups.from_source(path)
         if info.is_dir:
             raise FuseError(errno.EISDIR)
         keep = self.meta.keep_cache(inode, info)
         return self.open_files.open(path, info, inode, node, keep)
+
+    def _written_here_since(self, path: str, inode: int) -> bool:
+        """A writer on this host (another mount) changed `path` after this
+        mount's metadata of it was fetched (its stamp, `Volume.written_here`):
+        that metadata and the kernel's attributes of the node are dropped,
+        and the open asks the source (close-to-open across this host's mounts)."""
+        stamp = self.volume.written_here(path)
+        if stamp is None or stamp[1] <= self.meta.fetched_ns(path):
+            return False
+        self.meta.invalidate(path)
+        try:  # (a read past the old size would end early; this drops that size)
+            self.inval_attrs(inode)
+        except OSError as exc:
+            log.debug("dropping the kernel's attributes of %s: %s", path, exc)
+        return True
 
     @fuse_op(gone=errno.ESTALE)
     def read(self, fh: int, off: int, size: int, inode: int = 0) -> bytes | memoryview:

@@ -84,6 +84,14 @@ class TtlLru:
         with self._lock:
             self._remove(key)
 
+    def deadline(self, key: Hashable) -> float | None:
+        """When `key`'s entry expires (this map's clock), None if it has none."""
+        item = self._data.get(key)
+        return item[0] if item is not None else None
+
+    def now(self) -> float:
+        return self._clock()
+
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
@@ -164,6 +172,16 @@ class MetaCache:
         self.attrs.pop(path)
         self.negative.pop(path)
         self.listings.pop(path)
+
+    def fetched_ns(self, path: str) -> int:
+        """When, in wall-clock ns, the answer held for `path` was fetched (its
+        attribute entry's, else its directory listing's); 0 if none is held."""
+        for cache, key in ((self.attrs, path), (self.listings, parent_of(path))):
+            deadline = cache.deadline(key)
+            if deadline is not None and path:
+                age = cache.now() - (deadline - self.ttl(key))
+                return time.time_ns() - int(age * 1e9)
+        return 0
 
     def changed(self, path: str, info: FileInfo | None, tree: bool = False) -> None:
         """A write on this mount changed `path`: hold `info` (the version it

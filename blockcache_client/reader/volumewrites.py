@@ -7,8 +7,10 @@ child drops what its parent had staged) and keeps the volume's metadata
 cache true to them: after each change the path (and its parent's listing)
 is answered from the source again, or from what the upload returned, so
 an open right after a close in this process sees the new version
-(close-to-open). What was uploaded is put in the host's cache in the
-background (`writer.written`); `wait_fills` waits for that too.
+(close-to-open), and so does an open on this host's other mounts of the
+volume (`writer.stamps`, `written_here`). What was uploaded is put in the
+host's cache in the background (`writer.written`); `wait_fills` waits for
+that too.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from __future__ import annotations
 import errno
 
 from ..contract.errors import ConfigError
-from ..sources.fileinfo import normalize
+from ..sources.fileinfo import FileInfo, normalize
+from ..writer.stamps import Stamps
 from ..writer.writefile import MODES, WriteFile
 from ..writer.writes import OVERWRITE_HINT, WriteHandle, Writes
 from ..writer.written import WrittenBlocks
@@ -36,9 +39,12 @@ class VolumeWrites:
         def cached(key: str, length: int):
             return hits.read(key, length, 0, length, None)
         written = WrittenBlocks(block_size, key_prefix, self._link, cached)
+        # (`_key_prefix` caches each path's prefix: an open checks its stamp)
+        self._stamps = Stamps(self._key_prefix, self._volume_key, self._chunk_size,
+                              self.socket_path, self._daemon_uid, cached)
         self._writes = Writes(name, self.backend, self._volume_key, self._chunk_size,
                               self.counters, written, self._meta.changed,
-                              self._write_options)
+                              self._write_options, self._stamps)
 
     def check_writable(self) -> None:
         """ConfigError now, naming the fix, if writes to this volume cannot
@@ -73,6 +79,15 @@ class VolumeWrites:
         process, or None if none is open (its size is the remote's)."""
         staged = self._writes.staged(normalize(path))
         return staged.size if staged is not None else None
+
+    def written_here(self, path: str) -> tuple[FileInfo | None, int] | None:
+        """What a writer on this host last made of `path`, if its stamp is in
+        the host cache: (the FileInfo it uploaded, None if it removed the
+        file; when, in wall-clock ns). Read as a hit: no round trip, never
+        the source (`writer.stamps`)."""
+        self._proc()
+        key = self._stamps.known(path)  # (a path asked for before is canonical)
+        return self._stamps.read(path if key else normalize(path), key)
 
     def mkdir(self, path: str) -> None:
         """Make a directory (EEXIST if the name is taken)."""

@@ -3,10 +3,14 @@
 A file of at most `part_bytes` is one `put`. A larger one is a multipart
 upload (`RemoteWrites.begin`) of parts of `part_bytes` (more if the file
 would need over `MAX_PARTS`), each decrypted from the staging file into a
-buffer of its own and sent by one of `parallel` threads, at most `parallel`
-parts in memory at once; `complete` makes the object appear whole. The
-first part that fails stops the rest (those under way finish or fail),
-and the upload is aborted: nothing of it stays visible.
+buffer and sent by one of `parallel` threads; `complete` makes the object
+appear whole. The first part that fails stops the rest (those under way
+finish or fail), and the upload is aborted: nothing of it stays visible.
+
+Memory: the part buffers are the uploader's, shared by every upload of
+the volume at once: at most `parallel` of them (a part and a sealed unit
+each), made at the first large upload and kept (`buffer_bytes`); a part
+larger than `part_bytes` (a file over MAX_PARTS x part_bytes) gets its own.
 
 The caller holds the staged file's lock throughout (`Snapshot`), so the
 bytes sent are the bytes staged when the upload began.
@@ -45,6 +49,30 @@ class Uploader:
         self.parallel = max(1, int(parallel))
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        # (part buffer, sealed-unit scratch) pairs, `parallel` at most, shared
+        self._buffers: queue.SimpleQueue = queue.SimpleQueue()
+        self._made = 0
+
+    def buffer_bytes(self, stride: int) -> int:
+        """The most bytes the part buffers take (see the module doc)."""
+        return self.parallel * (max(self.part_bytes, UNIT) + stride)
+
+    def _take(self, part: int, stride: int) -> tuple[bytearray, bytearray]:
+        """A part buffer of at least `part` bytes: a free one, a new one while
+        fewer than `parallel` exist, else the next one given back."""
+        with self._pool_lock:
+            make = self._buffers.empty() and self._made < self.parallel
+            if make:
+                self._made += 1
+        if make:
+            return bytearray(-(-max(self.part_bytes, part) // UNIT) * UNIT), bytearray(stride)
+        buf, scratch = self._buffers.get()
+        if len(buf) < part:  # (a part of a file over MAX_PARTS parts)
+            buf = bytearray(part)
+        return buf, scratch
+
+    def _give(self, pair: tuple[bytearray, bytearray]) -> None:
+        self._buffers.put(pair)
 
     def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._pool_lock:
@@ -79,13 +107,11 @@ class Uploader:
         """Every part sent, at most `parallel` at once; the first failure raised."""
         size = snap.size
         count = -(-size // part)
-        buffers: queue.SimpleQueue = queue.SimpleQueue()
-        for _ in range(min(self.parallel, count)):
-            buffers.put((bytearray(part), bytearray(snap.staged.stride)))
         failed = threading.Event()
+        stride = snap.staged.stride
 
         def send(number: int) -> None:
-            buf, scratch = buffers.get()
+            buf, scratch = self._take(part, stride)
             try:
                 if failed.is_set():
                     return
@@ -97,7 +123,7 @@ class Uploader:
                 failed.set()
                 raise
             finally:
-                buffers.put((buf, scratch))
+                self._give((buf, scratch))
 
         pool = self._threads()
         running: set[concurrent.futures.Future] = set()

@@ -38,6 +38,7 @@ from ..sources.fileinfo import FileInfo
 from ..sources.remotewrites import RemoteWrites, writes_for
 from . import staging
 from .stagedfile import StagedFile
+from .stamps import Stamps
 from .upload import DEFAULT_PARALLEL, DEFAULT_PART_BYTES, Uploader
 from .written import WrittenBlocks
 
@@ -78,12 +79,13 @@ class Writes:
 
     def __init__(self, volume: str, backend: Backend, volume_key: bytes, chunk_size: int,
                  counters: Counters, written: WrittenBlocks, changed: Changed,
-                 options: WriteOptions):
+                 options: WriteOptions, stamps: Stamps | None = None):
         self.volume = volume
         self.backend = backend
         self.counters = counters
         self.written = written
-        self.changed = changed
+        self._owner_changed = changed
+        self.stamps = stamps  # this host's other readers learn of each change
         self.options = options
         self._volume_key = volume_key
         self._chunk_size = chunk_size
@@ -109,9 +111,17 @@ class Writes:
                                              self.options.staging_bytes, self.volume)
         return self._area
 
+    def changed(self, rel: str, info: FileInfo | None, tree: bool) -> None:
+        """Tell the owner's caches, and this host's other readers (a stamp)."""
+        self._owner_changed(rel, info, tree)
+        if self.stamps is not None and not tree:
+            self.stamps.put(rel, info)
+
     def close(self) -> None:
         """Drop every staged file (nothing is uploaded) and stop the threads."""
         self.written.close()
+        if self.stamps is not None:
+            self.stamps.close()
         with self._lock:
             held, self._staged = list(self._staged.values()), {}
         for h in held:

@@ -81,6 +81,7 @@ FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_NOFLUSH = 1 << 5  # 7.35: no FLUSH at close (older kernels ignore it and send one)
 
 # enum fuse_notify_code
+NOTIFY_INVAL_INODE = 2  # drop a node's attributes (and, from an offset, its pages)
 NOTIFY_INVAL_ENTRY = 3  # drop a dentry (parent, name): its inode, once unused, is forgotten
 NOTIFY_STORE = 4
 NOTIFY_RESEND = 7  # 7.40: requests read but not answered are queued again
@@ -150,6 +151,7 @@ INTERRUPT_IN = struct.Struct("<Q")             # fuse_interrupt_in, 8
 STATFS_OUT = struct.Struct("<5Q4I24x")         # fuse_statfs_out (fuse_kstatfs), 80
 NOTIFY_STORE_OUT = struct.Struct("<QQII")      # fuse_notify_store_out, 24
 NOTIFY_INVAL_ENTRY_OUT = struct.Struct("<QII")  # fuse_notify_inval_entry_out, 16
+NOTIFY_INVAL_INODE_OUT = struct.Struct("<Qqq")  # fuse_notify_inval_inode_out, 24
 NOTIFY_PRUNE_OUT = struct.Struct("<IIQ")       # fuse_notify_prune_out, 16 (then u64 ids)
 
 ENTRY_SIZE = ENTRY_HEAD.size + ATTR.size       # fuse_entry_out, 128

@@ -257,6 +257,10 @@ class Session:
         """Put file data into the kernel's page cache (see `Channel.notify_store`)."""
         self.workers[0].channel.notify_store(nodeid, offset, data)
 
+    def notify_inval_attrs(self, nodeid: int) -> None:
+        """Drop the kernel's attributes of a node (see `Channel.notify_inval_attrs`)."""
+        self.workers[0].channel.notify_inval_attrs(nodeid)
+
     def notify_fd(self) -> int:
         """A descriptor of the connection to write notifications on."""
         return self.workers[0].channel.fd

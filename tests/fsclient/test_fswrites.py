@@ -403,3 +403,23 @@ def test_a_failed_upload_fails_the_close_with_eio(s3, tmp_path, daemon, mounts):
         with open(os.path.join(m.mountpoint, "ckpt.bin"), "wb") as f:
             f.write(b"saved on the second try")
         assert remote.read("ckpt.bin") == b"saved on the second try"
+
+
+def test_an_open_on_another_mount_of_this_host_sees_the_new_version(remote, writable, mounts,
+                                                                     daemon):
+    remote.write("ckpt/latest.bin", b"step 1")
+    w = writable()
+    r = mounts(remote.url, daemon.socket_path, name="reader",
+               args=["--meta-ttl", "3600", *remote.args])  # read-only, metadata for an hour
+    theirs = os.path.join(r.mountpoint, "ckpt", "latest.bin")
+    assert open(theirs, "rb").read() == b"step 1"  # its version held for an hour
+    with open(os.path.join(w.mountpoint, "ckpt", "latest.bin"), "wb") as f:
+        f.write(b"step 2, a longer checkpoint")
+    assert open(theirs, "rb").read() == b"step 2, a longer checkpoint"
+    with open(os.path.join(w.mountpoint, "ckpt", "tmp.bin"), "wb") as f:
+        f.write(b"step 3")
+    os.rename(os.path.join(w.mountpoint, "ckpt", "tmp.bin"),
+              os.path.join(w.mountpoint, "ckpt", "latest.bin"))
+    with open(theirs, "rb") as f:
+        assert f.read() == b"step 3"
+        assert os.fstat(f.fileno()).st_size == 6

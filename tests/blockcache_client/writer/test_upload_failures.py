@@ -20,6 +20,7 @@ from tests.support.s3front import S3Front
 from tests.support.volumes import volume
 
 MiB = 1 << 20
+STALL = 8.0  # a part held this long: well past the volume's timeout of 2 s
 
 
 @pytest.fixture
@@ -108,15 +109,15 @@ def test_a_remote_that_goes_down_mid_upload(s3_server, front, key_file, staging)
 
 
 def test_a_remote_that_stalls_mid_upload(s3_server, front, key_file, staging):
-    source, vol = s3_writer(s3_server, front, key_file, staging, timeout=1)
+    source, vol = s3_writer(s3_server, front, key_file, staging, timeout=2)
     with vol:
-        front.stall_writes(4.0, "partNumber=2")
+        front.stall_writes(STALL, "partNumber=2")
         start = time.monotonic()
         err = write_and_close(vol, "ckpt.bin", os.urandom(12 * MiB))
-        assert err.errno == errno.EIO and time.monotonic() - start < 4
+        assert err.errno == errno.EIO and time.monotonic() - start < STALL  # (the timeout)
         front.clear_writes()
         assert straight(source, "ckpt.bin") is None
-        time.sleep(4)  # the stalled part lands after the abort: still no object
+        time.sleep(STALL)  # the stalled part lands after the abort: still no object
         assert straight(source, "ckpt.bin") is None
         nothing_staged(vol, staging)
 

@@ -1,5 +1,5 @@
 """What /proc says of processes and mounts: a process's status, environment,
-children and liveness, the processes started under a dir, and
+peak memory, children and liveness, the processes started under a dir, and
 the mounts under one."""
 
 from __future__ import annotations
@@ -19,6 +19,15 @@ def environ_of(pid: int) -> dict[str, str]:
     with open(f"/proc/{pid}/environ", "rb") as f:
         pairs = [item.partition(b"=") for item in f.read().split(b"\0") if item]
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
+def peak_rss_kib(pid: int) -> int:
+    """VmHWM (peak resident set) of a process, in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmHWM for pid {pid}")
 
 
 def children_of(pid: int) -> list[int]:

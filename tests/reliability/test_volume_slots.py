@@ -15,7 +15,7 @@ from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.daemonclient.client import Client
 from blockcache_client.volumekey import generate_key_file
 from devtools.daemon import DaemonProcess
-from tests.operations.conftest import run_cli
+from tests.support.cli_runs import run_cli
 from tests.support.figures import record
 from tests.support.metrics import logged_port, scrape, value
 from tests.support.remote_files import write_dataset

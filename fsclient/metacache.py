@@ -66,14 +66,16 @@ class TtlLru:
             self._data.move_to_end(key)
             return item[2]
 
-    def put(self, key: Hashable, value: Any, ttl: float, weight: int = 1) -> None:
-        """Store `value` for `ttl` seconds; ttl <= 0 stores nothing (and drops
-        an older entry, which would otherwise outlive the new answer)."""
+    def put(self, key: Hashable, value: Any, ttl: float, weight: int = 1,
+            since: float | None = None) -> None:
+        """Store `value` for `ttl` seconds from `since` (this map's clock: when
+        the answer was asked for; default now); ttl <= 0 stores nothing (and
+        drops an older entry, which would otherwise outlive the new answer)."""
         with self._lock:
             self._remove(key)
             if ttl <= 0 or weight > self.max_weight:
                 return
-            self._data[key] = (self._clock() + ttl, weight, value)
+            self._data[key] = ((self._clock() if since is None else since) + ttl, weight, value)
             self.weight += weight
             while self.weight > self.max_weight:
                 old, (_, w, _) = self._data.popitem(last=False)
@@ -149,9 +151,10 @@ class MetaCache:
             return NEGATIVE if info is None else info
         return None
 
-    def put_attr(self, info: FileInfo) -> None:
+    def put_attr(self, info: FileInfo, since: float | None = None) -> None:
+        """Hold `info` for its TTL from `since` (`now()` when it was asked for)."""
         self.negative.pop(info.path)
-        self.attrs.put(info.path, info, self.ttl(info.path))
+        self.attrs.put(info.path, info, self.ttl(info.path), since=since)
 
     def put_negative(self, path: str) -> None:
         self.attrs.pop(path)
@@ -160,12 +163,18 @@ class MetaCache:
     def listing(self, path: str) -> DirListing | None:
         return self.listings.get(path)
 
-    def put_listing(self, path: str, entries: Iterable[FileInfo]) -> DirListing:
+    def put_listing(self, path: str, entries: Iterable[FileInfo],
+                    since: float | None = None) -> DirListing:
         listing = DirListing(entries)
-        self.listings.put(path, listing, self.ttl(path), weight=len(listing.entries) + 1)
+        self.listings.put(path, listing, self.ttl(path), weight=len(listing.entries) + 1,
+                          since=since)
         for e in listing.entries:
-            self.put_attr(e)
+            self.put_attr(e, since)
         return listing
+
+    def now(self) -> float:
+        """The caches' clock: what `since` is given in."""
+        return self.attrs.now()
 
     def invalidate(self, path: str) -> None:
         """Forget everything known about `path` (and its listing)."""
@@ -174,8 +183,10 @@ class MetaCache:
         self.listings.pop(path)
 
     def fetched_ns(self, path: str) -> int:
-        """When, in wall-clock ns, the answer held for `path` was fetched (its
-        attribute entry's, else its directory listing's); 0 if none is held."""
+        """When, in wall-clock ns, the answer held for `path` was asked for
+        (its attribute entry's, else its directory listing's: a listing that
+        took long holds what the source said at some time after its start);
+        0 if none is held."""
         for cache, key in ((self.attrs, path), (self.listings, parent_of(path))):
             deadline = cache.deadline(key)
             if deadline is not None and path:

@@ -8,7 +8,9 @@ and the version string `STAMP` (a NUL: no real version has one) at offset
 0, sealed under the volume key (no one without it can forge one), holding
 the FileInfo written (or none: removed) and when, padded to `STAMP_BYTES`.
 The daemon never overwrites a block, so a stamp is replaced by an evict,
-then a put, both answered before the change returns. A reader at open
+then a put; the daemon writes a put's file in the background, so the change
+returns once the new stamp can be read from the cache disk (at most
+`VISIBLE_WAIT`). A reader at open
 (`fsclient`: an open answered from its metadata cache) reads the stamp of
 the path from the cache disk, as a hit (no round trip; an absent stamp
 costs a failed open(2)), and asks the source again if the stamp is newer
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 STAMP = "\x00written"
 STAMP_BYTES = 512
 CALL_TIMEOUT = 2.0
+VISIBLE_WAIT = 2.0   # seconds a change waits for its stamp to reach the cache disk
+VISIBLE_POLL = 0.001
 KEYS_KEPT = 1 << 16  # stamp keys of paths kept, before starting over
 
 CachedBlock = Callable[[str, int], "bytes | None"]  # (key, length) -> plaintext if cached
@@ -103,8 +107,8 @@ class Stamps:
         """Stamp `rel` as changed now (to `info`, or removed). Never raises:
         without a daemon there is no stamp, and other mounts wait for their TTL."""
         key = self.key(rel)
-        blob = blockfile.seal(key, encode(info, time.time_ns()), self._volume_key,
-                              self._chunk_size)
+        when = time.time_ns()
+        blob = blockfile.seal(key, encode(info, when), self._volume_key, self._chunk_size)
         try:
             with self._lock:
                 if self._client is None:
@@ -112,9 +116,20 @@ class Stamps:
                                           daemon_uid=self._client_args[1])
                 client = self._client
             client.evict(key)
-            client.put(key, blob)
+            accepted, reason = client.put(key, blob)
         except BlockcacheError as exc:
             log.debug("no stamp for %s: %s", rel, exc)
+            return
+        if not accepted:
+            log.debug("no stamp for %s: the daemon declined it (%s)", rel, reason)
+            return
+        deadline = time.monotonic() + VISIBLE_WAIT
+        while time.monotonic() < deadline:  # (its write is queued behind the evict)
+            found = self.read(rel, key)
+            if found is not None and found[1] == when:
+                return
+            time.sleep(VISIBLE_POLL)
+        log.debug("the stamp of %s did not reach the cache disk in %gs", rel, VISIBLE_WAIT)
 
     def read(self, rel: str, key: str | None = None) -> tuple[FileInfo | None, int] | None:
         """The stamp of `rel` on this host's cache, if there is one."""

@@ -96,6 +96,10 @@ def main(ctx: click.Context, log_level: str, log_format: str) -> None:
 @click.option("--staging-bytes", metavar="SIZE",
               help="The most bytes a writable mount stages at once, e.g. 64G; past it a "
                    "write gets ENOSPC [default: 16G].")
+@click.option("--write-access", type=click.Choice(["owner", "all"]),
+              help="Who may write a writable mount: the server's uid ('owner'), or every "
+                   "uid that reaches it ('all': files 0666, directories 0777) [default: "
+                   "owner].")
 @click.option("--ready-fd", type=int, hidden=True)
 @click.option("--serve-fd", type=int, hidden=True)
 @click.option("--key-from-keeper", is_flag=True, hidden=True)  # (successor.KEY_FLAG)
@@ -108,7 +112,8 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
           log_file: str | None, metrics_addr: str | None, mount_log_level: str | None,
           mount_log_format: str | None, server_user: str | None,
           server_groups: tuple[int, ...], max_nodes: int | None, writable: bool | None,
-          staging_dir: str | None, staging_bytes: str | None, ready_fd: int | None,
+          staging_dir: str | None, staging_bytes: str | None, write_access: str | None,
+          ready_fd: int | None,
           serve_fd: int | None, key_from_keeper: bool) -> None:
     """Mount SOURCE (a local path or fsspec URL) on MOUNTPOINT, read-only
     (or writable, with --writable).
@@ -147,7 +152,7 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
             dir_ttl=[parse_dir_ttl_flag(d) for d in dir_ttl], options=options,
             server_user=server_user, server_groups=list(server_groups) or None, key_fd=key_fd,
             max_nodes=max_nodes, writable=writable, staging_dir=staging_dir,
-            staging_bytes=staging_bytes)
+            staging_bytes=staging_bytes, write_access=write_access)
     except BlockcacheError as exc:
         fail(str(exc))
     if link is not None:

@@ -23,6 +23,7 @@ error, never ignored, so a typo cannot silently change caching behaviour.
     writable = false           # accept writes: staged on the node, uploaded whole on close
     staging_dir = "/var/tmp"   # where files being written are staged (writable mounts)
     staging_bytes = "16G"      # the most staged bytes at once; past it a write gets ENOSPC
+    write_access = "owner"     # who may write: the server's uid ("owner"), or every uid ("all")
     [dir_ttl]                  # per directory prefix, longest match wins
     "code/" = 0
     [storage_options]          # passed to fsspec as they are
@@ -64,9 +65,10 @@ DEFAULT_META_TTL = 60.0
 # (blockfile.MAX_PLAINTEXT), so one block always fits one put frame.
 MIN_BLOCK_SIZE = 64 << 10
 MAX_BLOCK_SIZE = 16 << 20
+WRITE_ACCESS = ("owner", "all")
 # Options we set ourselves, or that would make the mount writable (`writable`
 # does, with the writes it needs) or unsafe.
-_RESERVED_OPTIONS = {"rw", "ro", "fsname", "subtype"}
+_RESERVED_OPTIONS = {"rw", "fsname", "subtype"}
 # a comma not inside double quotes (an even number of quotes follows it)
 _QUOTED_COMMA = re.compile(r',(?=(?:[^"]*"[^"]*")*[^"]*$)')
 
@@ -144,6 +146,9 @@ class MountConfig:
     writable: bool = False
     staging_dir: str | None = None  # None: $BLOCKCACHE_STAGING_DIR, else /var/tmp
     staging_bytes: int = DEFAULT_STAGING_BYTES
+    # "owner": only the server's uid (and root) may write, as the modes say;
+    # "all": files 0666 and dirs 0777, any uid that reaches the mount (a pod's own)
+    write_access: str = "owner"
 
     @property
     def meta_ttl(self) -> float:
@@ -167,7 +172,7 @@ _KEYS = {"volume", "source", "mountpoint", "key_file", "socket", "block_size", "
          "allow_other", "readahead_blocks", "options", "dir_ttl", "storage_options",
          "memory_cache_bytes", "fill_queue_bytes", "meta_cache_entries", "threads",
          "metrics_addr", "server_user", "server_groups", "store_pages", "max_nodes",
-         "writable", "staging_dir", "staging_bytes"}
+         "writable", "staging_dir", "staging_bytes", "write_access"}
 # Old spellings, still read (with a warning naming the new key).
 _RENAMED = {"memory_cache": "memory_cache_bytes", "fill_queue": "fill_queue_bytes"}
 
@@ -257,9 +262,9 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         allow_other = True
     for o in options:
         if o.split("=", 1)[0] in _RESERVED_OPTIONS:
-            raise ConfigError(f"mount option {o!r} is not allowed: fsclient sets ro or rw "
-                              f"itself (writable = true, --writable, makes a mount "
-                              f"writable) and fsname/subtype")
+            raise ConfigError(f"mount option {o!r} is not allowed: a mount is read-only "
+                              f"unless writable = true (--writable), and fsclient sets "
+                              f"fsname/subtype itself")
     try:
         check_mount_options(options)
     except ValueError as exc:
@@ -292,7 +297,17 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         staging_dir=_str(data, "staging_dir", False),
         staging_bytes=convert.size(data.get("staging_bytes", DEFAULT_STAGING_BYTES),
                                    "staging_bytes"),
+        write_access=_write_access(data),
     )
+
+
+def _write_access(data: dict[str, Any]) -> str:
+    value = convert.string(data.get("write_access", "owner"), "write_access")
+    if value not in WRITE_ACCESS:
+        raise ConfigError(f"write_access {value!r} is not one of {', '.join(WRITE_ACCESS)}: "
+                          f"\"owner\" (the server's uid writes) or \"all\" (any uid that "
+                          f"reaches the mount)")
+    return value
 
 
 def _check_key_fd(key_fd: Any) -> None:

@@ -72,6 +72,9 @@ class BlockcacheFS(WriteHandlers):
         self.writes = WriteFiles(volume) if cfg.writable else None  # (None: read-only)
         self.nodes.resized = self.open_files.pages.raise_generation
         self.uid, self.gid = os.getuid(), os.getgid()
+        # a writable mount any uid may write: modes that say so (default_permissions)
+        self.open_modes = (0o666, 0o777) if cfg.writable and cfg.write_access == "all" \
+            else (0, 0)
         self.xattrs = Xattrs(volume, cfg, self.uid, self.mount_stats)
         self.dir_handles: dict[int, tuple[FileInfo, ...]] = {}
         self._dir_fh = HandleNumbers()  # numbers that name the snapshot (see handleids)
@@ -178,9 +181,9 @@ class BlockcacheFS(WriteHandlers):
         elif info.is_dir:
             # st_nlink stays 1 for directories too: "subdirectory count
             # unknown", so find/fts do not skip subdirectories
-            a.st_mode = stat.S_IFDIR | (perm or 0o755)
+            a.st_mode = stat.S_IFDIR | (perm or 0o755) | self.open_modes[1]
         else:
-            a.st_mode = stat.S_IFREG | (perm or 0o644)
+            a.st_mode = stat.S_IFREG | (perm or 0o644) | self.open_modes[0]
         a.st_size = size
         a.st_blksize = 128 << 10
         a.st_blocks = (size + 511) // 512

@@ -34,8 +34,9 @@ class Upload(Protocol):
         """Part `number` (1, 2, ...: in the order of the file) of the object,
         its bytes at `offset` of the file. Thread-safe."""
 
-    def complete(self, size: int) -> FileInfo | None:
-        """Make the object of `size` bytes visible, whole; its FileInfo."""
+    def complete(self, size: int, parts: int) -> FileInfo | None:
+        """Make the object of `size` bytes, parts 1..`parts`, visible, whole;
+        its FileInfo (a part sent with a higher number is left out)."""
 
     def abort(self) -> None:
         """Drop what was sent; never raises."""

@@ -170,10 +170,11 @@ class MultipartUpload:
         with self._lock:
             self._etags[number] = answer["ETag"]
 
-    def complete(self, size: int) -> FileInfo:
-        parts = [{"PartNumber": n, "ETag": e} for n, e in sorted(self._etags.items())]
+    def complete(self, size: int, parts: int) -> FileInfo:
+        listed = [{"PartNumber": n, "ETag": e} for n, e in sorted(self._etags.items())
+                  if n <= parts]
         answer = self._writes.call("upload", self._rel, "complete_multipart_upload",
-                                   MultipartUpload={"Parts": parts}, **self._where)
+                                   MultipartUpload={"Parts": listed}, **self._where)
         return self._writes.written(self._rel, answer["ETag"], size)
 
     def abort(self) -> None:

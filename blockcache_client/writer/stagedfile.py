@@ -35,6 +35,7 @@ import errno
 import os
 import secrets
 import threading
+from collections.abc import Callable
 
 from ..contract import blockfile
 from ..contract.blockfile import HEADER_SIZE, BlockCipher, key_id
@@ -75,6 +76,9 @@ class StagedFile:
         self._seal_buf = bytearray()
         self._scratch = bytearray()
         self.disposed = False
+        # told (under `lock`) of each change, [lo, hi) (hi None: from lo on):
+        # the parts sent ahead (`streaming.Stream.changed`)
+        self.on_change: Callable[[int, int | None], None] | None = None
 
     def _check(self) -> None:
         if self.disposed:
@@ -104,6 +108,8 @@ class StagedFile:
             self.size = max(self.size, end)
             self.generation += 1
             self.unsaved = True
+            if self.on_change is not None:
+                self.on_change(offset, end)
             pos = offset
             while pos < end:
                 i = pos // UNIT
@@ -127,6 +133,8 @@ class StagedFile:
             self._check()
             self.generation += 1
             self.unsaved = True
+            if self.on_change is not None:
+                self.on_change(min(size, self.size), None)
             if size < self.size:
                 cut = size // UNIT if size % UNIT == 0 else size // UNIT + 1
                 for i in [i for i in self._held if i >= cut]:

@@ -57,24 +57,29 @@ class Uploader:
         """The most bytes the part buffers take (see the module doc)."""
         return self.parallel * (max(self.part_bytes, UNIT) + stride)
 
-    def _take(self, part: int, stride: int) -> tuple[bytearray, bytearray]:
-        """A part buffer of at least `part` bytes: a free one, a new one while
-        fewer than `parallel` exist, else the next one given back."""
+    def take(self, part: int, stride: int, wait: bool = True
+             ) -> tuple[bytearray, bytearray] | None:
+        """A part buffer of at least `part` bytes and a scratch unit: a free
+        one, a new one while fewer than `parallel` exist, else the next one
+        given back (None at once if not `wait`). Give it back with `give`."""
         with self._pool_lock:
             make = self._buffers.empty() and self._made < self.parallel
             if make:
                 self._made += 1
         if make:
             return bytearray(-(-max(self.part_bytes, part) // UNIT) * UNIT), bytearray(stride)
-        buf, scratch = self._buffers.get()
+        try:
+            buf, scratch = self._buffers.get(block=wait)
+        except queue.Empty:
+            return None
         if len(buf) < part:  # (a part of a file over MAX_PARTS parts)
             buf = bytearray(part)
         return buf, scratch
 
-    def _give(self, pair: tuple[bytearray, bytearray]) -> None:
+    def give(self, pair: tuple[bytearray, bytearray]) -> None:
         self._buffers.put(pair)
 
-    def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
+    def threads(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._pool_lock:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -97,21 +102,23 @@ class Uploader:
         part = part_size(size, self.part_bytes, self.remote.min_part)
         upload = self.remote.begin(rel)
         try:
-            self._parts(upload, snap, part)
-            return upload.complete(size)
+            count = self.parts(upload, snap, part)
+            return upload.complete(size, count)
         except BaseException:
             upload.abort()
             raise
 
-    def _parts(self, upload, snap: Snapshot, part: int) -> None:
-        """Every part sent, at most `parallel` at once; the first failure raised."""
+    def parts(self, upload, snap: Snapshot, part: int,
+              numbers: list[int] | None = None) -> int:
+        """Parts `numbers` (default: every one) sent, at most `parallel` at
+        once; the first failure raised. Returns the file's part count."""
         size = snap.size
         count = -(-size // part)
         failed = threading.Event()
         stride = snap.staged.stride
 
         def send(number: int) -> None:
-            buf, scratch = self._take(part, stride)
+            buf, scratch = self.take(part, stride)
             try:
                 if failed.is_set():
                     return
@@ -123,12 +130,12 @@ class Uploader:
                 failed.set()
                 raise
             finally:
-                self._give((buf, scratch))
+                self.give((buf, scratch))
 
-        pool = self._threads()
+        pool = self.threads()
         running: set[concurrent.futures.Future] = set()
         error: BaseException | None = None
-        for number in range(1, count + 1):
+        for number in (range(1, count + 1) if numbers is None else numbers):
             if len(running) >= self.parallel:
                 done, running = concurrent.futures.wait(
                     running, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -140,6 +147,7 @@ class Uploader:
         error = error or _first_error(done)
         if error is not None:
             raise error
+        return count
 
 
 def _first_error(done) -> BaseException | None:

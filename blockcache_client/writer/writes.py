@@ -39,6 +39,7 @@ from ..sources.remotewrites import RemoteWrites, writes_for
 from . import staging
 from .stagedfile import StagedFile
 from .stamps import Stamps
+from .streaming import Stream
 from .upload import DEFAULT_PARALLEL, DEFAULT_PART_BYTES, Uploader
 from .written import WrittenBlocks
 
@@ -64,10 +65,12 @@ class WriteOptions:
 class _Held:
     """One staged file and who holds it: open handles, and cache jobs."""
 
-    __slots__ = ("file", "opens", "caching", "unlinked", "info")
+    __slots__ = ("file", "opens", "caching", "unlinked", "info", "stream")
 
-    def __init__(self, file: StagedFile):
+    def __init__(self, file: StagedFile, stream: Stream):
         self.file = file
+        self.stream = stream  # its parts sent while it is written
+        file.on_change = stream.changed
         self.opens = 0
         self.caching = 0
         self.unlinked = False
@@ -125,6 +128,7 @@ class Writes:
         with self._lock:
             held, self._staged = list(self._staged.values()), {}
         for h in held:
+            h.stream.drop()
             h.file.dispose()
         if self._uploader is not None:
             self._uploader.close()
@@ -132,7 +136,8 @@ class Writes:
     def stats(self) -> dict:
         area = self._area
         return {"staged_files": len(self._staged),
-                "staging_used_bytes": area.used if area is not None else 0}
+                "staging_used_bytes": area.used if area is not None else 0,
+                "written_caching": self.written.pending()}
 
     # -- files -------------------------------------------------------------------
 
@@ -183,7 +188,8 @@ class Writes:
         return WriteHandle(self, held)
 
     def _new(self, rel: str) -> _Held:
-        made = _Held(StagedFile(self.area(), self._volume_key, self._chunk_size, rel))
+        staged = StagedFile(self.area(), self._volume_key, self._chunk_size, rel)
+        made = _Held(staged, Stream(self._uploader, staged))
         made.opens = 1
         with self._lock:
             held = self._staged.setdefault(rel, made)  # another thread may have won
@@ -200,6 +206,13 @@ class Writes:
 
     def commit(self, held: _Held) -> FileInfo | None:
         """Upload `held`'s file if it changed since its last upload."""
+        held.stream.pause()  # (its parts in flight take the file's lock to read)
+        try:
+            return self._commit(held)
+        finally:
+            held.stream.resume()
+
+    def _commit(self, held: _Held) -> FileInfo | None:
         f = held.file
         with f.lock:
             if held.unlinked or not f.unsaved:
@@ -208,7 +221,9 @@ class Writes:
             snap, generation = f.snapshot(), f.generation
             start = time.monotonic()
             try:
-                info = self._uploader.upload(f.rel, snap)
+                info = held.stream.finish(snap)  # what was sent ahead, and the rest
+                if info is False:
+                    info = self._uploader.upload(f.rel, snap)
             except Exception as exc:
                 self.counters.add("uploads_failed")
                 log.warning("upload of %s to %s failed: %s", f.rel, self.backend.source, exc)
@@ -238,7 +253,10 @@ class Writes:
                 held.opens -= 1
                 if held.opens == 0 and self._staged.get(held.file.rel) is held:
                     del self._staged[held.file.rel]
+            closed = held.opens == 0 and not cache
             unused = held.opens == 0 and held.caching == 0
+        if closed:
+            held.stream.drop()  # parts sent ahead of a commit that never came
         if unused:
             held.file.dispose()
 
@@ -273,6 +291,8 @@ class Writes:
             held = self._staged.pop(rel, None)
             if held is not None:
                 held.unlinked = True  # its handles write on; nothing is uploaded
+        if held is not None:
+            held.stream.drop()
         found = self._stat(rel)
         if found is None:
             if held is not None:
@@ -373,8 +393,11 @@ class WriteHandle:
         return self._held.file
 
     def write(self, offset: int, data) -> int:
-        n = self._held.file.write(offset, data)
+        held = self._held
+        n = held.file.write(offset, data)
         self._writes.counters.add("staged_bytes", n)
+        if not held.unlinked:
+            held.stream.advance(offset + n)
         return n
 
     def read(self, offset: int, size: int) -> bytearray:

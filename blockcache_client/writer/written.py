@@ -77,6 +77,10 @@ class WrittenBlocks:
                 self._thread.start()
             self._cv.notify_all()
 
+    def pending(self) -> int:
+        """Jobs not done yet (queued, or the one under way)."""
+        return len(self._jobs) + self._busy
+
     def wait(self, timeout: float) -> bool:
         """True once every job so far is done (its blocks offered)."""
         with self._cv:

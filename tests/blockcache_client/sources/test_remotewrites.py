@@ -91,7 +91,7 @@ def test_a_local_upload_is_hidden_from_other_uids_until_complete(shared_dir):
     with pytest.raises(ChildError) as err:
         as_uid(NOBODY, NOBODY, peek, os.path.join(root, temp))
     assert err.value.kind == "PermissionError"
-    info = upload.complete(20)
+    info = upload.complete(20, 1)
     assert os.listdir(root) == ["ckpt.bin"] and info.size == 20
     assert as_uid(NOBODY, NOBODY, peek, os.path.join(root, "ckpt.bin")) == \
         b"half of a checkpoint"  # a whole file now: readable as any new file

@@ -5,7 +5,7 @@ records what it saw, and answers chosen GETs with a chosen status instead.
         front.fail_gets(503, times=2)       # the next two GETs get a 503
         opts = dict(s3_server.storage_options, endpoint_url=front.url)
         ...
-        front.gets                          # [(path, user agent), ...]
+        front.gets, front.puts              # [(path, user agent), ...]
         front.requests                      # [(method, path), ...]: every request
         front.connections                   # TCP connections opened to it
         front.fail_writes(403, "partNumber=2")  # PUTs/POSTs whose path holds it: 403
@@ -33,11 +33,13 @@ class S3Front:
         self.upstream = urlsplit(upstream)
         self.gets: list[tuple[str, str]] = []
         self.requests: list[tuple[str, str]] = []  # (method, path with its query)
+        self.puts: list[tuple[str, str]] = []  # (path with its query, user agent)
         self.connections = 0  # TCP connections clients opened to the front
         self.regions: list[str] = []  # the region each GET was signed for ("" unsigned)
         self._faults: list[tuple[int, dict]] = []
-        # (path substring, status or None, seconds held) for PUT, POST and DELETE
-        self._write_faults: list[tuple[str, int | None, float]] = []
+        # [path substring, status or None, seconds held, times left or None]
+        # for PUT, POST and DELETE
+        self._write_faults: list[list] = []
         self.down = False
         self._lock = threading.Lock()
         front = self
@@ -62,6 +64,9 @@ class S3Front:
                 with front._lock:
                     front.requests.append((self.command, self.path))
                 fault = None
+                if self.command == "PUT":
+                    with front._lock:
+                        front.puts.append((self.path, self.headers.get("User-Agent", "")))
                 if self.command in ("PUT", "POST", "DELETE"):
                     fault = front.write_fault(self.path)
                     if front.down:  # gone while this request was held
@@ -115,17 +120,17 @@ class S3Front:
         with self._lock:
             self._faults.extend([(status, dict(headers or {}))] * times)
 
-    def fail_writes(self, status: int, where: str = "") -> None:
+    def fail_writes(self, status: int, where: str = "", times: int | None = None) -> None:
         """Answer `status` to every PUT, POST or DELETE whose path (with its
-        query) holds `where`, from now on."""
+        query) holds `where`, from now on (the next `times` only, if given)."""
         with self._lock:
-            self._write_faults.append((where, status, 0.0))
+            self._write_faults.append([where, status, 0.0, times])
 
     def stall_writes(self, seconds: float, where: str = "") -> None:
         """Hold every PUT, POST or DELETE whose path holds `where` for
         `seconds` before it goes on (a remote slow mid-upload)."""
         with self._lock:
-            self._write_faults.append((where, None, seconds))
+            self._write_faults.append([where, None, seconds, None])
 
     def clear_writes(self) -> None:
         with self._lock:
@@ -134,11 +139,14 @@ class S3Front:
     def write_fault(self, path: str) -> tuple[int, dict] | None:
         """The fault for a write request to `path`, after any stall it gets."""
         with self._lock:
-            found = [f for f in self._write_faults if f[0] in path]
-        for _, _, seconds in found:
+            found = [f for f in self._write_faults if f[0] in path and f[3] != 0]
+            for f in found:
+                if f[3] is not None:
+                    f[3] -= 1
+        for _, _, seconds, _ in found:
             if seconds:
                 time.sleep(seconds)
-        statuses = [status for _, status, _ in found if status is not None]
+        statuses = [status for _, status, _, _ in found if status is not None]
         return (statuses[0], {}) if statuses else None
 
     def next_fault(self, path: str, agent: str, auth: str):

@@ -108,3 +108,26 @@ def test_a_local_rewrite_of_the_same_size_gets_a_new_version(tmp_path):
     second = writes.put("f.bin", memoryview(b"bbbb"))  # within one mtime tick, likely
     assert first.version != second.version
     assert backend.stat("f.bin").version == second.version
+
+
+def test_s3_uploads_are_sent_directly_and_s3fs_takes_what_is_declined(s3_server):
+    from tests.support.s3front import S3Front
+    with S3Front(s3_server.endpoint_url) as front:
+        source = S3Source(s3_server)
+        backend = Backend(source.url, **dict(source.options, endpoint_url=front.url))
+        writes = writes_for(backend)
+        data = os.urandom(6 << 20)
+        upload = writes.begin("big.bin")
+        upload.part(1, 0, memoryview(data)[:5 << 20])
+        front.fail_writes(400, "partNumber=2", times=1)  # the direct PUT is declined once
+        upload.part(2, 5 << 20, memoryview(data)[5 << 20:])
+        info = upload.complete(len(data), 2)
+        assert source.fs.cat(f"{source.base}/big.bin") == data
+        assert info.version == backend.stat("big.bin").version
+        agents = [(path.partition("?")[2][:12], agent.split("/")[0]) for path, agent in front.puts]
+        assert agents[0] == ("partNumber=1", "blockcache-s3direct")
+        assert agents[1] == ("partNumber=2", "blockcache-s3direct")  # declined (the 400)...
+        assert agents[2][0] == "partNumber=2" and "s3direct" not in agents[2][1]  # ...s3fs's
+        writes.put("small.bin", memoryview(b"one PUT"))
+        assert front.puts[-1][1] == "blockcache-s3direct"
+        assert source.fs.cat(f"{source.base}/small.bin") == b"one PUT"

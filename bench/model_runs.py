@@ -24,9 +24,12 @@ modules imported before it is timed. Each row gives GB/s (the file's bytes
 times the readers over the wall time), the readers' CPU, the servers' (each
 mount's process tree and the daemon), the page faults the readers took
 (major: those that waited for I/O), the bytes they had read from a disk,
-and the bytes the S3 server sent over the file's size. Ratios are taken
-within each round; a figure is their median over the rounds, its spread
-beside it.
+and the bytes the S3 server sent over the file's size; then each load's
+CPU in ms a MiB. Ratios are taken within each round; a figure is their
+median over the rounds, its spread beside it. One is not a measurement
+but a bound (`cap`): the most the warm mapped load could reach against
+local disk on this machine's idle cores, given the CPU a MiB each side
+spent (fsclient/DESIGN.md, "A mapped load: what a MiB costs").
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from .worker import Workers
 
 log = logging.getLogger("bench.model_runs")
 
+MIB = 1 << 20
 MODEL_PATH = model_load.MODEL_PATH
 READERS = (4, 8)
 LOADER_MODULES = ["numpy", "safetensors", "safetensors.numpy"]
@@ -86,6 +90,7 @@ def _load(ctx: Ctx, system: System, workers: Workers, cmd: str, key: str, rows: 
     sent = ctx.remote.counters()["bytes_out"] - sent0
     row = {"case": f"model {key}", "key": key, "set": "model", "round": rnd,
            "system": system.name, "readers": len(answers), "seconds": wall,
+           "file_bytes": file_bytes,
            "bytes": sum(a["bytes"] for a in answers), "items": sum(a["items"] for a in answers),
            # (the file's bytes, whether mapped or read: a mapped load counts its tensors')
            "mb_per_s": file_bytes * len(answers) / wall / 1e6,
@@ -177,6 +182,9 @@ def ratios(rows: list) -> tuple[dict, dict]:
         for name, (a, b) in _SPEED_RATIOS.items():
             if a in got and b in got:
                 values[name] = got[a]["mb_per_s"] / got[b]["mb_per_s"]
+        cap = _cpu_cap(got)
+        if cap is not None:
+            values["model warm fuse cap vs local dropped"] = cap
         one = got.get("fuse cold")
         if one is not None:
             values["model cold fuse remote vs file"] = one["remote_vs_file"]
@@ -189,6 +197,28 @@ def ratios(rows: list) -> tuple[dict, dict]:
         for name, v in values.items():
             spread.setdefault(name, []).append(v)
     return {k: statistics.median(v) for k, v in spread.items()}, spread
+
+
+def ms_a_mib(row: dict) -> tuple[float, float, float]:
+    """A row's CPU in ms a MiB of the file, a reader's: the readers', the
+    servers' (mounts and daemon), the S3 server's."""
+    mib = row["file_bytes"] * row["readers"] / MIB
+    return tuple(row[k] / mib * 1e3 for k in ("cpu_s", "server_cpu_s", "s3_cpu_s"))
+
+
+def _cpu_cap(got: dict, cores: int | None = None) -> float | None:
+    """The most a warm mapped load through the mount could reach against
+    local disk (page cache dropped) on `cores` idle cores, from their CPU a
+    MiB in this round: each MiB needs the reader's CPU on one core and the
+    reader's and the server's together on all of them; local dropped needs
+    only its reader's (this VM's disk is served from the host's memory)."""
+    warm, local = got.get("fuse warm"), got.get("local dropped")
+    if warm is None or local is None:
+        return None
+    cores = cores or os.cpu_count() or 1
+    reader, server, _ = ms_a_mib(warm)
+    slowest = max(reader, (reader + server) / cores)
+    return ms_a_mib(local)[0] / slowest if slowest > 0 else None
 
 
 HEADER = (f"{'model load':34} {'GB/s':>6} {'s':>6} {'CPU s':>6} {'server':>6} {'S3 s':>5} "
@@ -204,8 +234,14 @@ def _line(r: dict) -> str:
 
 
 def report(rows: list, spread: dict) -> list[str]:
-    """The model rows, then each figure's median and spread."""
-    lines = [HEADER] + [_line(r) for r in rows if r.get("set") == "model"]
+    """The model rows, the CPU of each kind of load in ms a MiB (medians
+    over the rounds), then each figure's median and spread."""
+    mine = [r for r in rows if r.get("set") == "model"]
+    lines = [HEADER] + [_line(r) for r in mine] + ["", "ms CPU a MiB (medians): reader, "
+                                                       "servers (mounts, daemon), S3 server"]
+    for key in dict.fromkeys(r["key"] for r in mine):
+        each = list(zip(*(ms_a_mib(r) for r in mine if r["key"] == key)))
+        lines.append(f"  {key:16} " + ", ".join(f"{statistics.median(v):5.2f}" for v in each))
     lines.append("")
     for name, values in spread.items():
         lines.append(f"{name:44} {statistics.median(values):.2f}x "

@@ -5,6 +5,8 @@ counts what it sent, and the figures it prints are computed."""
 import math
 import os
 
+import pytest
+
 from bench import large_files, model_load, model_runs
 from bench.datasets import MIB
 from bench.systems import Ctx, VolumeSystem, retire
@@ -61,6 +63,13 @@ def test_large_files_small_run(tmp_path):
         assert name in text
     assert model_runs.HEADER in text and "fuse cold x8 (round 0)" in text
     assert "model x8 remote vs file" in text and "over 1 rounds" in text
+    # the CPU a MiB of each load, and the bound it sets on the warm mapped load
+    warm, local = rows["model fuse warm"], rows["model local dropped"]
+    reader, server, _ = model_runs.ms_a_mib(warm)
+    assert reader > 0 and server >= 0  # (the server's in /proc's 10 ms ticks)
+    assert figures["model warm fuse cap vs local dropped"] == pytest.approx(
+        model_runs.ms_a_mib(local)[0] / max(reader, (reader + server) / os.cpu_count()))
+    assert "ms CPU a MiB (medians)" in text and "  fuse warm" in text
     assert "decrypt, 1 thread" in text  # the yardstick is printed beside the warm row
     # each cold row's CPU, split by the reader's threads and the daemon's
     small, large = rows["cold small files volume"], rows["cold large files volume"]

@@ -1,7 +1,8 @@
 """`python -m bench.large_files`: large files and cold reads against AWS's CRT client, one run.
 
-    python -m bench.large_files                      # the defaults below (~5 min on 2 cores)
+    python -m bench.large_files                      # the defaults below (~9 min on 2 cores)
     python -m bench.large_files --model-mib 0        # without the model-loading workload
+    python -m bench.large_files --rounds 0 --model-rounds 5   # the model-loading workload alone
     BENCH_PROFILE=/tmp/prof python -m bench.large_files --model-mib 0   # + cProfile per command
 
 One moto S3 server on 127.0.0.1 for every system, no delay added, its

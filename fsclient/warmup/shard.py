@@ -9,7 +9,7 @@ agrees without talking to the others, and a rerun warms the same files.
 The shard of a path is a jump consistent hash (Lamping & Veach 2014) of the
 path's BLAKE2b digest: even shares, and going from N to N+1 hosts moves only
 1/(N+1) of the files. Both are fixed algorithms, so hosts on different
-versions of fsclient still agree (tests/fsclient/test_warmup_shard.py pins
+versions of fsclient still agree (tests/fsclient/warmup/test_shard.py pins
 known answers).
 """
 

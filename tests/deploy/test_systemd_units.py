@@ -132,7 +132,8 @@ def test_fsclient_unit_mounts_in_the_host_namespace(installed):
     # descriptors and the saved state in the unit's fd store
     assert value(unit, "NotifyAccess") == "all"
     assert int(value(unit, "FileDescriptorStoreMax")) >= 33
-    # a restart leaves the mount in the store, a stop unmounts (test_fdstore.py)
+    # a restart leaves the mount in the store, a stop unmounts
+    # (tests/fsclient/keeper/test_fdstore.py)
     assert value(unit, "RestartKillSignal") == handoff.RESTART_SIGNAL.name
     assert value(unit, "KillSignal") == "SIGTERM"
     assert "blockcache" in value(unit, "SupplementaryGroups").split()

@@ -10,12 +10,9 @@ import pytest
 
 from blockcache_client.volumekey import generate_key_file
 from tests.support.fsclient_mounts import FsclientMount
+from tests.support.skips import fuse_usable
 
 BLOCK = 256 << 10  # small blocks, so modest files span several
-
-
-def fuse_usable() -> bool:
-    return os.geteuid() == 0 and os.path.exists("/dev/fuse")
 
 
 def pytest_collection_modifyitems(items):

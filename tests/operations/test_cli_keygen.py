@@ -6,7 +6,7 @@ import os
 import stat
 
 from blockcache_client.volumekey import load_key_file
-from tests.operations.conftest import run_cli
+from tests.support.cli_runs import run_cli
 
 
 def test_both_tools_write_private_keys_and_never_overwrite(tmp_path):

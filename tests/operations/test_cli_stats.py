@@ -10,7 +10,7 @@ import sys
 import time
 
 from blockcache_client import Volume
-from tests.operations.conftest import BLOCK, VOLUME, blocks_of, run_cli, warmup_args
+from tests.support.cli_runs import BLOCK, VOLUME, blocks_of, run_cli, warmup_args
 from tests.support.fsclient_mounts import REPO, env
 
 

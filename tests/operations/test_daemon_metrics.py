@@ -9,7 +9,7 @@ import pytest
 from blockcache_client.contract import blockfile
 from blockcache_client.contract.blockkey import BlockKey
 from devtools.daemon import DaemonProcess
-from tests.operations.conftest import run_cli
+from tests.support.cli_runs import run_cli
 from tests.support.metrics import logged_port, scrape, value
 
 VOLUME_KEY = bytes(range(32))

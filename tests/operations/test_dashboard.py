@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.daemon import DaemonProcess
-from tests.operations.conftest import BLOCK, VOLUME
+from tests.support.cli_runs import BLOCK, VOLUME
 from tests.support.fsclient_mounts import REPO, FsclientMount
 from tests.support.metrics import logged_port
 

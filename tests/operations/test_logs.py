@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from devtools.daemon import DaemonProcess
-from tests.operations.conftest import run_cli, warmup_args
+from tests.support.cli_runs import run_cli, warmup_args
 
 
 def json_lines(text: str) -> list[dict]:

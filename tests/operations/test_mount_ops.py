@@ -10,7 +10,7 @@ import pytest
 
 from blockcache_client.common.counters import VOLUME_COUNTERS
 from fsclient.metrics import COUNTERS
-from tests.operations.conftest import BLOCK, VOLUME, blocks_of, run_cli
+from tests.support.cli_runs import BLOCK, VOLUME, blocks_of, run_cli
 from tests.support.fsclient_mounts import FsclientMount
 from tests.support.metrics import logged_port, scrape, value
 

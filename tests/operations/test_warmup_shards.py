@@ -11,7 +11,7 @@ import pytest
 from blockcache_client.contract.blockkey import KeyNamer
 from blockcache_client.volumekey import load_key_file
 from fsclient.warmup.shard import Shard
-from tests.operations.conftest import BLOCK, VOLUME, blocks_of, run_cli, warmup_args
+from tests.support.cli_runs import BLOCK, VOLUME, blocks_of, run_cli, warmup_args
 
 N = 3
 

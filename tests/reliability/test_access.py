@@ -28,17 +28,13 @@ from blockcache_client.contract.protocol import ErrorCode
 from blockcache_client.daemonclient.client import Client
 from blockcache_client.volumekey import generate_key_file, load_key_file
 from devtools.daemon import DaemonProcess
-from tests.reliability.conftest import (
-    BS,
-    ChildError,
-    as_nobody,
-    cache_files,
-    needs_root,
-    record,
-    wait_until,
-    write_dataset,
-)
-from tests.support.volumes import block_key
+from tests.support.cache_audit import cache_files
+from tests.support.figures import record
+from tests.support.remote_files import write_dataset
+from tests.support.skips import needs_root
+from tests.support.uids import ChildError, as_nobody
+from tests.support.volumes import BS, block_key
+from tests.support.waiting import wait_for
 
 pytestmark = needs_root
 
@@ -133,7 +129,7 @@ def test_pod_without_the_key_sees_only_ciphertext_and_cannot_write(tmp_path, sha
     try:
         with Volume("vol", str(src), key_a, socket_path=d.socket_path, block_size=BS,
                     memory_cache_bytes=0) as vol:
-            wait_until(lambda: vol.stats()["daemon_connected"], what="the volume to connect")
+            wait_for(lambda: vol.stats()["daemon_connected"], what="the volume to connect")
             assert vol.read("known.bin", 0, 2 * BS) == MARKER * (2 * BS // len(MARKER))
             for rel, data in files.items():
                 assert vol.read(rel, 0, len(data)) == data
@@ -180,7 +176,7 @@ def test_foreign_and_forged_blocks(tmp_path, daemon):
             Volume("volb", str(src), key_b, socket_path=daemon.socket_path, block_size=BS,
                    memory_cache_bytes=0) as b:
         for v in (a, b):
-            wait_until(lambda v=v: v.stats()["daemon_connected"], what="the volumes to connect")
+            wait_for(lambda v=v: v.stats()["daemon_connected"], what="the volumes to connect")
 
         # A's block, opened as B's in every way: B's key with A's name, with B's name
         assert a.read(good_rel, 0, BS) == good
@@ -211,7 +207,7 @@ def test_foreign_and_forged_blocks(tmp_path, daemon):
         assert a.stats()["integrity_failures"] == before["integrity_failures"] + 1
         assert a.wait_fills(10)
         daemon.wait_idle()
-        wait_until(lambda: _opens(kf, layout.path(kf), vk_a), what="the forged block refilled")
+        wait_for(lambda: _opens(kf, layout.path(kf), vk_a), what="the forged block refilled")
         assert a.read(forged_rel, 0, BS) == want
         assert a.stats()["hits"] == before["hits"] + 1
         record("forged_blocks", cross_volume_opens=0, forged_detected=2, wrong_bytes=0)

@@ -26,19 +26,13 @@ from blockcache_client.contract.errors import DaemonUnavailable
 from blockcache_client.contract.layout import Layout, fanout
 from blockcache_client.daemonclient.client import Client
 from devtools.daemon import DaemonProcess
-from tests.reliability.conftest import (
-    BS,
-    connected_volume,
-    fill,
-    needs_fuse,
-    needs_root,
-    record,
-    wait_until,
-    write_dataset,
-)
 from tests.support.cache_engine import key as make_key
+from tests.support.figures import record
 from tests.support.fsclient_mounts import FsclientMount
-from tests.support.volumes import block_key
+from tests.support.remote_files import write_dataset
+from tests.support.skips import needs_fuse, needs_root
+from tests.support.volumes import BS, block_key, connected_volume, fill_files
+from tests.support.waiting import wait_for
 
 pytestmark = needs_root
 
@@ -182,7 +176,7 @@ def test_fifo_in_the_tree_never_hangs_a_mount(tmp_path, key_file):
         rels = sorted(files)
         for rel in rels:  # warm: every block cached, and in the page cache
             assert (tmp_path / "mnt" / rel).read_bytes() == files[rel]
-        wait_until(lambda: d.client().stats()["entries"] == len(files), what="the fills")
+        wait_for(lambda: d.client().stats()["entries"] == len(files), what="the fills")
         d.wait_idle()
         m.stop()
         layout = Layout.from_wire(d.client().hello()["layout"])
@@ -210,7 +204,7 @@ def test_fifo_in_the_tree_never_hangs_a_mount(tmp_path, key_file):
         assert os.listdir(tmp_path / "mnt")  # the mount still answers
         s = m.stats()
         assert s["integrity_failures"] == 1 and s["hits"] >= len(files) - 1
-        wait_until(lambda: os.path.isfile(fifo), what="the FIFO replaced by a refilled block")
+        wait_for(lambda: os.path.isfile(fifo), what="the FIFO replaced by a refilled block")
         record("fifo_in_tree", files_read=len(files), seconds=round(took, 2),
                counted_as_bad=s["integrity_failures"], refilled=True)
     finally:
@@ -225,7 +219,7 @@ def test_reader_opens_only_regular_files_of_the_daemons_uid(tmp_path, key_file):
     d = DaemonProcess(tmp_path).start()
     try:
         with connected_volume("vol", str(src), key_file, d) as vol:
-            layout = fill(vol, d, files)
+            layout = fill_files(vol, d, files)
             paths = [layout.path(block_key(vol, rel)) for rel in rels]
             # a symlink to a FIFO outside the tree: following it would block
             outside = tmp_path / "fifo"
@@ -312,8 +306,8 @@ def test_socket_answered_by_an_unexpected_uid_is_no_daemon(tmp_path, shared_dir,
         files = write_dataset(str(src), [1000], seed=9)
         from blockcache_client import Volume
         with Volume("vol", str(src), key_file, socket_path=path, block_size=BS) as vol:
-            wait_until(lambda: any("runs as uid" in r.getMessage() for r in caplog.records
-                                   if r.levelname == "WARNING"), what="a warning naming the uid")
+            wait_for(lambda: any("runs as uid" in r.getMessage() for r in caplog.records
+                                 if r.levelname == "WARNING"), what="a warning naming the uid")
             assert not vol.stats()["daemon_connected"]
             [(rel, data)] = files.items()
             assert vol.read(rel, 0, len(data)) == data

@@ -21,9 +21,11 @@ from blockcache_client.daemonclient.client import Client
 from blockcached.config import Config
 from blockcached.connlimits import ADMIN_RESERVED, MAX_CONNECTIONS
 from devtools.daemon import DaemonProcess
-from tests.reliability.conftest import as_nobody, needs_fuse, needs_root, record, socket_group
 from tests.support.faultyfs import FaultyMount
+from tests.support.figures import record
 from tests.support.pipeline import pipeline
+from tests.support.skips import needs_fuse, needs_root
+from tests.support.uids import as_nobody, socket_group
 
 # a pause this long means the loop ran one long job: today's matcher list made
 # 1.66 s pauses with 5,000 evicts; the set costs milliseconds per 5k chunk

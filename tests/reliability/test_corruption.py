@@ -15,15 +15,10 @@ import os
 from blockcache_client.contract.blockfile import HEADER_SIZE, unseal
 from blockcache_client.contract.errors import IntegrityError
 from blockcache_client.volumekey import load_key_file
-from tests.reliability.conftest import (
-    BS,
-    connected_volume,
-    fill,
-    record,
-    wait_until,
-    write_dataset,
-)
-from tests.support.volumes import block_key
+from tests.support.figures import record
+from tests.support.remote_files import write_dataset
+from tests.support.volumes import BS, block_key, connected_volume, fill_files
+from tests.support.waiting import wait_for
 
 
 def _authentic(key: str, path: str, vk: bytes) -> bool:
@@ -70,7 +65,7 @@ def test_every_kind_of_corruption_is_caught_evicted_and_refilled(tmp_path, key_f
     names = sorted(files)
     vk = load_key_file(key_file)
     with connected_volume("vol", str(tmp_path / "src"), key_file, daemon) as vol:
-        layout = fill(vol, daemon, files)
+        layout = fill_files(vol, daemon, files)
         keys = [block_key(vol, n) for n in names]
         paths = [layout.path(k) for k in keys]
         assert all(_authentic(k, p, vk) for k, p in zip(keys, paths))
@@ -89,8 +84,8 @@ def test_every_kind_of_corruption_is_caught_evicted_and_refilled(tmp_path, key_f
         # every bad block is evicted and refilled with a good one
         assert vol.wait_fills(10)
         daemon.wait_idle()
-        wait_until(lambda: all(_authentic(keys[i], paths[i], vk) for i in bad), 10,
-                   "the bad blocks to be refilled")
+        wait_for(lambda: all(_authentic(keys[i], paths[i], vk) for i in bad), 10,
+                 "the bad blocks to be refilled")
         # block 3 was renamed away: its key is a plain miss, but still indexed;
         # the refill's `exists` makes the daemon check the file and drop the
         # entry, so a later miss fills it again
@@ -100,7 +95,7 @@ def test_every_kind_of_corruption_is_caught_evicted_and_refilled(tmp_path, key_f
             vol.wait_fills(10)
             daemon.wait_idle()
             return _authentic(keys[3], paths[3], vk)
-        wait_until(refilled_3, 10, "the renamed-away block to be filled again")
+        wait_for(refilled_3, 10, "the renamed-away block to be filled again")
         before_last = vol.stats()
         for n in names:  # now all hits again
             assert vol.read(n, 0, BS) == files[n]

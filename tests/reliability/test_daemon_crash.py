@@ -19,17 +19,14 @@ import pytest
 from blockcache_client import Volume
 from blockcache_client.volumekey import load_key_file
 from devtools.daemon import DaemonProcess
-from tests.reliability.conftest import (
-    BS,
-    check_index_matches_disk,
-    needs_fuse,
-    peak_rss_kib,
-    record,
-    sha,
-    wait_until,
-    write_dataset,
-)
+from tests.support.cache_audit import check_index_matches_disk
+from tests.support.figures import record
 from tests.support.fsclient_mounts import FsclientMount, is_mounted
+from tests.support.proc_files import peak_rss_kib
+from tests.support.remote_files import sha, write_dataset
+from tests.support.skips import needs_fuse
+from tests.support.volumes import BS
+from tests.support.waiting import wait_for
 
 pytestmark = needs_fuse
 
@@ -142,8 +139,8 @@ def test_daemon_killed_under_load(tmp_path, key_file):
             daemon.start()
             restarts.append(time.monotonic() - t0)
         # readers find the restarted daemon again and go on filling it
-        wait_until(lambda: all(v.stats()["daemon_connected"] for v in vols), 10,
-                   "the volumes to reconnect")
+        wait_for(lambda: all(v.stats()["daemon_connected"] for v in vols), 10,
+                 "the volumes to reconnect")
         time.sleep(RUN_BETWEEN_KILLS)
     finally:
         stop.set()

@@ -20,14 +20,12 @@ import pytest
 from blockcache_client import Volume
 from blockcache_client.volumekey import load_key_file
 from devtools.daemon import DaemonProcess
-from tests.reliability.conftest import (
-    BS,
-    check_index_matches_disk,
-    needs_root,
-    record,
-    wait_until,
-    write_dataset,
-)
+from tests.support.cache_audit import check_index_matches_disk
+from tests.support.figures import record
+from tests.support.remote_files import write_dataset
+from tests.support.skips import needs_root
+from tests.support.volumes import BS
+from tests.support.waiting import wait_for
 
 pytestmark = needs_root
 
@@ -106,7 +104,7 @@ def test_cache_dir_runs_out(tmp_path, key_file, tmpfs, kind, options):
         wrong = failed = reads = 0
         with Volume("vol", str(tmp_path / "src"), key_file, socket_path=daemon.socket_path,
                     block_size=BS, memory_cache_bytes=0) as vol:
-            wait_until(lambda: vol.stats()["daemon_connected"], what="the volume to connect")
+            wait_for(lambda: vol.stats()["daemon_connected"], what="the volume to connect")
             names = sorted(files)
             hog = 0
             for n in range(3):

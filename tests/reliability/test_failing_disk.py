@@ -15,17 +15,12 @@ import time
 
 from blockcache_client import Volume
 from devtools.daemon import DaemonProcess
-from tests.reliability.conftest import (
-    BS,
-    connected_volume,
-    fill,
-    needs_fuse,
-    record,
-    wait_until,
-    write_dataset,
-)
 from tests.support.faultyfs import FaultyMount
-from tests.support.volumes import block_key
+from tests.support.figures import record
+from tests.support.remote_files import write_dataset
+from tests.support.skips import needs_fuse
+from tests.support.volumes import BS, block_key, connected_volume, fill_files
+from tests.support.waiting import wait_for
 
 pytestmark = needs_fuse
 
@@ -59,7 +54,7 @@ def test_failing_cache_dir_is_taken_out_and_returns(tmp_path, key_file):
         daemon.wait_rebuilt()
         faulty = daemon.cache_dirs[0]
         vol = connected_volume("vol", str(tmp_path / "src"), key_file, daemon)
-        layout = fill(vol, daemon, files)
+        layout = fill_files(vol, daemon, files)
         on_faulty = {n for n in names if layout.dir_index(block_key(vol, n)) == 0}
         assert 0 < len(on_faulty) < len(names), "both dirs hold some blocks"
 
@@ -72,11 +67,11 @@ def test_failing_cache_dir_is_taken_out_and_returns(tmp_path, key_file):
                 for n in names:
                     wrong += vol.read(n, 0, BS) != files[n]
                     reads += 1
-            wait_until(lambda: not _dir_healthy(daemon, faulty), DETECT_WITHIN,
-                       f"the daemon to take out the {mode} dir")
+            wait_for(lambda: not _dir_healthy(daemon, faulty), DETECT_WITHIN,
+                     f"the daemon to take out the {mode} dir")
             figures[f"{mode}_unhealthy_after_s"] = round(time.monotonic() - t0, 2)
-            wait_until(lambda: _reader_sees(vol, faulty, False), DETECT_WITHIN,
-                       "the reader to follow the layout epoch")
+            wait_for(lambda: _reader_sees(vol, faulty, False), DETECT_WITHIN,
+                     "the reader to follow the layout epoch")
             figures[f"{mode}_reader_follows_after_s"] = round(time.monotonic() - t0, 2)
             before = vol.stats()
             for n in names:  # the good dir serves hits, the faulty dir's keys go remote
@@ -88,11 +83,11 @@ def test_failing_cache_dir_is_taken_out_and_returns(tmp_path, key_file):
             assert daemon.proc.poll() is None
             fm.set_mode("ok")
             t1 = time.monotonic()
-            wait_until(lambda: _dir_healthy(daemon, faulty), DETECT_WITHIN,
-                       "a probe to bring the dir back")
+            wait_for(lambda: _dir_healthy(daemon, faulty), DETECT_WITHIN,
+                     "a probe to bring the dir back")
             figures[f"{mode}_healthy_again_after_s"] = round(time.monotonic() - t1, 2)
-            wait_until(lambda: _reader_sees(vol, faulty, True), DETECT_WITHIN,
-                       "the reader to use the dir again")
+            wait_for(lambda: _reader_sees(vol, faulty, True), DETECT_WITHIN,
+                     "the reader to use the dir again")
             before = vol.stats()
             for n in names:  # its blocks survived: hits again
                 wrong += vol.read(n, 0, BS) != files[n]

@@ -33,8 +33,9 @@ from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.protocol import MAX_FRAME, ErrorCode
 from blockcache_client.daemonclient.client import Client
 from devtools.daemon import DaemonProcess
-from tests.reliability.conftest import peak_rss_kib, record
+from tests.support.figures import record
 from tests.support.pipeline import pipeline
+from tests.support.proc_files import peak_rss_kib
 
 PROMPT = 5.0          # seconds: "answers others promptly", generous on a loaded box
 KNOWN_CODES = {v for k, v in vars(ErrorCode).items() if k.isupper()}

@@ -18,15 +18,11 @@ import fsspec
 from blockcache_client import Volume
 from blockcache_client.volumekey import generate_key_file
 from devtools.daemon import DaemonProcess
-from tests.reliability.conftest import (
-    BS,
-    as_nobody,
-    connected_volume,
-    fill,
-    needs_root,
-    record,
-    write_dataset,
-)
+from tests.support.figures import record
+from tests.support.remote_files import write_dataset
+from tests.support.skips import needs_root
+from tests.support.uids import as_nobody
+from tests.support.volumes import BS, connected_volume, fill_files
 
 pytestmark = needs_root
 
@@ -76,7 +72,7 @@ def test_non_root_volume_and_fsspec_readers_get_hits(tmp_path, shared_dir):
     try:
         # root warms the cache; the blocks are the daemon's (root's) files
         with connected_volume("vol", src, root_key, d) as vol:
-            fill(vol, d, files)
+            fill_files(vol, d, files)
         assert d.client().stats()["entries"] == blocks
         got = {"volume": as_nobody(_volume_reads, "vol", src, key, d.socket_path, files,
                                    gid=nobody.pw_gid),

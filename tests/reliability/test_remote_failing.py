@@ -18,8 +18,11 @@ import pytest
 
 from blockcache_client import Volume
 from devtools.s3server import S3Server
-from tests.reliability.conftest import BS, needs_fuse, record, wait_until
+from tests.support.figures import record
 from tests.support.fsclient_mounts import FsclientMount
+from tests.support.skips import needs_fuse
+from tests.support.volumes import BS
+from tests.support.waiting import wait_for
 
 pytestmark = needs_fuse
 
@@ -63,7 +66,7 @@ def test_remote_stopped_mid_epoch(tmp_path, key_file, daemon):
                      block_size=BS, memory_cache_bytes=0, meta_ttl=3600, timeout=TIMEOUT,
                      attempts=ATTEMPTS, **s3.storage_options)
         mount.start()
-        wait_until(lambda: vol.stats()["daemon_connected"], what="the volume to connect")
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the volume to connect")
         # the epoch so far: the whole dataset listed, part of it read (and cached)
         vol.listdir("")
         assert sorted(os.listdir(mount.mountpoint)) == sorted(files)
@@ -111,7 +114,7 @@ def test_remote_stopped_mid_epoch(tmp_path, key_file, daemon):
             except OSError:
                 return False
         t0 = time.monotonic()
-        wait_until(resumed, 30, "reads to resume once the remote is back")
+        wait_for(resumed, 30, "reads to resume once the remote is back")
         resume_s = time.monotonic() - t0
         for rel in files:  # everything, cached or not, reads right again
             assert vol.read(rel, 0, len(files[rel])) == files[rel]

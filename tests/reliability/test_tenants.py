@@ -12,7 +12,9 @@ from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.contract.errors import DaemonError
 from blockcache_client.daemonclient.client import Client
 from devtools.daemon import DaemonProcess
-from tests.reliability.conftest import as_nobody, needs_root, record, socket_group
+from tests.support.figures import record
+from tests.support.skips import needs_root
+from tests.support.uids import as_nobody, socket_group
 
 pytestmark = needs_root
 
@@ -183,7 +185,8 @@ def test_two_tenants_one_volume_name_different_keys(tmp_path, key_file):
     integrity failures, and nobody evicts anybody. Before key format 2 they
     evicted each other's blocks on every read."""
     from blockcache_client.volumekey import generate_key_file
-    from tests.reliability.conftest import connected_volume, write_dataset
+    from tests.support.remote_files import write_dataset
+    from tests.support.volumes import connected_volume
     other_key = str(tmp_path / "other.key")
     generate_key_file(other_key)
     files = write_dataset(str(tmp_path / "src"), [3 * 65536 + 5, 65536], seed=11)

@@ -15,17 +15,14 @@ from blockcache_client.contract.blockkey import BlockKey
 from blockcache_client.daemonclient.client import Client
 from blockcache_client.volumekey import generate_key_file
 from devtools.daemon import DaemonProcess
-from tests.operations.conftest import run_cli
-from tests.reliability.conftest import (
-    BS,
-    as_uid,
-    needs_root,
-    record,
-    socket_group,
-    wait_until,
-    write_dataset,
-)
+from tests.support.cli_runs import run_cli
+from tests.support.figures import record
 from tests.support.metrics import logged_port, scrape, value
+from tests.support.remote_files import write_dataset
+from tests.support.skips import needs_root
+from tests.support.uids import as_uid, socket_group
+from tests.support.volumes import BS
+from tests.support.waiting import wait_for
 
 pytestmark = needs_root
 
@@ -62,7 +59,7 @@ def _reads(name: str, src: str, key: str, sock: str, files: dict[str, bytes]) ->
     """A tenant's reader reads every file once and waits for its fills to
     reach the daemon; its hits and misses."""
     with Volume(name, src, key, socket_path=sock, block_size=BS, memory_cache_bytes=0) as vol:
-        wait_until(lambda: vol.stats()["daemon_connected"], what="the volume to connect")
+        wait_for(lambda: vol.stats()["daemon_connected"], what="the volume to connect")
         for rel, data in files.items():
             assert vol.read(rel, 0, len(data)) == data, rel
         assert vol.wait_fills(10)

@@ -1,17 +1,22 @@
-"""A function run as another uid: a forked child that drops to it, for tests
-whose attackers and bystanders are other uids.
+"""A function run as another uid (or as nobody): a forked child that drops to
+it, for tests whose attackers and bystanders are other uids; and a group for
+the daemon's socket that nobody is not in.
 
 Forked, not exec'd: the venv's interpreter may live under /root, which other
 uids cannot execute."""
 
 from __future__ import annotations
 
+import grp
 import os
 import pickle
+import pwd
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+NOBODY = pwd.getpwnam("nobody")
 
 
 class ChildError(Exception):
@@ -65,3 +70,16 @@ def as_uid(uid: int, gid: int, fn: Callable[..., Any], *args: Any,
     if kind == "err":
         raise ChildError(*value)
     return value
+
+
+def as_nobody(fn: Callable[..., Any], *args: Any, timeout: float = 30.0,
+              gid: int | None = None) -> Any:
+    """fn(*args) as uid nobody, gid nobody's (or `gid`), as `as_uid` runs it."""
+    return as_uid(NOBODY.pw_uid, NOBODY.pw_gid if gid is None else gid, fn, *args,
+                  timeout=timeout)
+
+
+def socket_group() -> int:
+    """A group that is neither root's nor nobody's: the daemon's socket group
+    in tests whose children (other uids) join it, or not, as their gid."""
+    return next(g.gr_gid for g in grp.getgrall() if g.gr_gid not in (0, NOBODY.pw_gid))

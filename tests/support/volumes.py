@@ -1,17 +1,21 @@
 """`Volume`s on a test source and a real daemon, and their blocks on the disk.
 
 `volume` opens a reader of small blocks (BS) by default, so multi-block files
-stay small; the chunk tests pass their own block size.
+stay small; the chunk tests pass their own block size. `connected_volume`
+opens one by name and local path, its memory LRU off.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from blockcache_client import Volume
 from blockcache_client.contract.blockfile import HEADER_SIZE
 from blockcache_client.contract.layout import Layout
+from devtools.daemon import DaemonProcess
 from tests.support.waiting import wait_for
 
-BS = 64 << 10  # small blocks: multi-block files stay small and fast
+BS = 64 << 10  # the smallest block size fsclient accepts: multi-block files stay small
 
 
 def volume(source, key_file, daemon=None, **kw):
@@ -68,3 +72,28 @@ def damage_block(path: str, where: str) -> None:
         raise ValueError(f"damage_block: unknown place {where!r}")
     with open(path, "r+b" if where != "truncate" else "wb") as f:
         f.write(blob)
+
+
+def connected_volume(name: str, source: str, key_file: str, daemon: DaemonProcess,
+                     **kw: Any) -> Volume:
+    """A `Volume` (memory LRU off: every read asks the cache disk or the
+    source) that has reached the daemon."""
+    kw.setdefault("block_size", BS)
+    kw.setdefault("memory_cache_bytes", 0)
+    vol = Volume(name, source, key_file, socket_path=daemon.socket_path, **kw)
+    try:
+        wait_connected(vol)
+    except BaseException:
+        vol.close()
+        raise
+    return vol
+
+
+def fill_files(vol, daemon: DaemonProcess, files: dict[str, bytes]) -> Layout:
+    """Read every file once (checked) and wait until the fills are on disk;
+    returns the daemon's layout."""
+    for rel, data in files.items():
+        assert vol.read(rel, 0, len(data)) == data
+    assert vol.wait_fills(10)
+    daemon.wait_idle()
+    return Layout.from_wire(daemon.client().hello()["layout"])

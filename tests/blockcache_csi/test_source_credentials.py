@@ -18,7 +18,8 @@ import grpc
 import pytest
 
 from devtools.s3server import S3Server
-from tests.csi.plugin import environ_of, keeper_status, mounts_under, wait_dead
+from tests.support.keepers import keeper_status
+from tests.support.proc_files import environ_of, mounts_under, wait_dead
 from tests.support.s3auth import access_key, enforce
 from tests.support.trees import snapshot
 

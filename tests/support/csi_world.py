@@ -1,31 +1,18 @@
-"""Fixtures for the CSI plugin's tests: one real blockcached, a source tree,
-a volume key, a keeper host and a plugin process shared by the module, with
-every mount and process under the module's dir removed at teardown, whatever
-happened (CSI_TEST_KEEP=1 keeps the dir's logs for a look). Targets have
-the kubelet's shape and length (over 150 bytes)."""
+"""What the CSI plugin's tests share (`World`): one 0755 dir outside pytest's
+0700 tree holding a real blockcached, a source tree, a volume key and the
+kubelet's pod dirs, and the plugins and keeper hosts started in it. Targets
+have the kubelet's shape and length (over 150 bytes)."""
 
 from __future__ import annotations
 
 import os
 import random
-import shutil
-import tempfile
 import uuid
-
-import pytest
 
 from blockcache_client.volumekey import generate_key_file
 from devtools.daemon import DaemonProcess
-from tests.csi.plugin import (
-    KeeperHost,
-    Plugin,
-    cleanup,
-    kubelet_keys,
-    remove_keeper_cgroups,
-    running,
-    server_python,
-    socket_group,
-)
+from tests.support.csi_plugin import KeeperHost, Plugin, kubelet_keys
+from tests.support.uids import socket_group
 
 BLOCK = "256K"
 MIN_TARGET = 150  # the CSI spec: at least 128 bytes; the kubelet's are about 131
@@ -95,40 +82,3 @@ class World:
                     **kw) -> KeeperHost:
         return KeeperHost(self.python, self.env, self.base, socket_path or self.keepers_socket,
                           os.path.join(self.base, f"{name}.log"), **kw)
-
-
-@pytest.fixture(scope="module")
-def world():
-    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
-        pytest.skip("needs root and /dev/fuse")
-    base = tempfile.mkdtemp(prefix="bc-csi-")
-    os.chmod(base, 0o755)
-    found = server_python(base)
-    if found is None:
-        cleanup(base)
-        pytest.skip("no Python that uid nobody may run with this checkout's packages")
-    w = World(base, *found)
-    try:
-        w.daemon.start()
-        yield w
-    finally:
-        try:
-            cleanup(base, spare=(w.daemon.proc.pid,) if w.daemon.proc else ())
-            remove_keeper_cgroups()
-        finally:
-            w.daemon.stop()
-            if not os.environ.get("CSI_TEST_KEEP"):
-                shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def keepers(world):
-    """The keeper host every plugin of the module asks (at world.keepers_socket)."""
-    with running(world.keeper_host().start()) as host:
-        yield host
-
-
-@pytest.fixture(scope="module")
-def plugin(world, keepers):
-    with running(world.plugin().start()) as p:
-        yield p

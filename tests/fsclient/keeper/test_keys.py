@@ -19,9 +19,11 @@ import pytest
 
 from blockcache_client.volumekey import generate_key_file
 from fsclient import keeper as keeping
-from tests.csi.plugin import cleanup, own_processes, server_python, status_of
 from tests.fsclient.conftest import BLOCK, make_tree
 from tests.support.fsclient_mounts import FsclientMount, fsclient
+from tests.support.leftovers import cleanup
+from tests.support.nobody_python import server_python
+from tests.support.proc_files import own_processes, status_of
 from tests.support.uids import as_uid
 
 pytestmark = pytest.mark.fuse

@@ -19,8 +19,10 @@ import pytest
 
 from blockcache_csi.state import StateDir, target_id
 from blockcache_csi.volumes import Publication
-from tests.csi.plugin import NOBODY, keeper_status, status_of
+from tests.support.keepers import keeper_status
+from tests.support.proc_files import status_of
 from tests.support.trees import snapshot
+from tests.support.uids import NOBODY
 
 pytestmark = [pytest.mark.timeout(120)]
 TENANT = 40002  # a --volume-uid: the volume's servers' own uid

@@ -23,16 +23,10 @@ import pytest
 
 from blockcache_csi import DRIVER_NAME, VERSION
 from blockcache_csi.proto import csi_pb2
-from tests.csi.plugin import (
-    REPO,
-    Mode,
-    keeper_status,
-    kill_mount,
-    mounts_under,
-    status_of,
-    wait_dead,
-    wait_new_server,
-)
+from tests.support.csi_plugin import Mode
+from tests.support.fsclient_mounts import REPO
+from tests.support.keepers import keeper_status, kill_mount, wait_new_server
+from tests.support.proc_files import mounts_under, status_of, wait_dead
 from tests.support.trees import snapshot
 from tests.support.waiting import wait_for
 

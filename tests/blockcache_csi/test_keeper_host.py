@@ -27,20 +27,10 @@ import pytest
 from blockcache_csi.keepers import HostError
 from blockcache_csi.keepers import KeeperHost as HostClient
 from fsclient.mountpoint import MountError
-from tests.csi.plugin import (
-    NOBODY,
-    Busy,
-    children_of,
-    keeper_status,
-    keepers_under,
-    mounts_under,
-    pid_one,
-    pids,
-    running,
-    status_of,
-    wait_dead,
-)
-from tests.support.keepers import Reader
+from tests.support.csi_plugin import pid_one, running
+from tests.support.keepers import Busy, Reader, keeper_status, keepers_under, pids
+from tests.support.proc_files import children_of, mounts_under, status_of, wait_dead
+from tests.support.uids import NOBODY
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(240)]

@@ -25,7 +25,7 @@ from blockcache_csi.volumes import mount_command, selinux_enabled
 from fsclient.config import split_options
 from fsclient.keeper import Credentials
 from fsclient.session import mount as fusemount
-from tests.csi.plugin import Mode
+from tests.support.csi_plugin import Mode
 from tests.support.trees import snapshot
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]

@@ -19,7 +19,9 @@ import grpc
 import pytest
 
 from blockcache_csi.proto import csi_pb2, csi_pb2_grpc
-from tests.csi.plugin import REPO, keeper_status, mounts_under, status_of, wait_dead
+from tests.support.fsclient_mounts import REPO
+from tests.support.keepers import keeper_status
+from tests.support.proc_files import mounts_under, status_of, wait_dead
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]

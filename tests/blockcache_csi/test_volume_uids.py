@@ -14,8 +14,12 @@ import sys
 
 import pytest
 
-from tests.csi.plugin import NOBODY, REPO, keeper_status, kubelet_keys, status_of
+from tests.support.csi_plugin import kubelet_keys
+from tests.support.fsclient_mounts import REPO
+from tests.support.keepers import keeper_status
+from tests.support.proc_files import status_of
 from tests.support.trees import snapshot
+from tests.support.uids import NOBODY
 
 VICTIM = 40001  # uids no account has: the victims' servers alone
 STATIC = 40002

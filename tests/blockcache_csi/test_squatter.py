@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from fsclient import mountpoint as mp
-from tests.csi.plugin import kill_mount
+from tests.support.keepers import kill_mount
 from tests.support.squatter import squatting
 from tests.support.waiting import wait_for
 

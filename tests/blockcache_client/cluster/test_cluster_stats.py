@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.procs import free_port
-from tests.operations.conftest import run_cli
+from tests.support.cli_runs import run_cli
 from tests.support.fsclient_mounts import FsclientMount
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from blockcache_csi.proto import csi_pb2
 from blockcache_csi.volstats import DEADLINE, StatfsWithDeadline
-from tests.csi.plugin import keeper_status, kill_mount
+from tests.support.keepers import keeper_status, kill_mount
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]

@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.csi.plugin import REPO
+from tests.support.fsclient_mounts import REPO
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.csi.plugin import REPO
+from tests.support.fsclient_mounts import REPO
 
 PROTOS = [os.path.join("blockcache_csi", "proto", f"{n}.proto") for n in ("csi", "registration")]
 STUBS = ("csi_pb2.py", "csi_pb2_grpc.py", "registration_pb2.py", "registration_pb2_grpc.py")

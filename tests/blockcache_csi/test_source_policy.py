@@ -15,7 +15,10 @@ import sys
 import grpc
 import pytest
 
-from tests.csi.plugin import REPO, keeper_status, kubelet_keys, mounts_under
+from tests.support.csi_plugin import kubelet_keys
+from tests.support.fsclient_mounts import REPO
+from tests.support.keepers import keeper_status
+from tests.support.proc_files import mounts_under
 from tests.support.trees import snapshot
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]

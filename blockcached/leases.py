@@ -9,7 +9,8 @@ of its waiters is answered, exactly once, at the first of:
 - the block lands in the index (`written`, or a put answered `exists`): FILLED;
 - a put of it is not queued (full, not admitted, ...) or its write fails: DECLINED;
 - its holder releases it: RELEASED;
-- its holder's connection closes (`gone`): LOST;
+- its holder's connection closes (`gone`): LOST, unless a put of the
+  block is queued already (then the block's landing or failure ends it);
 - `timeout` seconds after its grant: EXPIRED.
 
 So no wait outlives its lease, and no lease lives past `timeout`, whatever
@@ -59,7 +60,7 @@ class _Lease:
     __slots__ = ("holder", "uid", "waiters", "batch")
 
     def __init__(self, holder: object, uid: int | None, batch: _Batch):
-        self.holder = holder
+        self.holder = holder  # None once its connection closed with its block landing
         self.uid = uid  # None: an admin's (counted to no uid)
         self.waiters: list[tuple[object, Answer]] = []
         self.batch = batch
@@ -86,6 +87,7 @@ class LeaseTable:
         self._by_uid: dict[int, int] = {}  # leases held per non-admin uid
         self._of_uids = 0  # leases held by non-admin uids, in all
         self._waiting: dict[object, str] = {}  # waiter -> the key it waits for
+        self.landing: Callable[[str], bool] = _never  # a put of the key is queued
         self.counts = dict(taken=0, waits=0, saved=0, filled=0, expired=0, lost=0,
                            declined=0, released=0, refused=0)
 
@@ -156,7 +158,10 @@ class LeaseTable:
                                                        "already: one wait at a time")
         lease = self._leases.get(key)
         if lease is None:
-            return FILLED if cached(key) else FREE
+            self.counts["waits"] += 1
+            filled = cached(key)
+            self.counts["saved"] += filled
+            return FILLED if filled else FREE
         if lease.holder is waiter:
             raise ProtocolError(ErrorCode.BAD_REQUEST,
                                 f"this connection holds the lease on {key}: it has nothing "
@@ -195,14 +200,20 @@ class LeaseTable:
             self._end(key, DECLINED, "declined")
 
     def gone(self, conn: object) -> None:
-        """`conn` closed: its leases are lost to their waiters, its wait is over."""
+        """`conn` closed: its wait is over, and its leases are lost to their
+        waiters, but for those whose block is queued for writing already
+        (`landing`): they end when it lands (or at their deadline), as a
+        holder that closes once its fills are answered expects."""
         key = self._waiting.pop(conn, None)
         if key is not None:
             lease = self._leases.get(key)
             if lease is not None:
                 lease.waiters = [w for w in lease.waiters if w[0] is not conn]
-        for key in list(self._by_holder.get(conn, ())):
-            self._end(key, LOST, "lost")
+        for key in self._by_holder.pop(conn, ()):
+            lease = self._leases[key]
+            lease.holder = None  # nobody's now
+            if not self.landing(key):
+                self._end(key, LOST, "lost")
 
     def _expire(self, keys: list[str], batch: _Batch) -> None:
         batch.timer = None
@@ -213,7 +224,7 @@ class LeaseTable:
 
     def _end(self, key: str, outcome: str, counter: str) -> None:
         lease = self._leases.pop(key)
-        mine = self._by_holder.get(lease.holder)
+        mine = self._by_holder.get(lease.holder) if lease.holder is not None else None
         if mine is not None:
             mine.discard(key)
             if not mine:
@@ -242,3 +253,6 @@ class LeaseTable:
                 "timeout": self.timeout, "limit": MAX_LEASES, "per_uid": self.per_uid,
                 "holders": len(self._by_holder), **self.counts}
 
+
+def _never(_: str) -> bool:
+    return False

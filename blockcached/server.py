@@ -296,9 +296,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def _send_area(self, rid: int, frame: bytes) -> bool:
         """Send the reply to `area` with the area's memfd attached (`pass_area`)."""
-        transport = self.transport
         try:
-            sent = pass_area(transport, self.area, frame)
+            sent = pass_area(self.transport, self.area, frame)
         except OSError as exc:
             sent = 0
             log.warning("cannot pass a fill area to uid %d (pid %d): %s", self.peer.uid,
@@ -308,7 +307,7 @@ class Connection(asyncio.BufferedProtocol):
             frame = protocol.encode_frame(protocol.error(
                 rid, ErrorCode.INTERNAL, f"cannot pass the fill area: {exc}; put blocks by value"))
         if sent < len(frame):
-            transport.write(frame[sent:])
+            self.transport.write(frame[sent:])  # type: ignore[union-attr]
         return True
 
     def _within_reply_budget(self, rid: int, frame: bytes) -> bytes:

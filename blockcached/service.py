@@ -80,6 +80,7 @@ class Service:
         self.leases = leases = LeaseTable(cfg.lease_timeout, cfg.max_leases_per_uid)
         cache.awaited = leases.__contains__  # a block waited for is written eagerly
         cache.on_written = leases.written
+        leases.landing = cache.fill.pending.__contains__
         self.refusals = Refusals()
         self.cluster = ClusterStats(cfg.cluster, cfg.max_volumes)
         self.errors: dict[str, int] = {}

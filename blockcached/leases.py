@@ -98,6 +98,11 @@ class LeaseTable:
     def __contains__(self, key: str) -> bool:
         return key in self._leases
 
+    def awaited(self, key: str) -> bool:
+        """Someone waits for `key`'s fill now."""
+        lease = self._leases.get(key)
+        return lease is not None and bool(lease.waiters)
+
     def take(self, keys: list[str], holder: object, uid: int, admin: bool,
              cached: Callable[[str], bool]) -> list[str]:
         """The state of each key of a run for `holder` (a connection of peer

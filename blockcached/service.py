@@ -78,7 +78,7 @@ class Service:
         self.cache = cache
         self.access = Access(cfg)
         self.leases = leases = LeaseTable(cfg.lease_timeout, cfg.max_leases_per_uid)
-        cache.awaited = leases.__contains__  # a block waited for is written eagerly
+        cache.awaited = leases.awaited  # a block waited for is written eagerly
         cache.on_written = leases.written
         leases.landing = cache.fill.pending.__contains__
         self.refusals = Refusals()

@@ -69,9 +69,10 @@ class _Lease:
 class _Batch:
     """The leases one `lease` request granted: one deadline, one timer."""
 
-    __slots__ = ("live", "timer")
+    __slots__ = ("keys", "live", "timer")
 
     def __init__(self) -> None:
+        self.keys: list[str] = []  # those granted (not the whole request: it may be long)
         self.live = 0
         self.timer: asyncio.TimerHandle | None = None
 
@@ -133,7 +134,7 @@ class LeaseTable:
                 granting = False
         if batch is not None:
             loop = asyncio.get_running_loop()
-            batch.timer = loop.call_later(self.timeout, self._expire, keys, batch)
+            batch.timer = loop.call_later(self.timeout, self._expire, batch)
         return states
 
     def _room(self, owner: int | None) -> bool:
@@ -151,6 +152,7 @@ class LeaseTable:
         if owner is not None:
             self._by_uid[owner] = self._by_uid.get(owner, 0) + 1
             self._of_uids += 1
+        batch.keys.append(key)
         batch.live += 1
         self.counts["taken"] += 1
 
@@ -220,9 +222,9 @@ class LeaseTable:
             if not self.landing(key):
                 self._end(key, LOST, "lost")
 
-    def _expire(self, keys: list[str], batch: _Batch) -> None:
+    def _expire(self, batch: _Batch) -> None:
         batch.timer = None
-        for key in keys:
+        for key in batch.keys:
             lease = self._leases.get(key)
             if lease is not None and lease.batch is batch:
                 self._end(key, EXPIRED, "expired")

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 TAKE_TIMEOUT = 1.0  # a lease is a lookup's cost: a daemon slower than this is too slow
 WAIT_MARGIN = 1.0  # past lease_timeout, how late a wait's answer may be before giving up
 WAITERS = 8  # connections waiting at once per volume and process
-BACKOFF = 1.0  # seconds without leases after a call failed
+BACKOFF = 5.0  # seconds without leases after a call failed (a hung daemon: the link notices first)
 NO_WAIT_AFTER_EXPIRY = 30.0
 
 
@@ -141,9 +141,8 @@ class Leases:
             if self._waiters >= WAITERS:
                 return None
             self._waiters += 1
-        client = Client(self.socket_path, timeout=self.timeout + WAIT_MARGIN,
-                        daemon_uid=self._daemon_uid)
-        return client
+        return Client(self.socket_path, timeout=self.timeout + WAIT_MARGIN,
+                      daemon_uid=self._daemon_uid)
 
     def _give(self, client: Client) -> None:
         with self._lock:

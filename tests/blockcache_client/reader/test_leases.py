@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import threading
 import time
 
@@ -171,17 +172,24 @@ def test_a_holder_that_never_fills_costs_a_reader_the_bound_once(
         d.stop()
 
 
+def _waiting_reader(rs: Readers, src: S3Source, front: S3Front, key_file: str,
+                    d: DaemonProcess) -> None:
+    """A reader started on a file whose every block another connection holds
+    (and never fills), once it waits for one."""
+    _readers(rs, 1, src, front, key_file, d)
+    rs.wait_ready()
+    d.client().lease(_file_keys(src, key_file))
+    rs.go()
+    wait_for(lambda: _leases(d)["waiting"] >= 1, what="the reader waiting")
+
+
 def test_the_daemon_killed_during_a_wait_leaves_reads_to_the_remote(
         tmp_path, front, cold_file, key_file):
     src, data = cold_file
     d = _daemon(tmp_path, "60")
     try:
         with Readers() as rs:
-            (reader,) = _readers(rs, 1, src, front, key_file, d)
-            rs.wait_ready()
-            d.client().lease(_file_keys(src, key_file))  # held, never filled
-            rs.go()
-            wait_for(lambda: _leases(d)["waiting"] >= 1, what="the reader waiting")
+            _waiting_reader(rs, src, front, key_file, d)
             d.kill()
             killed = time.monotonic()
             (got,) = rs.results(timeout=30)
@@ -190,6 +198,30 @@ def test_the_daemon_killed_during_a_wait_leaves_reads_to_the_remote(
         assert after_kill < 20, after_kill
         assert got["stats"]["lease_waits"] == got["stats"]["lease_gave_up"] >= 1
         assert got["stats"]["backend_bytes"] == SIZE == _served(front, src)
+    finally:
+        d.stop()
+
+
+def test_a_hung_daemon_costs_a_wait_its_bound_and_no_more(tmp_path, front, cold_file,
+                                                          key_file):
+    src, data = cold_file
+    bound = 3.0
+    d = _daemon(tmp_path, str(bound))
+    try:
+        with Readers() as rs:
+            _waiting_reader(rs, src, front, key_file, d)
+            d.proc.send_signal(signal.SIGSTOP)  # it answers nothing, the wait included
+            try:
+                (got,) = rs.results(timeout=60)
+            finally:
+                d.proc.send_signal(signal.SIGCONT)
+        assert got["sha"] == hashlib.sha256(data).hexdigest()
+        # the wait gave up at the bound and 1 s more; the rest came from the
+        # remote, with a lease request or two waiting 1 s before the link saw
+        # the daemon gone
+        assert got["seconds"] < bound + 1 + 4, got["seconds"]
+        assert got["stats"]["lease_waits"] == got["stats"]["lease_gave_up"] >= 1
+        assert got["stats"]["backend_bytes"] == SIZE
     finally:
         d.stop()
 

@@ -9,10 +9,21 @@ import random
 import pytest
 
 from blockcache_client.volumekey import generate_key_file
+from devtools.s3server import S3Server
 from tests.support.fsclient_mounts import FsclientMount
 from tests.support.skips import fuse_usable
 
 BLOCK = 256 << 10  # small blocks, so modest files span several
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on 127.0.0.1 for the module's tests; always stopped."""
+    server = S3Server()
+    try:
+        yield server.start()
+    finally:
+        server.stop()
 
 
 def pytest_collection_modifyitems(items):

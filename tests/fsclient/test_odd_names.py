@@ -16,7 +16,6 @@ import boto3
 import pytest
 
 from blockcache_client import Volume
-from devtools.s3server import S3Server
 from tests.support.fsclient_mounts import FsclientMount
 
 pytestmark = pytest.mark.fuse
@@ -34,15 +33,6 @@ def _odd_files() -> dict[str, bytes]:
     files["win\\dir/inner.bin"] = rng.randbytes(BS + 10)  # a directory with a backslash
     files["d/multi\\block.bin"] = rng.randbytes(3 * BS + 5)
     return files
-
-
-@pytest.fixture(scope="module")
-def s3():
-    server = S3Server()
-    try:
-        yield server.start()
-    finally:
-        server.stop()
 
 
 def _local_source(tmp_path, files):

@@ -8,6 +8,8 @@ records what it saw, and answers chosen GETs with a chosen status instead.
         front.gets                          # [(path, user agent), ...]
         front.requests                      # [(method, path), ...]: every request
         front.connections                   # TCP connections opened to it
+        front.body_bytes("data/x/f.bin")    # bytes of GET bodies sent for that object
+        front.stall_gets(2.0)               # each GET's answer waits 2 s first
 
 Lets tests see which client sent a GET and how a reader meets throttling,
 refusals and redirects, with the real server answering everything else.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import http.client
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -30,6 +33,8 @@ class S3Front:
         self.requests: list[tuple[str, str]] = []  # (method, path with its query)
         self.connections = 0  # TCP connections clients opened to the front
         self.regions: list[str] = []  # the region each GET was signed for ("" unsigned)
+        self.sent: dict[str, int] = {}  # GET body bytes sent per path (no query)
+        self.stall = 0.0  # seconds each GET's answer waits before it is sent
         self._faults: list[tuple[int, dict]] = []
         self._lock = threading.Lock()
         front = self
@@ -73,6 +78,12 @@ class S3Front:
                     conn.request(self.command, self.path, body=body, headers=headers)
                     resp = conn.getresponse()
                     data = resp.read()
+                    if self.command == "GET":
+                        path = self.path.partition("?")[0].lstrip("/")
+                        with front._lock:
+                            front.sent[path] = front.sent.get(path, 0) + len(data)
+                        if front.stall:
+                            time.sleep(front.stall)
                     self.send_response(resp.status, resp.reason)
                     for k, v in resp.getheaders():
                         if k.lower() not in _HOP_BY_HOP and k.lower() != "content-length":
@@ -97,6 +108,15 @@ class S3Front:
         """Answer the next `times` GETs with `status` (and `headers`)."""
         with self._lock:
             self._faults.extend([(status, dict(headers or {}))] * times)
+
+    def stall_gets(self, seconds: float) -> None:
+        """Hold each GET's answer (already read from the server) this long."""
+        self.stall = seconds
+
+    def body_bytes(self, path: str) -> int:
+        """Bytes of GET bodies sent so far for the object at `path` (bucket/key)."""
+        with self._lock:
+            return self.sent.get(path.lstrip("/"), 0)
 
     def next_fault(self, path: str, agent: str, auth: str):
         # "AWS4-HMAC-SHA256 Credential=KEY/DATE/REGION/s3/aws4_request, ..."

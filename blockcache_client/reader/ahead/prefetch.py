@@ -83,8 +83,9 @@ class Prefetcher:
                     return
                 if (mem.get(key) is None and not self._fetcher.busy(key)
                         and not self._hits.is_cached(key)):
-                    self._fetcher.fetch(rel, info, key, boff, -(-(end - boff) // bs))
-                    self.counters.add("prefetches")
+                    if self._fetcher.fetch(rel, info, key, boff,
+                                           -(-(end - boff) // bs)) is not None:
+                        self.counters.add("prefetches")  # (None: another reader's fill)
                 boff += bs
         except Exception as exc:
             log.debug("prefetch of %s at %d failed: %s", rel, boff, exc)

@@ -156,6 +156,7 @@ class ReadPath:
             if got is not None:
                 return got
             # gone again at once (evicted, its dir out, the daemon lost): fetch it
+            # here (never None without a lease: `Fetcher.fetch`)
             got = self._fetcher.read(rel, info, key, boff, lo, hi, out, run, keep, fetched,
                                      leased=False)
         self._counters.add2("misses", "miss_bytes", hi - lo)  # not local: tier or source

@@ -51,6 +51,7 @@ import errno
 import logging
 import os
 import threading
+import time
 import weakref
 
 from ..common.counters import Counters
@@ -425,9 +426,15 @@ class Volume:
             return 0
 
     def wait_fills(self, timeout: float = 10.0) -> bool:
-        """Block until queued fills reached the daemon and the tier (tests, warmup)."""
+        """Block until the background fetches are done (`prefetch`, a
+        sequential read's windows: each may still fetch, or wait for and
+        count another reader's fill) and the fills queued reached the daemon
+        and the tier (tests, warmup). False if `timeout` passed first."""
         self._proc()
-        return self._link.wait_idle(timeout) and self._tier.wait(timeout)
+        deadline = time.monotonic() + timeout
+        return (self._prefetcher.wait_idle(timeout)
+                and self._link.wait_idle(max(0.0, deadline - time.monotonic()))
+                and self._tier.wait(max(0.0, deadline - time.monotonic())))
 
     def stats(self) -> dict:
         """Counters of this process's reads (see `counters.VOLUME_COUNTERS`) plus

@@ -41,6 +41,7 @@ class Prefetcher:
         self._pool: ThreadPoolExecutor | None = None  # made at the first job
         self._pending = 0
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when _pending drops to 0
 
     def windows(self, rel: str, info: FileInfo, prefix: str, offset: int, length: int) -> None:
         """Fetch the blocks of [offset, offset+length) in the background, one
@@ -105,15 +106,25 @@ class Prefetcher:
             try:
                 fn(*args)
             finally:
-                with self._lock:
-                    self._pending -= 1
+                self._done()
         try:
             pool.submit(run)
         except RuntimeError:  # the volume is closing
-            with self._lock:
-                self._pending -= 1
+            self._done()
             return False
         return True
+
+    def _done(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            if not self._pending:
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Until no job is queued or running (a job's fetch may wait for
+        another reader's fill, then counts it): False if `timeout` passed."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._pending, timeout)
 
     def shutdown(self) -> None:
         if self._pool is not None:

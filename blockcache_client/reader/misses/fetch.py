@@ -81,7 +81,8 @@ class Fetcher:
         its length once stored in `out`): from the tier's slices for a random
         read inside a large block, else from the whole block (`fetch`), which
         `fetched` is shown (the chunk cache keeps the chunks it wants); None
-        if another reader on the host filled it meanwhile (read it there).
+        if another reader on the host filled it meanwhile (read it there),
+        never with `leased` False.
         `transient`: for one small random read (see `memory`); `leased`
         False: fetch it without asking the daemon for a lease."""
         blen = min(self.block_size, info.size - boff)
@@ -105,10 +106,16 @@ class Fetcher:
               leased: bool = True) -> bytes | None:
         """The whole block from the tier or the backend, once per key however
         many ask; the same request may bring up to `run` - 1 following blocks.
-        None: another reader on the host filled it meanwhile (`hostflight`)."""
-        data, _ = self.flight.do(
-            key, lambda: self._load(rel, info, key, boff, run, ask_tier, transient, leased))
-        return data
+        None: another reader on the host filled it meanwhile (`hostflight`);
+        never with `leased` False, even when this caller joined another
+        thread's leased fetch that ended so: then it fetches the block itself."""
+        def load() -> bytes | None:
+            return self._load(rel, info, key, boff, run, ask_tier, transient, leased)
+
+        while True:
+            data, _ = self.flight.do(key, load)
+            if data is not None or leased:
+                return data
 
     def stats(self) -> dict:
         """`read_buffer_bytes`: the buffers kept for cold blocks of large files."""

@@ -9,6 +9,8 @@
   daemon's hit ratios; `python -m bench.policy_sim` runs its scenarios on
   the engine in-process at up to 200,000 blocks), `python -m bench prefetch`
   (cold epochs with and without `prefetch_ahead`).
+- `python -m bench.leases`: cold readers of one file across two mounts, the
+  remote's bytes with fetch leases and without.
 - Standalone benchmarks of one component: `python -m bench.daemon_ops`
   (blockcached's lookups, puts, rebuild), `python -m bench.fuse_vs_passthrough`
   (fsclient in a fresh mount), `python -m bench.volume_vs_fsspec` (the `Volume`

@@ -58,6 +58,11 @@ class Reader:
     def read_range(self, path: str, offset: int, size: int) -> bytes:
         raise NotImplementedError
 
+    def path_of(self, path: str) -> str:
+        """A path the operating system opens `path` at (a mount, the local
+        copy): what a loader that maps its file needs."""
+        raise NotImplementedError(f"{type(self).__name__} reads no file by path")
+
     def stat(self, path: str) -> int:
         """The file's size (one metadata lookup)."""
         raise NotImplementedError
@@ -94,6 +99,8 @@ class PosixReader(Reader):
 
     def _p(self, path: str) -> str:
         return os.path.join(self.root, path)
+
+    path_of = _p
 
     def _open(self, path: str):
         return open(self._p(path), "rb", buffering=0)

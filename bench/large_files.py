@@ -1,15 +1,16 @@
 """`python -m bench.large_files`: large files and cold reads against AWS's CRT client, one run.
 
-    python -m bench.large_files                      # the defaults below (~5 min on 2 cores)
+    python -m bench.large_files                      # the defaults below (~9 min on 2 cores)
     python -m bench.large_files --model-mib 0        # without the model-loading workload
+    python -m bench.large_files --rounds 0 --model-rounds 5   # the model-loading workload alone
     BENCH_PROFILE=/tmp/prof python -m bench.large_files --model-mib 0   # + cProfile per command
 
 One moto S3 server on 127.0.0.1 for every system, no delay added, its
 ranged GETs copying only their range (`bench.moto_ranges`); each system
 starts with empty caches in a dir of its own, and every system's dirs are
-removed at the end, not as it stops (see `_stop`: removing them at once
-charged the next system the file system's work); readers are spawned
-processes (`bench.worker`).
+removed at the end, not as it stops (see `systems.retire`: removing them
+at once charged the next system the file system's work); readers are
+spawned processes (`bench.worker`).
 
 1. cold small files: `--small-files` files of `--small-kib` KiB read whole,
    in order, by one reader: `Volume`, the CRT client, s3fs; `--rounds`
@@ -26,9 +27,11 @@ processes (`bench.worker`).
    what the target counts), then with `read` (a new `bytes` per read: one
    more copy of every byte). The local copy read from the page cache is
    printed beside.
-4. model loading (`bench.model_load`): a safetensors checkpoint of about
-   `--model-mib` MiB loaded cold and warm from local disk, through the FUSE
-   mount and `Volume`, and by the CRT client fetching the object.
+4. model loading (`bench.model_runs`): a safetensors checkpoint of about
+   `--model-mib` MiB loaded by mmap from local disk (page cache dropped),
+   through a fresh FUSE mount cold and warm, and by N readers at once on
+   two mounts, cold; read then loaded by `Volume` and after the CRT
+   client's GET; `--model-rounds` times, ratios within each round.
 
 Each cold and warm row gives the reader process's CPU seconds, and for the
 cold ones the moto server's (`S3 s`: the same server for every system) and
@@ -41,7 +44,8 @@ sealing and putting fills, `blockcache-prefetch` receiving a window's
 parts, the CRT client's event loop as `other`) and the daemon's (its event
 loop, and its workers writing the cache files).
 
-Prints every figure and the ratios; writes them to
+Prints every figure and the ratios (the model's: medians over the rounds,
+with their spread); writes them to
 `<out>/<date>-large-files.json`. Exit status 0 when every target is met.
 """
 
@@ -56,23 +60,24 @@ import shutil
 import sys
 import threading
 import time
+import urllib.request
 
 from devtools.s3server import S3Server
 
-from . import PROJECT_ROOT, model_load
+from . import PROJECT_ROOT, model_load, model_runs, moto_ranges
 from .datasets import MIB, expected_bytes
 from .remote import ACCESS_KEY, REGION, SECRET_KEY
 from .systems import (
     CrtSystem,
     Ctx,
-    FuseSystem,
     LocalSystem,
     S3fsDirect,
     System,
     VolumeSystem,
-    drop_page_cache,
     proc_cpu,
     read_into_page_cache,
+    retire,
+    settle,
     thread_cpu,
 )
 from .worker import Workers
@@ -80,12 +85,14 @@ from .worker import Workers
 log = logging.getLogger("bench.large_files")
 
 COLD_SYSTEMS = ("volume", "crt", "s3fs")
-MODEL_SYSTEMS = ("local", "fuse", "volume", "crt")
-# the targets (docs/benchmarks.md): name, the ratio's row key, wanted ratio
+# the targets (docs/benchmarks.md): name, figure, bound, True if the figure
+# must be at most the bound
 TARGETS = [
-    ("warm 1 MiB sequential via Volume readinto >= 0.8x parallel decrypt", "warm_vs_decrypt", 0.8),
-    ("cold small files: Volume >= 1.0x crt", "small_vs_crt", 1.0),
-    ("cold large files: Volume >= 1.0x crt", "large_vs_crt", 1.0),
+    ("warm 1 MiB sequential via Volume readinto >= 0.8x parallel decrypt", "warm_vs_decrypt",
+     0.8, False),
+    ("cold small files: Volume >= 1.0x crt", "small_vs_crt", 1.0, False),
+    ("cold large files: Volume >= 1.0x crt", "large_vs_crt", 1.0, False),
+    *model_runs.TARGETS,
 ]
 
 
@@ -102,6 +109,12 @@ class DirectRemote:
     @property
     def endpoint(self) -> str:
         return self.moto.endpoint_url
+
+    def counters(self) -> dict:
+        """GETs the server answered and the bytes they sent (`moto_ranges`)."""
+        url = self.endpoint + moto_ranges.COUNTERS_PATH
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return json.loads(reply.read())
 
     def storage_options(self, direct: bool = False) -> dict:
         return {"key": ACCESS_KEY, "secret": SECRET_KEY, "endpoint_url": self.endpoint,
@@ -277,22 +290,6 @@ def _fills_line(r: dict) -> str:
             f"{r['settle_cpu_s']:.2f} s of its CPU after the epochs")
 
 
-def _settle(system: System, workers: Workers) -> None:
-    workers.run_all("settle", None)
-    system.settle()
-
-
-def _stop(system: System, spent: list[str]) -> None:
-    """Stop `system`, leaving its caches for `run` to remove once every
-    system has run: on ext4 without a journal (the bench machine's) a file
-    created within about a minute of many deletions in the same block group
-    has the kernel scan past the freed inodes, which doubled the daemon's
-    CPU per cache file in the epoch after another system's caches were
-    removed (`python -m bench.large_files` docstring)."""
-    system.stop(remove=False)
-    spent.append(system.dir)
-
-
 def cold_and_warm(ctx: Ctx, system: System, data: dict, args, rows: list,
                   spent: list[str], tag: str = "files") -> None:
     """Workloads 1-3 on one system."""
@@ -306,7 +303,7 @@ def cold_and_warm(ctx: Ctx, system: System, data: dict, args, rows: list,
                    servers, system=system.name, phase="cold", set="large")
             if system.name == "volume":
                 cpu0 = sum(map(proc_cpu, system.server_pids()))
-                _settle(system, w)
+                settle(system, w)
                 rows.append(_fills(system, w, sum(map(proc_cpu, system.server_pids())) - cpu0))
         if system.name != "volume":
             return
@@ -325,7 +322,7 @@ def cold_and_warm(ctx: Ctx, system: System, data: dict, args, rows: list,
                                  decrypt=many, call=cmd)
                     row["misses"] = _reader_stats(w)["misses"]
     finally:
-        _stop(system, spent)
+        retire(system, spent)
     local = LocalSystem()
     local.start(ctx, tag)
     try:
@@ -334,30 +331,7 @@ def cold_and_warm(ctx: Ctx, system: System, data: dict, args, rows: list,
             _epoch(w, "seq", data["large"], "page cache large files local", rows,
                    system="local", phase="warm", set="large")
     finally:
-        _stop(local, spent)
-
-
-def model(ctx: Ctx, system: System, rows: list, spent: list[str]) -> None:
-    """Workload 4 on one system: a cold load, then a warm one (a new reader
-    for `Volume`: its memory LRU is far smaller than the model)."""
-    system.start(ctx, "model")
-    try:
-        drop_page_cache()
-        with Workers(system.reader_spec(), 1) as w:
-            _epoch(w, "safetensors", [model_load.MODEL_PATH], f"model cold {system.name}", rows,
-                   system=system.name, phase="cold", set="model")
-            if system.name in ("volume", "fuse"):
-                _settle(system, w)
-            if system.name != "volume":
-                _epoch(w, "safetensors", [model_load.MODEL_PATH], f"model warm {system.name}",
-                       rows, system=system.name, phase="warm", set="model")
-                return
-        read_into_page_cache(system.cache_dirs())
-        with Workers(system.reader_spec(), 1) as w:
-            _epoch(w, "safetensors", [model_load.MODEL_PATH], "model warm volume", rows,
-                   system="volume", phase="warm", set="model")
-    finally:
-        _stop(system, spent)
+        retire(local, spent)
 
 
 def _best(rows: list, key: str, **match) -> float | None:
@@ -366,7 +340,7 @@ def _best(rows: list, key: str, **match) -> float | None:
 
 
 def ratios(rows: list) -> dict:
-    """The figures the targets and the model table compare."""
+    """The figures the targets compare (the model's: medians over its rounds)."""
     def ratio(a, b):
         return a / b if a and b else None
     out = {}
@@ -380,22 +354,21 @@ def ratios(rows: list) -> dict:
         rate = "items_per_s" if s == "small" else "mb_per_s"
         out[f"{s}_vs_crt"] = ratio(_best(rows, rate, system="volume", phase="cold", set=s),
                                    _best(rows, rate, system="crt", phase="cold", set=s))
-    local = _best(rows, "mb_per_s", system="local", phase="warm", set="model")
-    for r in rows:
-        if r.get("set") == "model":
-            out[f"model {r['phase']} {r['system']} vs local warm"] = ratio(r["mb_per_s"], local)
-    for phase in ("cold", "warm"):
-        for s in ("volume", "fuse"):
-            out[f"model {phase} {s} vs crt"] = ratio(
-                _best(rows, "mb_per_s", system=s, phase=phase, set="model"),
-                _best(rows, "mb_per_s", system="crt", set="model"))
-    return out
+    out.update(model_runs.ratios(rows)[0])
+    return {k: v for k, v in out.items() if v is not None}  # (workloads not run: none)
+
+
+def met(value: float | None, want: float, at_most: bool) -> bool:
+    """A target's figure is within its bound."""
+    return value is not None and (value <= want if at_most else value >= want)
 
 
 def report(rows: list, figures: dict) -> str:
     lines = [f"{'case':36} {'GB/s':>7} {'items/s':>9} {'s':>7} {'CPU s':>6} {'S3 s':>6} "
              f"{'daemon':>6} {'load':>5}"]
     for r in rows:
+        if r.get("set") == "model":  # (their own table, below)
+            continue
         if r["case"] == "fills":
             lines.append("  " + _fills_line(r))
             continue
@@ -413,14 +386,25 @@ def report(rows: list, figures: dict) -> str:
         if r.get("misses") is not None:
             lines.append(f"  misses (blocks not in the cache): {r['misses']}")
     lines.append("")
+    spread = model_runs.ratios(rows)[1]
     for name, v in figures.items():
-        lines.append(f"{name:44} {'-' if v is None else f'{v:.2f}x'}")
+        if name not in spread:
+            lines.append(f"{name:44} {v:.2f}x")
+    if spread:
+        lines += ["", *model_runs.report(rows, spread)]
     lines.append("")
-    for name, key, want in TARGETS:
+    for name, key, want, at_most in TARGETS:
         v = figures.get(key)
-        verdict = "----" if v is None else "MET " if v >= want else "MISS"
+        verdict = "----" if v is None else "MET " if met(v, want, at_most) else "MISS"
         lines.append(f"{verdict} {name}: {'not measured' if v is None else f'{v:.2f}x'}")
     return "\n".join(lines)
+
+
+def checked(args: argparse.Namespace) -> list[tuple]:
+    """The targets of the workloads this run was asked for."""
+    model = {key for _, key, _, _ in model_runs.TARGETS}
+    ran_model = bool(args.model_mib and args.model_rounds)
+    return [t for t in TARGETS if (ran_model if t[1] in model else args.rounds > 0)]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -431,19 +415,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--small-kib", type=int, default=110)
     p.add_argument("--large-files", type=int, default=2)
     p.add_argument("--large-mib", type=int, default=192)
-    p.add_argument("--model-mib", type=int, default=1024,
-                   help="the checkpoint's size (0: no model-loading workload)")
+    p.add_argument("--model-mib", type=int, default=512,
+                   help="the checkpoint's size (0: no model-loading workload; default "
+                        "%(default)s)")
+    p.add_argument("--model-rounds", type=int, default=3,
+                   help="rounds of the model-loading workload; its figures are medians "
+                        "(default %(default)s)")
+    p.add_argument("--model-readers", default=",".join(map(str, model_runs.READERS)),
+                   help="readers at once on 2 mounts, cold: one load of each count "
+                        "(default %(default)s)")
     p.add_argument("--repeat", type=int, default=2,
                    help="warm Volume epochs per round (default %(default)s)")
     p.add_argument("--rounds", type=int, default=2,
                    help="rounds of the cold workloads, each in the other order; every "
-                        "figure takes a system's best round (default %(default)s)")
+                        "figure takes a system's best round (default %(default)s; 0: the "
+                        "model-loading workload alone)")
     p.add_argument("--systems", default=",".join(COLD_SYSTEMS),
                    help="systems of the cold workloads (default %(default)s)")
     p.add_argument("--workdir", default="/tmp/blockcache-large-files")
     p.add_argument("--out", default=os.path.join(PROJECT_ROOT, "bench", "results"))
     args = p.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]
+    try:
+        args.model_readers = [int(n) for n in args.model_readers.split(",") if n]
+    except ValueError:
+        p.error(f"--model-readers takes counts such as 4,8, not {args.model_readers!r}")
+    if any(n < 2 for n in args.model_readers):
+        p.error("--model-readers: each count must be 2 or more (half on each of 2 mounts)")
     for s in args.systems:
         if s not in COLD_SYSTEMS:
             p.error(f"unknown system {s!r}; choose from {', '.join(COLD_SYSTEMS)}")
@@ -454,9 +452,8 @@ def run(args: argparse.Namespace) -> dict:
     rows: list[dict] = []
     os.makedirs(args.workdir, exist_ok=True)
     local_root = os.path.join(args.workdir, "local")
-    makers = {"volume": VolumeSystem, "crt": CrtSystem, "s3fs": S3fsDirect, "fuse": FuseSystem,
-              "local": LocalSystem}
-    spent: list[str] = []  # systems' dirs, removed at the end (see `_stop`)
+    makers = {"volume": VolumeSystem, "crt": CrtSystem, "s3fs": S3fsDirect}
+    spent: list[str] = []  # systems' dirs, removed at the end (see `systems.retire`)
     with DirectRemote(args.workdir) as remote:
         data = upload(remote, local_root, args)
         ctx = Ctx(remote, local_root, args.workdir, None)
@@ -466,13 +463,8 @@ def run(args: argparse.Namespace) -> dict:
                 for name in args.systems if r % 2 == 0 else reversed(args.systems):
                     cold_and_warm(ctx, makers[name](), data, args, rows, spent, f"files{r}")
             if args.model_mib:
-                for name in MODEL_SYSTEMS:
-                    system = makers[name]()
-                    why = system.unavailable()
-                    if why:
-                        log.warning("model loading: skipping %s: %s", name, why)
-                        continue
-                    model(ctx, system, rows, spent)
+                model_runs.run(ctx, args.model_rounds, args.model_readers, rows, spent,
+                               data["model_bytes"])
         finally:
             for path in spent:
                 shutil.rmtree(path, ignore_errors=True)
@@ -497,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(result, f, indent=1)
     print(f"results: {path}")
     figures = result["figures"]
-    return 0 if all((figures.get(k) or 0) >= want for _, k, want in TARGETS) else 1
+    return 0 if all(met(figures.get(k), want, most) for _, k, want, most in checked(args)) else 1
 
 
 if __name__ == "__main__":

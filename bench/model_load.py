@@ -3,11 +3,17 @@
 A transformer-shaped checkpoint (per layer: four d x d attention weights, two
 d x 4d MLP weights, two norms; float16, pseudo-random bytes) of about
 `total_bytes`, made once with the `safetensors` package's numpy API. Loading
-it is what a training or serving job does at start: the file's bytes, then
-`safetensors.numpy.load` (the worker command `safetensors`).
+it is what a training or serving job does at start, in one of two ways:
+- mapped (`load_mapped`, the worker command `mapped`): `safetensors.safe_open(path,
+  framework="np")`, which maps the file, then every tensor copied out in
+  `keys()` order, as serving and training code load from a path: the file's
+  pages come in by page faults (a mount: FUSE reads the kernel's readahead
+  sends);
+- read then loaded (the worker command `safetensors`): the file's bytes, then
+  `safetensors.numpy.load`, for a reader with no path (`Volume`, the CRT
+  client's GET).
 
-`bench.large_files` loads it cold and warm through each system: local disk,
-the FUSE mount, `Volume`, and AWS's CRT client fetching the object.
+`bench.model_runs` loads it through each system for `bench.large_files`.
 """
 
 from __future__ import annotations
@@ -31,6 +37,31 @@ def layout(total_bytes: int) -> list[tuple[str, tuple[int, ...]]]:
     layers = max(1, round(total_bytes / per_layer))
     return [(f"layers.{i}.{name}", shape) for i in range(layers)
             for name, shape in _layer_shapes(d)]
+
+
+def load_mapped(path: str) -> tuple[int, int]:
+    """Load the checkpoint at `path` as serving code does (see the module):
+    (tensor bytes copied, tensors). The tensors are kept until the end, as a
+    state dict is: each copy lands in fresh memory."""
+    from safetensors import safe_open
+
+    kept = []
+    with safe_open(path, framework="np") as f:
+        for name in f.keys():
+            kept.append(f.get_tensor(name))
+    return sum(t.nbytes for t in kept), len(kept)
+
+
+def drop_file_cache(path: str) -> None:
+    """Drop the page cache of one file (clean pages: it was written and
+    synced), so the next load reads it from the disk: the rest of the
+    host's cache, other users' included, is left alone."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def make(path: str, total_bytes: int, seed: int = 33) -> int:

@@ -663,6 +663,24 @@ class LocalSystem(System):
         return f"Python {sys.version.split()[0]}"
 
 
+def settle(system: System, workers) -> None:
+    """Until the fills of `workers` (a `worker.Workers` reading through
+    `system`) have left them and `system`'s background work is done."""
+    workers.run_all("settle", None)
+    system.settle()
+
+
+def retire(system: System, spent: list[str]) -> None:
+    """Stop `system`, leaving its caches in `spent` for the caller to remove
+    once every system has run: on ext4 without a journal (the bench
+    machine's) a file created within about a minute of many deletions in
+    the same block group has the kernel scan past the freed inodes, which
+    doubled the daemon's CPU per cache file in the epoch after another
+    system's caches were removed (`python -m bench.large_files`)."""
+    system.stop(remove=False)
+    spent.append(system.dir)
+
+
 def all_systems() -> list[System]:
     """Every system, in the order they run and appear in tables."""
     return [LocalSystem(), PassthroughSystem(), FuseSystem(), RcloneSystem(), S3fsFuseSystem(),

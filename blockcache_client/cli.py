@@ -157,6 +157,9 @@ def render_stats(s: dict[str, Any]) -> str:
         per_uid = slots.get("per_uid") or "no limit"
         lines.append(f"volumes      {slots.get('held', 0)} of {slots.get('limit', 0)} slots "
                      f"(per uid {per_uid}; {slots.get('unowned', 0)} owned by no uid)")
+    leases = s.get("leases")
+    if leases:
+        lines.append(_leases_line(leases))
     refused = s.get("refused") or {}
     if refused:
         lines.append("refused      " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items())))
@@ -194,6 +197,17 @@ def _cluster_lines(c: dict[str, Any]) -> list[str]:
                      f"{format_size(v['bytes']):>11} {v['errors']:>7} {v['bad']:>5} "
                      f"{v['fills_sent']:>9} {v['fills_dropped']:>8}")
     return lines
+
+
+def _leases_line(le: dict[str, Any]) -> str:
+    """Fetch leases: how many, who waited, what the waits saved, how leases ended."""
+    if not le.get("timeout"):
+        return "leases       off (lease_timeout 0)"
+    ended = {k: le.get(k, 0) for k in ("filled", "expired", "lost", "declined", "released")}
+    return (f"leases       taken {le.get('taken', 0)}, waits {le.get('waits', 0)}, fetches saved "
+            f"{le.get('saved', 0)}, expired {ended['expired']}, holders lost {ended['lost']}"
+            f"{_reasons({k: v for k, v in ended.items() if v and k in ('declined', 'released')})}"
+            f"; held {le.get('held', 0)}, waiting {le.get('waiting', 0)}")
 
 
 def _reasons(counts: dict[str, int] | None) -> str:

@@ -64,6 +64,10 @@ class Cache(Rebuild, Eviction, Upkeep):
         self._init_upkeep(n)
         self._init_eviction(cfg.volume_quotas)
         self._checking: set[str] = set()  # keys whose file presence is being checked
+        # fetch leases (leases.py): a block someone waits for is written
+        # eagerly (its end wakes the loop at once), and every write's end is told
+        self.awaited: Callable[[str], bool] = _never
+        self.on_written: Callable[[str, bool], None] | None = None
         self.counters = dict(hits=0, misses=0, puts=0, put_bytes=0, writes=0, write_bytes=0,
                              write_errors=0, evictions=0, evicted_bytes=0, touches=0,
                              touch_bytes=0, slot_rewrites=0)
@@ -87,6 +91,11 @@ class Cache(Rebuild, Eviction, Upkeep):
 
     def _health_changed(self) -> None:
         self.layout = self._make_layout()
+
+    def holds(self, key: str) -> bool:
+        """`key` is indexed in a healthy dir: a reader finds its file."""
+        i = self.layout.dir_index(key)
+        return self.health.healthy[i] and key in self.index.dirs[i].lru
 
     def lookup(self, keys: list[str]) -> list[str | None]:
         """Path of each key's block file, None for a miss. Keys must be parsed."""
@@ -172,7 +181,7 @@ class Cache(Rebuild, Eviction, Upkeep):
         if isinstance(data, AreaSpan):
             write = partial(_releasing, write)
         self.workers[i].submit(write, key, data, done=partial(self._written, i, key, size),
-                               lazy=True)
+                               lazy=not self.awaited(key))
         return True, reason
 
     def _admit(self, key: str, vol: str, size: int, owner: int | None,
@@ -230,6 +239,8 @@ class Cache(Rebuild, Eviction, Upkeep):
         finally:  # a write that failed or was cancelled may leave its volume empty
             if not indexed:
                 self._forget_if_gone(key[:key.index("_")])
+            if self.on_written is not None:
+                self.on_written(key, indexed)
 
     def _index_written(self, i: int, key: str, size: int, exc: BaseException | None) -> bool:
         """Account for a finished write; whether its block is indexed now."""
@@ -323,6 +334,10 @@ class Cache(Rebuild, Eviction, Upkeep):
 
 def _always(_: str) -> bool:
     return True
+
+
+def _never(_: str) -> bool:
+    return False
 
 
 def _releasing(write: Callable[[str, AreaSpan], None], key: str, span: AreaSpan) -> None:

@@ -34,6 +34,12 @@ _VALUE_FLAGS = (
     ("--max-volumes-per-uid", "N",
      "Of --max-volumes, how many one non-admin peer uid may bring in; a volume's slot is "
      "freed when its last block leaves; 0 = no per-uid limit [default: 800]."),
+    ("--lease-timeout", "DURATION",
+     "Longest a reader's fetch lease on a cold block lasts: other readers of the block wait "
+     "at most this for its fill, then fetch it themselves; 0 = no leases [default: 2s]."),
+    ("--max-leases-per-uid", "N",
+     "Fetch leases one non-admin peer uid may hold at once; 0 = no per-uid limit "
+     "[default: 2816]."),
     ("--high-watermark", "0.98", "A full dir is kept at this share of its limit [default: 0.98]."),
     ("--low-watermark", "0.95",
      "A dir found above the high watermark is trimmed to this [default: 0.95]."),

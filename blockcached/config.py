@@ -13,6 +13,7 @@ import os
 import pwd
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from blockcache_client.common import convert
@@ -69,6 +70,11 @@ class Config:
     # of them, how many one non-admin uid may bring in (volumeslots); four
     # uids at it leave a fifth its whole share. 0 = no per-uid limit
     max_volumes_per_uid: int = 800
+    # fetch leases (leases.py): how long one lasts at most, 0 = none granted;
+    # and how many one non-admin uid may hold (four uids at it leave a fifth
+    # its whole share of the 14,336 non-admins may hold)
+    lease_timeout: float = 2.0
+    max_leases_per_uid: int = 2816
     high_watermark: float = 0.98
     low_watermark: float = 0.95
     min_free_bytes: int = 1 << 30
@@ -152,6 +158,8 @@ _FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "max_entries": ("max_entries", convert.count),
     "fill_queue_bytes": ("fill_queue_bytes", convert.size),
     "io_timeout": ("io_timeout", convert.duration),
+    "lease_timeout": ("lease_timeout", partial(convert.duration, allow_zero=True)),
+    "max_leases_per_uid": ("max_leases_per_uid", convert.count),
     "frame_timeout": ("frame_timeout", convert.duration),
     "log_level": ("log_level", convert.choice("debug", "info", "warning", "error")),
     "log_format": ("log_format", convert.choice("text", "json")),

@@ -36,6 +36,7 @@ import errno
 import fcntl
 import mmap
 import os
+import socket
 import weakref
 
 from blockcache_client.contract import fillarea
@@ -47,6 +48,23 @@ _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _FALLOC_FL_KEEP_SIZE = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+
+
+def pass_area(transport, area: DaemonArea, frame: bytes) -> int:
+    """Send `frame` (the reply to `area`) with the area's memfd attached;
+    the bytes of it sent (the caller writes the rest). The transport cannot
+    carry a descriptor, so it goes by sendmsg on the socket itself: only
+    when nothing is waiting in the transport's buffer, so the reply keeps
+    its place in the stream. OSError if it cannot."""
+    if transport.get_write_buffer_size():
+        raise BlockingIOError("replies are waiting to be sent")
+    sock = transport.get_extra_info("socket").dup()
+    try:
+        sent = socket.send_fds(sock, [frame], [area.fd])
+    finally:
+        sock.close()
+    area.passed = True
+    return sent
 
 
 class SlotRewritten(Exception):

@@ -103,6 +103,7 @@ class DaemonCollector(Collector):
             return
         yield _g("blockcache_up", "1 if the daemon's event loop answered this scrape", 1)
         yield from _totals(s)
+        yield from _leases(s.get("leases") or {})
         yield from _dirs(s.get("dirs", []))
         yield from _volumes(s.get("volumes", {}))
         yield from _cluster(s.get("cluster", {}).get("volumes", {}))
@@ -211,6 +212,28 @@ def _totals(s: dict[str, Any]) -> Iterator[Metric]:
     yield _g("blockcache_rebuild_seconds", "Duration of the finished start-up scan",
              r.get("seconds", 0.0))
     yield _g("blockcache_uptime_seconds", "Seconds since the daemon started", s.get("uptime", 0))
+
+
+def _leases(le: dict[str, Any]) -> Iterator[Metric]:
+    """Fetch leases (leases.py): one fetch per cold block on the host."""
+    yield _c("blockcache_leases_taken_total", "Fetch leases granted: a reader fetches the "
+             "block, others wait for its fill", le.get("taken", 0))
+    yield _c("blockcache_lease_waits_total", "Waits for another reader's fetch",
+             le.get("waits", 0))
+    yield _c("blockcache_lease_fetches_saved_total", "Waits answered with the block in the "
+             "cache: fetches from the remote saved", le.get("saved", 0))
+    ended = CounterMetricFamily("blockcache_leases_ended_total", "Fetch leases by how they "
+                                "ended: filled (the block landed), expired (lease_timeout "
+                                "passed), lost (the holder's connection closed), declined (the "
+                                "block was not cached), released (the holder gave it up)",
+                                labels=["how"])
+    for how in ("filled", "expired", "lost", "declined", "released"):
+        ended.add_metric([how], le.get(how, 0))
+    yield ended
+    yield _c("blockcache_leases_refused_total", "Blocks fetched without a lease: the peer's "
+             "uid held max_leases_per_uid (or the daemon its most)", le.get("refused", 0))
+    yield _g("blockcache_leases_held", "Fetch leases held now", le.get("held", 0))
+    yield _g("blockcache_lease_waiters", "Readers waiting for a fill now", le.get("waiting", 0))
 
 
 def _dirs(dirs: list[dict[str, Any]]) -> Iterator[Metric]:

@@ -32,7 +32,9 @@ wait in its buffer. What keeps one client from hurting the others:
   of replies unread over all of them (a request whose reply would pass it
   gets `busy`), so many connections that never read cannot pin memory;
 - a frame that cannot be parsed gets an error reply with id 0 and the
-  connection is closed (its framing can no longer be trusted).
+  connection is closed (its framing can no longer be trusted);
+- a `wait` (leases.py) is answered when its lease ends (within `lease_timeout`);
+  the connection reads nothing meanwhile: one wait at a time, replies in order.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from blockcache_client.contract.protocol import ErrorCode
 from .buffers import ByteBudget, IdleTrimmedPool
 from .config import Config
 from .connlimits import ConnectionLimits
-from .daemonarea import DaemonArea
+from .daemonarea import DaemonArea, pass_area
 from .service import Peer, Service
 from .unixsocket import bind_socket, peer_of
 
@@ -138,6 +140,7 @@ class Connection(asyncio.BufferedProtocol):
         self._drop_frame_state()
         self.buf = bytearray()
         self.area = None  # closed once the writes still reading its slots are done
+        self.svc.leases.gone(self)  # its leases are lost to their waiters
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.frame is not None:
@@ -270,6 +273,9 @@ class Connection(asyncio.BufferedProtocol):
         view.release()
         reply = self.svc.handle(body, self.peer, self)
         del body
+        if reply is None:  # a wait: `answer_later` replies
+            self._pause("wait")
+            return True
         try:
             frame = protocol.encode_frame(reply)
         except ProtocolError as exc:
@@ -282,24 +288,18 @@ class Connection(asyncio.BufferedProtocol):
         self.transport.write(frame)  # type: ignore[union-attr]
         return True
 
+    def answer_later(self, rid: int, outcome: str) -> None:
+        """Reply to this connection's `wait`, then read its requests again."""
+        if not self.closed:
+            self.transport.write(protocol.encode_frame(protocol.ok(rid, outcome=outcome)))  # type: ignore[union-attr]
+            self._resume("wait")
+
     def _send_area(self, rid: int, frame: bytes) -> bool:
-        """Send the reply to `area` with the area's memfd attached. The
-        transport cannot carry a descriptor, so it goes by sendmsg on the
-        socket itself: only when nothing is waiting in the transport's
-        buffer, so the reply keeps its place in the stream."""
-        area, transport = self.area, self.transport
-        assert area is not None and transport is not None
-        sent = 0
+        """Send the reply to `area` with the area's memfd attached (`pass_area`)."""
         try:
-            if transport.get_write_buffer_size():
-                raise BlockingIOError("replies are waiting to be sent")
-            sock = transport.get_extra_info("socket").dup()
-            try:
-                sent = socket.send_fds(sock, [frame], [area.fd])
-            finally:
-                sock.close()
-            area.passed = True
+            sent = pass_area(self.transport, self.area, frame)
         except OSError as exc:
+            sent = 0
             log.warning("cannot pass a fill area to uid %d (pid %d): %s", self.peer.uid,
                         self.peer.pid, exc)
             self.area = None
@@ -307,7 +307,7 @@ class Connection(asyncio.BufferedProtocol):
             frame = protocol.encode_frame(protocol.error(
                 rid, ErrorCode.INTERNAL, f"cannot pass the fill area: {exc}; put blocks by value"))
         if sent < len(frame):
-            transport.write(frame[sent:])
+            self.transport.write(frame[sent:])  # type: ignore[union-attr]
         return True
 
     def _within_reply_budget(self, rid: int, frame: bytes) -> bytes:

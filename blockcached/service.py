@@ -12,12 +12,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from blockcache_client.common.metrics import Histogram
 from blockcache_client.contract import blockfile, protocol
 from blockcache_client.contract.blockkey import KEY_FORMAT, BlockKey, check_inode, check_volume_name
 from blockcache_client.contract.errors import FormatError, InvalidKey, ProtocolError
+from blockcache_client.contract.leases import MAX_LEASE_KEYS, NONE
 from blockcache_client.contract.protocol import ErrorCode, arg, key_list
 
 from .access import Access, Peer
@@ -25,12 +27,13 @@ from .cache import Cache
 from .clusterstats import ClusterStats
 from .config import Config
 from .daemonarea import DaemonArea
+from .leases import LeaseTable
 
 log = logging.getLogger(__name__)
 
 MAX_LIST = protocol.LIST_PAGE  # keys in one list reply: `after` asks for the next page
-# ops whose handler also takes the connection (its fill area)
-_CONNECTION_OPS = frozenset({"put", "area"})
+# ops whose handler also takes the connection (its fill area, its leases)
+_CONNECTION_OPS = frozenset({"put", "area", "lease", "wait", "release"})
 REFUSAL_LOG_EVERY = 60.0  # seconds between log lines per (refusal kind, uid)
 # why a peer over its share was refused, and what the log line tells the operator
 _REFUSALS = {
@@ -40,6 +43,7 @@ _REFUSALS = {
     "too_many_volumes": "put a block of a new volume while max_volumes are cached",
     "volume_share": "put a block of a new volume while owning max_volumes_per_uid volumes",
     "read_budget": "holds its share of the read budget for large frames (the frame waits)",
+    "lease_share": "holds max_leases_per_uid fetch leases (it fetches without more)",
 }
 
 
@@ -73,6 +77,10 @@ class Service:
         self.cfg = cfg
         self.cache = cache
         self.access = Access(cfg)
+        self.leases = leases = LeaseTable(cfg.lease_timeout, cfg.max_leases_per_uid)
+        cache.awaited = leases.awaited  # a block waited for is written eagerly
+        cache.on_written = leases.written
+        leases.landing = cache.fill.pending.__contains__
         self.refusals = Refusals()
         self.cluster = ClusterStats(cfg.cluster, cfg.max_volumes)
         self.errors: dict[str, int] = {}
@@ -87,16 +95,17 @@ class Service:
         self._ops: dict[str, Callable[[dict[str, Any], Peer], dict[str, Any]]] = {
             "hello": self.hello, "ping": self.ping, "lookup": self.lookup, "put": self.put,
             "touch": self.touch, "evict": self.evict, "list": self.list, "stats": self.stats,
-            "area": self.area,
+            "area": self.area, "lease": self.lease, "wait": self.wait, "release": self.release,
         }
 
     def count_error(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
 
-    def handle(self, body: dict[str, Any], peer: Peer, conn: Any = None) -> dict[str, Any]:
-        """Answer one request whose id is already known to be valid. `conn`
-        (the server's connection) holds the connection's fill area, if any
-        (`area` sets it, `put` reads from it)."""
+    def handle(self, body: dict[str, Any], peer: Peer, conn: Any = None) -> dict[str, Any] | None:
+        """Answer one request whose id is already known to be valid; None:
+        a `wait`, answered later by `conn.answer_later`. `conn` (the server's
+        connection) holds the connection's fill area, if any (`area` sets
+        it, `put` reads from it), and is what holds leases and waits."""
         self.cache.finish_writes()
         latency = self.latency
         if latency is None:
@@ -108,7 +117,7 @@ class Service:
         latency.observe(op if known else "unknown", time.perf_counter() - start)
         return reply
 
-    def _handle(self, body: dict[str, Any], peer: Peer, conn: Any) -> dict[str, Any]:
+    def _handle(self, body: dict[str, Any], peer: Peer, conn: Any) -> dict[str, Any] | None:
         rid = body["id"]
         op = body.get("op")
         handler = self._ops.get(op) if isinstance(op, str) else None
@@ -122,9 +131,8 @@ class Service:
                                   f"unknown op {shown}; known: {', '.join(protocol.OPS)}")
         self.requests[op] = self.requests.get(op, 0) + 1
         try:
-            if op in _CONNECTION_OPS:
-                return protocol.ok(rid, **handler(body, peer, conn))
-            return protocol.ok(rid, **handler(body, peer))
+            result = handler(body, peer, conn) if op in _CONNECTION_OPS else handler(body, peer)
+            return None if result is None else protocol.ok(rid, **result)
         except ProtocolError as exc:
             code, message = exc.code, exc.message
         except InvalidKey as exc:
@@ -151,7 +159,7 @@ class Service:
         reply = {"version": protocol.PROTOCOL_VERSION, "layout": self.cache.layout.to_wire(),
                  "layout_epoch": self.cache.epoch, "max_frame": protocol.MAX_FRAME,
                  "max_batch": protocol.MAX_BATCH, "key_format": KEY_FORMAT,
-                 "uid": self._uid}
+                 "uid": self._uid, "lease_timeout": self.leases.timeout}
         cluster = self.cache.cfg.cluster
         if cluster is not None:  # readers talk to the pool themselves
             reply["cluster"] = cluster.to_wire()
@@ -219,6 +227,7 @@ class Service:
                 data if span is None else span.head(blockfile.HEADER_SIZE))
             header.check_file_size(len(data))
             accepted, reason = self.cache.put(key, data, peer.uid, self.access.is_admin(peer))
+            self.leases.put_answered(key, reason)
         finally:
             if span is not None and not accepted:  # never queued: its slot is free now
                 span.release()
@@ -247,6 +256,44 @@ class Service:
                                 f"cannot create a fill area: {exc}; put blocks by value") from None
         self.fill_areas["opened"] += 1
         return {"slots": conn.area.slots, "slot_bytes": conn.area.slot_bytes}
+
+    def lease(self, body: dict[str, Any], peer: Peer, conn: Any) -> dict[str, Any]:
+        """Leases on a run of blocks for this connection (contract/leases.py)."""
+        keys = self._lease_keys(body, peer, conn, "a fetch lease on")
+        states = self.leases.take(keys, conn, peer.uid, self.access.is_admin(peer),
+                                  self.cache.holds)
+        if self.leases.enabled and NONE in states:
+            self.refusals.note("lease_share", peer, f"{self.leases.per_uid} held")
+        return {"states": states}
+
+    def wait(self, body: dict[str, Any], peer: Peer, conn: Any) -> dict[str, Any] | None:
+        """How a block's lease ended; None: answered when it ends."""
+        key = arg(body, "key", str)
+        self._lease_keys({"keys": [key]}, peer, conn, "waiting for")
+        outcome = self.leases.wait(key, conn, partial(conn.answer_later, body["id"]),
+                                   self.cache.holds)
+        return None if outcome is None else {"outcome": outcome}
+
+    def release(self, body: dict[str, Any], peer: Peer, conn: Any) -> dict[str, Any]:
+        keys = self._lease_keys(body, peer, conn, "releasing the lease on")
+        return {"released": self.leases.release(keys, conn)}
+
+    def _lease_keys(self, body: dict[str, Any], peer: Peer, conn: Any, what: str) -> list[str]:
+        """The keys of a lease op, parsed, of volumes the peer may use (a
+        lease is a fetch's: the daemon's access rules for puts apply)."""
+        if conn is None:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "leases are for socket connections")
+        keys = _parsed(key_list(body), self.cache.index.__contains__)
+        if len(keys) > MAX_LEASE_KEYS:
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                f"'keys' has {len(keys)} entries; a lease takes at most "
+                                f"{MAX_LEASE_KEYS}: ask for the rest in another")
+        usable = self._usable(peer)
+        if usable is not None:
+            for key in keys:
+                if not usable(key):
+                    self.access.require_volume(peer, key[:key.index("_")], f"{what} {key}")
+        return keys
 
     def touch(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         keys = _parsed(key_list(body), self.cache.index.__contains__)
@@ -309,6 +356,7 @@ class Service:
         s["uptime"] = round(time.time() - self.started, 3)
         s["cluster"] = self.cluster.stats()
         s["fill_areas"] = dict(self.fill_areas)
+        s["leases"] = self.leases.stats()
         if self.access.configured and not self.access.is_admin(peer):
             # per-volume figures of the volumes the peer may use only
             for part in (s, s["cluster"]):

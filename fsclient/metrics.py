@@ -56,6 +56,15 @@ COUNTERS = {
                    "kept in memory (no decryption)"),
     "evictions_refused": ("blockcache_client_evictions_refused_total", "Evictions of bad "
                           "cached blocks the daemon refused (the volume's access rules)"),
+    "leases_taken": ("blockcache_client_leases_taken_total", "Blocks leased from blockcached "
+                     "before fetching them: other readers on the host wait for their fill"),
+    "lease_waits": ("blockcache_client_lease_waits_total", "Waits for another reader's fetch "
+                    "of a block (its lease)"),
+    "lease_saved": ("blockcache_client_lease_saved_total", "Waits that found the block "
+                    "cached: fetches saved"),
+    "lease_gave_up": ("blockcache_client_lease_gave_up_total", "Waits that ended without the "
+                      "block (its holder died, expired or released it; the daemon gone): "
+                      "fetched here"),
     "cold_opens": ("blockcache_client_cold_opens_total", "Files of a cold directory opened "
                    "by their first block's GET, without a stat (Volume.open only)"),
     "chunks_decrypted": ("blockcache_client_chunks_decrypted_total", "Chunks of cached "

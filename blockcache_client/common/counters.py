@@ -18,6 +18,10 @@ VOLUME_COUNTERS = (
     "backend_requests", "fills_sent", "fills_dropped", "integrity_failures",
     "daemon_unavailable", "prefetches", "prefetches_dropped", "prefetches_cancelled",
     "version_checks", "chunk_hits", "evictions_refused", "cold_opens", "chunks_decrypted",
+    # fetch leases (daemonclient/leases.py): blocks leased before fetching,
+    # waits for another reader's fill, those that found the block cached
+    # (a fetch saved), and those that did not (the block was fetched here)
+    "leases_taken", "lease_waits", "lease_saved", "lease_gave_up",
     *CLUSTER_COUNTERS, *WRITE_COUNTERS,
 )
 PENDING_HITS = 256  # lock-free chunk hits counted before they are added up

@@ -12,8 +12,10 @@ Reply bodies:    {"id": u32, "ok": true, ...result}
 
 Replies carry the request's id, so one connection may pipeline: a client can
 send many requests before reading replies, and the daemon may answer them out
-of order. A frame the daemon cannot parse gets a reply with id 0 and the
-connection is closed (its framing can no longer be trusted).
+of order. (Today's daemon answers each connection in order; a `wait` holds
+back the requests behind it until it is answered.) A frame the daemon
+cannot parse gets a reply with id 0 and the connection is closed (its
+framing can no longer be trusted).
 
 Operations (arguments -> result), protocol version 1:
 
@@ -42,6 +44,9 @@ Operations (arguments -> result), protocol version 1:
                                               pages): this connection's fill
                                               area, its memfd passed with the
                                               reply (SCM_RIGHTS); see fillarea
+    lease   keys:[str]                     -> states:[str]  fetch leases: see
+    wait    key:str                        -> outcome:str   `leases` (hello also
+    release keys:[str]                     -> released:int  names lease_timeout)
 
 `cluster` in a ping or touch is a reader's report for the daemon's stats:
 {volume:str, counters:{cluster_hits:int, ...}}, the growth of its cluster
@@ -102,7 +107,8 @@ class ErrorCode:
     INTERNAL = "internal"
 
 
-OPS = ("hello", "ping", "lookup", "put", "touch", "evict", "list", "stats", "area")
+OPS = ("hello", "ping", "lookup", "put", "touch", "evict", "list", "stats", "area", "lease",
+       "wait", "release")
 ADMIN_EVICTIONS = ("volume", "all")  # evict scopes that need an admin peer
 
 

@@ -13,6 +13,10 @@ Readers never wait on this module. It owns two threads per process:
   blocks readers offer, and the evictions of bad ones, in order, on a
   connection of its own.
 
+Its `leases` (`leases.Leases`) are the fetch leases readers take and wait
+for, on connections of their own, while the link is connected to a daemon
+that grants them (`hello`'s `lease_timeout`).
+
 Invariants: nothing here raises into a reader. Fork: a child must build a
 new link (the threads and sockets of the parent's do not work there);
 `Volume` does that.
@@ -32,6 +36,7 @@ from ..contract.layout import Layout
 from ..contract.protocol import MAX_BATCH, ErrorCode
 from .client import Client
 from .fillqueue import CALL_TIMEOUT, FillQueue, Seal
+from .leases import Leases
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +67,7 @@ class DaemonLink(FillQueue):
         self._volume = volume  # whose cluster counters the pings and touches report
         self._reported = dict.fromkeys(CLUSTER_COUNTERS, 0)  # what the daemon has
         self._control = Client(socket_path, timeout=CALL_TIMEOUT, daemon_uid=daemon_uid)
+        self.leases = Leases(socket_path, counters, lambda: self.layout is not None, daemon_uid)
         self._wake = threading.Event()
         # a set: FUSE reads a 4 MiB block 128 KiB at a time; one report per batch is enough
         self._touches: set[str] = set()
@@ -113,6 +119,7 @@ class DaemonLink(FillQueue):
             t.join(timeout)
         self._control.close()
         self._filler_client.close()
+        self.leases.close()
 
     # -- control thread --------------------------------------------------------
 
@@ -125,6 +132,9 @@ class DaemonLink(FillQueue):
         if self.cluster is None and reply.get("cluster") is not None:
             log.warning("blockcached at %s names a cluster tier this reader cannot use (%r); "
                         "reading without it", self.socket_path, reply.get("cluster"))
+        timeout = reply.get("lease_timeout")
+        self.leases.timeout = (float(timeout) if isinstance(timeout, (int, float))
+                               and not isinstance(timeout, bool) and 0 < timeout < 3600 else 0.0)
         self.layout = Layout.from_wire(reply["layout"])
         log.info("connected to blockcached at %s (layout epoch %s, %d dir(s))",
                  self.socket_path, self.layout_epoch, len(self.layout.dirs))

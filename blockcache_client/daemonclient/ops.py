@@ -87,6 +87,21 @@ class DaemonOps:
     def stats(self):
         return self._call("stats", {})
 
+    def lease(self, keys: Iterable[Any]):
+        """Fetch leases on a run of blocks for this connection: one state
+        per key (`contract.leases`)."""
+        return self._call("lease", {"keys": [str(k) for k in keys]}, "states")
+
+    def wait(self, key: Any):
+        """How the lease on `key` ended (`contract.leases` outcomes); the
+        reply comes when it ends, up to the daemon's `lease_timeout`: the
+        client's timeout must be longer."""
+        return self._call("wait", {"key": str(key)}, "outcome")
+
+    def release(self, keys: Iterable[Any]):
+        """End this connection's leases on `keys`; how many it held."""
+        return self._call("release", {"keys": [str(k) for k in keys]}, "released")
+
 
 def result_of(reply: dict[str, Any], pick: str | None) -> Any:
     if not reply.get("ok"):

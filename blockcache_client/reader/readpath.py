@@ -148,8 +148,17 @@ class ReadPath:
         got = hits.read(key, blen, lo, hi, out, nowait, holder, keep)
         if got is not None or nowait:
             return got
-        got = self._fetcher.read(rel, info, key, boff, lo, hi, out, run, keep,
-                                 chunks.fetched if keep else None)
+        fetched = chunks.fetched if keep else None
+        got = self._fetcher.read(rel, info, key, boff, lo, hi, out, run, keep, fetched,
+                                 leased=not hits.judged_bad(key))
+        if got is None:  # another reader on the host filled it meanwhile: a hit now
+            got = hits.read(key, blen, lo, hi, out, False, holder, keep)
+            if got is not None:
+                return got
+            # gone again at once (evicted, its dir out, the daemon lost): fetch it
+            # here (never None without a lease: `Fetcher.fetch`)
+            got = self._fetcher.read(rel, info, key, boff, lo, hi, out, run, keep, fetched,
+                                     leased=False)
         self._counters.add2("misses", "miss_bytes", hi - lo)  # not local: tier or source
         if keep and holder is not None:  # its file is held once this fill lands
             holder.expect(boff // bs)

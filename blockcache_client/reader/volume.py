@@ -52,6 +52,7 @@ import errno
 import logging
 import os
 import threading
+import time
 import weakref
 
 from ..common.counters import Counters
@@ -383,11 +384,17 @@ class Volume(VolumeWrites, VolumeCache):
                         budget, cancelled)
 
     def wait_fills(self, timeout: float = 10.0) -> bool:
-        """Block until queued fills reached the daemon and the tier (tests,
-        warmup), those of uploaded files included."""
+        """Block until the background fetches are done (`prefetch`, a
+        sequential read's windows: each may still fetch, or wait for and
+        count another reader's fill) and the fills queued reached the daemon
+        and the tier (tests, warmup), those of uploaded files included.
+        False if `timeout` passed first."""
         self._proc()
-        return (self._writes.written.wait(timeout) and self._link.wait_idle(timeout)
-                and self._tier.wait(timeout))
+        deadline = time.monotonic() + timeout
+        return (self._prefetcher.wait_idle(timeout)
+                and self._writes.written.wait(max(0.0, deadline - time.monotonic()))
+                and self._link.wait_idle(max(0.0, deadline - time.monotonic()))
+                and self._tier.wait(max(0.0, deadline - time.monotonic())))
 
     def stats(self) -> dict:
         """Counters of this process's reads (see `counters.VOLUME_COUNTERS`) plus

@@ -1,19 +1,29 @@
 """`bench.large_files` runs whole at a small size: every system reads the exact bytes
-asked for, the model loads with every tensor, and the figures it prints are computed."""
+asked for, the model loads with every tensor (mapped, or read then loaded), the remote
+counts what it sent, and the figures it prints are computed."""
 
 import math
 import os
 
-from bench import large_files, model_load
+import pytest
+
+from bench import large_files, model_load, model_runs
 from bench.datasets import MIB
-from bench.systems import Ctx, VolumeSystem
+from bench.systems import Ctx, VolumeSystem, retire
+
+# every model row of one round: (key, readers, loaded by mmap, cold)
+MODEL_ROWS = [("local dropped", 1, True, False), ("local cached", 1, True, False),
+              ("fuse cold", 1, True, True), ("fuse warm", 1, True, False),
+              ("volume cold", 1, False, True), ("volume warm", 1, False, False),
+              ("crt cold", 1, False, True), ("fuse cold x4", 4, True, True),
+              ("fuse cold x8", 8, True, True)]
 
 
 def test_large_files_small_run(tmp_path):
     args = large_files.parse_args([
         "--small-files", "5", "--small-kib", "16", "--large-files", "1", "--large-mib", "8",
-        "--model-mib", "4", "--repeat", "1", "--rounds", "1", "--workdir", str(tmp_path / "work"),
-        "--out", str(tmp_path / "out")])
+        "--model-mib", "4", "--model-rounds", "1", "--model-readers", "4,8", "--repeat", "1",
+        "--rounds", "1", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
     result = large_files.run(args)
     rows = {r["case"]: r for r in result["rows"]}
     # every system's caches were removed once the run ended
@@ -25,18 +35,41 @@ def test_large_files_small_run(tmp_path):
     assert rows["warm large files volume readinto"]["bytes"] == 8 * MIB
     assert rows["warm large files volume read()"]["bytes"] == 8 * MIB
     assert rows["decrypt"]["parallel"] > 0 and rows["decrypt"]["one_thread"] > 0
-    tensors = len(model_load.layout(4 * MIB))
-    assert result["data"]["tensors"] == tensors
-    for s in large_files.MODEL_SYSTEMS:
-        for phase in ("cold", "warm"):
-            row = rows[f"model {phase} {s}"]
-            assert (row["bytes"], row["items"]) == (result["data"]["model_bytes"], tensors)
+    shapes = model_load.layout(4 * MIB)
+    tensor_bytes = sum(2 * math.prod(shape) for _, shape in shapes)
+    file_bytes = result["data"]["model_bytes"]
+    assert result["data"]["tensors"] == len(shapes) and file_bytes > tensor_bytes
+    for key, readers, mapped, cold in MODEL_ROWS:
+        row = rows[f"model {key}"]
+        # a mapped load copies each tensor out; a loaded one reads the whole file
+        each = tensor_bytes if mapped else file_bytes
+        assert (row["readers"], row["bytes"], row["items"]) == (
+            readers, readers * each, readers * len(shapes)), key
+        # the S3 server counted what it sent: each cold load fetched the file at
+        # least once (GETs and their headers included); a warm one through a fresh
+        # mount only the listing that finds the file, the local ones nothing
+        if cold:
+            assert 1.0 <= row["remote_vs_file"] <= 1.1 * readers, key
+        else:
+            assert row["remote_bytes"] < (16 << 10 if row["system"] != "local" else 1), key
+    # the local file's page cache was dropped before its first load: read from the disk
+    assert rows["model local dropped"]["disk_bytes"] >= file_bytes
+    assert rows["model local cached"]["disk_bytes"] == 0
     figures = result["figures"]
-    for _, key, _ in large_files.TARGETS:
-        assert figures[key] > 0
+    for _, key, _, _ in large_files.TARGETS:
+        assert figures[key] > 0, key
     text = large_files.report(result["rows"], figures)
-    for name, _, _ in large_files.TARGETS:
+    for name, _, _, _ in large_files.TARGETS:
         assert name in text
+    assert model_runs.HEADER in text and "fuse cold x8 (round 0)" in text
+    assert "model x8 remote vs file" in text and "over 1 rounds" in text
+    # the CPU a MiB of each load, and the bound it sets on the warm mapped load
+    warm, local = rows["model fuse warm"], rows["model local dropped"]
+    reader, server, _ = model_runs.ms_a_mib(warm)
+    assert reader > 0 and server >= 0  # (the server's in /proc's 10 ms ticks)
+    assert figures["model warm fuse cap vs local dropped"] == pytest.approx(
+        model_runs.ms_a_mib(local)[0] / max(reader, (reader + server) / os.cpu_count()))
+    assert "ms CPU a MiB (medians)" in text and "  fuse warm" in text
     assert "decrypt, 1 thread" in text  # the yardstick is printed beside the warm row
     # each cold row's CPU, split by the reader's threads and the daemon's
     small, large = rows["cold small files volume"], rows["cold large files volume"]
@@ -72,13 +105,13 @@ def test_model_layout_scales_with_size():
 
 def test_a_stopped_systems_caches_stay_until_the_run_ends(tmp_path):
     """Removing a system's cache files as it stops would have the file system
-    charge that work to the next system's epoch (see `large_files._stop`)."""
+    charge that work to the next system's epoch (see `systems.retire`)."""
     system = VolumeSystem()
     system.start(Ctx(None, str(tmp_path / "local"), str(tmp_path), None), "files0")
     kept = os.path.join(system.cache_dirs()[0], "a-cache-file")
     with open(kept, "wb") as f:
         f.write(b"x")
     spent: list[str] = []
-    large_files._stop(system, spent)
+    retire(system, spent)
     assert system.daemon is None  # stopped
     assert spent == [system.dir] and os.path.exists(kept)

@@ -175,8 +175,10 @@ def test_sidecar_recipe_fuse_sidecar_and_propagation(sidecar_objs, sidecar_job):
     assert mountpoint.startswith(shared["mountPath"] + "/")
     for probe in ("startupProbe", "livenessProbe"):
         check = " ".join(sidecar[probe]["exec"]["command"])
-        # statfs reaches fsclient even where a stat is answered from cache
-        assert f"mountpoint -q {mountpoint}" in check and f"stat -f {mountpoint}" in check
+        # statfs reaches fsclient even where a stat is answered from cache,
+        # and only a FUSE mount answers "fuseblk" (not the bare directory)
+        assert f"mountpoint -q {mountpoint}" in check
+        assert f'test "$(stat -f -c %T {mountpoint})" = fuseblk' in check
     assert volume(job, "dev-fuse")["hostPath"]["path"] == "/dev/fuse"
     assert mount(sidecar, "dev-fuse")["mountPath"] == "/dev/fuse"
     assert not trainer.get("securityContext", {}).get("privileged")

@@ -16,6 +16,16 @@ from tests.support.skips import fuse_usable
 BLOCK = 256 << 10  # small blocks, so modest files span several
 
 
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on 127.0.0.1 for the module's tests; always stopped."""
+    server = S3Server()
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
 def pytest_collection_modifyitems(items):
     skip = pytest.mark.skip(reason="needs root and /dev/fuse")
     for item in items:
@@ -46,16 +56,6 @@ def make_tree(root) -> None:
         f.write(b"odd bytes\n")
     os.symlink("dir0/sub0/file0.bin", os.path.join(root, "link"))
     os.makedirs(os.path.join(root, "empty"))
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """A moto S3 server for the test module; always stopped."""
-    server = S3Server()
-    try:
-        yield server.start()
-    finally:
-        server.stop()
 
 
 @pytest.fixture

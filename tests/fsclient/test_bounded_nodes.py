@@ -36,10 +36,13 @@ PER_DIR = 500
 META_ENTRIES = 2000
 HELD = 40  # files opened during the walk and read after it
 # RSS the walk may add beyond what its nodes and caches may hold: allocator
-# arenas, the saved state's mapped pages, a listing being built (measured:
-# 7.7 MiB with 30,000 files; an unbounded table adds ~280 bytes per file
-# walked on top, 13 MiB more here)
+# arenas, the saved state's mapped pages, a listing being built. Measured with
+# the caps on, 2 walks at once on 2 busy cores: 7.8 MiB after 30,000 files,
+# 10.7 MiB after 100,000; an unbounded node table adds ~280 bytes per file
+# walked on top, several times SLACK_PER_FILE.
 SLACK = 8 << 20
+SLACK_PER_FILE = 50
+MIB = 1 << 20
 
 
 def _source(root, dirs: int) -> list[tuple[str, bytes]]:
@@ -98,7 +101,10 @@ def test_a_walk_over_many_files_stays_within_the_caps(tmp_path, daemon, mounts, 
         # RSS: within the bound, and the walk added no more than nodes and caches may hold
         assert now["server_rss_bytes"] <= now["server_rss_bound_bytes"] == bound(cfg)["total"]
         grown = now["server_rss_bytes"] - start["server_rss_bytes"]
-        assert grown <= CAP * NODE_BYTES + META_ENTRIES * CACHE_ENTRY_BYTES + SLACK, (now, start)
+        allowed = (CAP * NODE_BYTES + META_ENTRIES * CACHE_ENTRY_BYTES + SLACK
+                   + SLACK_PER_FILE * walked)
+        assert grown <= allowed, (f"RSS grew {grown / MIB:.1f} MiB, allowed {allowed / MIB:.1f}",
+                                  now, start)
 
         # every file opened during the walk still reads, whole
         assert len(opened) == HELD

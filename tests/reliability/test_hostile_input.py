@@ -172,7 +172,8 @@ def test_random_requests(daemon, body, rid, op):
 WRONG = [None, True, -1, 2**63, 1.5, "text", b"bytes", [], {}, [1], ["x"], {"a": 1}]
 FIELDS = {"hello": ["version", "client"], "lookup": ["keys"], "put": ["key", "data"],
           "touch": ["keys"], "evict": ["key", "volume", "inode", "all"],
-          "list": ["volume", "limit"], "ping": [], "stats": [], "area": ["slots", "slot_bytes"]}
+          "list": ["volume", "limit"], "ping": [], "stats": [], "area": ["slots", "slot_bytes"],
+          "lease": ["keys"], "wait": ["key"], "release": ["keys"]}
 GOOD_KEY = str(BlockKey("vol", 1, 0xabc, 0))
 GOOD = {"version": protocol.PROTOCOL_VERSION, "client": "t", "keys": [GOOD_KEY], "key": GOOD_KEY,
         "data": blockfile.seal(GOOD_KEY, b"x" * 100, VOLUME_KEY), "volume": "vol", "limit": 10,

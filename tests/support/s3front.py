@@ -11,6 +11,8 @@ records what it saw, and answers chosen GETs with a chosen status instead.
         front.fail_writes(403, "partNumber=2")  # PUTs/POSTs whose path holds it: 403
         front.stall_writes(5.0, "partNumber=2")  # ...or held 5 s before they go on
         front.down = True                   # every request: the connection just closes
+        front.body_bytes("data/x/f.bin")    # bytes of GET bodies sent for that object
+        front.stall_gets(2.0)               # each GET's answer waits 2 s first
 
 Lets tests see which client sent a GET and how a reader meets throttling,
 refusals and redirects, and how a writer meets a remote that refuses, goes
@@ -36,6 +38,8 @@ class S3Front:
         self.puts: list[tuple[str, str]] = []  # (path with its query, user agent)
         self.connections = 0  # TCP connections clients opened to the front
         self.regions: list[str] = []  # the region each GET was signed for ("" unsigned)
+        self.sent: dict[str, int] = {}  # GET body bytes sent per path (no query)
+        self.stall = 0.0  # seconds each GET's answer waits before it is sent
         self._faults: list[tuple[int, dict]] = []
         # [path substring, status or None, seconds held, times left or None]
         # for PUT, POST and DELETE
@@ -95,6 +99,12 @@ class S3Front:
                     conn.request(self.command, self.path, body=body, headers=headers)
                     resp = conn.getresponse()
                     data = resp.read()
+                    if self.command == "GET":
+                        path = self.path.partition("?")[0].lstrip("/")
+                        with front._lock:
+                            front.sent[path] = front.sent.get(path, 0) + len(data)
+                        if front.stall:
+                            time.sleep(front.stall)
                     self.send_response(resp.status, resp.reason)
                     for k, v in resp.getheaders():
                         if k.lower() not in _HOP_BY_HOP and k.lower() != "content-length":
@@ -148,6 +158,15 @@ class S3Front:
                 time.sleep(seconds)
         statuses = [status for _, status, _, _ in found if status is not None]
         return (statuses[0], {}) if statuses else None
+
+    def stall_gets(self, seconds: float) -> None:
+        """Hold each GET's answer (already read from the server) this long."""
+        self.stall = seconds
+
+    def body_bytes(self, path: str) -> int:
+        """Bytes of GET bodies sent so far for the object at `path` (bucket/key)."""
+        with self._lock:
+            return self.sent.get(path.lstrip("/"), 0)
 
     def next_fault(self, path: str, agent: str, auth: str):
         # "AWS4-HMAC-SHA256 Credential=KEY/DATE/REGION/s3/aws4_request, ..."

@@ -41,6 +41,7 @@ class Prefetcher:
         self._pool: ThreadPoolExecutor | None = None  # made at the first job
         self._pending = 0
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when _pending drops to 0
 
     def windows(self, rel: str, info: FileInfo, prefix: str, offset: int, length: int) -> None:
         """Fetch the blocks of [offset, offset+length) in the background, one
@@ -83,8 +84,9 @@ class Prefetcher:
                     return
                 if (mem.get(key) is None and not self._fetcher.busy(key)
                         and not self._hits.is_cached(key)):
-                    self._fetcher.fetch(rel, info, key, boff, -(-(end - boff) // bs))
-                    self.counters.add("prefetches")
+                    if self._fetcher.fetch(rel, info, key, boff,
+                                           -(-(end - boff) // bs)) is not None:
+                        self.counters.add("prefetches")  # (None: another reader's fill)
                 boff += bs
         except Exception as exc:
             log.debug("prefetch of %s at %d failed: %s", rel, boff, exc)
@@ -104,15 +106,25 @@ class Prefetcher:
             try:
                 fn(*args)
             finally:
-                with self._lock:
-                    self._pending -= 1
+                self._done()
         try:
             pool.submit(run)
         except RuntimeError:  # the volume is closing
-            with self._lock:
-                self._pending -= 1
+            self._done()
             return False
         return True
+
+    def _done(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            if not self._pending:
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Until no job is queued or running (a job's fetch may wait for
+        another reader's fill, then counts it): False if `timeout` passed."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._pending, timeout)
 
     def shutdown(self) -> None:
         if self._pool is not None:

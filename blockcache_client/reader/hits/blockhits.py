@@ -117,6 +117,9 @@ class HitReader:
         self.nowait = nowait.SUPPORTED  # cleared if the kernel or cache fs refuses it
         self.chunks = None  # a `chunkhits.ChunkedHits`: small partial reads keep chunks
         self.decrypt = decrypt  # large reads' chunks on every core
+        # keys just judged bad: the daemon indexes them until their eviction
+        # (queued) is done, so their refill must not take "cached" for an answer
+        self._bad: set[str] = set()
 
     def read(self, key: str, blen: int, lo: int, hi: int, out: memoryview | None,
              nowait: bool = False, holder: Holder | None = None, keep: bool = False):
@@ -287,6 +290,18 @@ class HitReader:
         self.counters.add("integrity_failures")
         log.warning("cached block %s is bad (%s); evicting it and reading the backend", key, why)
         self.link.evict_later(key)
+        if len(self._bad) >= 1024:
+            self._bad.clear()
+        self._bad.add(key)
+
+    def judged_bad(self, key: str) -> bool:
+        """Whether `key`'s cached block was just judged bad (asked once: its
+        refill goes without a fetch lease, whose answer would be "cached")."""
+        try:
+            self._bad.remove(key)
+        except KeyError:
+            return False
+        return True
 
     def nowait_refused(self, exc: OSError) -> None:
         if self.nowait:

@@ -8,7 +8,9 @@ in `memory`). Not shared across fork: a child builds its own instance.
 A leader whose work also produces other keys' values (one ranged read that
 brings several blocks) `claim`s those keys first, so callers asking for them
 wait instead of fetching them again, and `settle`s each claim when done; a
-claim must always be settled (value or error), or its waiters wait forever.
+claim must always be settled (value, error, or `RETRY`: the leader will not
+bring it after all, and each waiter calls again, one of them leading), or
+its waiters wait forever.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from typing import Any
+
+RETRY = object()  # a claim's value: its leader gave it up; ask again
 
 
 class _Call:
@@ -36,16 +40,19 @@ class SingleFlight:
 
     def do(self, key: str, fn: Callable[[], Any]) -> tuple[Any, bool]:
         """Return (fn's result, whether this caller ran it)."""
-        with self._lock:
-            call = self._calls.get(key)
-            leader = call is None
+        while True:
+            with self._lock:
+                call = self._calls.get(key)
+                leader = call is None
+                if leader:
+                    call = self._calls[key] = _Call()
             if leader:
-                call = self._calls[key] = _Call()
-        if not leader:
+                break
             call.done.wait()
             if call.error is not None:
                 raise call.error
-            return call.value, False
+            if call.value is not RETRY:
+                return call.value, False
         try:
             value = fn()
         except BaseException as exc:

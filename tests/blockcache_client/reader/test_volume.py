@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from blockcache_client import Volume
 from tests.support.volumes import BS, settle, volume, wait_connected
 from tests.support.waiting import wait_for
 
@@ -217,6 +219,24 @@ def test_prefetch_and_evict(local_source, key_file, daemon):
         assert vol.evict(name) == 6
         wait_for(lambda: vol.cached_bytes(name) == 0, what="the daemon to unlink the blocks")
         assert vol.read(name, 0, len(files[name])) == files[name]
+
+
+def test_wait_fills_waits_for_the_prefetches_in_flight(local_source, key_file, daemon):
+    # A prefetch still fetching (here from a slow source; or waiting for
+    # another reader's fill under a lease) is a fill to come: wait_fills
+    # returns once it landed, and the counters are final by then.
+    data = os.urandom(4 * BS)
+    local_source.write("slow.bin", data)
+    with Volume("vol", f"latency::file://{local_source.root}", key_file,
+                socket_path=daemon.socket_path, block_size=BS,
+                latency={"delay": 0.5}) as vol:
+        wait_connected(vol)
+        info = vol.stat("slow.bin")
+        vol.prefetch("slow.bin", 0, len(data), info)
+        assert vol.wait_fills(30)
+        daemon.wait_idle()
+        assert vol.cached_bytes("slow.bin", info) == len(data)
+        assert vol.stats()["prefetches"] == 4
 
 
 def test_fill_queue_full_drops_are_counted(local_source, key_file, daemon):

@@ -12,8 +12,8 @@ import pytest
 
 from blockcache_client import Volume
 from tests.blockcache_client.conftest import S3Source
-from tests.blockcache_client.writer.test_upload_failures import straight, uploads_left
 from tests.support.s3front import S3Front
+from tests.support.s3objects import straight, uploads_left
 
 MiB = 1 << 20
 PART = 5 * MiB

@@ -11,12 +11,12 @@ import shutil
 import threading
 import time
 
-import boto3
 import pytest
 
 from blockcache_client import Volume
 from tests.blockcache_client.conftest import S3Source
 from tests.support.s3front import S3Front
+from tests.support.s3objects import straight, uploads_left
 from tests.support.volumes import volume
 
 MiB = 1 << 20
@@ -45,19 +45,6 @@ def s3_writer(s3_server, front, key_file, tmp_path, **kw):
     vol = Volume("vol", source.url, key_file, socket_path="/nonexistent.sock",
                  staging_dir=str(tmp_path), upload_part_bytes=5 * MiB, **{**opts, **kw})
     return source, vol
-
-
-def uploads_left(s3_server, source) -> list:
-    client = boto3.client("s3", endpoint_url=s3_server.endpoint_url, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-    found = client.list_multipart_uploads(Bucket=s3_server.bucket, Prefix=source.prefix)
-    return found.get("Uploads", [])
-
-
-def straight(source, rel):
-    path = f"{source.base}/{rel}"
-    source.fs.invalidate_cache()
-    return source.fs.cat(path) if source.fs.exists(path) else None
 
 
 def write_and_close(vol, rel, data):

@@ -93,6 +93,7 @@ def test_object_absent_until_close_then_read_warm_with_no_remote_bytes(
         s = vol.stats()
         assert s["uploads"] == 1 and s["uploaded_bytes"] == len(data)
         assert s["staged_bytes"] == len(data) and s["uploads_failed"] == 0
+        assert s["upload_ms"] > 0
         settle(vol, daemon)
         assert vol.stats()["staging_used_bytes"] == 0  # dropped once its blocks are cached
     with volume(source, key_file, daemon) as fresh:

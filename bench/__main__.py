@@ -10,6 +10,7 @@
     python -m bench prefetch                     # cold epochs with and without prefetch_ahead
     python -m bench fio                          # fio on fsclient against the passthrough
     python -m bench restarts                     # reads across server kills and live restarts
+    python -m bench checkpoint                   # a checkpoint saved through a writable mount
 
 Set-up is part of the run: matplotlib is pip-installed into this interpreter
 when missing, rclone and s3fs-fuse are apt-installed when missing (a system
@@ -31,7 +32,18 @@ import subprocess
 import sys
 import time
 
-from . import PROJECT_ROOT, capacity, cluster, datasets, fio, policy_sim, prefetch, report, restarts
+from . import (
+    PROJECT_ROOT,
+    capacity,
+    checkpoint,
+    cluster,
+    datasets,
+    fio,
+    policy_sim,
+    prefetch,
+    report,
+    restarts,
+)
 from .remote import DEFAULT_RTT_MS, Remote
 from .systems import Ctx, _project_version, all_systems
 from .workloads import WORKLOADS, Runner
@@ -41,7 +53,7 @@ log = logging.getLogger("bench")
 # `capacity` runs on our daemon alone, `prefetch` on ours over `latency::`,
 # `cluster` on our hosts and a memcached pool, `fio` on fsclient and the passthrough:
 # without the other systems
-ALL_WORKLOADS = [*WORKLOADS, "capacity", "prefetch", "cluster", "fio", "restarts"]
+ALL_WORKLOADS = [*WORKLOADS, "capacity", "prefetch", "cluster", "fio", "restarts", "checkpoint"]
 
 RESULTS = os.path.join(PROJECT_ROOT, "bench", "results")
 
@@ -209,6 +221,16 @@ def run_restarts(args: argparse.Namespace) -> int:
                                                 if args.size == "tiny" else []))
 
 
+def run_checkpoint(args: argparse.Namespace) -> int:
+    """Workload `checkpoint` (bench/checkpoint.py): a 1 GiB zip saved through a
+    writable mount against the CRT client and s3fs uploading the same bytes,
+    then loaded through fresh mounts (64 MiB, 1 round, with `--size tiny`).
+    0 if every target is met."""
+    log.info("workload checkpoint: writes through a writable mount to loopback S3")
+    return checkpoint.main(["--out", args.out] + (["--mib", "64", "--rounds", "1"]
+                                                  if args.size == "tiny" else []))
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -222,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         own_ok = True
         for name, run_own in (("capacity", run_capacity), ("prefetch", run_prefetch),
                               ("cluster", run_cluster), ("fio", run_fio),
-                              ("restarts", run_restarts)):
+                              ("restarts", run_restarts), ("checkpoint", run_checkpoint)):
             if not args.workloads or name in args.workloads:
                 own_ok &= run_own(args) == 0
                 if args.workloads:

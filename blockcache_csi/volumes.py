@@ -31,7 +31,10 @@ log = logging.getLogger(__name__)
 
 # volume_context keys (the CSI spelling) -> how each is checked
 REQUIRED_KEYS = ("source", "volume")
-OPTIONAL_KEYS = ("blockSize", "metaTTL", "dirTTL", "readaheadBlocks")
+OPTIONAL_KEYS = ("blockSize", "metaTTL", "dirTTL", "readaheadBlocks", "writable")
+# the access modes a writable volume is served read-write for: one node writes
+WRITER_MODES = frozenset({"SINGLE_NODE_WRITER", "SINGLE_NODE_SINGLE_WRITER",
+                          "SINGLE_NODE_MULTI_WRITER"})
 # keys the kubelet adds (podInfoOnMount, ephemeral): accepted, not used
 KUBELET_PREFIX = "csi.storage.k8s.io/"
 # set by the kubelet (podInfoOnMount), over any value the pod wrote: uids and
@@ -68,30 +71,35 @@ class Publication:
     target: str
     context: tuple[tuple[str, str], ...]  # the keys used, sorted
     mount_flags: tuple[str, ...]
-    readonly: bool  # as asked; the mount is read-only either way
+    readonly: bool  # as asked
     namespace: str = ""  # the pod's, as the kubelet says
     ephemeral: bool = True  # an inline volume (False: a PersistentVolume, the kubelet says)
+    # served read-write: the context says writable "true", the access mode is
+    # a single-node writer's, and neither readonly nor an `ro` flag is asked
+    writable: bool = False
 
     def get(self, key: str) -> str | None:
         return dict(self.context).get(key)
 
     def same_volume(self, other: Publication) -> bool:
         """Whether `other` asks for what this one serves (a repeated publish)."""
-        return (self.volume_id, self.context, self.mount_flags, self.namespace) == \
-            (other.volume_id, other.context, other.mount_flags, other.namespace)
+        return (self.volume_id, self.context, self.mount_flags, self.namespace,
+                self.writable) == (other.volume_id, other.context, other.mount_flags,
+                                   other.namespace, other.writable)
 
     def to_record(self) -> dict[str, Any]:
         return {"volume_id": self.volume_id, "target": self.target,
                 "context": dict(self.context), "mount_flags": list(self.mount_flags),
                 "readonly": self.readonly, "namespace": self.namespace,
-                "ephemeral": self.ephemeral}
+                "ephemeral": self.ephemeral, "writable": self.writable}
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> Publication:
         return cls(str(data["volume_id"]), str(data["target"]),
                    tuple(sorted((str(k), str(v)) for k, v in data["context"].items())),
                    tuple(str(f) for f in data["mount_flags"]), bool(data["readonly"]),
-                   str(data.get("namespace", "")), bool(data.get("ephemeral", True)))
+                   str(data.get("namespace", "")), bool(data.get("ephemeral", True)),
+                   bool(data.get("writable", False)))
 
 
 def parse_publish(request: Any, sources: SourcePolicy
@@ -119,8 +127,26 @@ def parse_publish(request: Any, sources: SourcePolicy
                           f"holds key and, for s3:// sources, {', '.join(SECRET_KEYS)}")
     key = parse_key(secrets)
     credentials = parse_credentials(secrets, canonical(context["source"]).protocol)
+    writable = served_writable(context, request.volume_capability.access_mode.mode,
+                               request.readonly, flags)
     return Publication(volume_id, target, tuple(sorted(context.items())), flags,
-                       request.readonly, namespace, ephemeral), key, credentials
+                       request.readonly, namespace, ephemeral, writable), key, credentials
+
+
+def served_writable(context: dict[str, str], mode: int, readonly: bool,
+                    flags: tuple[str, ...]) -> bool:
+    """Whether a publication is served read-write: only a volume whose
+    context says `writable: "true"`, asked for by a single-node writer
+    (SINGLE_NODE_WRITER, ..._SINGLE_WRITER, ..._MULTI_WRITER: one node's
+    staging and uploads), not `readOnly` and without the `ro` flag. Every
+    other publication is read-only (a writable volume asked for by readers
+    is served to them read-only)."""
+    asked = context.get("writable", "false") == "true"
+    writer = Mode.Name(mode) in WRITER_MODES
+    if asked and not writer:
+        log.info("volume_context writable is true, but access mode %s is not a single-node "
+                 "writer's: served read-only", Mode.Name(mode))
+    return asked and writer and not readonly and "ro" not in flags
 
 
 def pod_of(context: dict[str, str]) -> tuple[str, bool]:
@@ -136,7 +162,8 @@ def pod_of(context: dict[str, str]) -> tuple[str, bool]:
 
 def check_capability(cap: Any) -> tuple[str, ...]:
     """The mount flags of a mount capability; block access and unknown modes
-    refused. Writer modes are served read-only (see docs/csi.md)."""
+    refused. Writer modes are served read-write only for a writable volume
+    (`served_writable`, docs/csi.md)."""
     if cap.HasField("block"):
         raise invalid("volume_capability asks for block access; blockcache volumes are "
                       "file systems: use a mount (volumeMode: Filesystem)")
@@ -216,6 +243,9 @@ def check_context(context: dict[str, str]) -> tuple[tuple[str, str], ...]:
             convert.duration(used["metaTTL"], 'volume_context["metaTTL"]', allow_zero=True)
         if "readaheadBlocks" in used:
             convert.count(used["readaheadBlocks"], 'volume_context["readaheadBlocks"]', 0, 64)
+        if used.get("writable", "false") not in ("true", "false"):
+            raise BlockcacheError(f'volume_context["writable"] {used["writable"]!r} must be '
+                                  f'"true" or "false"')
         dir_ttls(used)
     except BlockcacheError as exc:
         raise invalid(f"volume_context: {exc}") from None
@@ -275,6 +305,8 @@ def mount_command(pub: Publication, key_file: str, socket: str | None, server: C
     ttls = dir_ttls(ctx)
     for item in ttls:
         argv += ["--dir-ttl", item]
+    if pub.writable:  # the pod's own mount: any uid in it may write (docs/csi.md)
+        argv += ["--writable", "--write-access", "all"]
     try:
         cfg = build_config(
             {}, volume=ctx["volume"], source=ctx["source"], mountpoint=pub.target,
@@ -282,7 +314,8 @@ def mount_command(pub: Publication, key_file: str, socket: str | None, server: C
             meta_ttl=ctx.get("metaTTL"), readahead_blocks=ctx.get("readaheadBlocks"),
             dir_ttl=[parse_dir_ttl_flag(i) for i in ttls],
             options=options,
-            server_user=f"{server.uid}:{server.gid}", server_groups=list(server.groups))
+            server_user=f"{server.uid}:{server.gid}", server_groups=list(server.groups),
+            writable=pub.writable or None, write_access="all" if pub.writable else None)
     except BlockcacheError as exc:
         raise invalid(f"volume_context: {exc}") from None
     return argv, cfg, environment.build(pub.namespace, credentials)

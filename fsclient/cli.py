@@ -41,7 +41,8 @@ def fail(message: str) -> NoReturn:
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(FORMATS))
 @click.pass_context
 def main(ctx: click.Context, log_level: str, log_format: str) -> None:
-    """Mount blockcache volumes (read-only, through the host's shared block cache)."""
+    """Mount blockcache volumes through the host's shared block cache (read-only,
+    or writable: files written are staged on the node and uploaded on close)."""
     setup_logging(log_level, log_format)
     ctx.obj = {"log_level": log_level, "log_format": log_format}
 
@@ -86,6 +87,19 @@ def main(ctx: click.Context, log_level: str, log_format: str) -> None:
               help="Files and directories the server keeps track of at once, at most; past "
                    "that it asks the kernel to forget the least recently used "
                    "(memory: fsclient/DESIGN.md) [default: 50000].")
+@click.option("--writable", is_flag=True, default=None,
+              help="Accept writes: a file written is staged on this node and uploaded "
+                   "as one object when closed (fsclient/DESIGN.md) [default: read-only].")
+@click.option("--staging-dir", metavar="DIR",
+              help="Where a writable mount stages files being written [default: "
+                   "$BLOCKCACHE_STAGING_DIR or /var/tmp].")
+@click.option("--staging-bytes", metavar="SIZE",
+              help="The most bytes a writable mount stages at once, e.g. 64G; past it a "
+                   "write gets ENOSPC [default: 16G].")
+@click.option("--write-access", type=click.Choice(["owner", "all"]),
+              help="Who may write a writable mount: the server's uid ('owner'), or every "
+                   "uid that reaches it ('all': files 0666, directories 0777) [default: "
+                   "owner].")
 @click.option("--ready-fd", type=int, hidden=True)
 @click.option("--serve-fd", type=int, hidden=True)
 @click.option("--key-from-keeper", is_flag=True, hidden=True)  # (successor.KEY_FLAG)
@@ -97,9 +111,12 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
           foreground: bool,
           log_file: str | None, metrics_addr: str | None, mount_log_level: str | None,
           mount_log_format: str | None, server_user: str | None,
-          server_groups: tuple[int, ...], max_nodes: int | None, ready_fd: int | None,
+          server_groups: tuple[int, ...], max_nodes: int | None, writable: bool | None,
+          staging_dir: str | None, staging_bytes: str | None, write_access: str | None,
+          ready_fd: int | None,
           serve_fd: int | None, key_from_keeper: bool) -> None:
-    """Mount SOURCE (a local path or fsspec URL) on MOUNTPOINT, read-only.
+    """Mount SOURCE (a local path or fsspec URL) on MOUNTPOINT, read-only
+    (or writable, with --writable).
 
     Returns once the mount answers; with --foreground, serves until unmounted
     or SIGTERM/SIGINT. A keeper process holds the mount and restarts its server
@@ -134,7 +151,8 @@ def mount(ctx: click.Context, source: str | None, mountpoint: str | None, volume
             readahead_blocks=readahead_blocks, metrics_addr=metrics_addr,
             dir_ttl=[parse_dir_ttl_flag(d) for d in dir_ttl], options=options,
             server_user=server_user, server_groups=list(server_groups) or None, key_fd=key_fd,
-            max_nodes=max_nodes)
+            max_nodes=max_nodes, writable=writable, staging_dir=staging_dir,
+            staging_bytes=staging_bytes, write_access=write_access)
     except BlockcacheError as exc:
         fail(str(exc))
     if link is not None:

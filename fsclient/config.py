@@ -20,6 +20,10 @@ error, never ignored, so a typo cannot silently change caching behaviour.
     metrics_addr = "127.0.0.1:9102"   # Prometheus endpoint of this mount (default: off)
     server_user = "65534:65534"       # root mounts, the server runs as UID:GID (default: as is)
     server_groups = [10001]           # its supplementary groups (blockcached's socket group)
+    writable = false           # accept writes: staged on the node, uploaded whole on close
+    staging_dir = "/var/tmp"   # where files being written are staged (writable mounts)
+    staging_bytes = "16G"      # the most staged bytes at once; past it a write gets ENOSPC
+    write_access = "owner"     # who may write: the server's uid ("owner"), or every uid ("all")
     [dir_ttl]                  # per directory prefix, longest match wins
     "code/" = 0
     [storage_options]          # passed to fsspec as they are
@@ -29,6 +33,9 @@ A `dir_ttl` prefix names a directory inside the volume (a leading or trailing
 '/' is optional): it covers that directory and everything beneath it. Its TTL
 bounds the metadata cache, sets the kernel's entry/attr timeouts and decides
 whether an open may keep the kernel page cache (only when TTL > 0).
+
+A mount is read-only (mounted `ro`, every write answered EROFS) unless
+`writable = true` (`--writable`): see fsclient/DESIGN.md, "Writable mounts".
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from blockcache_client.common import convert
 from blockcache_client.common.tomlfile import read_toml
 from blockcache_client.contract.blockkey import check_volume_name
 from blockcache_client.contract.errors import ConfigError, InvalidKey
+from blockcache_client.writer.staging import DEFAULT_LIMIT as DEFAULT_STAGING_BYTES
 
 from .keeper.privileges import Credentials
 from .session.mount import check_options as check_mount_options
@@ -57,7 +65,9 @@ DEFAULT_META_TTL = 60.0
 # (blockfile.MAX_PLAINTEXT), so one block always fits one put frame.
 MIN_BLOCK_SIZE = 64 << 10
 MAX_BLOCK_SIZE = 16 << 20
-# Options we set ourselves or that would make the mount writable or unsafe.
+WRITE_ACCESS = ("owner", "all")
+# Options we set ourselves, or that would make the mount writable (`writable`
+# does, with the writes it needs) or unsafe.
 _RESERVED_OPTIONS = {"rw", "fsname", "subtype"}
 # a comma not inside double quotes (an even number of quotes follows it)
 _QUOTED_COMMA = re.compile(r',(?=(?:[^"]*"[^"]*")*[^"]*$)')
@@ -132,6 +142,13 @@ class MountConfig:
     # An open descriptor of the key file (`--key-fd`), inherited from the
     # caller: read at offset 0, never reopened by path (a server's key)
     key_fd: int | None = None
+    # writes staged on the node and uploaded whole on close (else read-only)
+    writable: bool = False
+    staging_dir: str | None = None  # None: $BLOCKCACHE_STAGING_DIR, else /var/tmp
+    staging_bytes: int = DEFAULT_STAGING_BYTES
+    # "owner": only the server's uid (and root) may write, as the modes say;
+    # "all": files 0666 and dirs 0777, any uid that reaches the mount (a pod's own)
+    write_access: str = "owner"
 
     @property
     def meta_ttl(self) -> float:
@@ -140,8 +157,10 @@ class MountConfig:
     def fuse_options(self) -> set[str]:
         """The mount options (`session.mount.mount` turns them into mount(2) flags and
         FUSE options, or hands them to fusermount3)."""
-        opts = {"ro", "default_permissions", "noatime", f"fsname=blockcache:{self.volume}",
+        opts = {"default_permissions", "noatime", f"fsname=blockcache:{self.volume}",
                 "subtype=blockcache"}  # the mount table's type: mountpoint.FSTYPE
+        if not self.writable:
+            opts.add("ro")
         if self.allow_other:
             opts.add("allow_other")
         opts.update(self.options)
@@ -152,7 +171,8 @@ class MountConfig:
 _KEYS = {"volume", "source", "mountpoint", "key_file", "socket", "block_size", "meta_ttl",
          "allow_other", "readahead_blocks", "options", "dir_ttl", "storage_options",
          "memory_cache_bytes", "fill_queue_bytes", "meta_cache_entries", "threads",
-         "metrics_addr", "server_user", "server_groups", "store_pages", "max_nodes"}
+         "metrics_addr", "server_user", "server_groups", "store_pages", "max_nodes",
+         "writable", "staging_dir", "staging_bytes", "write_access"}
 # Old spellings, still read (with a warning naming the new key).
 _RENAMED = {"memory_cache": "memory_cache_bytes", "fill_queue": "fill_queue_bytes"}
 
@@ -242,8 +262,9 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         allow_other = True
     for o in options:
         if o.split("=", 1)[0] in _RESERVED_OPTIONS:
-            raise ConfigError(f"mount option {o!r} is not allowed: the mount is read-only "
-                              f"and fsclient sets fsname/subtype itself")
+            raise ConfigError(f"mount option {o!r} is not allowed: a mount is read-only "
+                              f"unless writable = true (--writable), and fsclient sets "
+                              f"fsname/subtype itself")
     try:
         check_mount_options(options)
     except ValueError as exc:
@@ -272,7 +293,21 @@ def build_config(file_data: Mapping[str, Any] | None = None,
         metrics_addr=convert.address(data.get("metrics_addr"), "metrics_addr"),
         server_user=_server_user(data),
         key_fd=key_fd,
+        writable=convert.boolean(data.get("writable", False), "writable"),
+        staging_dir=_str(data, "staging_dir", False),
+        staging_bytes=convert.size(data.get("staging_bytes", DEFAULT_STAGING_BYTES),
+                                   "staging_bytes"),
+        write_access=_write_access(data),
     )
+
+
+def _write_access(data: dict[str, Any]) -> str:
+    value = convert.string(data.get("write_access", "owner"), "write_access")
+    if value not in WRITE_ACCESS:
+        raise ConfigError(f"write_access {value!r} is not one of {', '.join(WRITE_ACCESS)}: "
+                          f"\"owner\" (the server's uid writes) or \"all\" (any uid that "
+                          f"reaches the mount)")
+    return value
 
 
 def _check_key_fd(key_fd: Any) -> None:

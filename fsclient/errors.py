@@ -30,7 +30,13 @@ class RequestOwner(Protocol):
 
 
 _KEPT_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
-                          errno.ESTALE, errno.EINVAL, errno.ENAMETOOLONG})
+                          errno.ESTALE, errno.EINVAL, errno.ENAMETOOLONG,
+                          # a writable mount's: staging full, a file written in
+                          # place, a rename of a file being written or of a
+                          # directory on S3, names taken or not empty, a source
+                          # that takes no writes
+                          errno.ENOSPC, errno.EOPNOTSUPP, errno.EBUSY, errno.EXDEV,
+                          errno.EEXIST, errno.ENOTEMPTY, errno.EROFS})
 _EIO_LOGGED_MAX = 4096  # files whose EIO cause was logged, before starting over
 
 

@@ -1,6 +1,8 @@
-"""The read-only file system over one `Volume`: the handlers the FUSE session
+"""The file system over one `Volume`: the handlers the FUSE session
 (`session.Session`) calls, each a few lines over the parts that hold the mount's
-state. Every handler runs on the worker thread that read its request.
+state. Every handler runs on the worker thread that read its request. A
+mount is read-only unless it is writable (`--writable`): then the write
+handlers of `fswrites` serve too, over `writefiles.WriteFiles`.
 
 - `inodes.InodeTable`: the inodes the kernel knows (stable keyed hashes of
   paths, the numbers block keys use), at most `max_nodes`: past that
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
 import sys
@@ -33,7 +36,8 @@ from blockcache_client.sources.fileinfo import FileInfo
 
 from .config import MountConfig
 from .errors import EioLog, fuse_op
-from .handleids import HandleNumbers, listing_tag, tag_of
+from .fswrites import WriteHandlers
+from .handleids import HandleNumbers, is_write_handle, listing_tag, tag_of
 from .handles import OpenFiles
 from .inodes import InodeTable
 from .lookups import Lookups
@@ -42,7 +46,10 @@ from .metacache import MetaCache, parent_of
 from .pruner import NodePruner, saved_cap
 from .session import Attributes, DirReply, FuseError
 from .session.structs import pack_statfs
+from .writefiles import WriteFiles
 from .xattrs import ENOATTR, XATTR_PREFIX, Xattrs
+
+log = logging.getLogger(__name__)
 
 # ops whose first argument is a file or dir handle, not an inode
 _HANDLE_OPS = frozenset({"read", "release", "readdir", "releasedir"})
@@ -51,8 +58,8 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT
 _FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
-class BlockcacheFS:
-    """The handlers of one read-only mount of one volume (`session.Operations`)."""
+class BlockcacheFS(WriteHandlers):
+    """The handlers of one mount of one volume (`session.Operations`)."""
 
     def __init__(self, volume: Volume, cfg: MountConfig):
         self.volume = volume
@@ -62,8 +69,12 @@ class BlockcacheFS:
         self.pruner = NodePruner(self.nodes, cfg.max_nodes)  # (the kernel forgets past the cap)
         self.lookups = Lookups(volume, self.meta)
         self.open_files = OpenFiles(volume, cfg, self.nodes)
+        self.writes = WriteFiles(volume) if cfg.writable else None  # (None: read-only)
         self.nodes.resized = self.open_files.pages.raise_generation
         self.uid, self.gid = os.getuid(), os.getgid()
+        # a writable mount any uid may write: modes that say so (default_permissions)
+        self.open_modes = (0o666, 0o777) if cfg.writable and cfg.write_access == "all" \
+            else (0, 0)
         self.xattrs = Xattrs(volume, cfg, self.uid, self.mount_stats)
         self.dir_handles: dict[int, tuple[FileInfo, ...]] = {}
         self._dir_fh = HandleNumbers()  # numbers that name the snapshot (see handleids)
@@ -76,6 +87,8 @@ class BlockcacheFS:
         self.handoffs: Callable[[], int] = int  # waits handed off with their thread
         self.fuse_minor: Callable[[], int | None] = lambda: None  # the minor agreed at INIT
         self.eio_log = EioLog()
+        # drops the kernel's attributes of a node (the session's, once it runs)
+        self.inval_attrs: Callable[[int], None] = lambda inode: None
         self.blocking: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def close(self) -> None:
@@ -91,6 +104,7 @@ class BlockcacheFS:
         self.handoffs = lambda: session.handoffs
         self.fuse_minor = lambda: session.terms.minor if session.terms is not None else None
         self.blocking = self.lookups.blocking = self.open_files.blocking = session.blocking
+        self.inval_attrs = session.notify_inval_attrs
         # (also after a takeover: handles opened before it never store, see pagestore)
         saved = self.nodes.saved
         pages = self.open_files.pages
@@ -108,6 +122,7 @@ class BlockcacheFS:
         """This mount's own counters (`user.blockcache.stats`, under "fsclient")."""
         files = self.open_files
         return {**self.meta.stats(), "inodes": len(self.nodes), "open_files": len(files),
+                "open_write_files": len(self.writes) if self.writes is not None else 0,
                 **self._bound_stats(),
                 "prefetches": files.prefetches, "inline_loads": files.inline_loads,
                 "kept_opens": files.kept_opens, "stored_opens": files.stored_opens,
@@ -138,8 +153,10 @@ class BlockcacheFS:
     def path_of_request(self, op: str, args: tuple) -> str:
         """The path a failed request was about, for its log line."""
         first = args[0] if args else None
-        if op in _HANDLE_OPS:
+        if op in _HANDLE_OPS or op in ("write", "flush", "fsync"):
             h = self.open_files.get(first)  # type: ignore[arg-type]
+            if h is None and self.writes is not None:
+                h = self.writes.handles.get(first)  # type: ignore[arg-type,assignment]
             if h is not None:
                 return h.path
         elif isinstance(first, int):
@@ -164,9 +181,9 @@ class BlockcacheFS:
         elif info.is_dir:
             # st_nlink stays 1 for directories too: "subdirectory count
             # unknown", so find/fts do not skip subdirectories
-            a.st_mode = stat.S_IFDIR | (perm or 0o755)
+            a.st_mode = stat.S_IFDIR | (perm or 0o755) | self.open_modes[1]
         else:
-            a.st_mode = stat.S_IFREG | (perm or 0o644)
+            a.st_mode = stat.S_IFREG | (perm or 0o644) | self.open_modes[0]
         a.st_size = size
         a.st_blksize = 128 << 10
         a.st_blocks = (size + 511) // 512
@@ -191,7 +208,8 @@ class BlockcacheFS:
         else:
             path = f"{parent}/{sname}" if parent else sname
         try:
-            info = self.lookups.cached(path) or self.lookups.from_source(path)
+            info = (self.staged_attrs(path) or self.lookups.cached(path)
+                    or self.lookups.from_source(path))
         except FuseError as exc:
             ttl = self.meta.ttl(path)
             if exc.errno != errno.ENOENT or ttl <= 0:
@@ -203,6 +221,7 @@ class BlockcacheFS:
         inode = self.nodes.inode_of(path)
         if inode not in self.nodes:
             self.pruner.wait_for_room()
+        gen = self.nodes.gen_of(inode, path)
         inode = self.nodes.remember(path, info.size, inode)
         if inode is None:
             raise FuseError(errno.EIO)
@@ -210,7 +229,9 @@ class BlockcacheFS:
             # the next lookups will most likely be in it: its listing starts
             # now, and they wait for it instead of a remote stat each
             self.lookups.list_in_background(path)
-        return self._attrs(info, inode)
+        attrs = self._attrs(info, inode)
+        attrs.generation = gen
+        return attrs
 
     def forget(self, items: Iterable[tuple[int, int]]) -> None:
         self.nodes.forget(items)
@@ -218,7 +239,8 @@ class BlockcacheFS:
     @fuse_op()
     def getattr(self, inode: int) -> Attributes:
         node = self.nodes.node(inode)
-        info = self.lookups.cached(node.path) or self.lookups.from_source(node.path)
+        info = (self.staged_attrs(node.path) or self.lookups.cached(node.path)
+                or self.lookups.from_source(node.path))
         self.nodes.set_size(inode, node, info.size)
         return self._attrs(info, inode)
 
@@ -231,7 +253,7 @@ class BlockcacheFS:
     @fuse_op()
     def access(self, inode: int, mask: int) -> None:
         self.nodes.node(inode)
-        if mask & os.W_OK:
+        if mask & os.W_OK and self.writes is None:
             raise FuseError(errno.EROFS)
 
     @fuse_op()
@@ -256,7 +278,9 @@ class BlockcacheFS:
             if not self.nodes.shown(inode, e.path):
                 continue
             bare = out.plus and room <= 0 and inode not in self.nodes
-            if not out.add(os.fsencode(e.name), self._attrs(e, inode), i + 1, bare):
+            attrs = self._attrs(e, inode)
+            attrs.generation = self.nodes.gen_of(inode, e.path)
+            if not out.add(os.fsencode(e.name), attrs, i + 1, bare):
                 break
             if out.plus and not bare:  # every entry the kernel accepted counts as a lookup
                 room -= 1
@@ -280,6 +304,8 @@ class BlockcacheFS:
 
     @fuse_op()
     def statfs(self) -> bytes:
+        if self.writes is not None:
+            return self.writable_statfs()
         return pack_statfs(blocks=0, bfree=0, bavail=0, files=len(self.nodes), ffree=0,
                            bsize=self.cfg.block_size, namelen=255, frsize=4096)
 
@@ -288,17 +314,40 @@ class BlockcacheFS:
     @fuse_op()
     def open(self, inode: int, flags: int) -> tuple[int, bool]:
         if flags & _WRITE_FLAGS:
-            raise FuseError(errno.EROFS)
+            if self.writes is None:
+                raise FuseError(errno.EROFS)
+            return self.open_write(inode, flags)
         node = self.nodes.node(inode)
         path = node.path
-        info = self.lookups.cached(path) or self.lookups.from_source(path)
+        info = self.lookups.cached(path)
+        if info is not None and self._written_here_since(path, inode):
+            info = None
+        if info is None:
+            info = self.lookups.from_source(path)
         if info.is_dir:
             raise FuseError(errno.EISDIR)
         keep = self.meta.keep_cache(inode, info)
         return self.open_files.open(path, info, inode, node, keep)
 
+    def _written_here_since(self, path: str, inode: int) -> bool:
+        """A writer on this host (another mount) changed `path` after this
+        mount's metadata of it was fetched (its stamp, `Volume.written_here`):
+        that metadata and the kernel's attributes of the node are dropped,
+        and the open asks the source (close-to-open across this host's mounts)."""
+        stamp = self.volume.written_here(path)
+        if stamp is None or stamp[1] <= self.meta.fetched_ns(path):
+            return False
+        self.meta.invalidate(path)
+        try:  # (a read past the old size would end early; this drops that size)
+            self.inval_attrs(inode)
+        except OSError as exc:
+            log.debug("dropping the kernel's attributes of %s: %s", path, exc)
+        return True
+
     @fuse_op(gone=errno.ESTALE)
     def read(self, fh: int, off: int, size: int, inode: int = 0) -> bytes | memoryview:
+        if is_write_handle(fh):
+            return self.read_staged(fh, off, size)
         h = self.open_files.get(fh)
         if h is None and inode:  # opened before this server took the mount over
             node = self.nodes.node(inode)
@@ -314,6 +363,9 @@ class BlockcacheFS:
         return self.open_files.answering(fh, inode)
 
     def release(self, fh: int) -> None:
+        if is_write_handle(fh):
+            self.release_write(fh)
+            return
         h = self.open_files.release(fh)
         if h is not None:
             self.nodes.closed(h.inode, h.node)

@@ -9,6 +9,9 @@ with every read, readdir and release, beside the node id) is
                  or a directory snapshot's names in order
     bits 15..0   a serial number, making each open's number unique
 
+A write handle's tag is WRITE_TAG (0, which no hash tag is): what it pins
+is staged in the server that opened it, and goes with it.
+
 A successor that gets a number it never handed out finds the node's path from
 the saved state, asks the source for the file's version (or lists the
 directory) and compares tags: equal, it makes the handle again, pinned to the
@@ -28,6 +31,7 @@ from blockcache_client.sources.fileinfo import FileInfo
 
 SERIAL_BITS = 16
 SERIAL_MASK = (1 << SERIAL_BITS) - 1
+WRITE_TAG = 0  # the tag of every write handle (`is_write_handle`)
 
 
 def _tag(parts: Iterable[str]) -> int:
@@ -35,7 +39,7 @@ def _tag(parts: Iterable[str]) -> int:
     for p in parts:
         h.update(p.encode("utf-8", "surrogateescape"))
         h.update(b"\0")
-    return int.from_bytes(h.digest(), "little")
+    return int.from_bytes(h.digest(), "little") or 1  # (0 is WRITE_TAG)
 
 
 def file_tag(info: FileInfo) -> int:
@@ -50,6 +54,11 @@ def listing_tag(entries: Iterable[FileInfo]) -> int:
 
 def tag_of(fh: int) -> int:
     return fh >> SERIAL_BITS
+
+
+def is_write_handle(fh: int) -> bool:
+    """A handle open for writing (a staged file), not a pinned version."""
+    return fh >> SERIAL_BITS == WRITE_TAG
 
 
 class HandleNumbers:

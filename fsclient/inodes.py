@@ -12,6 +12,15 @@ back). A node with open handles stays until their release (its open count
 guards the page-cache store) and is never asked for. Every worker thread
 uses it: the counts change under one lock, held for a few dict operations.
 
+A rename on a writable mount moves a node: the kernel keeps its id for the
+new name, so the node names the new path (`moved`; `_moved` maps it back
+to the id). If the old path is looked up again (DCP writes `.metadata.tmp`
+anew after renaming the last one), its id is answered with the next
+generation (`gen`): the kernel then takes the id for a new inode and marks
+the moved one bad (its dentry is looked up again, by its own id), so one id
+never names two files at once. The moved node's lookups stay counted in
+the id, whose forgets may come from either inode.
+
 Under a keeper (`keeper.keeper`), every node's path and lookup count are
 also kept in the mount's saved state (`keeper.saved`): the count raised
 before the kernel learns of the lookup, lowered after its forget. A server
@@ -44,21 +53,24 @@ class Node:
     each new version or size the kernel is told of (see `pagestore`), and the
     handle tag of its last open (see `handles.OpenFiles.open`)."""
 
-    __slots__ = ("path", "lookups", "size", "opens", "generation", "tag")
+    __slots__ = ("path", "lookups", "size", "opens", "generation", "tag", "gen", "moved")
 
-    def __init__(self, path: str, lookups: int):
+    def __init__(self, path: str, lookups: int, gen: int = 0):
         self.path = path
         self.lookups = lookups
         self.size = -1
         self.opens = 0
         self.generation = 0
         self.tag: tuple[object, int] | None = None  # (FileInfo, its file_tag)
+        self.gen = gen  # the id's incarnation the kernel was told (see `moved`)
+        self.moved = False  # renamed: its id is another path's hash
 
 
 class InodeTable:
     """inode -> Node for the inodes the kernel holds, the root always."""
 
-    __slots__ = ("_nodes", "_volume", "_lock", "saved", "recovered", "resized", "grew", "peak")
+    __slots__ = ("_nodes", "_volume", "_lock", "saved", "recovered", "resized", "grew", "peak",
+                 "_moved")
 
     def __init__(self, volume: Volume, saved: SavedState | None = None):
         # in order of last lookup, the least recent first (the pruner's victims)
@@ -72,6 +84,7 @@ class InodeTable:
         self.resized: Callable[[int, Node], None] | None = None
         self.grew: Callable[[int], None] | None = None  # called with `held()` after an add
         self.peak = 1  # the most nodes held at once
+        self._moved: dict[str, int] = {}  # path -> the id of the node renamed to it
 
     def held(self) -> int:
         """Nodes the kernel holds, as far as this server knows: the table's,
@@ -112,6 +125,9 @@ class InodeTable:
             if node is None:
                 node = self._nodes[inode] = Node(path, self.saved.lookups(inode))
                 self.recovered += 1
+                if self.inode_of(path) != inode:  # renamed under the server before
+                    node.moved = True
+                    self._moved[path] = inode
         return node
 
     def path(self, inode: int) -> str:
@@ -130,7 +146,7 @@ class InodeTable:
         """False if `inode` is another path's (an inode-hash collision): that
         path is then hidden, and the collision logged."""
         node = self._nodes.get(inode)
-        if node is not None and node.path != path:
+        if node is not None and node.path != path and not node.moved:
             log.error("inode collision: %r and %r both hash to inode %d; %r is hidden",
                       node.path, path, inode, path)
             return False
@@ -145,6 +161,8 @@ class InodeTable:
         added = False
         with self._lock:
             node = self._nodes.get(inode)
+            if node is not None and node.path != path and node.moved:
+                node = self._reincarnate(inode, node, path)
             if node is not None and node.path != path:
                 node = None
             else:  # (the saved count is raised before the kernel can send the id)
@@ -169,6 +187,40 @@ class InodeTable:
         self.shown(inode, path)  # (logs the collision)
         return None
 
+    def gen_of(self, inode: int, path: str) -> int:
+        """The generation a lookup of `path` answers with its id `inode`."""
+        node = self._nodes.get(inode)
+        if node is None:
+            return 0
+        return node.gen + 1 if node.moved and node.path != path else node.gen
+
+    def _reincarnate(self, inode: int, moved: Node, path: str) -> Node:
+        """`path` looked up again while its id names the node renamed away
+        (see the module doc): a node of the next generation, holding the
+        moved one's lookups (under the table's lock)."""
+        if self._moved.get(moved.path) == inode:
+            del self._moved[moved.path]
+        node = self._nodes[inode] = Node(path, moved.lookups, moved.gen + 1)
+        node.opens = moved.opens
+        if self.saved is not None:
+            self.saved.moved(inode, path)
+        return node
+
+    def moved(self, src: str, dst: str) -> None:
+        """The kernel renamed `src` to `dst` (a writable mount): the node it
+        holds for `src`, if any, names `dst` from now on."""
+        with self._lock:
+            inode = self._moved.pop(src, None) or self.inode_of(src)
+            node = self._nodes.get(inode)
+            if node is None or node.path != src:
+                return
+            node.path = dst
+            node.moved = self.inode_of(dst) != inode
+            if node.moved:
+                self._moved[dst] = inode
+            if self.saved is not None:
+                self.saved.moved(inode, dst)
+
     def set_size(self, inode: int, node: Node, size: int) -> None:
         """`size` is what the kernel is told next about `node` (a getattr)."""
         old, node.size = node.size, size
@@ -186,7 +238,7 @@ class InodeTable:
                     continue
                 node.lookups = node.lookups - nlookup if left is None else left
                 if node.lookups <= 0 and node.opens <= 0:  # (an open node goes at its release)
-                    del self._nodes[inode]
+                    self._drop(inode, node)
 
     def opened(self, node: Node) -> int:
         """One more handle of `node` is open: the count of its open handles."""
@@ -200,7 +252,13 @@ class InodeTable:
         with self._lock:
             node.opens -= 1
             if node.opens <= 0 and node.lookups <= 0 and self._nodes.get(inode) is node:
-                del self._nodes[inode]
+                self._drop(inode, node)
+
+    def _drop(self, inode: int, node: Node) -> None:
+        """(Under the lock.)"""
+        del self._nodes[inode]
+        if node.moved and self._moved.get(node.path) == inode:
+            del self._moved[node.path]
 
     def least_recent(self, n: int) -> list[tuple[int, str]]:
         """Up to `n` (inode, path) of the nodes looked up least recently that

@@ -90,12 +90,13 @@ class Lookups:
                 cached = self.cached(path)
                 if cached is not None:
                     return cached
+        since = self.meta.now()  # (its TTL runs from the ask: a stamp after it is newer)
         try:
             info = self.volume.stat(path, max_age=0)
         except FileNotFoundError:
             self.meta.put_negative(path)
             raise FuseError(errno.ENOENT) from None
-        self.meta.put_attr(info)
+        self.meta.put_attr(info, since)
         return info
 
     def list_in_background(self, parent: str) -> None:
@@ -139,8 +140,9 @@ class Lookups:
             return listing if listing is not None else self.list(path)
 
     def list(self, path: str) -> DirListing:
+        since = self.meta.now()
         entries = self.volume.listdir(path, max_age=0)
-        return self.meta.put_listing(path, entries)
+        return self.meta.put_listing(path, entries, since)
 
     def _listing_done(self, parent: str, task: Future) -> None:
         with self._lock:

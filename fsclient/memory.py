@@ -16,7 +16,12 @@ files, paths of 28 bytes):
   which keeps up to twice that in idle buffers (docs/reader.md);
 - reply buffers: 8 MiB kept, plus 1 MiB for each read that finds none free,
   at most one per worker and per wait handed off (`session.workers.MAX_WAITING`);
-- background fills in flight, `fill_queue_bytes`.
+- background fills in flight, `fill_queue_bytes`;
+- a writable mount's uploads: the uploader's part buffers (`upload_parallel`
+  parts of `upload_part_bytes` and a sealed unit each, shared by every
+  upload: `writer.upload`), plus a small file's one PUT; and each file open
+  for writing holds `writer.stagedfile.KEPT_UNITS` units of plaintext and
+  two sealed units (`STAGED_FILE_BYTES`): a term per file, counted at 8.
 BASE_BYTES is the interpreter, the modules and an open volume: 40 MiB at
 start here, with room for another libc or Python build.
 """
@@ -24,6 +29,10 @@ start here, with room for another libc or Python build.
 from __future__ import annotations
 
 import os
+
+from blockcache_client.contract import blockfile
+from blockcache_client.writer.stagedfile import KEPT_UNITS, UNIT
+from blockcache_client.writer.upload import DEFAULT_PARALLEL, DEFAULT_PART_BYTES
 
 from .config import MountConfig
 from .handles import REPLY_BYTES, REPLY_BYTES_KEPT
@@ -36,6 +45,9 @@ CACHE_ENTRY_BYTES = 1280
 # A mount's other processes: its keeper (31 MiB measured) and the page
 # store's child (16 MiB measured)
 MOUNT_PROCESSES_BYTES = 48 << 20
+# A file open for writing: its units in memory, a seal buffer and a scratch unit
+STAGED_FILE_BYTES = KEPT_UNITS * UNIT + 2 * blockfile.file_size(UNIT, blockfile.DEFAULT_CHUNK)
+STAGED_FILES_COUNTED = 8  # files open for writing at once the bound allows for
 
 
 def bound(cfg: MountConfig) -> dict[str, int]:
@@ -49,6 +61,10 @@ def bound(cfg: MountConfig) -> dict[str, int]:
         "reply_buffers": REPLY_BYTES_KEPT + (MAX_WAITING + cfg.threads) * REPLY_BYTES,
         "fill_queue": cfg.fill_queue_bytes,
     }
+    if cfg.writable:
+        stride = blockfile.file_size(UNIT, blockfile.DEFAULT_CHUNK)
+        terms["uploads"] = DEFAULT_PARALLEL * (DEFAULT_PART_BYTES + stride) + DEFAULT_PART_BYTES
+        terms["staged_files"] = STAGED_FILES_COUNTED * STAGED_FILE_BYTES
     terms["total"] = sum(terms.values())
     return terms
 

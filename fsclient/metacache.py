@@ -66,14 +66,16 @@ class TtlLru:
             self._data.move_to_end(key)
             return item[2]
 
-    def put(self, key: Hashable, value: Any, ttl: float, weight: int = 1) -> None:
-        """Store `value` for `ttl` seconds; ttl <= 0 stores nothing (and drops
-        an older entry, which would otherwise outlive the new answer)."""
+    def put(self, key: Hashable, value: Any, ttl: float, weight: int = 1,
+            since: float | None = None) -> None:
+        """Store `value` for `ttl` seconds from `since` (this map's clock: when
+        the answer was asked for; default now); ttl <= 0 stores nothing (and
+        drops an older entry, which would otherwise outlive the new answer)."""
         with self._lock:
             self._remove(key)
             if ttl <= 0 or weight > self.max_weight:
                 return
-            self._data[key] = (self._clock() + ttl, weight, value)
+            self._data[key] = ((self._clock() if since is None else since) + ttl, weight, value)
             self.weight += weight
             while self.weight > self.max_weight:
                 old, (_, w, _) = self._data.popitem(last=False)
@@ -83,6 +85,14 @@ class TtlLru:
     def pop(self, key: Hashable) -> None:
         with self._lock:
             self._remove(key)
+
+    def deadline(self, key: Hashable) -> float | None:
+        """When `key`'s entry expires (this map's clock), None if it has none."""
+        item = self._data.get(key)
+        return item[0] if item is not None else None
+
+    def now(self) -> float:
+        return self._clock()
 
     def clear(self) -> None:
         with self._lock:
@@ -141,9 +151,10 @@ class MetaCache:
             return NEGATIVE if info is None else info
         return None
 
-    def put_attr(self, info: FileInfo) -> None:
+    def put_attr(self, info: FileInfo, since: float | None = None) -> None:
+        """Hold `info` for its TTL from `since` (`now()` when it was asked for)."""
         self.negative.pop(info.path)
-        self.attrs.put(info.path, info, self.ttl(info.path))
+        self.attrs.put(info.path, info, self.ttl(info.path), since=since)
 
     def put_negative(self, path: str) -> None:
         self.attrs.pop(path)
@@ -152,18 +163,50 @@ class MetaCache:
     def listing(self, path: str) -> DirListing | None:
         return self.listings.get(path)
 
-    def put_listing(self, path: str, entries: Iterable[FileInfo]) -> DirListing:
+    def put_listing(self, path: str, entries: Iterable[FileInfo],
+                    since: float | None = None) -> DirListing:
         listing = DirListing(entries)
-        self.listings.put(path, listing, self.ttl(path), weight=len(listing.entries) + 1)
+        self.listings.put(path, listing, self.ttl(path), weight=len(listing.entries) + 1,
+                          since=since)
         for e in listing.entries:
-            self.put_attr(e)
+            self.put_attr(e, since)
         return listing
+
+    def now(self) -> float:
+        """The caches' clock: what `since` is given in."""
+        return self.attrs.now()
 
     def invalidate(self, path: str) -> None:
         """Forget everything known about `path` (and its listing)."""
         self.attrs.pop(path)
         self.negative.pop(path)
         self.listings.pop(path)
+
+    def fetched_ns(self, path: str) -> int:
+        """When, in wall-clock ns, the answer held for `path` was asked for
+        (its attribute entry's, else its directory listing's: a listing that
+        took long holds what the source said at some time after its start);
+        0 if none is held."""
+        for cache, key in ((self.attrs, path), (self.listings, parent_of(path))):
+            deadline = cache.deadline(key)
+            if deadline is not None and path:
+                age = cache.now() - (deadline - self.ttl(key))
+                return time.time_ns() - int(age * 1e9)
+        return 0
+
+    def changed(self, path: str, info: FileInfo | None, tree: bool = False) -> None:
+        """A write on this mount changed `path`: hold `info` (the version it
+        uploaded) or nothing (the next stat asks the volume); its
+        directory's listing is dropped, and with `tree` (a directory
+        removed or renamed) everything cached, as entries under it may be."""
+        self.invalidate(path)
+        self.listings.pop(parent_of(path))
+        if tree:
+            self.attrs.clear()
+            self.listings.clear()
+            self.negative.clear()
+        if info is not None:
+            self.put_attr(info)
 
     def keep_cache(self, inode: int, info: FileInfo) -> bool:
         """Record an open of `info`; True when the kernel may keep its page

@@ -83,6 +83,16 @@ COUNTERS = {
                            "the cluster tier"),
     "cluster_fills_dropped": ("blockcache_client_cluster_fills_dropped_total", "Cluster tier "
                               "fills dropped (queue full, no server)"),
+    "staged_bytes": ("blockcache_client_staged_bytes_total", "Bytes written into staged files "
+                     "(writable mounts)"),
+    "uploads": ("blockcache_client_uploads_total", "Staged files uploaded as one object each "
+                "(on close or fsync)"),
+    "uploaded_bytes": ("blockcache_client_uploaded_bytes_total", "Bytes of the objects "
+                       "uploaded"),
+    "upload_ms": ("blockcache_client_upload_milliseconds_total", "Time spent uploading "
+                  "(from the first part to the object's completion)"),
+    "uploads_failed": ("blockcache_client_uploads_failed_total", "Uploads that failed (the "
+                       "close or fsync answered EIO; nothing of them stays)"),
 }
 
 
@@ -138,6 +148,8 @@ class MountCollector(Collector):
                  stats.get("fill_queue_bytes", 0)),
                 ("blockcache_client_memory_bytes", "Bytes in the in-process memory cache",
                  stats.get("memory_bytes", 0)),
+                ("blockcache_client_staging_bytes", "Disk bytes held by staged files now "
+                 "(bounded by staging_bytes)", stats.get("staging_used_bytes", 0)),
                 ("blockcache_fuse_open_files", "Open file handles", len(self.fs.open_files)),
                 ("blockcache_fuse_inodes", "Inodes the kernel holds", len(self.fs.nodes)),
                 ("blockcache_fuse_workers", "FUSE worker threads", len(self.session.workers)),
@@ -172,7 +184,8 @@ class MountCollector(Collector):
         const = {"volume": self.name}
         yield self.backend.latency.family(
             "blockcache_client_backend_request_seconds", "Source request time with retries, "
-            "by kind (stat, list, read, readlink)", "kind", const=const)
+            "by kind (stat, list, read, readlink; upload, mkdir, rmdir, unlink, rename)",
+            "kind", const=const)
         with self.backend.latency.lock:
             errors = dict(self.backend.errors)
         fam = CounterMetricFamily("blockcache_client_backend_errors_total", "Source requests "

@@ -140,10 +140,18 @@ def open_volume(cfg: MountConfig) -> Any:
     def make() -> Any:
         # meta_ttl=0: the mount's own caches hold its metadata (per-prefix
         # TTLs) and ask the volume for fresh answers; it keeps none twice
-        return Volume(cfg.volume, cfg.source, volume_key(cfg), socket_path=cfg.socket,
-                      block_size=cfg.block_size, meta_ttl=0,
-                      fill_queue_bytes=cfg.fill_queue_bytes,
-                      memory_cache_bytes=cfg.memory_cache_bytes, **cfg.storage_options)
+        vol = Volume(cfg.volume, cfg.source, volume_key(cfg), socket_path=cfg.socket,
+                     block_size=cfg.block_size, meta_ttl=0,
+                     fill_queue_bytes=cfg.fill_queue_bytes,
+                     memory_cache_bytes=cfg.memory_cache_bytes, staging_dir=cfg.staging_dir,
+                     staging_bytes=cfg.staging_bytes, **cfg.storage_options)
+        if cfg.writable:
+            try:  # a source that takes no writes, or no staging dir: say so now
+                vol.check_writable()
+            except BaseException:
+                vol.close()
+                raise
+        return vol
 
     try:
         return _in_thread(make, SOURCE_TIMEOUT, "source check")
@@ -187,7 +195,8 @@ def run(cfg: MountConfig, readiness: Readiness, link: KeeperLink) -> int:
             return 1
         fs.nodes.saved = state
         fs.keeper = conn.keeper
-        session = Session(fs, cfg.threads, terms=None if conn.fresh else state.terms)
+        session = Session(fs, cfg.threads, terms=None if conn.fresh else state.terms,
+                          writable=cfg.writable)
         session.on_init = state.save_terms
         fs.attach(session)
         if cfg.metrics_addr:

@@ -10,6 +10,9 @@ CLUSTER_COUNTERS = (
     "cluster_hits", "cluster_misses", "cluster_bytes", "cluster_errors", "cluster_bad",
     "cluster_fills_sent", "cluster_fills_dropped",
 )
+# the writer (writer/): bytes written into staged files, uploads made, their
+# bytes and time, and uploads that failed (close or fsync answered EIO)
+WRITE_COUNTERS = ("staged_bytes", "uploads", "uploaded_bytes", "upload_ms", "uploads_failed")
 VOLUME_COUNTERS = (
     "hits", "misses", "hit_bytes", "miss_bytes", "memory_hits", "backend_bytes",
     "backend_requests", "fills_sent", "fills_dropped", "integrity_failures",
@@ -19,7 +22,7 @@ VOLUME_COUNTERS = (
     # waits for another reader's fill, those that found the block cached
     # (a fetch saved), and those that did not (the block was fetched here)
     "leases_taken", "lease_waits", "lease_saved", "lease_gave_up",
-    *CLUSTER_COUNTERS,
+    *CLUSTER_COUNTERS, *WRITE_COUNTERS,
 )
 PENDING_HITS = 256  # lock-free chunk hits counted before they are added up
 

@@ -168,6 +168,16 @@ class FillQueue:
             done()
         return inline is not None or queued
 
+    def offer_fill_waiting(self, key: str, plaintext: bytes | memoryview,
+                           timeout: float) -> bool:
+        """`offer_fill`, for a background thread that may wait (the cache
+        fill of what a writer uploaded: many blocks at once): waits up to
+        `timeout` for room in the queue, rather than drop at once."""
+        with self._fill_cv:
+            self._idle_cv.wait_for(lambda: self._closing or self._fill_bytes == 0 or (
+                self._fill_bytes + len(plaintext) <= self._fill_cap), timeout)
+        return self.offer_fill(key, plaintext)
+
     def take_slot(self, n: int) -> Slot | None:
         """A slot of the fill area for a sealed block of `n` bytes that will
         be offered with `offer_fill(..., slot=)`, or None (no area, every

@@ -47,6 +47,7 @@ same size within one mtime tick looks unchanged (version = mtime_ns-size).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -58,11 +59,12 @@ from ..common.counters import Counters
 from ..common.forks import generation as _forks
 from ..contract import blockfile, protocol
 from ..contract.blockkey import KeyNamer, check_volume_name
-from ..contract.errors import DaemonError, DaemonUnavailable
 from ..daemonclient.link import DaemonLink
 from ..sources.backend import Backend
 from ..sources.fileinfo import FileInfo, normalize
 from ..volumekey import load_key
+from ..writer.writefile import WriteFile
+from ..writer.writes import WriteOptions
 from . import options
 from .ahead.hostfill import ByteBudget, HostFill
 from .ahead.prefetch import Prefetcher
@@ -81,7 +83,9 @@ from .misses.metadata import Metadata
 from .misses.tier import TierReads
 from .parts import ReadParts
 from .readpath import ReadPath
+from .volumecache import VolumeCache
 from .volumefile import VolumeFile
+from .volumewrites import VolumeWrites
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +97,9 @@ def _rebuild_volume(args: tuple, storage_options: dict) -> Volume:
     return Volume(*args, **storage_options)
 
 
-class Volume:
-    """A named remote volume read through the host's shared, encrypted block cache.
+class Volume(VolumeWrites, VolumeCache):
+    """A named remote volume read through the host's shared, encrypted block cache,
+    and written through staging on the node (`volumewrites`, `writer/`).
 
     `source` is an fsspec URL (local path, `file://`, `s3://bucket/prefix`,
     chained URLs); `storage_options` go to fsspec (or `fs=` an fsspec filesystem
@@ -102,18 +107,26 @@ class Volume:
     $BLOCKCACHE_SOCKET or /run/blockcache/blockcached.sock; without a daemon
     every read goes to the backend. `daemon_uid`: the uid the daemon must
     answer as, besides root (default $BLOCKCACHE_DAEMON_UID, else the owner
-    of the socket's dir; see `client`). All methods are thread-safe.
+    of the socket's dir; see `client`). `staging_dir`, `staging_bytes`,
+    `upload_part_bytes`, `upload_parallel`: how writes stage and upload
+    (`writer.writes.WriteOptions`). All methods are thread-safe.
     """
 
     def __init__(self, name: str, source: str, key_file: str | int,
                  socket_path: str | None = None, block_size: int = 4 << 20, meta_ttl: float = 60.0,
                  fill_queue_bytes: int = 256 << 20, memory_cache_bytes: int = 64 << 20,
-                 daemon_uid: int | None = None, chunk_cache: bool = True, **storage_options):
+                 daemon_uid: int | None = None, chunk_cache: bool = True,
+                 staging_dir: str | None = None, staging_bytes: int = WriteOptions.staging_bytes,
+                 upload_part_bytes: int = WriteOptions.upload_part_bytes,
+                 upload_parallel: int = WriteOptions.upload_parallel, **storage_options):
         self.name = check_volume_name(name)
         # what a pickle carries to rebuild this volume in another process: the
         # key file's path, never the key
+        self._write_options = WriteOptions(staging_dir, staging_bytes, upload_part_bytes,
+                                           upload_parallel)
         self._init_args = (name, source, key_file, socket_path, block_size, meta_ttl,
-                           fill_queue_bytes, memory_cache_bytes, daemon_uid, chunk_cache)
+                           fill_queue_bytes, memory_cache_bytes, daemon_uid, chunk_cache,
+                           *dataclasses.astuple(self._write_options))
         self._storage_options = dict(storage_options)
         self.block_size = options.check_block_size(name, block_size)
         self.meta_ttl = float(meta_ttl)
@@ -176,6 +189,7 @@ class Volume:
             self.name, self.block_size, self._window, self._hits, self._fetcher,
             self._sequential, self._prefetcher, self._files, self._link, self.counters,
             self._chunk_size, self._key_prefix))
+        self._start_writes()
 
     def _live_path(self) -> ReadPath:
         """This process's read path (`_proc`'s checks first)."""
@@ -197,6 +211,7 @@ class Volume:
             return
         self._closed = True
         if self._pid == os.getpid():
+            self._writes.close()
             self._prefetcher.shutdown()
             self._hits.decrypt.close()
             self._files.close_all()
@@ -325,9 +340,13 @@ class Volume:
                                      view[:end - offset])
         return got if got == end - offset else None
 
-    def open(self, path: str) -> VolumeFile:
+    def open(self, path: str, mode: str = "rb") -> VolumeFile | WriteFile:
         """A read-only binary file object (read, readinto, seek, tell) pinned
-        to the version of `path` seen now (`metadata`, or `coldopen`)."""
+        to the version of `path` seen now (`metadata`, or `coldopen`); or,
+        with mode "wb" / "w+b", a file staged then uploaded whole on close
+        (`writer.writefile`)."""
+        if mode != "rb":
+            return self._open_write(path, mode)
         # A path the metadata cache holds fresh is canonical, so a dataset
         # opening the paths it listed skips `normalize` and `_resolve`.
         if type(path) is str and self._fork_gen == _forks[0] and not self._closed:
@@ -364,75 +383,16 @@ class Volume:
         return HostFill(self._live_path().parts, seal, self.socket_path, self._daemon_uid,
                         budget, cancelled)
 
-    def _block_len(self, info: FileInfo, boff: int) -> int:
-        return min(self.block_size, info.size - boff)
-
-    # -- cache control -----------------------------------------------------------
-
-    def _blocks(self, path: str, info: FileInfo | None, offset: int = 0,
-                length: int | None = None):
-        rel, info = self._resolve(path, info)
-        prefix = self._key_prefix(rel, info.version)
-        end = info.size if length is None else min(info.size, offset + length)
-        bs = self.block_size
-        for b in range(offset // bs, -(-end // bs)):
-            yield rel, info, prefix + format(b * bs, "016x"), b * bs
-
-    def prefetch(self, path: str, offset: int, length: int, info: FileInfo | None = None) -> None:
-        """Fetch the blocks of [offset, offset+length) into the cache in the
-        background (readahead): consecutive missing blocks in one request of
-        up to a part (`options.PART_BYTES`), one job per part so parts arrive
-        in parallel. Never blocks on the backend, never raises for I/O."""
-        self._proc()
-        options.check_range(path, offset, length)
-        rel = normalize(path)
-        if info is None:  # stat-ing could block: do it in the background too
-            self._prefetcher.submit(self._prefetch_range, rel, offset, length, None)
-        else:
-            self._prefetch_range(rel, offset, length, info)
-
-    def _prefetch_range(self, rel: str, offset: int, length: int, info: FileInfo | None) -> None:
-        try:
-            rel, info = self._resolve(rel, info)
-            self._prefetcher.windows(rel, info, self._key_prefix(rel, info.version), offset,
-                                     length)
-        except Exception as exc:  # readahead is best effort; the real read reports errors
-            log.debug("prefetch %s failed: %s", rel, exc)
-
-    def cached_bytes(self, path: str, info: FileInfo | None = None) -> int:
-        """Plaintext bytes of this file (this version) in the host cache now."""
-        return sum(n for _, n, cached in self.block_map(path, info) if cached)
-
-    def block_map(self, path: str, info: FileInfo | None = None) -> list[tuple[int, int, bool]]:
-        """(offset, length, cached now) of each block of this file version, in
-        order; "cached" checks the block file through the layout (no daemon
-        round trip, no read). Warmup uses it to fetch only what is missing."""
-        self._proc()
-        return [(boff, self._block_len(info, boff), self._hits.is_cached(key))
-                for _, info, key, boff in self._blocks(path, info)]
-
-    def evict(self, path: str, info: FileInfo | None = None) -> int:
-        """Remove this file's blocks (every version) from the cache; returns how
-        many the daemon removed (0 if it is unreachable)."""
-        self._proc()
-        rel = normalize(path)
-        ino = self.names.inode(rel)
-        self._mem.discard_prefix(f"{self.name}_{ino}_")
-        try:
-            return self._link.evict_inode(self.name, ino)
-        except (DaemonUnavailable, DaemonError) as exc:
-            self.counters.add("daemon_unavailable")
-            log.info("evict %s: %s", rel, exc)
-            return 0
-
     def wait_fills(self, timeout: float = 10.0) -> bool:
         """Block until the background fetches are done (`prefetch`, a
         sequential read's windows: each may still fetch, or wait for and
         count another reader's fill) and the fills queued reached the daemon
-        and the tier (tests, warmup). False if `timeout` passed first."""
+        and the tier (tests, warmup), those of uploaded files included.
+        False if `timeout` passed first."""
         self._proc()
         deadline = time.monotonic() + timeout
         return (self._prefetcher.wait_idle(timeout)
+                and self._writes.written.wait(max(0.0, deadline - time.monotonic()))
                 and self._link.wait_idle(max(0.0, deadline - time.monotonic()))
                 and self._tier.wait(max(0.0, deadline - time.monotonic())))
 
@@ -446,5 +406,6 @@ class Volume:
         out["fill_queue_bytes"] = self._link.pending_fill_bytes()
         out["memory_bytes"] = self._mem.used  # blocks and chunks: at most memory_cache_bytes
         out.update(chunk_bytes=self._mem.chunk_bytes, open_block_files=len(self._files),
-                   **self._fetcher.stats(), **self._hits.decrypt.stats())
+                   **self._fetcher.stats(), **self._hits.decrypt.stats(),
+                   **self._writes.stats())
         return out

@@ -103,24 +103,25 @@ class Backend:
                 raise ValueError(f"cannot open volume source {self.source!r}: {exc}") from None
         self.root = root.rstrip("/")
         self._async = isinstance(self.fs, AsyncFileSystem)
-        # how read_version proves a range is of one version: a conditional GET
-        # (an S3 API: s3fs), fstat around a pread (local files), else a stat
-        # after the read (one more round trip, any fsspec filesystem)
+        # `kind`: how read_version proves a range is of one version: a conditional
+        # GET (an S3 API: s3fs), fstat around a pread (local files), else a stat
+        # after the read (one more round trip, any fsspec filesystem); and
+        # which writes the source takes (`remotewrites`)
         if self._async and hasattr(self.fs, "_call_s3"):
-            self._versioned = "s3"
+            self.kind = "s3"
         elif isinstance(self.fs, LocalFileSystem):
-            self._versioned = "local"
+            self.kind = "local"
         else:
-            self._versioned = "stat"
+            self.kind = "stat"
         # False when read_version pays a stat after its read (counted by Volume)
-        self.native_versioned_reads = self._versioned != "stat"
+        self.native_versioned_reads = self.kind != "stat"
         # S3 GETs signed and sent on the reader's thread (s3direct.py); a
         # forked child keeps the parent's botocore client, not its sockets
         if self._direct is not None:  # set up again: this is a forked child
             self._direct = self._direct.for_child()
-        elif self._versioned == "s3" and s3direct.switched_on():
+        elif self.kind == "s3" and s3direct.switched_on():
             self._direct = direct_reader(self.fs, self.timeout, self._workers)
-        if self._versioned == "s3":
+        if self.kind == "s3":
             probe = self.full_path("x")
             bucket, key, _ = self.fs.split_path(probe)
             if bucket and key.endswith("x") and probe.endswith("/" + key):
@@ -160,8 +161,10 @@ class Backend:
 
     # -- calls -------------------------------------------------------------------
 
-    def _call(self, what: str, rel: str, fn, inline: bool = False):
-        """`_attempts`, timed for `observe` when it is set."""
+    def call(self, what: str, rel: str, fn, inline: bool = False):
+        """fn(**timeout keywords), as one request to the source: bounded,
+        retried while temporary failures last (`_attempts`), errors named,
+        and timed for `observe` when it is set."""
         observe = self.observe
         if observe is None:
             return self._attempts(what, rel, fn, inline)
@@ -225,7 +228,7 @@ class Backend:
         def info(**tkw):
             self.fs.invalidate_cache(full)  # our metadata cache decides freshness
             return self.fs.info(full, **tkw)
-        raw = self._call("stat", rel, info, inline)
+        raw = self.call("stat", rel, info, inline)
         fi = self.file_info(raw)
         if fi.path != rel:  # e.g. a bucket root reported under another name
             fi = dataclasses.replace(fi, path=rel, name=rel.rsplit("/", 1)[-1])
@@ -238,7 +241,7 @@ class Backend:
         def ls(**tkw):
             self.fs.invalidate_cache(full)
             return self.fs.ls(full, detail=True, **tkw)
-        raws = self._call("list", rel, ls)
+        raws = self.call("list", rel, ls)
         out = []
         base = rel + "/" if rel else ""
         for raw in raws:
@@ -265,10 +268,10 @@ class Backend:
         `inline`: on this thread (see `_attempts`)."""
         full = self.full_path(rel)
         if self._direct is not None:
-            return b"".join(self._call("read", rel, lambda **tkw: self._s3_read(
+            return b"".join(self.call("read", rel, lambda **tkw: self._s3_read(
                 full, start, end, None, max(1, end - start), None, **tkw)))
         # keywords: some implementations (s3fs) take other positional arguments first
-        return self._call("read", rel,
+        return self.call("read", rel,
                           lambda **tkw: self.fs.cat_file(full, start=start, end=end, **tkw),
                           inline)
 
@@ -296,7 +299,7 @@ class Backend:
             except Declined as exc:
                 self._declined(direct, exc)
                 return None
-        got = self._call("read", rel, get)
+        got = self.call("read", rel, get)
         if got is None:
             return None
         data, etag, size, mtime_ns = got
@@ -322,13 +325,13 @@ class Backend:
         """
         full = self.full_path(rel)
         step = piece if piece > 0 else max(1, end - start)
-        if self._versioned == "s3":
-            data = self._call("read", rel, lambda **tkw: self._s3_read(
+        if self.kind == "s3":
+            data = self.call("read", rel, lambda **tkw: self._s3_read(
                 full, start, end, version, step, buffers, **tkw))
-        elif self._versioned == "local":
-            data = self._call("read", rel,
-                              lambda **tkw: read_if_version(full, start, end, version, step),
-                              inline)
+        elif self.kind == "local":
+            data = self.call("read", rel,
+                             lambda **tkw: read_if_version(full, start, end, version, step),
+                             inline)
         else:
             data = self.read(rel, start, end, inline)
             fresh = self.stat(rel, inline)
@@ -417,7 +420,7 @@ class Backend:
     def readlink(self, rel: str) -> str:
         """Target of a symbolic link, where the backend reports one."""
         full = self.full_path(rel)
-        raw = self._call("readlink", rel, lambda **tkw: self.fs.info(full, **tkw))
+        raw = self.call("readlink", rel, lambda **tkw: self.fs.info(full, **tkw))
         if not raw.get("islink"):
             raise OSError(errno.EINVAL, f"readlink {rel}: not a symbolic link in {self.source}")
         dest = link_target(raw)

@@ -1,4 +1,4 @@
-"""HTTP/1.1 GETs on plain sockets, for the S3 GETs `s3direct` signs.
+"""HTTP/1.1 GETs (and PUTs) on plain sockets, for the S3 requests `s3direct` signs.
 
 A cold small file is one GET, and urllib3 over http.client spent about
 0.9 ms of CPU on each (building the request through several header dicts,
@@ -157,21 +157,30 @@ class Connections:
         """Send `GET target` to host:port with `headers` (Host is added) and
         read the answer's head. A connection from the pool that turns out
         closed by the server is replaced by a new one, once."""
+        return self.send("GET", scheme, host, port, target, headers)
+
+    def send(self, method: str, scheme: str, host: str, port: int, target: str,
+             headers: dict[str, str], body: memoryview | bytes | None = None) -> Response:
+        """`get` for any method; `body` (its Content-Length is the caller's
+        header) sent after the head, from the caller's buffer, uncopied."""
         key = (scheme, host, port)
         netloc = host if port == (443 if scheme == "https" else 80) else f"{host}:{port}"
-        request = "".join([f"GET {target} HTTP/1.1\r\nHost: {netloc}\r\n",
+        request = "".join([f"{method} {target} HTTP/1.1\r\nHost: {netloc}\r\n",
                            *[f"{k}: {v}\r\n" for k, v in headers.items()], "\r\n"]).encode()
         conn = self._take(key)
         if conn is not None:
             try:
-                return self._exchange(key, conn, request)
+                return self._exchange(key, conn, request, body)
             except (ConnectionError, HTTPError):
                 pass  # the server closed it while it was idle: a new connection
-        return self._exchange(key, self._connect(key), request)
+        return self._exchange(key, self._connect(key), request, body)
 
-    def _exchange(self, key: tuple, conn: socket.socket, request: bytes) -> Response:
+    def _exchange(self, key: tuple, conn: socket.socket, request: bytes,
+                  body: memoryview | bytes | None = None) -> Response:
         try:
             conn.sendall(request)
+            if body:
+                conn.sendall(body)
             head = b""
             while True:
                 data = conn.recv(_RECV)

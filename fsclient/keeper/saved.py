@@ -225,6 +225,20 @@ class SavedState:
                 self._counts[slot] = count
             return count
 
+    def moved(self, inode: int, path: str) -> None:
+        """`inode` names `path` from now on (a rename on a writable mount): a
+        record of the new path, which a later one wins over in `load`."""
+        with self._lock:
+            slot = self._slots.get(inode)
+            old = self.paths.get(inode)
+            if slot is None or old is None or old == path:
+                return
+            self._append(NODE.pack(NODE_KIND, inode, slot) + _encode(path))
+            self._dead += _node_size(old)
+            if self._kept is not None and inode in self._kept:
+                self._dead_kept += _node_size(old)
+            self.paths[inode] = path
+
     def forgot(self, inode: int, n: int) -> int:
         """The kernel let go of `n` lookups of `inode`: its count left."""
         with self._lock:

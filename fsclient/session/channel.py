@@ -131,6 +131,15 @@ class Channel:
         total = s.OUT_HEADER.size + len(head) + len(data)
         os.writev(self.fd, [s.OUT_HEADER.pack(total, s.NOTIFY_STORE, 0), head, data])
 
+    def notify_inval_attrs(self, nodeid: int) -> None:
+        """Have the kernel drop the attributes it holds for `nodeid`
+        (FUSE_NOTIFY_INVAL_INODE with a negative offset: no page is touched,
+        so no page lock is taken and a worker may write it). Raises OSError
+        as the kernel answers it (ENOENT: it holds no such node)."""
+        body = s.NOTIFY_INVAL_INODE_OUT.pack(nodeid, -1, 0)
+        os.write(self.fd, s.OUT_HEADER.pack(s.OUT_HEADER.size + len(body),
+                                             s.NOTIFY_INVAL_INODE, 0) + body)
+
     def notify_resend(self) -> None:
         """Ask the kernel to queue again every request read but not answered on
         this connection (FUSE_NOTIFY_RESEND, 7.40): a bare header, unique 0.

@@ -32,8 +32,10 @@ from . import structs as s
 # 1 MiB reads: the mount's readahead window (mount.KERNEL_READAHEAD_KB) and the
 # largest block piece a read request asks for.
 MAX_PAGES = 256
-# Nothing is written: the kernel's minimum write size keeps the read buffer small.
+# A read-only mount is sent no writes: the kernel's minimum write size keeps
+# the read buffer small. A writable mount takes 1 MiB writes (max_pages).
 MAX_WRITE = 128 << 10
+WRITABLE_MAX_WRITE = 1 << 20
 # Background requests (async reads, readahead) the kernel keeps in flight.
 MAX_BACKGROUND = 64
 CONGESTION_THRESHOLD = 48
@@ -72,8 +74,8 @@ class Negotiated:
 
     def buffer_size(self) -> int:
         """The request buffer each channel reads into: a header, the largest
-        request body the kernel may send (a write, never sent here, or a setxattr
-        of up to 64 KiB) and a page of slack."""
+        request body the kernel may send (a write, sent only to a writable
+        mount, or a setxattr of up to 64 KiB) and a page of slack."""
         return max(s.MIN_READ_BUFFER, self.max_write + 4096 + s.IN_HEADER.size)
 
     def to_dict(self) -> dict[str, int]:
@@ -89,9 +91,15 @@ class Negotiated:
         return cls(**{k: int(v) for k, v in data.items()})
 
 
-def negotiate(body: bytes | memoryview) -> tuple[Negotiated, bytes]:
+def max_write(writable: bool) -> int:
+    return WRITABLE_MAX_WRITE if writable else MAX_WRITE
+
+
+def negotiate(body: bytes | memoryview, writable: bool = False) -> tuple[Negotiated, bytes]:
     """The terms for the kernel's INIT request body, and the fuse_init_out reply.
-    ProtocolError for a major version other than 7 or a minor below MIN_MINOR."""
+    ProtocolError for a major version other than 7 or a minor below MIN_MINOR.
+    A `writable` mount takes 1 MiB writes and O_TRUNC in OPEN (ATOMIC_O_TRUNC:
+    an open that truncates is one request, which stages the file empty)."""
     if len(body) < s.INIT_IN_OLD.size:
         raise ProtocolError(f"INIT request of {len(body)} bytes is too short")
     major, minor, readahead, flags = s.INIT_IN_OLD.unpack_from(body)
@@ -107,9 +115,11 @@ def negotiate(body: bytes | memoryview) -> tuple[Negotiated, bytes]:
     if forced is not None and forced < minor:
         minor = forced
         offered &= s.flags_of_minor(minor)
+    wanted = WANTED | (s.ATOMIC_O_TRUNC if writable else 0)
     terms = Negotiated(major=s.KERNEL_MAJOR, minor=min(minor, s.KERNEL_MINOR),
-                       flags=flags & WANTED, offered=offered, max_readahead=readahead,
-                       max_write=MAX_WRITE, max_pages=MAX_PAGES if flags & s.MAX_PAGES else 0,
+                       flags=flags & wanted, offered=offered, max_readahead=readahead,
+                       max_write=max_write(writable),
+                       max_pages=MAX_PAGES if flags & s.MAX_PAGES else 0,
                        max_background=MAX_BACKGROUND, congestion_threshold=CONGESTION_THRESHOLD)
     reply = s.INIT_OUT.pack(terms.major, terms.minor, terms.max_readahead, terms.flags,
                             terms.max_background, terms.congestion_threshold, terms.max_write,

@@ -4,7 +4,9 @@ system's handler, and answered on the channel it came from.
 `Operations` is what the file system implements: plain synchronous methods, called
 on the worker thread that read the request. A handler answers by returning; it
 refuses with `FuseError(errno)`; any other exception is a bug answered with EIO
-and logged (the session goes on). Requests that write answer EROFS, unknown ones
+and logged (the session goes on). On a read-only mount requests that write
+answer EROFS; on a writable one `writereqs` serves them, and those it does
+not (links, xattrs, fallocate) answer EOPNOTSUPP. Unknown requests answer
 ENOSYS, and a request too short for its opcode's struct EINVAL, all without
 calling the file system.
 """
@@ -18,8 +20,10 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+from ..handleids import is_write_handle
 from . import structs as s
 from .channel import Channel
+from .writereqs import WriteRequests
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +96,9 @@ def _name(body: memoryview) -> bytes:
 class Dispatcher:
     """Decodes the requests of one session and calls its file system."""
 
-    def __init__(self, ops: Operations):
+    def __init__(self, ops: Operations, writable: bool = False):
         self.ops = ops
+        self.writable = writable
         self.table: dict[int, Callable[[Channel, int, int, memoryview, int], None]] = {
             s.LOOKUP: self._lookup, s.GETATTR: self._getattr, s.READLINK: self._readlink,
             s.OPEN: self._open, s.READ: self._read, s.RELEASE: self._release,
@@ -102,6 +107,10 @@ class Dispatcher:
             s.GETXATTR: self._getxattr, s.LISTXATTR: self._listxattr, s.ACCESS: self._access,
             s.FLUSH: self._flush, s.FORGET: self._forget, s.BATCH_FORGET: self._batch_forget,
         }
+        if writable:
+            self.table.update(WriteRequests(ops).table())  # type: ignore[arg-type]
+        # what a write request this session does not serve is answered
+        self._unserved_write = errno.EOPNOTSUPP if writable else errno.EROFS
 
     def call(self, op: int, ch: Channel, unique: int, nodeid: int, body: memoryview,
              uid: int) -> None:
@@ -110,7 +119,7 @@ class Dispatcher:
         handler = self.table.get(op)
         try:
             if handler is None:
-                ch.error(unique, errno.EROFS if op in s.WRITE_OPS else errno.ENOSYS)
+                ch.error(unique, self._unserved_write if op in s.WRITE_OPS else errno.ENOSYS)
                 return
             handler(ch, unique, nodeid, body, uid)
         except FuseError as exc:
@@ -155,8 +164,10 @@ class Dispatcher:
     def _open(self, ch: Channel, unique: int, nodeid: int, body: memoryview, uid: int) -> None:
         flags = s.OPEN_IN.unpack_from(body)[0]
         fh, keep = self.ops.open(nodeid, flags)
-        # nothing is written, so nothing to flush: a close costs no request
-        flags = s.FOPEN_NOFLUSH | (s.FOPEN_KEEP_CACHE if keep else 0)
+        if self.writable and is_write_handle(fh):  # reads and writes come here; close flushes
+            flags = s.FOPEN_DIRECT_IO
+        else:  # nothing is written, so nothing to flush: a close costs no request
+            flags = s.FOPEN_NOFLUSH | (s.FOPEN_KEEP_CACHE if keep else 0)
         if not ch.send(s.OPEN_REPLY.pack(s.OPEN_REPLY.size, 0, unique, fh, flags, 0)):
             self.ops.release(fh)  # interrupted and answered: the kernel never saw fh
 

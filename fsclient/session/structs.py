@@ -1,6 +1,7 @@
 """The kernel's FUSE protocol: the structs and constants of `include/uapi/linux/fuse.h`
-that a read-only file system uses, as `struct.Struct` layouts (little-endian, the
-kernel's own padding), and the encoders of the replies built from several parts.
+that fsclient uses (a read-only mount's, and a writable mount's writes), as
+`struct.Struct` layouts (little-endian, the kernel's own padding), and the
+encoders of the replies built from several parts.
 
 Protocol version 7.45 (`KERNEL_MINOR`): the newest whose layouts are written here.
 The session speaks min(kernel's minor, KERNEL_MINOR) and refuses a kernel older
@@ -62,6 +63,7 @@ OP_NAMES = {
 
 # INIT flags (fuse_init_in/out.flags; flags2 holds bits 32 and up)
 ASYNC_READ = 1 << 0
+ATOMIC_O_TRUNC = 1 << 3  # OPEN carries O_TRUNC (no SETATTR size 0 after it)
 EXPORT_SUPPORT = 1 << 4
 BIG_WRITES = 1 << 5
 AUTO_INVAL_DATA = 1 << 12
@@ -79,6 +81,7 @@ FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_NOFLUSH = 1 << 5  # 7.35: no FLUSH at close (older kernels ignore it and send one)
 
 # enum fuse_notify_code
+NOTIFY_INVAL_INODE = 2  # drop a node's attributes (and, from an offset, its pages)
 NOTIFY_INVAL_ENTRY = 3  # drop a dentry (parent, name): its inode, once unused, is forgotten
 NOTIFY_STORE = 4
 NOTIFY_RESEND = 7  # 7.40: requests read but not answered are queued again
@@ -123,6 +126,24 @@ OPEN_REPLY = struct.Struct("<IiQQIi")          # fuse_out_header + fuse_open_out
 READ_IN = struct.Struct("<QQIIQII")            # fuse_read_in, 40
 RELEASE_IN = struct.Struct("<QIIQ")            # fuse_release_in, 24
 FLUSH_IN = struct.Struct("<QIIQ")              # fuse_flush_in, 24
+# writes (a writable mount): fuse_create_in (flags mode umask open_flags) and
+# fuse_mkdir_in (mode umask) before their names; fuse_write_in (fh offset size
+# write_flags lock_owner flags) before its data; fuse_write_out; fuse_fsync_in;
+# fuse_rename_in (newdir) and fuse_rename2_in (newdir flags) before the two
+# names; fuse_setattr_in (valid fh size lock_owner atime mtime ctime, their
+# nsecs, mode uid gid)
+CREATE_IN = struct.Struct("<IIII")             # 16
+MKDIR_IN = struct.Struct("<II")                # 8
+WRITE_IN = struct.Struct("<QQIIQII")           # 40
+WRITE_OUT = struct.Struct("<II")               # 8
+FSYNC_IN = struct.Struct("<QII")               # 16
+RENAME_IN = struct.Struct("<Q")                # 8
+RENAME2_IN = struct.Struct("<QII")             # 16
+SETATTR_IN = struct.Struct("<IIQQQQQQIIIIIIII")  # 88
+FATTR_MODE, FATTR_UID, FATTR_GID, FATTR_SIZE = 1, 2, 4, 8
+FATTR_ATIME, FATTR_MTIME, FATTR_FH, FATTR_ATIME_NOW, FATTR_MTIME_NOW = 16, 32, 64, 128, 256
+FATTR_CTIME = 1 << 10
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
 GETXATTR_IN = struct.Struct("<II")             # fuse_getxattr_in, 8
 GETXATTR_OUT = struct.Struct("<II")            # fuse_getxattr_out, 8
 ACCESS_IN = struct.Struct("<II")               # fuse_access_in, 8
@@ -130,6 +151,7 @@ INTERRUPT_IN = struct.Struct("<Q")             # fuse_interrupt_in, 8
 STATFS_OUT = struct.Struct("<5Q4I24x")         # fuse_statfs_out (fuse_kstatfs), 80
 NOTIFY_STORE_OUT = struct.Struct("<QQII")      # fuse_notify_store_out, 24
 NOTIFY_INVAL_ENTRY_OUT = struct.Struct("<QII")  # fuse_notify_inval_entry_out, 16
+NOTIFY_INVAL_INODE_OUT = struct.Struct("<Qqq")  # fuse_notify_inval_inode_out, 24
 NOTIFY_PRUNE_OUT = struct.Struct("<IIQ")       # fuse_notify_prune_out, 16 (then u64 ids)
 
 ENTRY_SIZE = ENTRY_HEAD.size + ATTR.size       # fuse_entry_out, 128

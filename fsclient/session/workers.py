@@ -61,7 +61,7 @@ from typing import Any
 
 from . import structs as s
 from .channel import Channel
-from .negotiate import FORCED_MINOR, MAX_WRITE, Negotiated, ProtocolError, forced_minor, negotiate
+from .negotiate import FORCED_MINOR, Negotiated, ProtocolError, forced_minor, max_write, negotiate
 from .requests import Dispatcher, Operations
 from .stranded import sweep
 
@@ -93,15 +93,16 @@ class Session:
     """One FUSE connection served by `workers` threads."""
 
     def __init__(self, ops: Operations, workers: int, clone: bool = True,
-                 terms: Negotiated | None = None):
+                 terms: Negotiated | None = None, writable: bool = False):
         self.ops = ops
         self.fd = -1
         self.nworkers = max(1, workers)
         self.clone = clone
-        self.dispatcher = Dispatcher(ops)
+        self.writable = writable  # writes are served (else answered EROFS)
+        self.dispatcher = Dispatcher(ops, writable)
         # set once INIT is answered (or given: a session taken over)
         self.terms = terms
-        self.buffer_size = (terms or _DEFAULT_TERMS).buffer_size()
+        self.buffer_size = (terms or _default_terms(writable)).buffer_size()
         self.workers: list[Worker] = []
         self.ended = threading.Event()  # DESTROY, stop, or every worker gone
         self.latency: Any = None  # a LockedHistogram of handling time per op, when timed
@@ -256,6 +257,10 @@ class Session:
         """Put file data into the kernel's page cache (see `Channel.notify_store`)."""
         self.workers[0].channel.notify_store(nodeid, offset, data)
 
+    def notify_inval_attrs(self, nodeid: int) -> None:
+        """Drop the kernel's attributes of a node (see `Channel.notify_inval_attrs`)."""
+        self.workers[0].channel.notify_inval_attrs(nodeid)
+
     def notify_fd(self) -> int:
         """A descriptor of the connection to write notifications on."""
         return self.workers[0].channel.fd
@@ -378,7 +383,7 @@ class Session:
 
     def _init(self, ch: Channel, unique: int, body: memoryview) -> None:
         try:
-            terms, reply = negotiate(body)
+            terms, reply = negotiate(body, self.writable)
         except ProtocolError as exc:
             log.error("%s; ending the session", exc)
             ch.error(unique, errno.EPROTO)
@@ -410,7 +415,8 @@ def _woken(_signum: int, _frame: Any) -> None:
     """WAKE_SIGNAL's handler: the interrupted read is the point."""
 
 
-# The buffer size before INIT: what `negotiate` will grant.
-_DEFAULT_TERMS = Negotiated(major=s.KERNEL_MAJOR, minor=s.KERNEL_MINOR, flags=0, offered=0,
-                            max_readahead=0, max_write=MAX_WRITE, max_pages=0,
-                            max_background=0, congestion_threshold=0)
+def _default_terms(writable: bool) -> Negotiated:
+    """The terms the buffers are sized by before INIT: what `negotiate` will grant."""
+    return Negotiated(major=s.KERNEL_MAJOR, minor=s.KERNEL_MINOR, flags=0, offered=0,
+                      max_readahead=0, max_write=max_write(writable), max_pages=0,
+                      max_background=0, congestion_threshold=0)

@@ -175,3 +175,22 @@ def test_server_user_and_groups_are_numbers_and_never_root():
         build_config(dict(BASE, server_groups=[1]))
     with pytest.raises(ConfigError, match="list of gids"):
         build_config(dict(BASE, server_user="1:1", server_groups=5))
+
+
+def test_a_mount_is_read_only_unless_writable(tmp_path):
+    assert not build_config(BASE).writable and "ro" in build_config(BASE).fuse_options()
+    p = tmp_path / "ckpt.toml"
+    p.write_text('volume = "ckpt"\nsource = "s3://b/ckpt"\nmountpoint = "/mnt/c"\n'
+                 'key_file = "/k"\nwritable = true\nstaging_dir = "/scratch"\n'
+                 'staging_bytes = "64G"\nwrite_access = "all"\n')
+    cfg = build_config(load_toml(str(p)))
+    assert cfg.writable and "ro" not in cfg.fuse_options()
+    assert "default_permissions" in cfg.fuse_options()
+    assert (cfg.staging_dir, cfg.staging_bytes, cfg.write_access) == ("/scratch", 64 << 30,
+                                                                        "all")
+    flags = build_config(BASE, writable=True, staging_bytes="1G")
+    assert flags.writable and flags.staging_bytes == 1 << 30 and flags.write_access == "owner"
+    with pytest.raises(ConfigError, match="write_access 'everyone'.*owner.*all"):
+        build_config(BASE, write_access="everyone")
+    with pytest.raises(ConfigError, match="writable"):
+        build_config(dict(BASE, writable="maybe"))

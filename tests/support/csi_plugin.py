@@ -172,13 +172,13 @@ class Plugin:
 
     def publish(self, volume_id: str, target: str, context: dict[str, str],
                 key: str | None, mode: int = Mode.MULTI_NODE_READER_ONLY,
-                secrets: dict[str, str] | None = None, **extra):
+                secrets: dict[str, str] | None = None, readonly: bool = True, **extra):
         secrets = dict(secrets or {}, **({} if key is None else {"key": key}))
         cap = extra.pop("volume_capability", csi_pb2.VolumeCapability(
             mount=csi_pb2.VolumeCapability.MountVolume(),
             access_mode=csi_pb2.VolumeCapability.AccessMode(mode=mode)))
         request = csi_pb2.NodePublishVolumeRequest(
-            volume_id=volume_id, target_path=target, volume_capability=cap, readonly=True,
+            volume_id=volume_id, target_path=target, volume_capability=cap, readonly=readonly,
             volume_context=context, secrets=secrets, **extra)
         return self.node.NodePublishVolume(request, timeout=CALL_TIMEOUT)
 

@@ -175,3 +175,20 @@ class Metadata:
     def forget(self, rel: str) -> None:
         """Drop what is known of `rel` (its version changed under a reader)."""
         self._meta.pop(rel, None)
+
+    def changed(self, rel: str, info: FileInfo | None, tree: bool = False) -> None:
+        """This process changed `rel` in the source (`writer.writes`): hold
+        `info` for it (the version just uploaded), or ask the source next
+        time (None); its parent's listing and, with `tree`, whatever was
+        known under it (a directory removed or renamed) are dropped."""
+        parent = rel.rpartition("/")[0]
+        for cache in (self._meta, self._missing, self._dirs):
+            cache.pop(rel, None)
+            if tree:
+                under = rel + "/"
+                for path in [p for p in cache if p.startswith(under)]:
+                    cache.pop(path, None)
+        self._dirs.pop(parent, None)
+        self._dir_misses.pop(parent, None)
+        if info is not None:
+            self._remember(rel, info, time.monotonic())

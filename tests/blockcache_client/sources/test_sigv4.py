@@ -9,6 +9,7 @@ import botocore.auth
 import pytest
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
+from botocore.config import Config
 from botocore.credentials import Credentials
 
 from blockcache_client.sources.sigv4 import SigV4
@@ -33,3 +34,25 @@ def test_signature_equals_botocores(monkeypatch, url, headers, region, token, wh
     for _ in range(2):  # the day's key derived, then kept
         got = signer.sign(url, headers, region, "AKIDEXAMPLE", "secret/key+1", token, when)
         assert got == want
+
+
+@pytest.mark.parametrize("query", [{}, {"partNumber": "7", "uploadId": "a/b+c=="}])
+def test_an_unsigned_payload_put_equals_botocores(monkeypatch, query):
+    when = 1_800_000_000
+    now = datetime.datetime.fromtimestamp(when, datetime.UTC).replace(tzinfo=None)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: now)
+    from urllib.parse import quote
+    canonical = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}"
+                         for k, v in sorted(query.items()))
+    url = "https://s3.example.com/bucket/ckpt/model%20a.pt"
+    headers = {"Content-Length": "11", "x-amz-checksum-crc32": "AAAAAA=="}
+    request = AWSRequest(method="PUT", url=url + (f"?{canonical}" if canonical else ""),
+                         headers=dict(headers), data=b"hello world")
+    # UNSIGNED-PAYLOAD: what botocore sends with payload signing off
+    request.context["client_config"] = Config(s3={"payload_signing_enabled": False})
+    S3SigV4Auth(Credentials("AKIDEXAMPLE", "secret", None), "s3", "eu-west-1").add_auth(request)
+    want = dict(request.headers.items())
+    got = SigV4().sign_path("s3.example.com", "/bucket/ckpt/model%20a.pt", headers, "eu-west-1",
+                            "AKIDEXAMPLE", "secret", None, when, method="PUT", query=canonical,
+                            payload="UNSIGNED-PAYLOAD")
+    assert got == want

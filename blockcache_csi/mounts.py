@@ -187,7 +187,7 @@ class Mounts:
     def _take_over(self, pub: Publication) -> None:
         argv, env = self._command(pub, self.state.credentials(pub.target))
         pid = take_over(pub.target, lambda named: self.keepers.spawn(
-            argv, env, pub.target, pub.get("source") or "", named))
+            argv, env, pub.target, pub.get("source") or "", named), via=self.keepers)
         log.info("took %s over: volume %s, keeper %d of the host", pub.target,
                  pub.volume_id, pid)
 

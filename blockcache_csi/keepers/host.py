@@ -27,6 +27,7 @@ from . import wire
 from .cgroups import KeeperCgroups
 from .children import Child, Children, SpawnError
 from .succession import succeed
+from .takeover import NoKeeper, Refused, Squatted, refusal, surrender_here
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,9 @@ class Host:
                 return
             conn.settimeout(None)
             try:
+                if (message or {}).get("op") == "surrender":
+                    self._surrender(conn, message or {})
+                    return
                 for answer in self._answer(message or {}, fds):
                     wire.send(conn, answer)
             except OSError as exc:
@@ -144,6 +148,25 @@ class Host:
         if op == "spawn":
             return [self._spawn(message, fds)]
         return [{"error": f"unknown request {op!r}"}]
+
+    def _surrender(self, conn: socket.socket, message: dict[str, Any]) -> None:
+        """Ask a mount's keeper for its connection and send it on, for the
+        asker's `spawn`: from here, where a keeper's pid is seen (`takeover`)."""
+        mountpoint = message.get("mountpoint")
+        if not (isinstance(mountpoint, str) and mountpoint.startswith("/")):
+            wire.send(conn, {"error": "mountpoint must be an absolute path"})
+            return
+        try:
+            surrendered = surrender_here(mountpoint)
+        except (NoKeeper, Refused, Squatted) as exc:
+            wire.send(conn, {"error": str(exc), "refusal": refusal(exc)})
+            return
+        try:
+            named = surrendered.named()
+            wire.send(conn, {"ok": True, "fds": [name for name, _ in named]},
+                      [fd for _, fd in named])
+        finally:
+            surrendered.close()  # the asker has its copies, or the keeper serves on
 
     def _spawn(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         argv, env = message.get("argv"), message.get("env")

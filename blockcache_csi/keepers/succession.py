@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .children import Child, SpawnError
 from .client import HostError, HostUnavailable, KeeperHost
-from .takeover import Backoff, NoKeeper, Refused, take_over
+from .takeover import Backoff, NoKeeper, Refused, Squatted, take_over
 
 if TYPE_CHECKING:
     from .host import Host
@@ -103,6 +103,9 @@ def _take(host: Host, k: dict[str, Any]) -> str | None:
 
     try:
         pid = take_over(mountpoint, start)
+    except Squatted as exc:  # not its keeper: asking again would not help
+        log.error("%s cannot be taken over from the host before: %s", mountpoint, exc)
+        return None
     except (Refused, NoKeeper, SpawnError) as exc:
         return str(exc)
     log.info("took %s over from keeper %d of the host before: keeper %d", mountpoint,

@@ -2,16 +2,26 @@
 its connection (`fsclient.keeper.surrender`) and a new keeper is started with
 it (`start`, given the (name, fd) pairs to pass on). Until the new keeper acks,
 the old one serves on; if the new one never acks, nothing changed.
+
+The plugin asks for the connection through the keeper host (`via`), which
+asks the keeper itself: a keeper that a server started when its own keeper
+died runs as the server's uid, and is trusted only by its pid
+(`fsclient.keeper.control.check`), which a plugin in a pid namespace of its
+own cannot see (SO_PEERCRED names it 0). The host, whose namespace the
+keepers are in, can.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from fsclient import keeper as fskeeper
+
+from .client import HostError, KeeperHost
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +45,15 @@ class Squatted(Exception):
     nothing was asked of it, and asking again would not help."""
 
 
-def take_over(mountpoint: str, start: Callable[[list[tuple[str, int]]], T]) -> T:
-    """`start` a new keeper with the connection of `mountpoint`'s keeper."""
+REFUSALS: dict[str, type[Exception]] = {"none": NoKeeper, "busy": Refused,
+                                        "squatted": Squatted}
+
+
+def surrender_here(mountpoint: str) -> fskeeper.Surrendered:
+    """The connection of `mountpoint`'s keeper, asked by this process: NoKeeper,
+    Refused or Squatted if it cannot have it."""
     try:
-        surrendered = fskeeper.surrender(mountpoint, SURRENDER_TIMEOUT)
+        return fskeeper.surrender(mountpoint, SURRENDER_TIMEOUT)
     except fskeeper.Impostor as exc:
         raise Squatted(str(exc)) from None
     except ValueError as exc:
@@ -47,10 +62,34 @@ def take_over(mountpoint: str, start: Callable[[list[tuple[str, int]]], T]) -> T
         raise NoKeeper(str(exc)) from None
     except OSError as exc:  # alive but slow (a handover in progress): not gone
         raise Refused(f"it did not answer: {exc}") from None
+
+
+def refusal(exc: Exception) -> str:
+    """The name of a refusal (`REFUSALS`), as the keeper host's wire carries it."""
+    return next(name for name, kind in REFUSALS.items() if isinstance(exc, kind))
+
+
+def take_over(mountpoint: str, start: Callable[[list[tuple[str, int]]], T],
+              via: KeeperHost | None = None) -> T:
+    """`start` a new keeper with the connection of `mountpoint`'s keeper,
+    surrendered to this process or, `via` a keeper host, to that host."""
+    if via is None:
+        surrendered = surrender_here(mountpoint)
+        try:
+            return start(surrendered.named())
+        finally:
+            surrendered.close()  # the new keeper has its own copies, or none is needed
     try:
-        return start(surrendered.named())
+        named = via.surrender(mountpoint)
+    except HostError as exc:
+        if exc.refusal in REFUSALS:
+            raise REFUSALS[exc.refusal](str(exc)) from None
+        raise
+    try:
+        return start(named)
     finally:
-        surrendered.close()  # the new keeper has its own copies, or none is needed
+        for _, fd in named:
+            os.close(fd)
 
 
 class Backoff:

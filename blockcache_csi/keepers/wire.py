@@ -5,6 +5,9 @@ socket speaks, `fsclient.keeper.control`).
     -> {"op": "spawn", "argv": [...], "env": {...}, "mountpoint": M,
         "source": S, "fds": [name, ...]}  + the named descriptors (optional)
     <- {"pid": P} once the keeper is ready, or {"error": reason}
+    -> {"op": "surrender", "mountpoint": M}
+    <- {"ok": true, "fds": [name, ...]} + the keeper's surrendered connection
+       (to pass to a spawn), or {"error": reason, "refusal": "none"|"busy"|"squatted"}
     -> {"op": "stop", "pid": P}    <- {"ok": true, "ended": how} or {"error": ...}
     -> {"op": "alive", "pid": P}   <- {"alive": bool}
     -> {"op": "list"}              <- {"keeper": {pid, mountpoint, source, argv, env,

@@ -142,10 +142,13 @@ def check(sock: socket.socket, mountpoint: str, expect_pid: int | None) -> Peer:
         return who
     sock.close()
     expected = f"root or uid {me}" + (f", pid {expect_pid}" if expect_pid is not None else "")
-    raise Impostor(f"the control socket of {mountpoint} is held by pid {who.pid} uid "
-                   f"{who.uid}, not by a keeper this process trusts ({expected}); nothing "
-                   f"was asked of it. Find what that process is (ps -p {who.pid}), stop it, "
-                   f"then mount {mountpoint} again")
+    holder = (f"pid {who.pid} uid {who.uid}" if who.pid else
+              f"uid {who.uid} in a pid namespace this process cannot see")
+    find = (f"ps -p {who.pid}" if who.pid else f"ps -u {who.uid} on the host")
+    raise Impostor(f"the control socket of {mountpoint} is held by {holder}, not by a "
+                   f"keeper this process trusts ({expected}); nothing was asked of it. "
+                   f"Find what that process is ({find}), stop it, then mount "
+                   f"{mountpoint} again")
 
 
 def mount_keeper(mountpoint: str, timeout: float = MOUNT_TIMEOUT) -> int:

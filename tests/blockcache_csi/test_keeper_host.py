@@ -265,7 +265,7 @@ def test_a_new_keeper_host_takes_every_keeper_over_before_it_is_ready(world, tmp
         assert {k["mountpoint"] for k in HostClient(sock).list()} == {*targets, raced}
         # the old host now sends a spawn to its successor, starting nothing
         late = world.target()
-        answer = HostClient(old_socket)._once(
+        answer, _ = HostClient(old_socket)._once(
             {"op": "spawn", "argv": ["mount", world.source, late], "env": {},
              "mountpoint": late, "source": world.source, "fds": []}, 30, ())
         assert answer[-1].get("replaced") is True, answer
@@ -286,12 +286,14 @@ def test_a_plugin_keeps_asking_a_keeper_that_refuses_to_surrender(world, keepers
     """A mount kept by a keeper not the host's (one its server started when
     the host's keeper was killed) is surrendered to a keeper of the host at
     the plugin's start; while it is busy, the plugin asks again and is not
-    ready."""
+    ready. The plugins run in pid namespaces of their own, as in their
+    container: that keeper runs as the server's uid, trusted by a pid only
+    the host sees, so the host asks for the connection."""
     ready = os.path.join(world.base, "refusing.ready")
     target = world.target()
     with ExitStack() as stack:
         first = stack.enter_context(running(world.plugin(
-            state="state-refusing", name="refusing-1").start()))
+            state="state-refusing", name="refusing-1", wrap=UNSHARE).start()))
         first.publish("vol-r", target, world.context("refusing"), world.key)
         host_keeper = keeper_status(target)["keeper"]
         first.stop(signal.SIGKILL)
@@ -312,7 +314,8 @@ def test_a_plugin_keeps_asking_a_keeper_that_refuses_to_surrender(world, keepers
         stack.callback(lambda: busy.release() if busy.thread.is_alive() else None)
 
         second = stack.enter_context(running(world.plugin(
-            state="state-refusing", name="refusing-2", args=("--ready-file", ready))))
+            state="state-refusing", name="refusing-2", args=("--ready-file", ready),
+            wrap=UNSHARE)))
         started = threading.Thread(target=second.start, daemon=True)
         started.start()
         wait_for(lambda: "does not surrender" in second.log(), 60, "the plugin to ask again")

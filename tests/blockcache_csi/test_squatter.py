@@ -7,6 +7,7 @@ A publish answers OK only with this volume's mount on the target (mountinfo)."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 import grpc
 import pytest
@@ -55,3 +56,25 @@ def test_a_restarted_plugin_neither_kills_nor_waits_for_a_squatter(world, keeper
             if p is not None:
                 p.stop()
         print(first.log(), second.log() if second else "")  # shown on failure
+
+
+def test_a_publish_is_ok_only_with_the_volumes_mount_on_the_target(world, plugin, tmp_path):
+    """The host still has the target's keeper, but the target now shows another
+    mount (a bind over it): a repeated publish answers an error naming what is
+    there, not OK on the keeper's word; with the bind gone it answers OK."""
+    target = world.target()
+    plugin.publish("vol-covered", target, world.context(), world.key)
+    cover = tmp_path / "cover"
+    cover.mkdir()
+    subprocess.run(["mount", "--bind", str(cover), target], check=True)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            plugin.publish("vol-covered", target, world.context(), world.key)
+        assert info.value.code() == grpc.StatusCode.INTERNAL
+        assert "not volume data's mount" in info.value.details(), info.value.details()
+    finally:
+        subprocess.run(["umount", target], check=True)
+    plugin.publish("vol-covered", target, world.context(), world.key)
+    assert mp.find_mount(target).source == "blockcache:data"
+    plugin.unpublish("vol-covered", target)
+    assert mp.find_mount(target) is None

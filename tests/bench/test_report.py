@@ -1,6 +1,7 @@
 """The report writer turns rows into JSON, PNG plots and Markdown, with ratios and targets."""
 
 import json
+import pathlib
 
 from bench import report
 
@@ -115,3 +116,11 @@ def test_publish_writes_the_results_page_and_no_hand_written_page(tmp_path):
     assert "(img/bench-small-files.png)" in tables and "img/run-" not in tables
     assert (docs / "img" / "bench-small-files.png").exists()
     assert json.loads((docs / "benchmarks-results.json").read_text())["commit"] == "abc"
+
+
+def test_the_hand_written_benchmarks_page_stays_a_page():
+    """docs/benchmarks.md says what is compared, how to run it and the targets;
+    the figures of runs belong in the results page and commit bodies."""
+    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+    lines = len(page.read_text().splitlines())
+    assert lines <= 150, f"docs/benchmarks.md has {lines} lines; keep it to 150"

@@ -85,6 +85,11 @@ class KeeperCgroups:
         self._numbers = itertools.count(1)
         self._made: set[str] = set()  # ours, until removed
 
+    @property
+    def pattern(self) -> str:
+        """The names of this host's keeper cgroups."""
+        return f"keeper-{self._token}-N"
+
     def setup(self) -> str:
         """Find where keepers' cgroups can go; a line saying what was found."""
         v2_path, v1_path = _own_paths()
@@ -94,14 +99,16 @@ class KeeperCgroups:
                 if where and "memory" in _read(os.path.join(where, "cgroup.controllers")).split():
                     why = self._setup_v2(where)
                     if not why:
-                        return f"keepers get cgroup v2 groups under {self.base}"
+                        return (f"keepers get cgroup v2 groups under {self.base} "
+                                f"({self.pattern})")
                     log.warning("cannot use cgroup v2 at %s: %s", where, why)
         for root, point, fstype, options in _mounts():
             if fstype == "cgroup" and "memory" in options.split(",") and v1_path is not None:
                 where = _under(root, point, v1_path)
                 if where and os.access(where, os.W_OK):
                     self.kind, self.base = "v1", where
-                    return f"keepers get cgroup v1 memory groups under {self.base}"
+                    return (f"keepers get cgroup v1 memory groups under {self.base} "
+                            f"({self.pattern})")
         return ("no writable memory cgroup (v2 with the memory controller, or v1's memory "
                 "hierarchy): keepers start in the host's own cgroup, with no limit of their "
                 "own; mount the cgroup fs read-write (a privileged container) to have one")
@@ -128,7 +135,7 @@ class KeeperCgroups:
         """A new keeper's cgroup, limits set; None without cgroups (or if it fails)."""
         if not self.kind:
             return None
-        path = os.path.join(self.base, f"keeper-{self._token}-{next(self._numbers)}")
+        path = os.path.join(self.base, self.pattern.replace("N", str(next(self._numbers))))
         try:
             os.mkdir(path)
             self._made.add(path)

@@ -35,7 +35,7 @@ def world():
     finally:
         try:
             cleanup(base, spare=(w.daemon.proc.pid,) if w.daemon.proc else ())
-            remove_keeper_cgroups()
+            remove_keeper_cgroups(base)
         finally:
             w.daemon.stop()
             if not os.environ.get("CSI_TEST_KEEP"):

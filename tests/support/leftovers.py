@@ -5,6 +5,7 @@ keeper hosts' memory cgroups removed."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -47,10 +48,22 @@ def cleanup(base: str, spare: tuple[int, ...] = ()) -> None:
             pass
 
 
-def remove_keeper_cgroups(timeout: float = 10.0) -> None:
-    """The keeper hosts' cgroups (`keeper-*`) beside ours in the v1 memory
-    hierarchy, once the processes `cleanup` killed have left them (a host
-    removes its own, but not when it is killed, nor those of keepers it left)."""
+HOST_CGROUPS = re.compile(r"\((keeper-[0-9a-f]+-)N\)")
+
+
+def remove_keeper_cgroups(logs: str, timeout: float = 10.0) -> None:
+    """The cgroups beside ours in the v1 memory hierarchy of the keeper hosts
+    whose logs (`*.log`) are in `logs`, once the processes `cleanup` killed
+    have left them (a host removes its own, but not when it is killed, nor
+    those of keepers it left). Only those: another test's host may have just
+    made one, empty until its keeper joins it."""
+    prefixes = set()
+    for name in os.listdir(logs) if os.path.isdir(logs) else []:
+        if name.endswith(".log"):
+            with open(os.path.join(logs, name), errors="replace") as f:
+                prefixes.update(HOST_CGROUPS.findall(f.read()))
+    if not prefixes:
+        return
     with open("/proc/self/cgroup") as f:
         path = next((line.rstrip("\n").split(":", 2)[2] for line in f
                      if "memory" in line.split(":")[1].split(",")), None)
@@ -61,7 +74,7 @@ def remove_keeper_cgroups(timeout: float = 10.0) -> None:
     while True:
         left = []
         for name in os.listdir(base) if os.path.isdir(base) else []:
-            if name.startswith("keeper-"):
+            if name.startswith(tuple(prefixes)):
                 try:
                     os.rmdir(os.path.join(base, name))
                 except OSError:

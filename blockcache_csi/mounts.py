@@ -157,10 +157,10 @@ class Mounts:
         """Whether `pub`'s mount is kept: by a keeper of the host, or by a live
         keeper of another (then surrendered to one of the host's). `patient`:
         a keeper that will not surrender now is asked again until it does."""
-        if self._host_keeper(pub.target) is not None:
-            return True
         backoff = Backoff()
         while True:
+            if self._host_keeper(pub.target) is not None:
+                return True  # (or is again: the host takes back a mount whose keeper it lost)
             try:
                 self._take_over(pub)
                 return True

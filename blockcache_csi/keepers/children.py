@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -47,6 +47,7 @@ class Child:
     code: int | None = None  # its exit status, once reaped
     proc: subprocess.Popen | None = None  # held: a dropped Popen would reap it on its own
     ended: threading.Event = field(default_factory=threading.Event)
+    stopping: bool = False  # asked to end (`Children.stop`): not lost when it does
 
     def describe(self) -> dict[str, Any]:
         return {"pid": self.pid, "mountpoint": self.mountpoint, "source": self.source,
@@ -66,8 +67,10 @@ def _preexec(cgroup: str | None, then: Any) -> None:
 class Children:
     """The keepers of this host, by pid, and those still starting."""
 
-    def __init__(self, cgroups: KeeperCgroups):
+    def __init__(self, cgroups: KeeperCgroups,
+                 on_lost: Callable[[Child], None] | None = None):
         self.cgroups = cgroups
+        self.on_lost = on_lost  # called (from the reaper) for a keeper `lost`
         self._lock = threading.Lock()
         self._by_pid: dict[int, Child] = {}
         self._starting: list[Child] = []
@@ -87,6 +90,21 @@ class Children:
         with self._lock:
             return next((c for c in self._by_pid.values() if c.mountpoint == mountpoint
                          and c.ready), None)
+
+    def has(self, mountpoint: str) -> bool:
+        """Whether a keeper of ours serves `mountpoint`, or is starting to."""
+        with self._lock:
+            return any(c.mountpoint == mountpoint
+                       for c in (*self._by_pid.values(), *self._starting))
+
+    @staticmethod
+    def lost(child: Child) -> bool:
+        """Whether `child`, now ended, left its mount behind unasked: killed by a
+        signal (a keeper that surrendered, or whose mount ended, exits with a
+        code) while serving, not stopped by us, its mount still there. Its
+        server then starts the next keeper itself (fsclient's successor)."""
+        return (child.ready and not child.stopping and child.code is not None
+                and child.code < 0 and mp.find_mount(child.mountpoint) is not None)
 
     def register(self, child: Child) -> None:
         """Enter a keeper about to start, so `list` shows it from now on."""
@@ -166,6 +184,7 @@ class Children:
     def stop(self, child: Child) -> str:
         """Wait for `child` to end (its mount is gone, so it ends on its own);
         SIGTERM, then SIGKILL, after STOP_TIMEOUT each. How it ended."""
+        child.stopping = True
         for how, sig in (("ended", None), ("terminated", signal.SIGTERM),
                          ("killed", signal.SIGKILL)):
             if sig is not None:
@@ -207,6 +226,8 @@ class Children:
                          _describe(child.code))
                 if child.cgroup is not None:
                     self._ended_cgroups.add(child.cgroup)
+                if self.on_lost is not None and self.lost(child):
+                    self.on_lost(child)
         if self._ended_cgroups:
             self.cgroups.sweep(self._ended_cgroups)
             self._ended_cgroups &= self.cgroups.made()

@@ -26,6 +26,7 @@ from typing import Any
 from . import wire
 from .cgroups import KeeperCgroups
 from .children import Child, Children, SpawnError
+from .retake import retake
 from .succession import succeed
 from .takeover import NoKeeper, Refused, Squatted, refusal, surrender_here
 
@@ -51,7 +52,7 @@ class Host:
     def __init__(self, path: str, server_memory: int, ready_file: str | None = None):
         self.path = os.path.abspath(path)
         self.ready_file = ready_file
-        self.children = Children(KeeperCgroups(server_memory))
+        self.children = Children(KeeperCgroups(server_memory), on_lost=self._on_lost)
         self.stop = threading.Event()
         self.listener: socket.socket | None = None
         self.ours: os.stat_result | None = None  # our socket's inode, once at `path`
@@ -195,6 +196,19 @@ class Host:
         except SpawnError as exc:
             return {"error": str(exc)}
         return {"pid": child.pid}
+
+    def start_keeper(self, mountpoint: str, source: str, argv: list[str],
+                     env: dict[str, str], named: list[tuple[str, int]]) -> int:
+        """A keeper of ours for a mount whose connection was surrendered to us
+        (`named`); its pid once its server serves. SpawnError if it fails."""
+        child = Child(mountpoint, source, list(argv), dict(env))
+        self.children.register(child)
+        self.children.spawn(child, named)
+        return child.pid
+
+    def _on_lost(self, child: Child) -> None:
+        threading.Thread(target=retake, args=(self, child), name="retake",
+                         daemon=True).start()
 
     # life
 

@@ -23,7 +23,7 @@ import os
 import stat
 from typing import TYPE_CHECKING, Any
 
-from .children import Child, SpawnError
+from .children import SpawnError
 from .client import HostError, HostUnavailable, KeeperHost
 from .takeover import Backoff, NoKeeper, Refused, Squatted, take_over
 
@@ -95,14 +95,9 @@ def _take(host: Host, k: dict[str, Any]) -> str | None:
     if host.children.serving(mountpoint) is not None:
         return None  # ours already (its old keeper is leaving)
 
-    def start(named: list[tuple[str, int]]) -> int:
-        child = Child(mountpoint, k["source"], list(k["argv"]), dict(k["env"]))
-        host.children.register(child)
-        host.children.spawn(child, named)
-        return child.pid
-
     try:
-        pid = take_over(mountpoint, start)
+        pid = take_over(mountpoint, lambda named: host.start_keeper(
+            mountpoint, k["source"], k["argv"], k["env"], named))
     except Squatted as exc:  # not its keeper: asking again would not help
         log.error("%s cannot be taken over from the host before: %s", mountpoint, exc)
         return None

@@ -6,7 +6,8 @@ through two mounts: no read fails, and the next plugin finds the mounts kept.
 One server past its cgroup's memory limit is OOM-killed alone. A new keeper
 host takes every keeper of the old one over (a busy one too, and a publish
 that raced it) before it is ready, and the old one's whole pid namespace may
-then die. A plugin keeps asking a keeper that refuses to surrender.
+then die. A keeper killed alone is taken back by the host; a plugin keeps
+asking a keeper not the host's that refuses to surrender.
 """
 
 from __future__ import annotations
@@ -134,6 +135,14 @@ def _serving_keeper(target: str) -> int | None:
     except MountError:  # (between two keepers)
         return None
     return st["keeper"] if st["serving"] else None
+
+
+def _ended(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie of a stopped parent counts)."""
+    try:
+        return status_of(pid)["State"].startswith("Z")
+    except FileNotFoundError:
+        return True
 
 
 def _remove_cgroup(path: str) -> None:
@@ -282,40 +291,76 @@ def test_a_new_keeper_host_takes_every_keeper_over_before_it_is_ready(world, tmp
         wait_for(lambda: keepers_under(new_pid) == {}, 30, "the keepers to end")
 
 
-def test_a_plugin_keeps_asking_a_keeper_that_refuses_to_surrender(world, keepers, tmp_path):
-    """A mount kept by a keeper not the host's (one its server started when
-    the host's keeper was killed) is surrendered to a keeper of the host at
-    the plugin's start; while it is busy, the plugin asks again and is not
-    ready. The plugins run in pid namespaces of their own, as in their
-    container: that keeper runs as the server's uid, trusted by a pid only
-    the host sees, so the host asks for the connection."""
+def test_a_keeper_killed_alone_is_taken_back_by_the_host(world, keepers, plugin, tmp_path):
+    """A keeper of the host killed alone: its server starts a keeper of its own
+    (fsclient's successor, the server's uid); the host takes the mount back to
+    a keeper of its own at once, with no failed read, so its `list` (what a
+    host upgrade moves) shows the mount again."""
+    target = world.target()
+    host = HostClient(keepers.socket)
+    with ExitStack() as stack:
+        stack.callback(lambda: print(keepers.log()))  # shown on failure
+        plugin.publish("vol-lost", target, world.context("lost"), world.key)
+        lost = host.keeper_of(target)
+        assert lost == keeper_status(target)["keeper"]
+        reader = Reader(target, world.source, tmp_path)
+        stack.callback(reader.kill)
+        _reading([reader], [target])
+        os.kill(lost, signal.SIGKILL)
+        wait_for(lambda: host.keeper_of(target) not in (None, lost), 90,
+                 "the host to take the mount back")
+        taken = host.keeper_of(target)
+        assert keeper_status(target)["keeper"] == taken
+        assert f"took {target} back from the keeper its server started" in keepers.log()
+        _clean(reader.finish())
+        plugin.unpublish("vol-lost", target)
+        wait_dead(taken)
+
+
+def test_a_plugin_keeps_asking_a_keeper_that_refuses_to_surrender(world, tmp_path):
+    """A mount kept by a keeper not the host's is surrendered to a keeper of the
+    host at the plugin's start; while it is busy, the plugin asks again and is
+    not ready. Here that keeper is a server's successor that no host took back
+    (its host was stopped when the keeper was killed; the plugin asks a fresh
+    host beside it). The plugins run in pid namespaces of their own, as in
+    their container: that keeper runs as the server's uid, trusted by a pid
+    only the host sees, so the host asks for the connection."""
     ready = os.path.join(world.base, "refusing.ready")
     target = world.target()
+    old_socket = os.path.join(world.base, "refusing-old", "keepers.sock")
+    new_socket = os.path.join(world.base, "refusing-new", "keepers.sock")
     with ExitStack() as stack:
+        old_host = stack.enter_context(running(world.keeper_host(
+            name="refusing-old", socket_path=old_socket).start()))
         first = stack.enter_context(running(world.plugin(
-            state="state-refusing", name="refusing-1", wrap=UNSHARE).start()))
+            state="state-refusing", name="refusing-1", keepers=old_socket,
+            wrap=UNSHARE).start()))
         first.publish("vol-r", target, world.context("refusing"), world.key)
         host_keeper = keeper_status(target)["keeper"]
         first.stop(signal.SIGKILL)
+        os.kill(old_host.pid, signal.SIGSTOP)  # (it would take the mount back)
+        stack.callback(lambda: old_host.stop(signal.SIGKILL))
         os.kill(host_keeper, signal.SIGKILL)  # its server starts a keeper of its own
         wait_for(lambda: _serving_keeper(target) not in (None, host_keeper), 30,
                  "the server's new keeper")
         stray = keeper_status(target)["keeper"]
-        host = HostClient(keepers.socket)
-        assert target not in {k["mountpoint"] for k in host.list()}  # not the host's
         # its parent, the server before, hands over and exits: the orphan is
-        # the host's to reap (a subreaper, as its container's PID 1 would be)
-        wait_for(lambda: status_of(stray)["PPid"] == str(keepers.pid), 60,
-                 "the stray keeper to be the host's orphan")
+        # the old host's (a subreaper, as its container's PID 1 would be)
+        wait_for(lambda: status_of(stray)["PPid"] == str(old_host.pid), 60,
+                 "the stray keeper to be the old host's orphan")
         reader = Reader(target, world.source, tmp_path)
         stack.callback(reader.kill)
         _reading([reader], [target])
         busy = Busy(target, stray)
         stack.callback(lambda: busy.release() if busy.thread.is_alive() else None)
 
+        new_host = stack.enter_context(running(world.keeper_host(
+            name="refusing-new", socket_path=new_socket).start()))
+        host = HostClient(new_socket)
+        assert host.keeper_of(target) is None
         second = stack.enter_context(running(world.plugin(
-            state="state-refusing", name="refusing-2", args=("--ready-file", ready),
-            wrap=UNSHARE)))
+            state="state-refusing", name="refusing-2", keepers=new_socket,
+            args=("--ready-file", ready), wrap=UNSHARE)))
         started = threading.Thread(target=second.start, daemon=True)
         started.start()
         wait_for(lambda: "does not surrender" in second.log(), 60, "the plugin to ask again")
@@ -326,10 +371,12 @@ def test_a_plugin_keeps_asking_a_keeper_that_refuses_to_surrender(world, keepers
         wait_for(lambda: os.path.exists(ready), 30, "the plugin's ready file")
         taken = keeper_status(target)
         assert host.keeper_of(target) == taken["keeper"] != stray
-        wait_for(lambda: not os.path.exists(f"/proc/{stray}"), 60, "the host to reap it")
+        assert f"took {target} over" in second.log()
+        wait_for(lambda: _ended(stray), 60, "the stray keeper to end")
         _clean(reader.finish())
         second.unpublish("vol-r", target)
         wait_dead(taken["keeper"])
+        assert new_host.answers()
 
 
 ASK_AS_OTHER = """

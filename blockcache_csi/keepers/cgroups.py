@@ -86,9 +86,9 @@ class KeeperCgroups:
         self._made: set[str] = set()  # ours, until removed
 
     @property
-    def pattern(self) -> str:
-        """The names of this host's keeper cgroups."""
-        return f"keeper-{self._token}-N"
+    def prefix(self) -> str:
+        """The start of this host's keeper cgroups' names (a number follows)."""
+        return f"keeper-{self._token}-"
 
     def setup(self) -> str:
         """Find where keepers' cgroups can go; a line saying what was found."""
@@ -100,7 +100,7 @@ class KeeperCgroups:
                     why = self._setup_v2(where)
                     if not why:
                         return (f"keepers get cgroup v2 groups under {self.base} "
-                                f"({self.pattern})")
+                                f"({self.prefix}N)")
                     log.warning("cannot use cgroup v2 at %s: %s", where, why)
         for root, point, fstype, options in _mounts():
             if fstype == "cgroup" and "memory" in options.split(",") and v1_path is not None:
@@ -108,7 +108,7 @@ class KeeperCgroups:
                 if where and os.access(where, os.W_OK):
                     self.kind, self.base = "v1", where
                     return (f"keepers get cgroup v1 memory groups under {self.base} "
-                            f"({self.pattern})")
+                            f"({self.prefix}N)")
         return ("no writable memory cgroup (v2 with the memory controller, or v1's memory "
                 "hierarchy): keepers start in the host's own cgroup, with no limit of their "
                 "own; mount the cgroup fs read-write (a privileged container) to have one")
@@ -135,7 +135,7 @@ class KeeperCgroups:
         """A new keeper's cgroup, limits set; None without cgroups (or if it fails)."""
         if not self.kind:
             return None
-        path = os.path.join(self.base, self.pattern.replace("N", str(next(self._numbers))))
+        path = os.path.join(self.base, f"{self.prefix}{next(self._numbers)}")
         try:
             os.mkdir(path)
             self._made.add(path)

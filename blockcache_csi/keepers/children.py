@@ -99,12 +99,13 @@ class Children:
 
     @staticmethod
     def lost(child: Child) -> bool:
-        """Whether `child`, now ended, left its mount behind unasked: killed by a
-        signal (a keeper that surrendered, or whose mount ended, exits with a
-        code) while serving, not stopped by us, its mount still there. Its
-        server then starts the next keeper itself (fsclient's successor)."""
+        """Whether `child`, now ended, may have left its mount behind unasked:
+        killed by a signal (a keeper that surrendered, or whose mount ended,
+        exits with a code) while serving, not stopped by us. Its server then
+        starts the next keeper itself (fsclient's successor); `retake` looks
+        whether the mount is still there."""
         return (child.ready and not child.stopping and child.code is not None
-                and child.code < 0 and mp.find_mount(child.mountpoint) is not None)
+                and child.code < 0)
 
     def register(self, child: Child) -> None:
         """Enter a keeper about to start, so `list` shows it from now on."""

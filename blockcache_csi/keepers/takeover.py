@@ -42,7 +42,8 @@ class Refused(Exception):
 class Squatted(Exception):
     """The mount point's control name is held by a process that is not a
     keeper this plugin trusts (another uid: `fsclient.keeper.Impostor`);
-    nothing was asked of it, and asking again would not help."""
+    nothing was asked of it. Asking again helps only while a server's
+    successor is taking the mount over, before the mount names it (`retake`)."""
 
 
 REFUSALS: dict[str, type[Exception]] = {"none": NoKeeper, "busy": Refused,

@@ -36,6 +36,7 @@ from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(240)]
 UNSHARE = ("unshare", "--pid", "--fork", "--kill-child")
+INTRUDER = 12345  # a uid with nothing of ours
 UNIFIED = "/sys/fs/cgroup/unified"
 
 
@@ -384,30 +385,45 @@ import json, socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 s.settimeout(30)
 s.connect(sys.argv[1])
-s.send(json.dumps({"op": "list"}).encode())
-print(s.recv(65536).decode())
+s.send(sys.argv[2].encode())
+data, fds, _flags, _addr = socket.recv_fds(s, 65536, 16)
+print(json.dumps({"answer": json.loads(data), "fds": len(fds)}))
 """
 
 
-def test_the_keeper_host_answers_root_only(world, keepers, tmp_path):
+def test_the_keeper_host_answers_root_only(world, keepers, plugin, tmp_path):
     """Its socket is 0600 in a 0700 dir; even through a link another uid may
-    open, it answers no one but root (SO_PEERCRED)."""
+    open, it answers no one but root (SO_PEERCRED): not a `list`, and not a
+    `surrender` of a live mount's connection, asked as the servers' own uid
+    (65534) or any other; that keeper serves on."""
     folder = os.path.dirname(keepers.socket)
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(keepers.socket).st_mode) == 0o600
+    target = world.target()
+    plugin.publish("vol-asked", target, world.context("asked"), world.key)
+    keeper = keeper_status(target)["keeper"]
     opened = os.path.join(world.base, "keepers-opened.sock")
     os.link(keepers.socket, opened)
+    asked = []
     try:
         os.chmod(opened, 0o666)  # (the same inode: a misconfigured socket, say)
-        asked = subprocess.run([world.python, "-c", ASK_AS_OTHER, opened], user=NOBODY.pw_uid,
-                               group=NOBODY.pw_gid, extra_groups=[], env=world.env,
-                               capture_output=True, text=True, timeout=60)
+        for uid in (NOBODY.pw_uid, INTRUDER):
+            for op in ({"op": "list"}, {"op": "surrender", "mountpoint": target}):
+                asked.append(subprocess.run(
+                    [world.python, "-c", ASK_AS_OTHER, opened, json.dumps(op)], user=uid,
+                    group=NOBODY.pw_gid, extra_groups=[], env=world.env,
+                    capture_output=True, text=True, timeout=60))
     finally:
         os.chmod(opened, 0o600)
         os.unlink(opened)
-    assert asked.returncode == 0, asked.stderr
-    assert json.loads(asked.stdout) == {"error": "only root may ask the keeper host"}
-    assert f"uid {NOBODY.pw_uid}, not root; refused" in keepers.log()
+    for run in asked:
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout) == {
+            "answer": {"error": "only root may ask the keeper host"}, "fds": 0}
+    for uid in (NOBODY.pw_uid, INTRUDER):
+        assert f"uid {uid}, not root; refused" in keepers.log()
+    assert keeper_status(target)["keeper"] == keeper
+    plugin.unpublish("vol-asked", target)
     host = HostClient(keepers.socket)
     assert host.list() is not None  # root is answered
     # and it stops its own keepers only

@@ -6,8 +6,9 @@ handles (`fsclient/handles.py`) read through a `FileHandle`. It owns:
 - the version: the `FileInfo` pinned at open, and its block key prefix;
 - one sequential detector (`sequential.Stream`): every read of the handle
   is noted once; a sequential run brings windows of blocks
-  (`SequentialReads.plan`), and `ahead_blocks` more blocks are fetched ahead
-  of each block a run crosses (the FUSE mount's `readahead_blocks`);
+  (`SequentialReads.plan`), issued at least `ahead_blocks` past each block
+  the run crosses (the FUSE mount's `readahead_blocks`; a file read in one
+  block or without windows gets those blocks fetched one by one);
 - the chunk path of random reads: its repeat hits of kept chunks are served
   from the held block files (`handlehits`) without the read path, and
   `read_around` reads the whole chunks around a small read (a FUSE reply
@@ -90,11 +91,13 @@ class FileHandle:
                                           self._from_zero):
             self._ahead_until = 0
             return False
-        if self._ahead:
+        if self._ahead and not self._tracked:  # (a tracked run's: `_run_ahead`)
             self._read_ahead(path, pos)
         return True
 
     def _read_ahead(self, path: ReadPath, pos: int) -> None:
+        """Fetch the `ahead_blocks` after the block at `pos` in the
+        background, block by block (an untracked handle: no windows)."""
         bs = path.parts.block_size
         first = (pos // bs + 1) * bs
         end = min(self.size, first + self._ahead * bs)
@@ -138,8 +141,26 @@ class FileHandle:
         st = None
         if self._tracked and (streaming or (end - 1) // bs != pos // bs):
             st = self._stream
-        return path.read(self.rel, self.info, self._prefix, pos, end - pos, st, out,
-                         self._blocks, blocking)
+        if not (streaming and self._tracked):
+            return path.read(self.rel, self.info, self._prefix, pos, end - pos, st, out,
+                             self._blocks, blocking)
+        issued = self._stream.issued
+        got = path.read(self.rel, self.info, self._prefix, pos, end - pos, st, out,
+                        self._blocks, blocking)
+        self._run_ahead(path, pos, issued)
+        return got
+
+    def _run_ahead(self, path: ReadPath, pos: int, issued: int) -> None:
+        """After a read of a tracked run, which fetches by windows
+        (`SequentialReads.plan`): where `ahead_blocks` after `pos` pass the
+        last window issued, the next window comes, in parts (never a request
+        per block); `on_ahead` once the run issued more (from `issued`)."""
+        st = self._stream
+        if self._ahead:
+            until = pos // path.parts.block_size + 1 + self._ahead
+            path.parts.sequential.extend(st, self.rel, self.info, self._prefix, until)
+        if st.issued > issued and self._on_ahead is not None:
+            self._on_ahead()
 
     def read_around(self, pos: int, size: int,
                     blocking: Blocking | None = None) -> tuple[int, memoryview]:

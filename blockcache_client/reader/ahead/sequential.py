@@ -115,8 +115,30 @@ class SequentialReads:
             st.streaming = st.streak >= 2 or big
         else:
             st.streaming = from_zero and offset == 0 and big
-            st.issued = offset // self.block_size  # a new run: nothing fetched for it yet
+            b = offset // self.block_size
+            # a new run: nothing fetched for it yet, unless it starts inside
+            # the last window issued (a mapped file's faults read around
+            # themselves, so its run breaks and resumes): that stays issued,
+            # or each resumption would send a window over the last one
+            if not st.issued - self.window <= b < st.issued:
+                st.issued = b
         return st.streaming
+
+    def extend(self, st: Stream, rel: str, info: FileInfo, prefix: str,
+               until: int | None = None) -> bool:
+        """Fetch the run's next window in the background (in parts, from
+        `st.issued`), or windows until block `until` is issued; True if one
+        was. A run fetched ahead block by block would send one request per
+        block: ahead of a run is always whole windows."""
+        bs = self.block_size
+        nblocks = -(-info.size // bs)
+        want = st.issued + 1 if until is None else min(until, nblocks)
+        if st.issued >= want or st.issued >= nblocks:
+            return False
+        start = st.issued
+        st.issued = min(nblocks, max(want, start + self.window))
+        self._fetch_ahead(rel, info, prefix, start * bs, min(info.size, st.issued * bs), st)
+        return True
 
     def cancel(self, prefix: str) -> None:
         """Stop the read-ahead of one file version (its reader closed or sought)."""
@@ -147,11 +169,8 @@ class SequentialReads:
                 self._fetch_ahead(rel, info, prefix, (b + 1) * bs,
                                   min(info.size, st.issued * bs), st)
             return 1
-        if st.issued < nblocks and st.issued - b <= win // 2:
-            start = st.issued
-            st.issued = min(nblocks, start + win)
-            self._fetch_ahead(rel, info, prefix, start * bs, min(info.size, st.issued * bs),
-                              st)
+        if st.issued - b <= win // 2:
+            self.extend(st, rel, info, prefix)
         # a miss here (the background job is still queued, or the block was
         # evicted) brings the rest of its part; blocks that job already
         # claimed stop the run, so nothing is fetched twice

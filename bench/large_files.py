@@ -396,7 +396,8 @@ def report(rows: list, figures: dict) -> str:
     for name, key, want, at_most in TARGETS:
         v = figures.get(key)
         verdict = "----" if v is None else "MET " if met(v, want, at_most) else "MISS"
-        lines.append(f"{verdict} {name}: {'not measured' if v is None else f'{v:.2f}x'}")
+        lines.append(f"{verdict} {name}: {'not measured' if v is None else f'{v:.2f}x'}"
+                     f"{model_runs.bound_note(key, figures)}")
     return "\n".join(lines)
 
 

@@ -16,7 +16,9 @@ every system started empty:
    new process;
 4. AWS's CRT client: the object's GET, then loaded;
 5. for each N of `--model-readers`: N processes at once, half on each of two
-   mounts of the volume (one daemon, one cache, empty), mapped, cold.
+   mounts of the volume (one daemon, one cache, empty), mapped, cold; just
+   before, its yardstick: N mapped loads at once from local disk, the file
+   in the page cache (what N loaders cost this machine by themselves).
 
 Every load is by a new process (a job's start: its tensors land in fresh
 memory; a process that loaded before would reuse its heap), its loader's
@@ -26,10 +28,14 @@ mount's process tree and the daemon), the page faults the readers took
 (major: those that waited for I/O), the bytes they had read from a disk,
 and the bytes the S3 server sent over the file's size; then each load's
 CPU in ms a MiB. Ratios are taken within each round; a figure is their
-median over the rounds, its spread beside it. One is not a measurement
-but a bound (`cap`): the most the warm mapped load could reach against
-local disk on this machine's idle cores, given the CPU a MiB each side
-spent (fsclient/DESIGN.md, "A mapped load: what a MiB costs").
+median over the rounds, its spread beside it. Some are not measurements
+but the bounds this machine's cores put on a target (`BOUNDS`), from the
+CPU each load spent in the same round: `cap`, the most the warm mapped
+load could reach against local disk, given the CPU a MiB each side spent
+(fsclient/DESIGN.md, "A mapped load: what a MiB costs"), and the cold one
+against the CRT client, its CPU spread over every core; `floor`, the
+least N readers' wall time could be against one reader's, all their CPU
+(readers', servers', the S3 server's) spread over every core.
 """
 
 from __future__ import annotations
@@ -153,6 +159,21 @@ def many_readers(ctx: Ctx, n: int, rows: list, spent: list[str], file_bytes: int
         systems.retire(system, spent)
 
 
+def many_local(ctx: Ctx, n: int, rows: list, spent: list[str], file_bytes: int,
+               rnd: int) -> None:
+    """The yardstick of workload 5: `n` mapped loads at once from local disk,
+    the file in the page cache (what `n` loaders cost this machine with no
+    remote, no mount and no cache: their copies into fresh memory)."""
+    system = LocalSystem()
+    system.start(ctx, f"model{rnd}-local-x{n}")
+    try:
+        with Workers([system.reader_spec()] * n) as w:
+            systems.read_into_page_cache([os.path.join(ctx.local_root, "model")])
+            _load(ctx, system, w, "mapped", f"local cached x{n}", rows, file_bytes, rnd)
+    finally:
+        systems.retire(system, spent)
+
+
 def run(ctx: Ctx, rounds: int, readers: list[int], rows: list, spent: list[str],
         file_bytes: int) -> None:
     """Every workload above, `rounds` times."""
@@ -165,7 +186,8 @@ def run(ctx: Ctx, rounds: int, readers: list[int], rows: list, spent: list[str],
                 continue
             one_reader(ctx, system, rows, spent, file_bytes, rnd)
         if FuseSystem().unavailable() is None:
-            for n in readers:
+            for n in readers:  # (each beside its yardstick: the same memory's state)
+                many_local(ctx, n, rows, spent, file_bytes, rnd)
                 many_readers(ctx, n, rows, spent, file_bytes, rnd)
 
 
@@ -185,15 +207,23 @@ def ratios(rows: list) -> tuple[dict, dict]:
         cap = _cpu_cap(got)
         if cap is not None:
             values["model warm fuse cap vs local dropped"] = cap
-        one = got.get("fuse cold")
+        one, crt = got.get("fuse cold"), got.get("crt cold")
         if one is not None:
             values["model cold fuse remote vs file"] = one["remote_vs_file"]
+            if crt is not None:
+                values["model cold fuse cap vs crt"] = crt["seconds"] / _cpu_floor(one)
+        local = got.get("local cached")
         for key, row in got.items():
+            if key.startswith("local cached x") and local is not None:
+                many = key.rsplit(" ", 1)[1]
+                values[f"model {many} local wall vs one local"] = row["seconds"] / local["seconds"]
             if key.startswith("fuse cold x"):  # N readers on 2 mounts
                 many = key.rsplit(" ", 1)[1]
                 values[f"model {many} remote vs file"] = row["remote_vs_file"]
                 if one is not None:
                     values[f"model {many} wall vs one reader"] = row["seconds"] / one["seconds"]
+                    values[f"model {many} wall floor vs one reader"] = (
+                        _cpu_floor(row) / one["seconds"])
         for name, v in values.items():
             spread.setdefault(name, []).append(v)
     return {k: statistics.median(v) for k, v in spread.items()}, spread
@@ -219,6 +249,37 @@ def _cpu_cap(got: dict, cores: int | None = None) -> float | None:
     reader, server, _ = ms_a_mib(warm)
     slowest = max(reader, (reader + server) / cores)
     return ms_a_mib(local)[0] / slowest if slowest > 0 else None
+
+
+def _cpu_floor(row: dict, cores: int | None = None) -> float:
+    """The least wall time `row`'s load could take on `cores` idle cores:
+    the CPU seconds it cost, readers', servers' and the S3 server's, spread
+    over all of them."""
+    cores = cores or os.cpu_count() or 1
+    return (row["cpu_s"] + row["server_cpu_s"] + row["s3_cpu_s"]) / cores
+
+
+# figure -> the bound this machine's cores put on it: (figure, True if a floor)
+BOUNDS = {"model warm fuse vs local dropped": ("model warm fuse cap vs local dropped", False),
+          "model cold fuse vs crt": ("model cold fuse cap vs crt", False),
+          **{f"model x{n} wall vs one reader": (f"model x{n} wall floor vs one reader", True)
+             for n in READERS}}
+
+
+def bound_note(key: str, figures: dict) -> str:
+    """What this machine's cores allow of figure `key` (`BOUNDS`), for its
+    verdict line; "" where none is known."""
+    bound, floor = BOUNDS.get(key, (None, False))
+    v = figures.get(bound)
+    if v is None:
+        return ""
+    note = f"{os.cpu_count()} CPUs allow {'no less than' if floor else 'at most'} {v:.2f}x"
+    if key.endswith(" wall vs one reader"):  # and what as many loaders take from local disk
+        many = key.split()[1]
+        local = figures.get(f"model {many} local wall vs one local")
+        if local is not None:
+            note += f"; {many[1:]} loads from local disk: {local:.2f}x one"
+    return f" ({note})"
 
 
 HEADER = (f"{'model load':34} {'GB/s':>6} {'s':>6} {'CPU s':>6} {'server':>6} {'S3 s':>5} "

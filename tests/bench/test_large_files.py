@@ -16,7 +16,8 @@ MODEL_ROWS = [("local dropped", 1, True, False), ("local cached", 1, True, False
               ("fuse cold", 1, True, True), ("fuse warm", 1, True, False),
               ("volume cold", 1, False, True), ("volume warm", 1, False, False),
               ("crt cold", 1, False, True), ("fuse cold x4", 4, True, True),
-              ("fuse cold x8", 8, True, True)]
+              ("fuse cold x8", 8, True, True), ("local cached x4", 4, True, False),
+              ("local cached x8", 8, True, False)]
 
 
 def test_large_files_small_run(tmp_path):
@@ -70,6 +71,20 @@ def test_large_files_small_run(tmp_path):
     assert figures["model warm fuse cap vs local dropped"] == pytest.approx(
         model_runs.ms_a_mib(local)[0] / max(reader, (reader + server) / os.cpu_count()))
     assert "ms CPU a MiB (medians)" in text and "  fuse warm" in text
+    # the bounds of the other targets: each load's CPU spread over every core
+    one = rows["model fuse cold"]
+    floor = (one["cpu_s"] + one["server_cpu_s"] + one["s3_cpu_s"]) / os.cpu_count()
+    assert figures["model cold fuse cap vs crt"] == pytest.approx(
+        rows["model crt cold"]["seconds"] / floor)
+    x8 = rows["model fuse cold x8"]
+    assert figures["model x8 wall floor vs one reader"] == pytest.approx(
+        (x8["cpu_s"] + x8["server_cpu_s"] + x8["s3_cpu_s"]) / os.cpu_count() / one["seconds"])
+    assert figures["model x8 local wall vs one local"] == pytest.approx(
+        rows["model local cached x8"]["seconds"] / rows["model local cached"]["seconds"])
+    assert (f"wall time <= 1.3x one reader's: {figures['model x8 wall vs one reader']:.2f}x "
+            f"({os.cpu_count()} CPUs allow no less than "
+            f"{figures['model x8 wall floor vs one reader']:.2f}x; 8 loads from local disk: "
+            f"{figures['model x8 local wall vs one local']:.2f}x one)") in text
     assert "decrypt, 1 thread" in text  # the yardstick is printed beside the warm row
     # each cold row's CPU, split by the reader's threads and the daemon's
     small, large = rows["cold small files volume"], rows["cold large files volume"]

@@ -51,7 +51,20 @@ class Child:
 
     def describe(self) -> dict[str, Any]:
         return {"pid": self.pid, "mountpoint": self.mountpoint, "source": self.source,
-                "argv": self.argv, "env": self.env, "ready": self.ready}
+                "argv": self.argv, "env": self.env, "ready": self.ready and self.running()}
+
+    def running(self) -> bool:
+        """Started and not ended, whether reaped yet or not: a keeper killed a
+        moment ago waits for the reaper's next turn, and one that is listed
+        as serving meanwhile has a plugin starting then take its dead mount
+        for kept. (WNOWAIT: looked at, left for the reaper.)"""
+        if not self.pid or self.code is not None:
+            return False
+        try:
+            return os.waitid(os.P_PID, self.pid,
+                             os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        except ChildProcessError:  # reaped meanwhile
+            return False
 
 
 class SpawnError(Exception):
@@ -89,7 +102,7 @@ class Children:
     def serving(self, mountpoint: str) -> Child | None:
         with self._lock:
             return next((c for c in self._by_pid.values() if c.mountpoint == mountpoint
-                         and c.ready), None)
+                         and c.ready and c.running()), None)
 
     def has(self, mountpoint: str) -> bool:
         """Whether a keeper of ours serves `mountpoint`, or is starting to."""

@@ -142,7 +142,7 @@ class Host:
             pid = message.get("pid")
             child = self.children.get(pid) if isinstance(pid, int) else None
             if op == "alive":
-                return [{"alive": child is not None and child.code is None}]
+                return [{"alive": child is not None and child.running()}]
             if child is None:
                 return [{"error": f"pid {pid} is no keeper of this host"}]
             return [{"ok": True, "ended": self.children.stop(child)}]

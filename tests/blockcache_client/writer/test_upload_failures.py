@@ -79,9 +79,13 @@ def test_a_remote_that_goes_down_mid_upload(s3_server, front, key_file, staging)
     source, vol = s3_writer(s3_server, front, key_file, staging, timeout=5)
     with vol:
         front.stall_writes(1.0, "partNumber=2")
+        f = vol.open("ckpt.bin", "wb")  # (its stat reaches the remote: before it goes down)
+        f.write(os.urandom(12 * MiB))  # staged here; the upload is close's
         threading.Timer(0.5, lambda: setattr(front, "down", True)).start()
         start = time.monotonic()
-        err = write_and_close(vol, "ckpt.bin", os.urandom(12 * MiB))
+        with pytest.raises(OSError) as raised:
+            f.close()
+        err = raised.value
         assert err.errno == errno.EIO and time.monotonic() - start < 60
         assert straight(source, "ckpt.bin") is None
         # if the upload had begun, the abort could not reach it either: its

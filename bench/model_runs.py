@@ -168,7 +168,8 @@ def many_local(ctx: Ctx, n: int, rows: list, spent: list[str], file_bytes: int,
     system.start(ctx, f"model{rnd}-local-x{n}")
     try:
         with Workers([system.reader_spec()] * n) as w:
-            systems.read_into_page_cache([os.path.join(ctx.local_root, "model")])
+            systems.read_into_page_cache([os.path.join(ctx.local_root,
+                                                       os.path.dirname(MODEL_PATH))])
             _load(ctx, system, w, "mapped", f"local cached x{n}", rows, file_bytes, rnd)
     finally:
         systems.retire(system, spent)
@@ -214,11 +215,10 @@ def ratios(rows: list) -> tuple[dict, dict]:
                 values["model cold fuse cap vs crt"] = crt["seconds"] / _cpu_floor(one)
         local = got.get("local cached")
         for key, row in got.items():
+            many = key.rsplit(" ", 1)[1]  # ("x8" in "fuse cold x8")
             if key.startswith("local cached x") and local is not None:
-                many = key.rsplit(" ", 1)[1]
                 values[f"model {many} local wall vs one local"] = row["seconds"] / local["seconds"]
             if key.startswith("fuse cold x"):  # N readers on 2 mounts
-                many = key.rsplit(" ", 1)[1]
                 values[f"model {many} remote vs file"] = row["remote_vs_file"]
                 if one is not None:
                     values[f"model {many} wall vs one reader"] = row["seconds"] / one["seconds"]
@@ -259,26 +259,27 @@ def _cpu_floor(row: dict, cores: int | None = None) -> float:
     return (row["cpu_s"] + row["server_cpu_s"] + row["s3_cpu_s"]) / cores
 
 
-# figure -> the bound this machine's cores put on it: (figure, True if a floor)
-BOUNDS = {"model warm fuse vs local dropped": ("model warm fuse cap vs local dropped", False),
-          "model cold fuse vs crt": ("model cold fuse cap vs crt", False),
-          **{f"model x{n} wall vs one reader": (f"model x{n} wall floor vs one reader", True)
+# figure -> the bound this machine's cores put on it: (its figure, True if a
+# floor, and for N readers the figure of as many loads from local disk)
+BOUNDS = {"model warm fuse vs local dropped": ("model warm fuse cap vs local dropped", False,
+                                               None),
+          "model cold fuse vs crt": ("model cold fuse cap vs crt", False, None),
+          **{f"model x{n} wall vs one reader": (f"model x{n} wall floor vs one reader", True,
+                                                f"model x{n} local wall vs one local")
              for n in READERS}}
 
 
 def bound_note(key: str, figures: dict) -> str:
     """What this machine's cores allow of figure `key` (`BOUNDS`), for its
     verdict line; "" where none is known."""
-    bound, floor = BOUNDS.get(key, (None, False))
+    bound, floor, yardstick = BOUNDS.get(key, (None, False, None))
     v = figures.get(bound)
     if v is None:
         return ""
     note = f"{os.cpu_count()} CPUs allow {'no less than' if floor else 'at most'} {v:.2f}x"
-    if key.endswith(" wall vs one reader"):  # and what as many loaders take from local disk
-        many = key.split()[1]
-        local = figures.get(f"model {many} local wall vs one local")
-        if local is not None:
-            note += f"; {many[1:]} loads from local disk: {local:.2f}x one"
+    local = figures.get(yardstick)
+    if local is not None:
+        note += f"; {yardstick.split()[1][1:]} loads from local disk: {local:.2f}x one"
     return f" ({note})"
 
 

@@ -141,13 +141,11 @@ class FileHandle:
         st = None
         if self._tracked and (streaming or (end - 1) // bs != pos // bs):
             st = self._stream
-        if not (streaming and self._tracked):
-            return path.read(self.rel, self.info, self._prefix, pos, end - pos, st, out,
-                             self._blocks, blocking)
         issued = self._stream.issued
         got = path.read(self.rel, self.info, self._prefix, pos, end - pos, st, out,
                         self._blocks, blocking)
-        self._run_ahead(path, pos, issued)
+        if streaming and self._tracked:
+            self._run_ahead(path, pos, issued)
         return got
 
     def _run_ahead(self, path: ReadPath, pos: int, issued: int) -> None:

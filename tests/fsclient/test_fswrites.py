@@ -20,7 +20,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from devtools.s3server import S3Server
-from tests.support.fsclient_mounts import FsclientMount
+from tests.support.fsclient_mounts import FsclientMount, s3_config
 from tests.support.keepers import kill_server, serving
 from tests.support.s3front import S3Front
 from tests.support.uids import ChildError, as_uid
@@ -46,12 +46,7 @@ class Remote:
         self.base = f"{s3.bucket}/w-{os.urandom(6).hex()}"
         self.fs.pipe(f"{self.base}/.keep", b"")
         self.url = f"s3://{self.base}"
-        o = s3.storage_options
-        cfg = tmp_path / "s3.toml"
-        cfg.write_text(f'[storage_options]\nendpoint_url = "{o["endpoint_url"]}"\n'
-                       f'key = "{o["key"]}"\nsecret = "{o["secret"]}"\n'
-                       f'[storage_options.client_kwargs]\nregion_name = "us-east-1"\n')
-        self.args = ["--config", str(cfg)]
+        self.args = s3_config(tmp_path / "s3.toml", s3)
 
     def read(self, rel: str) -> bytes | None:
         """The object at `rel`, straight from the remote; None if there is none."""

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from devtools.daemon import DaemonProcess
-from tests.support.fsclient_mounts import FsclientMount
+from tests.support.fsclient_mounts import FsclientMount, s3_config
 from tests.support.leasereaders import Readers
 from tests.support.s3front import S3Front
 
@@ -21,14 +21,10 @@ BS = 1 << 20
 SIZE = 24 * BS + 4321
 
 
-def _mount(tmp_path, name: str, url: str, front: S3Front, key_file, d: DaemonProcess):
-    o = front.url
-    cfg = tmp_path / f"{name}.toml"
-    cfg.write_text(f'[storage_options]\nendpoint_url = "{o}"\nkey = "testing"\n'
-                   f'secret = "testing"\n[storage_options.client_kwargs]\n'
-                   f'region_name = "us-east-1"\n')
-    return FsclientMount(url, str(tmp_path / name), str(key_file), d.socket_path,
-                         volume="leased", args=["--block-size", str(BS), "--config", str(cfg)],
+def _mount(tmp_path, name: str, s3, front: S3Front, key_file, d: DaemonProcess):
+    config = s3_config(tmp_path / f"{name}.toml", s3, front.url)
+    return FsclientMount(s3.url("models"), str(tmp_path / name), str(key_file), d.socket_path,
+                         volume="leased", args=["--block-size", str(BS), *config],
                          log_path=str(tmp_path / f"{name}.log"))
 
 
@@ -42,7 +38,7 @@ def test_readers_on_two_mounts_fetch_each_block_of_a_cold_file_once(tmp_path, s3
     try:
         with S3Front(s3.endpoint_url) as front:
             for name in ("pod-a", "pod-b"):
-                mounts.append(_mount(tmp_path, name, s3.url("models"), front, key_file, d))
+                mounts.append(_mount(tmp_path, name, s3, front, key_file, d))
                 mounts[-1].start()
             with Readers() as rs:
                 for m in mounts:

@@ -14,14 +14,15 @@ import sys
 
 import pytest
 
+from blockcache_client.reader.options import part_blocks
 from devtools.daemon import DaemonProcess
-from tests.support.fsclient_mounts import FsclientMount
+from tests.support.fsclient_mounts import FsclientMount, s3_config
 
 pytestmark = pytest.mark.fuse
 
 BS = 1 << 20
 SIZE = 64 * BS + 4321
-PART = 8  # blocks of 1 MiB a window's part brings (options.PART_BYTES)
+PART = part_blocks(BS)  # blocks a window's part brings: 8
 # a loader: the file mapped, "tensors" of 3 MiB copied out in order
 LOADER = """
 import hashlib, mmap, sys
@@ -38,12 +39,8 @@ def test_a_mapped_cold_load_is_fetched_by_windows_not_block_by_block(tmp_path, s
     data = os.urandom(SIZE)
     s3.filesystem().pipe(f"{s3.bucket}/models/ckpt.bin", data)
     d = DaemonProcess(tmp_path).start()
-    cfg = tmp_path / "s3.toml"
-    cfg.write_text(f'[storage_options]\nendpoint_url = "{s3.endpoint_url}"\nkey = "testing"\n'
-                   f'secret = "testing"\n[storage_options.client_kwargs]\n'
-                   f'region_name = "us-east-1"\n')
     m = FsclientMount(s3.url("models"), str(tmp_path / "m"), str(key_file), d.socket_path,
-                      args=["--block-size", str(BS), "--config", str(cfg)])
+                      args=["--block-size", str(BS), *s3_config(tmp_path / "s3.toml", s3)])
     try:
         m.start()
         got = subprocess.run([sys.executable, "-c", LOADER, os.path.join(m.mountpoint,
@@ -55,7 +52,7 @@ def test_a_mapped_cold_load_is_fetched_by_windows_not_block_by_block(tmp_path, s
         blocks = -(-SIZE // BS)
         gets = s["backend_requests"] - s["version_checks"]
         # the cold open's block and the first reads before the run is seen
-        # (a few blocks alone), then parts of 8 blocks: 13 here; with each
+        # (a few blocks alone), then parts of PART blocks: 13 here; with each
         # resumption starting a window over the last one, 19
         assert gets <= blocks // PART + 7, (gets, s)
     finally:

@@ -16,7 +16,7 @@ import boto3
 import pytest
 
 from blockcache_client import Volume
-from tests.support.fsclient_mounts import FsclientMount
+from tests.support.fsclient_mounts import FsclientMount, s3_config
 
 pytestmark = pytest.mark.fuse
 
@@ -54,11 +54,7 @@ def _s3_source(tmp_path, s3, files):
                        aws_secret_access_key=o["secret"], region_name="us-east-1")
     for key in ("odd/d//double-slash", "odd/d/../dot-dot"):
         raw.put_object(Bucket=s3.bucket, Key=key, Body=b"unreachable")
-    cfg = tmp_path / "fsclient.toml"
-    cfg.write_text(f'[storage_options]\nendpoint_url = "{o["endpoint_url"]}"\n'
-                   f'key = "{o["key"]}"\nsecret = "{o["secret"]}"\n'
-                   f'[storage_options.client_kwargs]\nregion_name = "us-east-1"\n')
-    return s3.url("odd"), o, ["--config", str(cfg)]
+    return s3.url("odd"), o, s3_config(tmp_path / "fsclient.toml", s3)
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -38,6 +38,19 @@ def fsclient(*args: str, timeout: float = 120.0, **kw) -> subprocess.CompletedPr
                           stdin=subprocess.DEVNULL, **kw)
 
 
+def s3_config(path, server, endpoint: str | None = None) -> list[str]:
+    """fsclient's `--config PATH`, written to `path`: the S3 storage options
+    of `server` (a `devtools.s3server.S3Server`), reached at `endpoint` (a
+    front before it) if given."""
+    o = server.storage_options
+    Path(path).write_text(
+        f'[storage_options]\nendpoint_url = "{endpoint or o["endpoint_url"]}"\n'
+        f'key = "{o["key"]}"\nsecret = "{o["secret"]}"\n'
+        f'[storage_options.client_kwargs]\n'
+        f'region_name = "{o["client_kwargs"]["region_name"]}"\n')
+    return ["--config", str(path)]
+
+
 def is_mounted(path: str) -> bool:
     path = os.path.abspath(path)
     with open("/proc/self/mountinfo") as f:

@@ -132,8 +132,8 @@ class SequentialReads:
         block: ahead of a run is always whole windows."""
         bs = self.block_size
         nblocks = -(-info.size // bs)
-        want = st.issued + 1 if until is None else min(until, nblocks)
-        if st.issued >= want or st.issued >= nblocks:
+        want = min(nblocks, st.issued + 1 if until is None else until)
+        if st.issued >= want:
             return False
         start = st.issued
         st.issued = min(nblocks, max(want, start + self.window))

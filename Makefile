@@ -13,9 +13,11 @@ EXTRAS  := s3,metrics,test,bench,proto
 # memcached: the cluster tier's tests start their own servers on loopback ports.
 SYSPKGS := fuse3 libfuse3-dev pkg-config fio memcached
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-# pytest-xdist workers, one per core; a test file stays on one worker (its
-# module fixtures built once). `make test TEST_WORKERS=0` runs in one process.
-TEST_WORKERS ?= auto
+# pytest-xdist workers: one per core and one more, as the suite mostly waits
+# on processes and timeouts (on 2 cores, 2 workers kept 1.2 cores busy); a
+# test file stays on one worker (its module fixtures built once).
+# `make test TEST_WORKERS=0` runs in one process.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 .PHONY: setup sysdeps test demo bench proto clean install-systemd
 

@@ -22,7 +22,7 @@ import shutil
 import statistics
 from collections import defaultdict
 
-from .systems import REFERENCE
+from .systems import REFERENCE, all_systems
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +188,8 @@ def _run_facts(result: dict) -> str:
             f"{host}. Remote: {result['remote']['method']}; "
             f"{result['remote']['note'].rstrip('.')}. Page cache dropped before cold epochs: "
             f"{result['page_cache_dropped']}. Cache files read into the page cache before "
-            f"warm epochs: {result.get('host_cache_warmed', False)}. Suite wall time "
-            f"{result['wall_s']:.0f} s.")
+            f"warm epochs: {result.get('host_cache_warmed', False)}. Wall time of the "
+            f"workloads every system runs: {result['wall_s']:.0f} s.")
 
 
 def summary(result: dict) -> str:
@@ -243,8 +243,11 @@ def tables(result: dict, images: dict[str, str]) -> str:
     skipped = {n: s["unavailable"] for n, s in systems.items() if s["unavailable"]}
     lines += ["", "### Systems and versions", "", "| system | version | settings |",
               "|---|---|---|"]
-    for name, s in systems.items():
-        settings = "; ".join(f"{k}: {v}" for k, v in s["settings"].items())
+    # (in the order systems run, settings by name: a table rebuilt from the
+    # JSON, whose keys are sorted, reads as the run's did)
+    order = {s.name: i for i, s in enumerate(all_systems())}
+    for name, s in sorted(systems.items(), key=lambda kv: order.get(kv[0], len(order))):
+        settings = "; ".join(f"{k}: {v}" for k, v in sorted(s["settings"].items()))
         if name in skipped:
             settings = f"**skipped**: {skipped[name]}"
         lines.append(f"| {s['label']} | {s['version']} | {settings or '–'} |")

@@ -94,6 +94,20 @@ def test_write_produces_json_png_and_markdown(tmp_path):
     assert "| blockcache FUSE | 3 (warm, restarted), round 3 | 1,000 |" in md
 
 
+def test_a_page_rebuilt_from_its_json_reads_as_the_run_wrote_it(tmp_path):
+    """The JSON keeps its keys sorted: the systems table follows the order
+    systems run in, and each one's settings by name, either way."""
+    result = _result()
+    result["systems"]["rclone"]["settings"] = {"flags": "--ro", "cache": "per mount"}
+    first = report.write(result, str(tmp_path / "run"), "run")
+    again = report.write(json.loads(open(first["json"]).read()), str(tmp_path / "again"), "run")
+    md = open(first["md"]).read()
+    assert md == open(again["md"]).read()
+    table = md.split("### Systems and versions", 1)[1]
+    assert table.index("blockcache FUSE") < table.index("rclone") < table.index("blockcache Volume")
+    assert "cache: per mount; flags: --ro" in table
+
+
 def test_publish_writes_the_results_page_and_no_hand_written_page(tmp_path):
     paths = report.write(_result(), str(tmp_path / "out"), "run")
     docs = tmp_path / "docs"

@@ -24,7 +24,8 @@ Every load is by a new process (a job's start: its tensors land in fresh
 memory; a process that loaded before would reuse its heap), its loader's
 modules imported before it is timed. Each row gives GB/s (the file's bytes
 times the readers over the wall time), the readers' CPU, the servers' (each
-mount's process tree and the daemon), the page faults the readers took
+mount's process tree and the daemon), the S3 server's, the whole machine's
+busy CPU seconds over the load (`host`), the page faults the readers took
 (major: those that waited for I/O), the bytes they had read from a disk,
 and the bytes the S3 server sent over the file's size; then each load's
 CPU in ms a MiB. Ratios are taken within each round; a figure is their
@@ -35,7 +36,9 @@ load could reach against local disk, given the CPU a MiB each side spent
 (fsclient/DESIGN.md, "A mapped load: what a MiB costs"), and the cold one
 against the CRT client, its CPU spread over every core; `floor`, the
 least N readers' wall time could be against one reader's, all their CPU
-(readers', servers', the S3 server's) spread over every core.
+spread over every core. A load's CPU there is its readers', servers' and
+the S3 server's, or the machine's busy time where that is more (the
+kernel's writeback of a cold load's fills is charged to no process).
 """
 
 from __future__ import annotations
@@ -92,7 +95,9 @@ def _load(ctx: Ctx, system: System, workers: Workers, cmd: str, key: str, rows: 
     s3 = ctx.remote.moto.proc.pid
     cpu0, s30 = _servers_cpu(system), systems.proc_cpu(s3)
     sent0 = ctx.remote.counters()["bytes_out"]
+    host0 = systems.host_cpu()
     wall, answers = workers.run_all(cmd, [MODEL_PATH])
+    host = systems.host_cpu() - host0
     sent = ctx.remote.counters()["bytes_out"] - sent0
     row = {"case": f"model {key}", "key": key, "set": "model", "round": rnd,
            "system": system.name, "readers": len(answers), "seconds": wall,
@@ -102,6 +107,7 @@ def _load(ctx: Ctx, system: System, workers: Workers, cmd: str, key: str, rows: 
            "mb_per_s": file_bytes * len(answers) / wall / 1e6,
            "cpu_s": sum(a["cpu"] for a in answers),
            "server_cpu_s": _servers_cpu(system) - cpu0, "s3_cpu_s": systems.proc_cpu(s3) - s30,
+           "host_cpu_s": host,
            "remote_bytes": sent, "remote_vs_file": sent / file_bytes,
            "faults": [sum(a["faults"][i] for a in answers) for i in (0, 1)],
            "disk_bytes": sum(a["disk_bytes"] for a in answers),
@@ -253,10 +259,13 @@ def _cpu_cap(got: dict, cores: int | None = None) -> float | None:
 
 def _cpu_floor(row: dict, cores: int | None = None) -> float:
     """The least wall time `row`'s load could take on `cores` idle cores:
-    the CPU seconds it cost, readers', servers' and the S3 server's, spread
-    over all of them."""
+    the CPU seconds it cost spread over all of them. Those are the
+    machine's busy seconds over the load where they are more than the
+    readers', servers' and S3 server's: a cold load's fills are also
+    written back by the kernel's threads, which no process is charged."""
     cores = cores or os.cpu_count() or 1
-    return (row["cpu_s"] + row["server_cpu_s"] + row["s3_cpu_s"]) / cores
+    spent = row["cpu_s"] + row["server_cpu_s"] + row["s3_cpu_s"]
+    return max(spent, row.get("host_cpu_s", 0.0)) / cores
 
 
 # figure -> the bound this machine's cores put on it: (its figure, True if a
@@ -284,13 +293,15 @@ def bound_note(key: str, figures: dict) -> str:
 
 
 HEADER = (f"{'model load':34} {'GB/s':>6} {'s':>6} {'CPU s':>6} {'server':>6} {'S3 s':>5} "
-          f"{'remote/file':>11} {'faults':>7} {'major':>6} {'disk MB':>7} {'load':>5}")
+          f"{'host':>5} {'remote/file':>11} {'faults':>7} {'major':>6} {'disk MB':>7} "
+          f"{'load':>5}")
 
 
 def _line(r: dict) -> str:
     name = f"{r['key']} (round {r['round']})"
     return (f"{name:34} {r['mb_per_s'] / 1e3:6.3f} {r['seconds']:6.2f} {r['cpu_s']:6.2f} "
-            f"{r['server_cpu_s']:6.2f} {r['s3_cpu_s']:5.2f} {r['remote_vs_file']:10.2f}x "
+            f"{r['server_cpu_s']:6.2f} {r['s3_cpu_s']:5.2f} {r.get('host_cpu_s', 0.0):5.2f} "
+            f"{r['remote_vs_file']:10.2f}x "
             f"{r['faults'][0]:7d} {r['faults'][1]:6d} {r['disk_bytes'] / 1e6:7.1f} "
             f"{r['load_avg']:5.2f}")
 

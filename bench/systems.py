@@ -107,6 +107,17 @@ def stat_cpu(path: str, children: bool = False) -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def host_cpu() -> float:
+    """The machine's busy CPU seconds since boot, every CPU's, from /proc/stat:
+    user, nice, system, irq, softirq and steal (a hypervisor's, not ours to
+    use). It counts what no process is charged: the kernel's writeback
+    threads, softirqs of loopback TCP."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    busy = sum(ticks) - ticks[3] - ticks[4]  # (less idle and iowait)
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 def proc_cpu(pid: int) -> float:
     """CPU seconds of a process and its waited-for children, from /proc (0 if gone)."""
     return stat_cpu(f"/proc/{pid}/stat", children=True) or 0.0

@@ -71,14 +71,19 @@ def test_large_files_small_run(tmp_path):
     assert figures["model warm fuse cap vs local dropped"] == pytest.approx(
         model_runs.ms_a_mib(local)[0] / max(reader, (reader + server) / os.cpu_count()))
     assert "ms CPU a MiB (medians)" in text and "  fuse warm" in text
-    # the bounds of the other targets: each load's CPU spread over every core
+    # the bounds of the other targets: each load's CPU spread over every core,
+    # the machine's busy time where it is more than its processes' (the
+    # kernel's writeback of a cold load's fills is charged to none of them)
+    def floor(row):
+        spent = row["cpu_s"] + row["server_cpu_s"] + row["s3_cpu_s"]
+        return max(spent, row["host_cpu_s"]) / os.cpu_count()
     one = rows["model fuse cold"]
-    floor = (one["cpu_s"] + one["server_cpu_s"] + one["s3_cpu_s"]) / os.cpu_count()
+    assert one["host_cpu_s"] >= one["cpu_s"] > 0
     assert figures["model cold fuse cap vs crt"] == pytest.approx(
-        rows["model crt cold"]["seconds"] / floor)
+        rows["model crt cold"]["seconds"] / floor(one))
     x8 = rows["model fuse cold x8"]
     assert figures["model x8 wall floor vs one reader"] == pytest.approx(
-        (x8["cpu_s"] + x8["server_cpu_s"] + x8["s3_cpu_s"]) / os.cpu_count() / one["seconds"])
+        floor(x8) / one["seconds"])
     assert figures["model x8 local wall vs one local"] == pytest.approx(
         rows["model local cached x8"]["seconds"] / rows["model local cached"]["seconds"])
     assert (f"wall time <= 1.3x one reader's: {figures['model x8 wall vs one reader']:.2f}x "

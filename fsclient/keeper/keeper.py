@@ -91,6 +91,8 @@ class Keeper(ControlDesk):
         self.restarts = 0
         self.server: Server | None = None
         self.successor: Server | None = None  # a restart's new server, until it takes over
+        # while the old server hands over to the successor: when it is killed instead
+        self.handover_until: float | None = None
         self.waiters: list[socket.socket] = []  # `restart` callers waiting for the successor
         self.terminate = False
         self.served = False  # a server has served this mount: restart, never give up
@@ -252,21 +254,38 @@ class Keeper(ControlDesk):
             self._connect(pending)
 
     def _hand_over(self) -> None:
-        """The successor has its volume open: stop the old server, then connect it."""
+        """The successor has its volume open: tell the old server to hand over.
+        The loop connects the successor once the old one has gone
+        (`_await_hand_over`), answering control requests meanwhile."""
         old, new = self.server, self.successor
         assert new is not None
-        if old is not None and old.proc.poll() is None:
-            handoff.send(old.sock, {"op": "handover"})
-            try:
-                old.proc.wait(HANDOVER_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                log.warning("server %d did not hand over within %gs; killed", old.proc.pid,
-                            HANDOVER_TIMEOUT)
-                old.proc.kill()
-                old.proc.wait()
+        if old is None or old.proc.poll() is not None:
+            self._handed_over()
+            return
+        log.info("keeper %d: server %d has its volume open; server %d hands over",
+                 os.getpid(), new.proc.pid, old.proc.pid)
+        handoff.send(old.sock, {"op": "handover"})
+        self.handover_until = time.monotonic() + HANDOVER_TIMEOUT
+
+    def _await_hand_over(self) -> None:
+        """Connect the successor once the old server has exited, or kill the old
+        one past HANDOVER_TIMEOUT."""
+        old = self.server
+        assert old is not None
+        if old.proc.poll() is None and time.monotonic() >= (self.handover_until or 0.0):
+            log.warning("server %d did not hand over within %gs; killed", old.proc.pid,
+                        HANDOVER_TIMEOUT)
+            old.proc.kill()
+            old.proc.wait()
+        if old.proc.poll() is not None:
+            self._handed_over()
+
+    def _handed_over(self) -> None:
+        old, new = self.server, self.successor
+        assert new is not None
         if old is not None:
             old.sock.close()
-        self.server, self.successor = new, None
+        self.server, self.successor, self.handover_until = new, None, None
         self.restarts += 1
         self._connect(new)
 
@@ -327,16 +346,20 @@ class Keeper(ControlDesk):
                 else:
                     target()
             if self.successor is not None and self.successor.proc.poll() is not None:
-                log.warning("the new server %d exited with %s before taking over; the old "
-                            "one serves on", self.successor.proc.pid,
-                            self.successor.proc.returncode)
+                log.warning("the new server %d exited with %s before taking over; %s",
+                            self.successor.proc.pid, self.successor.proc.returncode,
+                            "the old one, told to hand over, is replaced once it has"
+                            if self.handover_until is not None else "the old one serves on")
                 self.successor.sock.close()
-                self.successor = None
+                self.successor, self.handover_until = None, None
                 for w in self.waiters:
                     handoff.send(w, {"error": "the new server exited before taking over; "
                                               "see the mount's log"})
                     w.close()
                 self.waiters = []
+            if self.handover_until is not None:  # (the old server's exit is no death)
+                self._await_hand_over()
+                continue
             server = self.server
             assert server is not None
             code = server.proc.poll()

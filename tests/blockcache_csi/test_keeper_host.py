@@ -27,9 +27,8 @@ import pytest
 
 from blockcache_csi.keepers import HostError
 from blockcache_csi.keepers import KeeperHost as HostClient
-from fsclient.keeper.keeper import HANDOVER_TIMEOUT
 from fsclient.mountpoint import MountError
-from tests.support.csi_plugin import START_TIMEOUT, pid_one, running
+from tests.support.csi_plugin import pid_one, running
 from tests.support.keepers import Busy, Reader, keeper_status, keepers_under, pids
 from tests.support.proc_files import children_of, mounts_under, status_of, wait_dead
 from tests.support.uids import NOBODY
@@ -363,10 +362,7 @@ def test_a_plugin_keeps_asking_a_keeper_that_refuses_to_surrender(world, tmp_pat
         second = stack.enter_context(running(world.plugin(
             state="state-refusing", name="refusing-2", keepers=new_socket,
             args=("--ready-file", ready), wrap=UNSHARE)))
-        # the busy keeper may answer only once its hand-over wait ends (the
-        # restart's new server was stopped after it had opened its volume)
-        started = threading.Thread(target=second.start, daemon=True,
-                                   args=(HANDOVER_TIMEOUT + START_TIMEOUT,))
+        started = threading.Thread(target=second.start, daemon=True)
         started.start()
         wait_for(lambda: "does not surrender" in second.log(), 60, "the plugin to ask again")
         time.sleep(1.0)

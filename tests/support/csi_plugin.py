@@ -140,9 +140,7 @@ class Plugin:
         self.proc: subprocess.Popen | None = None
         self.channel: grpc.Channel | None = None
 
-    def start(self, timeout: float = START_TIMEOUT) -> Plugin:
-        """Start it and wait up to `timeout` for it to listen (it listens once
-        it has taken over the mounts of keepers not the host's)."""
+    def start(self) -> Plugin:
         argv = [*self.wrap, self.python, "-m", "blockcache_csi", "--state-dir",
                 self.state_dir, "--socket", self.daemon_socket, *self.args]
         if self.keepers:
@@ -155,9 +153,9 @@ class Plugin:
         self.proc = _start(argv, env, self.base, self.log_path)
         self.channel = grpc.insecure_channel(self.endpoint)
         try:
-            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+            grpc.channel_ready_future(self.channel).result(timeout=START_TIMEOUT)
         except grpc.FutureTimeoutError:
-            raise RuntimeError(f"the plugin did not listen within {timeout:g}s:\n"
+            raise RuntimeError(f"the plugin did not listen within {START_TIMEOUT:g}s:\n"
                                f"{self.log()}") from None
         return self
 

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from fsclient import keeper as keeping
 from fsclient import mountpoint
+from fsclient.keeper import surrender
 from tests.support.fsclient_mounts import REPO, env
 from tests.support.keepers import Reader, copy_connected_sockets, kill_server, serving
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.fuse
 
@@ -69,6 +73,35 @@ def test_restart_under_load_fails_no_read(tree, daemon, mounts, tmp_path):
     after = keeping.status(m.mountpoint)
     assert after["server"] != before and after["restarts"] == 3
     assert "handed" in m.log() and m.proc.poll() is None  # the keeper never left
+
+
+def test_a_keeper_answers_while_its_old_server_is_slow_to_hand_over(tree, daemon, mounts):
+    """A restart whose old server does not hand over at once (stopped here; a
+    server hung on its remote in practice) leaves the keeper answering: its
+    status at once, a surrender refused; the restart completes when the old
+    server goes."""
+    m = mounts(tree, daemon.socket_path)
+    old = serving(m.mountpoint)
+    os.kill(old, signal.SIGSTOP)
+    answer: list = []
+    restart = threading.Thread(target=lambda: answer.append(keeping.restart(m.mountpoint)),
+                               daemon=True)
+    try:
+        restart.start()
+        wait_for(lambda: f"server {old} hands over" in m.log(), 60,
+                 "the new server to have its volume open")
+        t0 = time.monotonic()
+        status = keeping.status(m.mountpoint)  # (10 s to answer)
+        assert time.monotonic() - t0 < 5 and status["server"] == old, status
+        with pytest.raises(ValueError, match="not serving steadily"):
+            surrender(m.mountpoint, 10).close()
+        assert restart.is_alive()  # (no answer while the old server is stopped)
+    finally:
+        os.kill(old, signal.SIGCONT)
+    restart.join(60)
+    assert answer and answer[0]["server"] != old, answer
+    assert keeping.status(m.mountpoint)["restarts"] == 1
+    assert sorted(os.listdir(m.mountpoint)) == sorted(os.listdir(tree))
 
 
 def test_mount_on_a_live_mount_restarts_its_server(tree, key_file, daemon, mounts):

@@ -265,7 +265,7 @@ def _cpu_floor(row: dict, cores: int | None = None) -> float:
     written back by the kernel's threads, which no process is charged."""
     cores = cores or os.cpu_count() or 1
     spent = row["cpu_s"] + row["server_cpu_s"] + row["s3_cpu_s"]
-    return max(spent, row.get("host_cpu_s", 0.0)) / cores
+    return max(spent, row["host_cpu_s"]) / cores
 
 
 # figure -> the bound this machine's cores put on it: (its figure, True if a
@@ -300,7 +300,7 @@ HEADER = (f"{'model load':34} {'GB/s':>6} {'s':>6} {'CPU s':>6} {'server':>6} {'
 def _line(r: dict) -> str:
     name = f"{r['key']} (round {r['round']})"
     return (f"{name:34} {r['mb_per_s'] / 1e3:6.3f} {r['seconds']:6.2f} {r['cpu_s']:6.2f} "
-            f"{r['server_cpu_s']:6.2f} {r['s3_cpu_s']:5.2f} {r.get('host_cpu_s', 0.0):5.2f} "
+            f"{r['server_cpu_s']:6.2f} {r['s3_cpu_s']:5.2f} {r['host_cpu_s']:5.2f} "
             f"{r['remote_vs_file']:10.2f}x "
             f"{r['faults'][0]:7d} {r['faults'][1]:6d} {r['disk_bytes'] / 1e6:7.1f} "
             f"{r['load_avg']:5.2f}")

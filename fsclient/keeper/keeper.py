@@ -267,12 +267,12 @@ class Keeper(ControlDesk):
         handoff.send(old.sock, {"op": "handover"})
         self.handover_until = time.monotonic() + HANDOVER_TIMEOUT
 
-    def _await_hand_over(self) -> None:
+    def _await_hand_over(self, until: float) -> None:
         """Connect the successor once the old server has exited, or kill the old
-        one past HANDOVER_TIMEOUT."""
+        one at `until` (HANDOVER_TIMEOUT after it was told)."""
         old = self.server
         assert old is not None
-        if old.proc.poll() is None and time.monotonic() >= (self.handover_until or 0.0):
+        if old.proc.poll() is None and time.monotonic() >= until:
             log.warning("server %d did not hand over within %gs; killed", old.proc.pid,
                         HANDOVER_TIMEOUT)
             old.proc.kill()
@@ -358,7 +358,7 @@ class Keeper(ControlDesk):
                     w.close()
                 self.waiters = []
             if self.handover_until is not None:  # (the old server's exit is no death)
-                self._await_hand_over()
+                self._await_hand_over(self.handover_until)
                 continue
             server = self.server
             assert server is not None

@@ -36,7 +36,8 @@ class NoKeeper(Exception):
 
 
 class Refused(Exception):
-    """The keeper would not surrender now (busy: a restart running, say)."""
+    """The keeper would not surrender now (busy: a restart running, say), or
+    could not be vouched for now (`fsclient.keeper.Unvouched`)."""
 
 
 class Squatted(Exception):
@@ -55,6 +56,8 @@ def surrender_here(mountpoint: str) -> fskeeper.Surrendered:
     Refused or Squatted if it cannot have it."""
     try:
         return fskeeper.surrender(mountpoint, SURRENDER_TIMEOUT)
+    except fskeeper.Unvouched as exc:  # (the mount was slow to name its keeper)
+        raise Refused(str(exc)) from None
     except fskeeper.Impostor as exc:
         raise Squatted(str(exc)) from None
     except ValueError as exc:

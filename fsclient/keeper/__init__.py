@@ -4,7 +4,7 @@ its server, and hands the connection on (fsclient/DESIGN.md, "The keeper").
 - `keeper`: the keeper process itself; `keeping`: `fsclient mount`'s way into it.
 - `control`: its control socket (restart, status, surrender), named by a
   digest of the mount point, and the asker's check of the keeper's
-  credentials (`Impostor`); `desk`: the keeper's side, which answers only
+  credentials (`Impostor`, `Unvouched`); `desk`: the keeper's side, which answers only
   root and its own uid; `client`: the asking side, as the CLI and the CSI
   plugin ask. `status`, `restart` and `surrender` take `expect_pid=`.
 - `handoff`: keeper and server, descriptors by SCM_RIGHTS.
@@ -20,10 +20,10 @@ else of fsclient's keeper or session: an import contract).
 from ..mountpoint import MountError
 from ..session.mount import set_kernel_readahead, unmount_lazy
 from .client import guarantee, recovered, restart, status
-from .control import Impostor, Surrendered, surrender
+from .control import Impostor, Surrendered, Unvouched, surrender
 from .fdstore import hand_on
 from .privileges import Credentials
 
-__all__ = ["Credentials", "Impostor", "MountError", "Surrendered", "guarantee", "hand_on",
-           "recovered", "restart", "set_kernel_readahead", "status", "surrender",
+__all__ = ["Credentials", "Impostor", "MountError", "Surrendered", "Unvouched", "guarantee",
+           "hand_on", "recovered", "restart", "set_kernel_readahead", "status", "surrender",
            "unmount_lazy"]

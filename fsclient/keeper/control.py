@@ -12,7 +12,8 @@ Trust, both ways, by SO_PEERCRED (the kernel's word, not the peer's):
 - the asker acts only on a keeper that is root or its own uid, and, given
   `expect_pid`, that pid (or one of another uid that the mount itself names
   as its keeper: `check`); it checks before it sends anything, so a
-  squatter on the name is asked nothing and handed nothing (`Impostor`).
+  squatter on the name is asked nothing and handed nothing (`Impostor`;
+  `Unvouched` if the mount that could vouch for it did not answer).
 
 `surrender` answers with the connection itself: {"ok": ..., "fuse": n} and
 the n /dev/fuse descriptors, then the saved-state memfd. The asker keeps the
@@ -45,6 +46,13 @@ class Impostor(OSError, MountError):
     """The control name of a mount point is held by a process this asker does
     not trust (another uid, or not the pid it expected). Nothing was asked of
     it, and nothing it sent is kept."""
+
+
+class Unvouched(Impostor):
+    """The control name is held by a keeper of another uid that only the mount
+    can vouch for (`check`), and the mount did not answer in time: a server's
+    successor on a slow mount, or a squatter on a hung one. Nothing was asked
+    of it; asking again may find it vouched for."""
 
 
 class Peer(NamedTuple):
@@ -132,12 +140,20 @@ def check(sock: socket.socket, mountpoint: str, expect_pid: int | None) -> Peer:
     One keeper of another uid is trusted: the one the mount itself names
     (`mount_keeper`), which only the server on the mount's connection can
     answer. It is the keeper a server started as its own uid when its keeper
-    died (`successor`)."""
+    died (`successor`). A mount that does not answer vouches for nobody, yet
+    accuses nobody either: then `Unvouched`."""
     who = peer(sock)
     me = os.getuid()
     trusted = who.uid in (0, me) and (expect_pid is None or who.pid in (0, expect_pid))
     if not trusted and expect_pid is None and who.pid > 0:
-        trusted = mount_keeper(mountpoint) == who.pid
+        named = mount_keeper(mountpoint)
+        if named is None:
+            sock.close()
+            raise Unvouched(f"the control socket of {mountpoint} is held by pid {who.pid} "
+                            f"uid {who.uid}, a keeper only if the mount names it, and the "
+                            f"mount did not answer in {MOUNT_TIMEOUT:g} s; nothing was asked "
+                            f"of it. Try again once the mount answers")
+        trusted = named == who.pid
     if trusted:
         return who
     sock.close()
@@ -151,23 +167,46 @@ def check(sock: socket.socket, mountpoint: str, expect_pid: int | None) -> Peer:
                    f"{mountpoint} again")
 
 
-def mount_keeper(mountpoint: str, timeout: float = MOUNT_TIMEOUT) -> int:
-    """The pid of the keeper that the server of the mount on `mountpoint`
-    says handed it the connection (the root's `user.blockcache.stats`,
-    answered through the kernel); 0 if it does not answer in `timeout`."""
-    box: list[int] = []
+class _Probe:
+    """One read of the keeper a mount names, on a thread of its own (a hung
+    mount holds the thread in the kernel until the mount answers or dies)."""
 
-    def read() -> None:
+    def __init__(self, mountpoint: str):
+        self.keeper = 0
+        self.thread = threading.Thread(target=self._read, args=(mountpoint,),
+                                       name="mount-keeper", daemon=True)
+        self.thread.start()
+
+    def _read(self, mountpoint: str) -> None:
         try:
             stats = json.loads(os.getxattr(mountpoint, "user.blockcache.stats"))
-            box.append(int(stats["fsclient"]["keeper"]))
+            self.keeper = int(stats["fsclient"]["keeper"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
 
-    t = threading.Thread(target=read, name="mount-keeper", daemon=True)
-    t.start()
-    t.join(timeout)  # (a hung mount: the thread is left behind)
-    return box[0] if box else 0
+
+_probes: dict[str, _Probe] = {}  # mount point -> the probe under way
+_probes_lock = threading.Lock()
+
+
+def mount_keeper(mountpoint: str, timeout: float = MOUNT_TIMEOUT) -> int | None:
+    """The pid of the keeper that the server of the mount on `mountpoint`
+    says handed it the connection (the root's `user.blockcache.stats`,
+    answered through the kernel); 0 if it names none (or is not a live
+    mount); None if it does not answer in `timeout`. Asks while one is
+    under way wait for that one: a hung mount, asked again and again,
+    holds one thread."""
+    with _probes_lock:
+        probe = _probes.get(mountpoint)
+        if probe is None or not probe.thread.is_alive():  # (a finished one's answer is old)
+            probe = _probes[mountpoint] = _Probe(mountpoint)
+    probe.thread.join(timeout)
+    if probe.thread.is_alive():
+        return None
+    with _probes_lock:
+        if _probes.get(mountpoint) is probe:
+            del _probes[mountpoint]
+    return probe.keeper
 
 
 def ask(mountpoint: str, op: str, timeout: float,

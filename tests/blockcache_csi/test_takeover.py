@@ -109,3 +109,24 @@ def test_a_plugin_that_stops_leaves_its_successors_socket(world, keepers):
     finally:
         second.stop()
         first.stop()
+
+
+def test_a_keeper_its_mount_cannot_vouch_for_yet_is_asked_again(monkeypatch):
+    """A keeper of the server's uid is trusted only when the mount names it; a
+    mount too slow to answer (`fsclient.keeper.Unvouched`) makes it a keeper
+    busy for now, asked again, not a squatter to mount over. (The real
+    Unvouched: tests/fsclient/keeper/test_keys.py.)"""
+    from blockcache_csi.keepers import takeover
+    from fsclient import keeper as fskeeper
+
+    said = ("the control socket of /mnt/x is held by pid 7 uid 65534, a keeper only if the "
+            "mount names it, and the mount did not answer in 5 s")
+
+    def slow_mount(mountpoint: str, timeout: float) -> fskeeper.Surrendered:
+        raise fskeeper.Unvouched(said)
+
+    monkeypatch.setattr(fskeeper, "surrender", slow_mount)
+    with pytest.raises(takeover.Refused) as exc:
+        takeover.surrender_here("/mnt/x")
+    assert str(exc.value) == said
+    assert takeover.refusal(exc.value) == "busy"

@@ -138,6 +138,17 @@ def test_a_server_of_another_uid_gets_its_key_as_a_descriptor_and_is_not_dumpabl
         assert as_uid(NOBODY, NOBODY, _probe, keeper, key)["environ"] in (errno.EACCES, errno.EPERM)
         # root trusts that keeper of another uid: the mount itself names it
         assert keeping.status(mp)["keeper"] == keeper
+        # a mount that does not answer vouches for nobody, and accuses nobody:
+        # that keeper is unvouched for now (ask again), not an impostor
+        os.kill(second, signal.SIGSTOP)
+        try:
+            with pytest.raises(keeping.Unvouched) as unvouched:
+                keeping.status(mp)
+            assert f"pid {keeper} uid {NOBODY}" in str(unvouched.value)
+            assert "did not answer" in str(unvouched.value)
+        finally:
+            os.kill(second, signal.SIGCONT)
+        assert keeping.status(mp)["keeper"] == keeper
         # that keeper restarts a killed server, which reads the key from its descriptor
         os.kill(second, signal.SIGKILL)
         third = _await("server restarted by the new keeper", lambda: its_server(second))

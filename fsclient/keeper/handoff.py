@@ -56,7 +56,9 @@ def send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) 
 
 def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     """The next message and the descriptors it carried (close-on-exec);
-    (None, []) when the other side is gone."""
+    (None, []) when the other side is gone. What is not a message (any uid
+    may write to a control socket before it is checked) is an {"error"}
+    with no descriptors, never an exception that would end the keeper."""
     try:
         data, fds, _flags, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS,
                                               socket.MSG_CMSG_CLOEXEC)
@@ -64,7 +66,15 @@ def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
         return None, []
     if not data:
         return None, list(fds)
-    return json.loads(data), list(fds)
+    try:
+        message = json.loads(data)
+    except ValueError:
+        message = None
+    if not isinstance(message, dict):
+        for fd in fds:
+            os.close(fd)
+        return {"error": f"not a message: {len(data)} bytes that are not a JSON object"}, []
+    return message, list(fds)
 
 
 class Connection:

@@ -85,6 +85,34 @@ def test_another_uid_gets_nothing_from_a_keeper(tree, daemon, mounts):
     assert os.listdir(m.mountpoint)
 
 
+def _send_raw(mountpoint: str, data: bytes) -> dict | None:
+    """Write `data` to the control socket as it comes; the answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.settimeout(10)
+        sock.connect(control.control_address(mountpoint))
+        sock.send(data)
+        message, fds = handoff.receive(sock)
+    for fd in fds:
+        os.close(fd)
+    return message
+
+
+def test_bytes_that_are_no_request_end_no_keeper(tree, daemon, mounts):
+    """Any uid may connect to a keeper's control name and write before it is
+    checked: what is not a request (not JSON, not an object) is answered,
+    and the same keeper and server serve on."""
+    m = mounts(tree, daemon.socket_path)
+    server = serving(m.mountpoint)
+    for data in (b"\xff\x00 not json", b"[1, 2]", b'"surrender"'):
+        answer = as_uid(INTRUDER, INTRUDER, _send_raw, m.mountpoint, data)
+        assert answer == {"error": f"uid {INTRUDER} may not ask this keeper"}, (data, answer)
+        assert _send_raw(m.mountpoint, data) == {"error": "unknown request None"}, data
+    assert m.proc.poll() is None, m.log()
+    status = keeping.status(m.mountpoint, expect_pid=m.proc.pid)
+    assert status["server"] == server and status["restarts"] == 0
+    assert os.listdir(m.mountpoint)
+
+
 def test_a_keeper_not_of_the_expected_pid_is_an_impostor(tree, daemon, mounts):
     m = mounts(tree, daemon.socket_path)
     with pytest.raises(keeping.Impostor) as exc:

@@ -347,10 +347,11 @@ def spawn(argv: list[str], cfg: MountConfig, log_file: str | None,
     """
     # Never touch a mount that was there before: only one our child made.
     premounted = mp.is_mounted(cfg.mountpoint)
+    passing = passed or pass_on()  # a kept connection is for the keeper (Type=forking)
     r, w = os.pipe()
+    w = passing.clear(w)
     cmd = [sys.executable, "-m", "fsclient.cli", *argv, "--foreground", "--ready-fd", str(w)]
     out = open(log_file, "ab") if log_file else open(os.devnull, "wb")
-    passing = passed or pass_on()  # a kept connection is for the keeper (Type=forking)
     try:
         child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                  env=passing.environment(env), start_new_session=detach,

@@ -136,11 +136,13 @@ class Children:
         """Start `child` (registered) and wait until its mount answers; SpawnError
         (and nothing left running or mounted by it) if it does not."""
         premounted = mp.is_mounted(child.mountpoint)
+        passing = hand_on(named, env=child.env) if named else None
         r, w = os.pipe()
+        if passing is not None:  # (this host's low fds may be free: 3.. is where named go)
+            w = passing.clear(w)
         cmd = [sys.executable, "-m", "fsclient.cli", *child.argv, "--foreground",
                "--ready-fd", str(w)]
         child.cgroup = self.cgroups.make()
-        passing = hand_on(named, env=child.env) if named else None
         if passing is not None:
             kw = passing.popen(w)
             kw["preexec_fn"] = partial(_preexec, child.cgroup, kw.get("preexec_fn"))

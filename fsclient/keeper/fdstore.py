@@ -91,10 +91,29 @@ class Passing:
         return {**base, **{k: v for k, v in (self.env or {}).items()
                            if k.startswith("LISTEN_") or k == PASSED_ON}}
 
+    def clear(self, fd: int) -> int:
+        """`fd`, at a number where none of the descriptors this passes is
+        placed in the child (a duplicate, the original closed, if it was
+        there): for one the child also gets at its number (`popen`'s `also`,
+        named in its argv), which the placing would otherwise overwrite."""
+        top = LISTEN_FDS_START + len(self.high)
+        if not LISTEN_FDS_START <= fd < top:
+            return fd
+        moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, top)
+        os.close(fd)
+        return moved
+
     def popen(self, *also: int) -> dict[str, Any]:
-        """Popen's fd arguments, with `also` passed at their numbers too."""
+        """Popen's fd arguments, with `also` passed at their numbers too
+        (ValueError if one is where a passed descriptor goes: `clear` it)."""
         if not self.high:
             return {"pass_fds": (*also, *self.keep), "close_fds": True}
+        placed = range(LISTEN_FDS_START, LISTEN_FDS_START + len(self.high))
+        clashing = [fd for fd in also if fd in placed]
+        if clashing:
+            raise ValueError(f"descriptors {clashing} would be overwritten in the child by "
+                             f"those passed at {placed.start}..{placed.stop - 1}; "
+                             f"`clear` them first")
         # pass_fds would have the child close what the placing dup2s make, so
         # nothing is closed here: every descriptor but these is close-on-exec
         return {"preexec_fn": partial(_place, self.high, also), "close_fds": False}
@@ -162,7 +181,8 @@ def pass_on(env: MutableMapping[str, str] = os.environ) -> Passing:
 def hand_on(named: Sequence[tuple[str, int]],
             env: MutableMapping[str, str] = os.environ) -> Passing:
     """Pass (name, fd) pairs to a child as systemd would, from fd 3 on: dup'd
-    high first (>= 256), so placing one clobbers no other, nor `also`."""
+    high first (>= 256), so placing one clobbers no other. A descriptor the
+    child also gets at its own number must be out of their way: `clear`."""
     high = tuple(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 256) for _, fd in named)
     return Passing({**env, "LISTEN_PID": str(os.getpid()), "LISTEN_FDS": str(len(high)),
                     "LISTEN_FDNAMES": ":".join(name for name, _ in named), PASSED_ON: "1"},

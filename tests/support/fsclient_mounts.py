@@ -100,8 +100,9 @@ class FsclientMount:
         """Mount (or keep the connection `passed`, `fdstore.hand_on`); raise
         RuntimeError with the reason and the log if not ready."""
         os.makedirs(self.mountpoint, exist_ok=True)
-        r, w = os.pipe()
         passing = passed or Passing(self.environ or env())
+        r, w = os.pipe()
+        w = passing.clear(w)
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(self.argv() + ["--ready-fd", str(w)],
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,

@@ -10,6 +10,7 @@ records what it saw, and answers chosen GETs with a chosen status instead.
         front.connections                   # TCP connections opened to it
         front.fail_writes(403, "partNumber=2")  # PUTs/POSTs whose path holds it: 403
         front.stall_writes(5.0, "partNumber=2")  # ...or held 5 s before they go on
+        front.down_at_write("partNumber=2")  # ...or the front goes down when one comes
         front.down = True                   # every request: the connection just closes
         front.body_bytes("data/x/f.bin")    # bytes of GET bodies sent for that object
         front.stall_gets(2.0)               # each GET's answer waits 2 s first
@@ -28,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection"}
+_DOWN = "down"  # a write fault's status: the front goes down (`down_at_write`)
 
 
 class S3Front:
@@ -142,6 +144,13 @@ class S3Front:
         with self._lock:
             self._write_faults.append([where, None, seconds, None])
 
+    def down_at_write(self, where: str) -> None:
+        """Go down when the next PUT, POST or DELETE whose path holds `where`
+        arrives (a remote lost mid-upload, at a known point): that request
+        and every one after it find their connection closed."""
+        with self._lock:
+            self._write_faults.append([where, _DOWN, 0.0, 1])
+
     def clear_writes(self) -> None:
         with self._lock:
             self._write_faults.clear()
@@ -156,6 +165,9 @@ class S3Front:
         for _, _, seconds, _ in found:
             if seconds:
                 time.sleep(seconds)
+        if any(status == _DOWN for _, status, _, _ in found):
+            self.down = True  # (the handler closes this request's connection)
+            return None
         statuses = [status for _, status, _, _ in found if status is not None]
         return (statuses[0], {}) if statuses else None
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import threading
 import time
 
 import pytest
@@ -78,15 +77,15 @@ def test_a_remote_that_refuses(s3_server, front, key_file, staging, size, where)
 def test_a_remote_that_goes_down_mid_upload(s3_server, front, key_file, staging):
     source, vol = s3_writer(s3_server, front, key_file, staging, timeout=5)
     with vol:
-        front.stall_writes(1.0, "partNumber=2")
+        front.down_at_write("partNumber=2")  # part 1 may land; then nothing does
         f = vol.open("ckpt.bin", "wb")  # (its stat reaches the remote: before it goes down)
         f.write(os.urandom(12 * MiB))  # staged here; the upload is close's
-        threading.Timer(0.5, lambda: setattr(front, "down", True)).start()
         start = time.monotonic()
         with pytest.raises(OSError) as raised:
             f.close()
         err = raised.value
         assert err.errno == errno.EIO and time.monotonic() - start < 60
+        assert front.down  # (part 2 came, and found the remote gone)
         assert straight(source, "ckpt.bin") is None
         # if the upload had begun, the abort could not reach it either: its
         # parts stay, never an object, for the bucket's

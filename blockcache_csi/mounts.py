@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -37,6 +38,7 @@ from .keepers import (
     NoKeeper,
     Refused,
     Squatted,
+    Unanswered,
     take_over,
 )
 from .servers import ServerUsers
@@ -47,6 +49,10 @@ from .volumes import Publication, mount_command
 log = logging.getLogger(__name__)
 
 ADOPT_WORKERS = 4
+# How long a restarted plugin asks again of a keeper its silent mount cannot
+# vouch for (`Unanswered`) before it leaves that mount as it is: a loaded
+# host answers within it; a hung mount must not keep the plugin unready.
+UNANSWERED_PATIENCE = 60.0
 
 
 def _unavailable(exc: Exception) -> CsiError:
@@ -156,8 +162,11 @@ class Mounts:
     def _keep(self, pub: Publication, patient: bool) -> bool:
         """Whether `pub`'s mount is kept: by a keeper of the host, or by a live
         keeper of another (then surrendered to one of the host's). `patient`:
-        a keeper that will not surrender now is asked again until it does."""
+        a keeper that will not surrender now is asked again until it does,
+        and one its silent mount cannot vouch for (`Unanswered`) for
+        UNANSWERED_PATIENCE, then left as it is."""
         backoff = Backoff()
+        silent_since = None
         while True:
             if self._host_keeper(pub.target) is not None:
                 return True  # (or is again: the host takes back a mount whose keeper it lost)
@@ -172,6 +181,18 @@ class Mounts:
                                    f"{pub.target} cannot be served: {exc}") from None
                 log.error("%s cannot be taken over: %s", pub.target, exc)
                 return False
+            except Unanswered as exc:
+                if not patient:
+                    raise CsiError(grpc.StatusCode.UNAVAILABLE,
+                                   f"the keeper of {pub.target} cannot be vouched for now "
+                                   f"({exc}); try again") from None
+                silent_since = silent_since or time.monotonic()
+                if time.monotonic() - silent_since >= UNANSWERED_PATIENCE:
+                    log.error("%s stays with its keeper, as it is: its mount has not "
+                              "answered for %g s (%s); see that mount's server",
+                              pub.target, UNANSWERED_PATIENCE, exc)
+                    return True
+                backoff.wait(f"the mount {pub.target} does not name its keeper", exc)
             except Refused as exc:
                 if not patient:
                     raise CsiError(grpc.StatusCode.UNAVAILABLE,

@@ -10,7 +10,7 @@ on the plugin's container (blockcache_csi/DESIGN.md, "Who holds the mounts").
 """
 
 from .client import HostError, HostUnavailable, KeeperHost
-from .takeover import Backoff, NoKeeper, Refused, Squatted, take_over
+from .takeover import Backoff, NoKeeper, Refused, Squatted, Unanswered, take_over
 
 __all__ = ["Backoff", "HostError", "HostUnavailable", "KeeperHost", "NoKeeper", "Refused",
-           "Squatted", "take_over"]
+           "Squatted", "Unanswered", "take_over"]

@@ -36,8 +36,14 @@ class NoKeeper(Exception):
 
 
 class Refused(Exception):
-    """The keeper would not surrender now (busy: a restart running, say), or
-    could not be vouched for now (`fsclient.keeper.Unvouched`)."""
+    """The keeper would not surrender now (busy: a restart running, say)."""
+
+
+class Unanswered(Refused):
+    """The keeper could not be vouched for now: it is of another uid, and the
+    mount that would name it did not answer (`fsclient.keeper.Unvouched`).
+    Asked again for a while (a loaded host); a mount silent for long is hung
+    (`mounts.UNANSWERED_PATIENCE`)."""
 
 
 class Squatted(Exception):
@@ -47,17 +53,18 @@ class Squatted(Exception):
     successor is taking the mount over, before the mount names it (`retake`)."""
 
 
-REFUSALS: dict[str, type[Exception]] = {"none": NoKeeper, "busy": Refused,
-                                        "squatted": Squatted}
+# (a subclass before its base: `refusal` names the first that matches)
+REFUSALS: dict[str, type[Exception]] = {"none": NoKeeper, "unanswered": Unanswered,
+                                        "busy": Refused, "squatted": Squatted}
 
 
 def surrender_here(mountpoint: str) -> fskeeper.Surrendered:
     """The connection of `mountpoint`'s keeper, asked by this process: NoKeeper,
-    Refused or Squatted if it cannot have it."""
+    Refused (Unanswered) or Squatted if it cannot have it."""
     try:
         return fskeeper.surrender(mountpoint, SURRENDER_TIMEOUT)
     except fskeeper.Unvouched as exc:  # (the mount was slow to name its keeper)
-        raise Refused(str(exc)) from None
+        raise Unanswered(str(exc)) from None
     except fskeeper.Impostor as exc:
         raise Squatted(str(exc)) from None
     except ValueError as exc:

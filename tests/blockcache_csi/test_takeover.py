@@ -114,8 +114,8 @@ def test_a_plugin_that_stops_leaves_its_successors_socket(world, keepers):
 def test_a_keeper_its_mount_cannot_vouch_for_yet_is_asked_again(monkeypatch):
     """A keeper of the server's uid is trusted only when the mount names it; a
     mount too slow to answer (`fsclient.keeper.Unvouched`) makes it a keeper
-    busy for now, asked again, not a squatter to mount over. (The real
-    Unvouched: tests/fsclient/keeper/test_keys.py.)"""
+    busy for now (`Unanswered`, a refusal), asked again, not a squatter to
+    mount over. (The real Unvouched: tests/fsclient/keeper/test_keys.py.)"""
     from blockcache_csi.keepers import takeover
     from fsclient import keeper as fskeeper
 
@@ -126,7 +126,57 @@ def test_a_keeper_its_mount_cannot_vouch_for_yet_is_asked_again(monkeypatch):
         raise fskeeper.Unvouched(said)
 
     monkeypatch.setattr(fskeeper, "surrender", slow_mount)
-    with pytest.raises(takeover.Refused) as exc:
+    with pytest.raises(takeover.Unanswered) as exc:
         takeover.surrender_here("/mnt/x")
-    assert str(exc.value) == said
-    assert takeover.refusal(exc.value) == "busy"
+    assert str(exc.value) == said and isinstance(exc.value, takeover.Refused)
+    assert takeover.refusal(exc.value) == "unanswered"  # (as the keeper host's wire says it)
+    assert takeover.REFUSALS["unanswered"] is takeover.Unanswered
+
+
+def test_a_silent_mount_is_asked_again_for_a_while_then_left_as_it_is(monkeypatch):
+    """A restarted plugin asks again of a keeper its mount cannot vouch for
+    yet (a loaded host), for `UNANSWERED_PATIENCE`: a mount that answers
+    meanwhile is taken over; a hung one is left as it is, and the plugin
+    gets ready instead of waiting for it forever. A publish is told to try
+    again at once."""
+    import threading
+    from types import SimpleNamespace
+
+    from blockcache_csi import mounts
+    from blockcache_csi.errors import CsiError
+    from blockcache_csi.keepers import Unanswered, takeover
+
+    monkeypatch.setattr(mounts, "UNANSWERED_PATIENCE", 1.0)
+    monkeypatch.setattr(takeover, "RETRY_FIRST", 0.05)
+    monkeypatch.setattr(takeover, "RETRY_MAX", 0.2)
+    no_host_keeper = SimpleNamespace(keeper_of=lambda target: None)
+    plugin = mounts.Mounts(state=None, servers=None, socket=None, keepers=no_host_keeper)
+    pub = SimpleNamespace(target="/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/v/mount")
+    asked: list[float] = []
+    answers: list = []
+
+    def take_over(_pub) -> None:
+        asked.append(time.monotonic())
+        outcome = answers.pop(0) if answers else Unanswered("the mount did not answer in 5 s")
+        if outcome is not None:
+            raise outcome
+
+    plugin._take_over = take_over
+    # a slow mount: two silences, then it answers and is taken over
+    answers[:] = [Unanswered("slow"), Unanswered("slow"), None]
+    assert plugin._keep(pub, patient=True) is True and len(asked) == 3
+
+    # a hung mount: asked again until the patience is spent, then left
+    asked.clear()
+    kept: list[bool] = []
+    worker = threading.Thread(target=lambda: kept.append(plugin._keep(pub, patient=True)),
+                              daemon=True)
+    worker.start()
+    worker.join(30)
+    assert kept == [True], "the plugin waited on a hung mount for good"
+    assert len(asked) >= 3 and asked[-1] - asked[0] >= 1.0
+
+    with pytest.raises(CsiError) as refused:
+        plugin._keep(pub, patient=False)
+    assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "try again" in refused.value.message

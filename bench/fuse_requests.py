@@ -136,9 +136,11 @@ class BuildFuse(FuseSystem):
 
 
 def measure(ctx: Ctx, readers: int, rounds: int, repeat: int, fsclient: str | None = None,
-            timeout: float = 300.0, report=print) -> list[dict]:
+            timeout: float = 300.0, report=print, drop_caches: bool = True) -> list[dict]:
     """One mount over `ctx`'s small files: a cold epoch and `rounds` warm
-    ones; a row per epoch (see the module's docstring)."""
+    ones; a row per epoch (see the module's docstring). `drop_caches`: drop
+    the host's caches before the cold epoch (not beside other mounts' tests:
+    their kernels' nodes would be forgotten too)."""
     files = datasets.small_files(ctx.size)
     rows = []
     system = BuildFuse(fsclient)
@@ -148,7 +150,8 @@ def measure(ctx: Ctx, readers: int, rounds: int, repeat: int, fsclient: str | No
         mount = system.mounts[0]
         trace = RequestTrace(os.minor(os.stat(mount.mountpoint).st_dev))
         with Workers(system.reader_spec(0), readers, timeout=timeout) as workers:
-            drop_page_cache()
+            if drop_caches:
+                drop_page_cache()
             workers.run_all("list", datasets.small_dirs(ctx.size))
             for epoch in range(1, rounds + 2):
                 order = datasets.shuffled(files, epoch)

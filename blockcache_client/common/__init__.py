@@ -2,5 +2,6 @@
 their own: metrics primitives (`metrics`), log setup (`logsetup`), the fork
 counter (`forks`), config value conversions (`convert`), opening cache files
 without following symlinks (`safeopen`), TOML config files (`tomlfile`), the
-readers' event counters (`counters`) and reads that never wait on the cache
-disk (`nowait`). They import only the contract."""
+readers' event counters (`counters`), reads that never wait on the cache
+disk (`nowait`) and the JSON-per-packet framing of the keepers' sockets
+(`jsonpackets`). They import only the contract."""

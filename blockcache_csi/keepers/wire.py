@@ -18,16 +18,15 @@ Both ends check the other's SO_PEERCRED: only uid 0 asks, only uid 0 answers.
 
 from __future__ import annotations
 
-import array
-import json
 import os
 import socket
 import struct
 from collections.abc import Sequence
 from typing import Any
 
+from blockcache_client.common import jsonpackets as packets
+
 MAX_MESSAGE = 1 << 20
-MAX_FDS = 253  # SCM_MAX_FD
 
 
 class PeerRefused(PermissionError):
@@ -48,32 +47,13 @@ def require_root(sock: socket.socket, what: str) -> None:
 
 
 def send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-    data = json.dumps(message).encode()
-    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sock.sendmsg([data], rights)
+    packets.send(sock, message, fds)
 
 
 def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    """The next message and its descriptors (close-on-exec); (None, [])
-    when the other end has gone."""
-    try:
-        data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS,
-                                                   socket.MSG_CMSG_CLOEXEC)
-    except OSError:
-        return None, []
-    if not data:
-        for fd in fds:
-            os.close(fd)
-        return None, []
-    try:
-        message = json.loads(data)
-    except ValueError:
-        message = None
-    if not isinstance(message, dict):
-        for fd in fds:
-            os.close(fd)
-        return None, []
-    return message, list(fds)
+    """The next message and its descriptors; (None, []) when the other end
+    has gone; {"error"} for what is no message (`jsonpackets`)."""
+    return packets.receive(sock, MAX_MESSAGE)
 
 
 def close_all(fds: Sequence[int]) -> None:

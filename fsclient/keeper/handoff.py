@@ -20,8 +20,6 @@ gone (EOF), the keeper learns it by waiting on the server's pid.
 
 from __future__ import annotations
 
-import array
-import json
 import os
 import signal
 import socket
@@ -29,7 +27,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-MAX_FDS = 253  # SCM_MAX_FD
+from blockcache_client.common import jsonpackets as packets
+
 # A server's exit code after a handover: it left the mount to a successor
 # (EX_TEMPFAIL; 0 means the mount has ended).
 HANDED_OVER = 75
@@ -47,34 +46,14 @@ def pair() -> tuple[socket.socket, socket.socket]:
 
 
 def send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-    data = json.dumps(message).encode()
-    if fds:
-        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-    else:
-        sock.send(data)
+    packets.send(sock, message, fds)
 
 
 def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    """The next message and the descriptors it carried (close-on-exec);
-    (None, []) when the other side is gone. What is not a message (any uid
-    may write to a control socket before it is checked) is an {"error"}
-    with no descriptors, never an exception that would end the keeper."""
-    try:
-        data, fds, _flags, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS,
-                                              socket.MSG_CMSG_CLOEXEC)
-    except (ConnectionResetError, OSError):
-        return None, []
-    if not data:
-        return None, list(fds)
-    try:
-        message = json.loads(data)
-    except ValueError:
-        message = None
-    if not isinstance(message, dict):
-        for fd in fds:
-            os.close(fd)
-        return {"error": f"not a message: {len(data)} bytes that are not a JSON object"}, []
-    return message, list(fds)
+    """The next message and the descriptors it carried; (None, []) when the
+    other side is gone; {"error"} for what is no message (`jsonpackets`:
+    any uid may write to a control socket before it is checked)."""
+    return packets.receive(sock, MAX_MESSAGE)
 
 
 class Connection:

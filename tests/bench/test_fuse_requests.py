@@ -13,12 +13,12 @@ pytestmark = [
 ]
 
 
-def test_warm_small_files_cost_an_open_and_a_release_each(bench_ctx):
+def test_warm_small_files_cost_an_open_and_a_release_each(bench_ctx, tmp_path_factory):
     try:
         # no host-wide drop here (a test beside this one would see its mount's
         # nodes forgotten), nor one by another test meanwhile (a warm epoch
         # would look its files up again)
-        with host_caches():
+        with host_caches(tmp_path_factory):
             rows = fuse_requests.measure(bench_ctx, readers=2, rounds=1, repeat=2,
                                          timeout=120, report=lambda line: None,
                                          drop_caches=False)

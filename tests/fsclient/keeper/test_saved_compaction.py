@@ -28,7 +28,7 @@ def _saved(mountpoint: str) -> dict:
 
 
 def test_forgotten_nodes_leave_the_saved_state_and_held_ones_survive(tmp_path, daemon,
-                                                                      mounts):
+                                                                      mounts, tmp_path_factory):
     root = tmp_path / "remote"
     names = []
     for d in range(DIRS):
@@ -44,7 +44,7 @@ def test_forgotten_nodes_leave_the_saved_state_and_held_ones_survive(tmp_path, d
     m = mounts(root, daemon.socket_path, args=["--meta-ttl", "60"])
     mnt = m.mountpoint
     # (its drops are host-wide, and another test's drop would forget its nodes early)
-    with host_caches(), open(os.path.join(mnt, "keep", "held.bin"), "rb") as held:
+    with host_caches(tmp_path_factory), open(os.path.join(mnt, "keep", "held.bin"), "rb") as held:
         assert held.read(1000) == held_data[:1000]
         for name in names:
             os.stat(os.path.join(mnt, name))
